@@ -1,0 +1,47 @@
+# sparkseg: `make demo` (inference only, no torch) and `make test` (everything) work on a fresh clone.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+BIGDL_VENV ?= .venv-bigdl
+export PYSPARK_PYTHON := $(abspath $(PY))
+export SPARK_LOCAL_IP := 127.0.0.1
+
+.PHONY: demo test test-main test-bigdl bench bigdl-env azurite clean-venv
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade "pip>=24"
+
+# Inference only: pyspark, openvino, numpy, pillow, pyarrow, pandas, pycocotools. No torch.
+$(VENV)/.stamp-infer: setup.py constraints.txt | $(PY)
+	$(PIP) install -c constraints.txt -e .
+	touch $@
+
+# Everything the tests need: export (torch, onnx, onnxruntime), azure, dev tools.
+$(VENV)/.stamp-test: setup.py constraints.txt | $(PY)
+	$(PIP) install -c constraints.txt -e ".[export,azure,dev]"
+	touch $@ $(VENV)/.stamp-infer
+
+demo: $(VENV)/.stamp-infer
+	$(PY) jobs/infer_yolact.py
+
+azurite:
+	scripts/install_azurite.sh
+
+bigdl-env:
+	scripts/make_bigdl_env.sh $(BIGDL_VENV)
+
+test: test-main test-bigdl
+
+test-main: $(VENV)/.stamp-test azurite
+	$(PY) -m pytest -m "not bigdl" tests
+
+test-bigdl: bigdl-env
+	PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl tests
+
+bench: $(VENV)/.stamp-test
+	$(PY) scripts/bench.py
+
+clean-venv:
+	rm -rf $(VENV) $(BIGDL_VENV)

@@ -1,0 +1,58 @@
+"""Family-agnostic export steps: PyTorch -> ONNX -> simplified ONNX -> OpenVINO IR (FP16 weights)."""
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+
+class StageTimer:
+    """Collects wall time per export stage (seconds), reported in parity.json and the manifest."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = round(time.perf_counter() - start, 3)
+
+
+def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, input_name: str,
+                output_names: list[str], opset: int) -> None:
+    """Trace `model` (eval mode) at the static shape of `example` into an ONNX file."""
+    model.eval()
+    with torch.no_grad():
+        torch.onnx.export(model, (example,), str(path), input_names=[input_name], output_names=output_names,
+                          opset_version=opset, do_constant_folding=True, dynamo=False)
+
+
+def simplify_onnx(src: Path, dst: Path) -> None:
+    """Constant folding and graph cleanup with onnxslim (the maintained successor of onnx-simplifier)."""
+    import onnx
+    import onnxslim
+
+    model = onnxslim.slim(onnx.load(str(src)))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(dst))
+
+
+def convert_to_ir(onnx_path: Path, xml_path: Path, compress_to_fp16: bool = True) -> None:
+    """OpenVINO IR (xml + bin). FP16 weights halve the file; the runtime still computes in f32 or bf16."""
+    import openvino as ov
+
+    ov.save_model(ov.convert_model(str(onnx_path)), str(xml_path), compress_to_fp16=compress_to_fp16)
+
+
+def tool_versions() -> dict[str, str]:
+    versions = {}
+    for dist in ("torch", "torchvision", "onnx", "onnxruntime", "onnxslim", "openvino", "numpy", "sparkseg"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions

@@ -1,0 +1,217 @@
+"""`python -m model_export yolact`: YOLACT PyTorch -> ONNX -> simplified ONNX -> OpenVINO FP16 IR, priors,
+parity report and manifest.json (the contract every later stage reads)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model_export import onnx_openvino as conv
+from model_export.models.checkpoint import load_yolact_checkpoint
+from model_export.models.yolact import CONFIGS, Yolact, bias_class_logits, get_config
+from model_export.parity import ParityGate, detection_agreement, format_table, raw_differences
+from pipelines import yolact_postprocess as yp
+from pipelines.image_decode import decode_image
+from pipelines.model_manifest import write_manifest
+from pipelines.preprocess import preprocess_rgb
+
+INPUT_NAME = "image"
+OUTPUT_NAMES = ["loc", "conf", "mask", "proto"]
+DEFAULT_PARITY_IMAGES = Path(__file__).resolve().parents[1] / "samples" / "images"
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+PARITY_BIASED_CLASSES = 8     # random weights + these classes boosted: Detect returns its full 100 detections
+
+
+class ParityFailed(RuntimeError):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, choices=sorted(CONFIGS), help="model configuration")
+    parser.add_argument("--weights", help="a .pth checkpoint (official YOLACT or trained by sparkseg)")
+    parser.add_argument("--random-init", action="store_true",
+                        help="random weights with biased class logits (tests and benchmarks only)")
+    parser.add_argument("--out", required=True, help="export directory to create")
+    parser.add_argument("--opset", type=int, default=11, help="ONNX opset (>= 11)")
+    parser.add_argument("--input-size", type=int, help="square input side (default: the config's max_size)")
+    parser.add_argument("--num-classes", type=int, help="override (fine-tuned checkpoints), incl. background")
+    parser.add_argument("--class-names", help="comma-separated foreground class names (with --num-classes)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --random-init")
+    parser.add_argument("--parity-images", default=str(DEFAULT_PARITY_IMAGES), help="directory of images")
+    parser.add_argument("--parity-count", type=int, default=4, help="how many parity images to use")
+    for field, value in ParityGate().as_dict().items():
+        parser.add_argument(f"--gate-{field.replace('_', '-')}", type=float, default=value, dest=f"gate_{field}")
+
+
+def build_model(args: argparse.Namespace) -> tuple[Yolact, dict]:
+    if not args.weights and not args.random_init:
+        raise SystemExit("error: pass --weights CKPT.pth (a YOLACT checkpoint) or --random-init (random weights, "
+                         "for tests and benchmarks only)")
+    if args.weights and args.random_init:
+        raise SystemExit("error: --weights and --random-init exclude each other")
+    overrides = {}
+    if args.input_size:
+        overrides["max_size"] = args.input_size
+    if args.num_classes:
+        overrides["num_classes"] = args.num_classes
+    if args.class_names:
+        overrides["class_names"] = tuple(name.strip() for name in args.class_names.split(","))
+    cfg = get_config(args.config, **overrides)
+    torch.manual_seed(args.seed)
+    model = Yolact(cfg).eval()
+    if args.weights:
+        report = load_yolact_checkpoint(model, args.weights)
+        weights = {"source": Path(args.weights).name, "random_init": False, "trained": True,
+                   "load_report": str(report)}
+    else:
+        classes = list(range(1, min(cfg.num_classes, PARITY_BIASED_CLASSES + 1)))
+        bias_class_logits(model, classes)
+        weights = {"source": "random-init", "seed": args.seed, "random_init": True, "trained": False,
+                   "biased_classes": classes}
+    return model, weights
+
+
+def input_spec(cfg, size: int) -> dict:
+    return {
+        "name": INPUT_NAME, "shape": [1, 3, size, size], "layout": "NCHW", "dtype": "float32",
+        "channel_order": "RGB", "mean": [float(v) for v in cfg.mean], "std": [float(v) for v in cfg.std],
+        "resize": {"size": [size, size], "mode": "bilinear", "align_corners": False, "antialias": False,
+                   "keep_aspect_ratio": False},
+    }
+
+
+def parity_images(directory: str, count: int) -> list[tuple[str, np.ndarray]]:
+    paths = sorted(p for p in Path(directory).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)[:count]
+    if not paths:
+        raise SystemExit(f"error: no images in --parity-images {directory}")
+    return [(p.name, decode_image(p.read_bytes(), str(p))) for p in paths]
+
+
+def run_parity(model: Yolact, out: Path, files: dict, spec: dict, priors: np.ndarray, post: dict,
+               images: list[tuple[str, np.ndarray]], gate: ParityGate) -> dict:
+    """Run torch, ONNX Runtime and OpenVINO (FP32 IR in f32; FP16 IR in f32 and in the device default) on the
+    images; compare raw outputs and detections with torch."""
+    import onnxruntime as ort
+    import openvino as ov
+
+    from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
+
+    tensors = [preprocess_rgb(rgb, spec) for _, rgb in images]
+    sizes = [(rgb.shape[1], rgb.shape[0]) for _, rgb in images]
+    outputs: dict[str, list[dict]] = {"torch": []}
+    with torch.no_grad():
+        for x in tensors:
+            values = model(torch.from_numpy(x)[None])
+            outputs["torch"].append({n: v[0].numpy() for n, v in zip(OUTPUT_NAMES, values)})
+    session = ort.InferenceSession(str(out / files["onnx_simplified"]), providers=["CPUExecutionProvider"])
+    outputs["onnxruntime"] = [dict(zip(OUTPUT_NAMES, (o[0] for o in session.run(OUTPUT_NAMES, {INPUT_NAME: x[None]}))))
+                              for x in tensors]
+    fp32_ir = out / "_parity_fp32.xml"
+    ov.save_model(ov.convert_model(str(out / files["onnx_simplified"])), str(fp32_ir), compress_to_fp16=False)
+    runners = {
+        "openvino_fp32ir_f32": CompiledIR(fp32_ir, RuntimeSettings(precision="f32")),
+        "openvino_fp16ir_f32": CompiledIR(out / files["ir_xml"], RuntimeSettings(precision="f32")),
+        "openvino_fp16ir_default": CompiledIR(out / files["ir_xml"], RuntimeSettings(precision="auto")),
+    }
+    for name, runner in runners.items():
+        outputs[name] = [runner.infer_one(x) for x in tensors]
+    fp32_ir.unlink()
+    fp32_ir.with_suffix(".bin").unlink()
+
+    def detections(rows):
+        return [yp.detect(r["loc"], r["conf"], r["mask"], priors, **post) for r in rows]
+
+    ref_dets = detections(outputs["torch"])
+    ref_protos = [r["proto"] for r in outputs["torch"]]
+    rows = {}
+    for name, rows_out in outputs.items():
+        dets = ref_dets if name == "torch" else detections(rows_out)
+        rows[name] = {"raw": raw_differences(outputs["torch"], rows_out),
+                      "detections": detection_agreement(ref_dets, dets, ref_protos, [r["proto"] for r in rows_out],
+                                                        sizes)}
+    failures = gate_failures(rows, gate)
+    return {"images": [name for name, _ in images], "gate": gate.as_dict(), "runtimes": rows,
+            "passed": not failures, "failures": failures}
+
+
+def gate_failures(rows: dict, gate: ParityGate) -> list[str]:
+    failures = []
+
+    def check_raw(runtime, key, limit):
+        for output, diff in rows[runtime]["raw"].items():
+            if diff[key] > limit:
+                failures.append(f"{runtime}: {output} {key} {diff[key]:.3g} > {limit:g}")
+
+    check_raw("onnxruntime", "max_abs", gate.ort_atol)
+    check_raw("openvino_fp32ir_f32", "max_abs", gate.ov_fp32_ir_atol)
+    check_raw("openvino_fp16ir_f32", "rel_to_range", gate.ov_fp16_ir_rel)
+    for runtime in ("onnxruntime", "openvino_fp32ir_f32", "openvino_fp16ir_f32"):
+        det = rows[runtime]["detections"]
+        if det["matched_fraction"] < gate.min_matched:
+            failures.append(f"{runtime}: matched {det['matched_fraction']:.3f} < {gate.min_matched}")
+        if det["mask_iou_median"] is not None and det["mask_iou_median"] < gate.min_median_mask_iou:
+            failures.append(f"{runtime}: median mask IoU {det['mask_iou_median']:.4f} < {gate.min_median_mask_iou}")
+    return failures
+
+
+def export(args: argparse.Namespace) -> dict:
+    """Run every stage; returns the parity report. Raises ParityFailed (no manifest written) when f32 parity breaks."""
+    timer = conv.StageTimer()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.opset < 11:
+        raise SystemExit(f"error: --opset {args.opset}: YOLACT needs opset >= 11 (bilinear Resize)")
+    with timer.stage("build_model"):
+        model, weights = build_model(args)
+    cfg = model.cfg
+    size = int(cfg.max_size)
+    files = {"onnx": "model.onnx", "onnx_simplified": "model.sim.onnx", "ir_xml": "model.xml",
+             "ir_bin": "model.bin", "priors": "priors.npy"}
+    with timer.stage("onnx_export"):
+        conv.export_onnx(model, torch.zeros(1, 3, size, size), out / files["onnx"], INPUT_NAME, OUTPUT_NAMES,
+                         args.opset)
+    with timer.stage("onnx_simplify"):
+        conv.simplify_onnx(out / files["onnx"], out / files["onnx_simplified"])
+    with timer.stage("openvino_convert"):
+        conv.convert_to_ir(out / files["onnx_simplified"], out / files["ir_xml"])
+    priors = model.priors()
+    np.save(out / files["priors"], priors)
+    spec = input_spec(cfg, size)
+    post = {"conf_thresh": cfg.conf_thresh, "nms_thresh": cfg.nms_thresh, "top_k": cfg.top_k,
+            "max_num_detections": cfg.max_num_detections, "nms": "fast"}
+    gate = ParityGate(**{f: getattr(args, f"gate_{f}") for f in ParityGate().as_dict()})
+    with timer.stage("parity"):
+        report = run_parity(model, out, files, spec, priors, post,
+                            parity_images(args.parity_images, args.parity_count), gate)
+    report["export_seconds"] = timer.seconds
+    report["file_bytes"] = {rel: (out / rel).stat().st_size for rel in files.values()}
+    (out / "parity.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(format_table(report["runtimes"]))
+    print("export seconds per stage:", json.dumps(timer.seconds))
+    if not report["passed"]:
+        raise ParityFailed("parity gate failed (no manifest.json written, the directory is not usable):\n  "
+                           + "\n  ".join(report["failures"]))
+    files["parity"] = "parity.json"
+    write_manifest(out, {
+        "model": "yolact", "config": cfg.name, "num_classes": int(cfg.num_classes),
+        "class_names": list(cfg.class_names), "input": spec,
+        "outputs": {role: role for role in OUTPUT_NAMES}, "files": files,
+        "priors": {"count": int(priors.shape[0]), "feature_sizes": [list(s) for s in model.feature_map_sizes()]},
+        "postprocess": post, "weights": weights, "opset": args.opset, "tools": conv.tool_versions(),
+        "export_seconds": timer.seconds,
+    })
+    print(f"wrote {out}/manifest.json ({cfg.name}, {size}x{size}, {len(cfg.class_names)} classes)")
+    return report
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        export(args)
+    except ParityFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    return 0

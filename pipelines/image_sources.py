@@ -1,0 +1,118 @@
+"""Read: list images from any storage into a DataFrame and spread them evenly over partitions.
+
+Two readers share one contract, a DataFrame with `path`, `size`, `modification_time` (listing) and later `content`:
+- `spark`: Spark's own binaryFile source, for every Hadoop URI the cluster can read (file://, hdfs://, abfss:// and
+  wasbs:// where hadoop-azure is installed). Listing reads no file content.
+- `azure_sdk`: for clusters without hadoop-azure: the driver lists the container with the Azure SDK, executors read
+  the bytes (credentials from the environment or a secret scope, shipped in the task closure, never logged).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+LISTING_SCHEMA = T.StructType([
+    T.StructField("path", T.StringType(), False),
+    T.StructField("size", T.LongType(), False),
+    T.StructField("modification_time", T.TimestampType(), True),
+])
+AZURE_SCHEMES = ("az://", "abfs://")
+BROADCAST_LISTING_MAX_ROWS = 1_000_000
+
+
+class InputError(ValueError):
+    pass
+
+
+def choose_reader(uri: str, reader: str = "auto") -> str:
+    if reader not in ("auto", "spark", "azure_sdk"):
+        raise InputError(f"input.reader '{reader}': choose auto, spark or azure_sdk")
+    if reader != "auto":
+        return reader
+    return "azure_sdk" if uri.startswith(AZURE_SCHEMES) else "spark"
+
+
+def to_spark_uri(uri: str) -> str:
+    """Plain local paths become file:// URIs (absolute), so executors resolve them the same way."""
+    if "://" in uri or uri.startswith("file:"):
+        return uri
+    return Path(uri).expanduser().resolve().as_uri()
+
+
+def extension_glob(extensions: list[str]) -> str:
+    """A case-insensitive Hadoop glob for file names: ['.jpg'] -> '*.{[jJ][pP][gG]}'."""
+    def caseless(ext: str) -> str:
+        return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in ext.lstrip("."))
+
+    return "*.{" + ",".join(caseless(e) for e in extensions) + "}"
+
+
+def list_images(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True,
+                reader: str = "auto", azure_credentials=None) -> DataFrame:
+    """DataFrame[path, size, modification_time] of the images under `uri` (no content read)."""
+    if choose_reader(uri, reader) == "azure_sdk":
+        from pipelines.azure_storage import list_blobs
+
+        rows = list_blobs(uri, extensions, azure_credentials)
+        return spark.createDataFrame([tuple(r) for r in rows], LISTING_SCHEMA)
+    spark_uri = to_spark_uri(uri)
+    try:
+        listing = (spark.read.format("binaryFile")
+                   .option("recursiveFileLookup", str(bool(recursive)).lower())
+                   .option("pathGlobFilter", extension_glob(extensions))
+                   .load(spark_uri))
+        listing.schema  # noqa: B018  (forces the path check now, on the driver)
+    except Exception as err:  # AnalysisException, Py4JJavaError: both carry the reason in the message
+        text = str(err).splitlines()[0]
+        if "PATH_NOT_FOUND" in text or "does not exist" in text:
+            raise InputError(f"{uri}: input path does not exist: check --input") from None
+        if "ClassNotFoundException" in str(err) or "No FileSystem for scheme" in str(err):
+            raise InputError(f"{uri}: this Spark cannot read this scheme (no Hadoop connector on the classpath, e.g. "
+                             "hadoop-azure for abfss://): install it on the cluster or use input.reader azure_sdk "
+                             "with an az://container/prefix URI") from None
+        raise
+    return listing.select("path", F.col("length").alias("size"), F.col("modificationTime").alias("modification_time"))
+
+
+def assign_partitions(listing: DataFrame, partitions: int) -> DataFrame:
+    """Add `idx` (dense, in path order), `part` (idx mod partitions) and `part_key`, a value whose Spark hash
+    lands in partition `part`, so that `balanced(df, partitions)` gives every partition the same number of images
+    (+-1) whatever the directory layout and file sizes (Spark's own file splitting packs by bytes, and the paper's
+    NNImageReader left everything in one task)."""
+    spark = listing.sparkSession
+    indexed = listing.orderBy("path").rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1]))
+    with_idx = spark.createDataFrame(indexed, T.StructType(listing.schema.fields + [
+        T.StructField("idx", T.LongType(), False)]))
+    with_part = with_idx.withColumn("part", F.col("idx") % F.lit(partitions))
+    return with_part.join(F.broadcast(partition_keys(spark, partitions)), "part")
+
+
+def partition_keys(spark: SparkSession, partitions: int) -> DataFrame:
+    """One key per partition p with pmod(hash(key), partitions) == p: Spark's HashPartitioning is exactly
+    pmod(murmur3(key, seed 42), n), which is what F.hash computes."""
+    candidates = spark.range(0, partitions * 64).select(
+        F.col("id").alias("part_key"), F.expr(f"pmod(hash(id), {partitions})").alias("part"))
+    keys = candidates.groupBy("part").agg(F.min("part_key").alias("part_key"))
+    return keys
+
+
+def balanced(df: DataFrame, partitions: int) -> DataFrame:
+    """Repartition rows that carry `part_key` (from assign_partitions) into exactly `partitions` even partitions."""
+    return df.repartition(partitions, "part_key")
+
+
+def with_content(spark: SparkSession, todo: DataFrame, todo_count: int, uri: str, extensions: list[str],
+                 recursive: bool, all_listed: bool) -> DataFrame:
+    """Join the image bytes (`content`) read by Spark's binaryFile source onto `todo` (a subset of the listing).
+    When only part of the listing is to do (resume, waves), only those files are read."""
+    reader = spark.read.format("binaryFile")
+    if all_listed:
+        source = (reader.option("recursiveFileLookup", str(bool(recursive)).lower())
+                  .option("pathGlobFilter", extension_glob(extensions)).load(to_spark_uri(uri)))
+    else:
+        source = reader.load([row.path for row in todo.select("path").toLocalIterator()])
+    small = F.broadcast(todo) if todo_count <= BROADCAST_LISTING_MAX_ROWS else todo
+    return source.select("path", "content").join(small, "path")

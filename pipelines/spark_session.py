@@ -1,0 +1,44 @@
+"""Building SparkSessions the way every job and test needs them."""
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+# Settings every sparkseg session gets unless the caller (or spark-submit) set them.
+DEFAULT_CONF = {
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Our partitions are balanced on purpose; AQE must not merge them.
+    "spark.sql.adaptive.coalescePartitions.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+
+def local_session(app_name: str = "sparkseg", master: str = "local[*]", conf: dict | None = None) -> SparkSession:
+    """A local-mode session whose Python workers run this interpreter."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app_name).master(master)
+    merged = {**DEFAULT_CONF, "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+              "spark.sql.shuffle.partitions": "4", **(conf or {})}
+    for key, value in merged.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def job_session(spark_config: dict) -> SparkSession:
+    """The session for a job: under spark-submit (or Databricks) the existing master and settings win; run as a plain
+    `python jobs/...` script it starts `spark_config['master']` (local[*] by default)."""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    conf = {str(k): str(v) for k, v in (spark_config.get("conf") or {}).items()}
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):   # launched by spark-submit: its master and conf win
+        builder = SparkSession.builder.appName(spark_config.get("app_name", "sparkseg"))
+        for key, value in {**DEFAULT_CONF, **conf}.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+    return local_session(spark_config.get("app_name", "sparkseg"), spark_config.get("master", "local[*]"), conf)

@@ -1,0 +1,167 @@
+"""The YOLACT batch-inference job as a recipe: config -> read -> transform -> write.
+
+`run(spark, config)` is what `jobs/infer_yolact.py`, the Databricks notebook and the sweeps call.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines import image_sources as src
+from pipelines.job_config import resolve_local
+from pipelines.model_manifest import ModelManifest, load_manifest
+from pipelines.openvino_runtime import RuntimeSettings
+from pipelines.progress import ProgressReporter
+from pipelines.results_writer import TIMING_FIELDS, done_keys, write_results, write_summary
+from pipelines.yolact_inference import RESULT_SCHEMA, YolactInference
+
+
+class JobFailed(RuntimeError):
+    """The job ran but its outcome is not acceptable (e.g. too many errors); the summary was written."""
+
+
+def ship_model(spark: SparkSession, manifest: ModelManifest) -> str:
+    """Send the model directory to every executor once (SparkFiles), under a name unique to its hash, and return
+    the driver-side path (executors on the driver's filesystem read it directly; the others use SparkFiles)."""
+    name = f"sparkseg-model-{manifest.model_sha256[:16]}"
+    staged = Path(tempfile.gettempdir()) / name
+    if not (staged / "manifest.json").is_file():
+        tmp = Path(tempfile.mkdtemp(prefix=name + "."))
+        for rel in [*manifest.data["files"].values(), "manifest.json"]:
+            shutil.copy2(manifest.root / rel, tmp / rel)
+        try:
+            os.replace(tmp, staged)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)   # another job staged it first
+    already = spark.sparkContext.getConf().get("spark.sparkseg.shipped", "")
+    if name not in already.split(","):
+        spark.sparkContext.addFile(str(staged), recursive=True)
+        spark.sparkContext.getConf().set("spark.sparkseg.shipped", f"{already},{name}")
+    return str(staged)
+
+
+def runtime_settings(spark: SparkSession, inference: dict) -> RuntimeSettings:
+    task_cpus = int(spark.sparkContext.getConf().get("spark.task.cpus", "1"))
+    return RuntimeSettings.for_task_cpus(task_cpus, precision=inference["precision"],
+                                         threads=inference.get("openvino_threads") or None,
+                                         streams=inference.get("openvino_streams") or None)
+
+
+def todo_listing(spark: SparkSession, listing: DataFrame, output_uri: str, manifest: ModelManifest,
+                 force: bool) -> DataFrame:
+    """Images not yet recorded for this model (same path, size and modification time), unless `force`."""
+    if force:
+        return listing
+    done = done_keys(spark, output_uri, manifest.model_sha256)
+    if done is None:
+        return listing
+    keys = ["path", "size", "modification_time"]
+    return listing.join(F.broadcast(done.select(*keys)), keys, "left_anti")
+
+
+def run(spark: SparkSession, config: dict) -> dict:
+    """Run the job; return the summary (also written to <output>/summary.json)."""
+    started = time.time()
+    inputs, out_cfg, inference, run_cfg = config["input"], config["output"], config["inference"], config["run"]
+    input_uri = resolve_local(inputs["uri"])
+    output_uri = out_cfg["uri"] if "://" in out_cfg["uri"] else str(Path(out_cfg["uri"]).expanduser().resolve())
+    manifest = load_manifest(resolve_local(config["model"]["dir"]), verify=True)   # fails before any task
+    if manifest.model != "yolact":
+        raise src.InputError(f"{manifest.root}: a '{manifest.model}' model; this job needs a yolact export")
+    engine = inference.get("engine", "native")
+    if engine == "bigdl":
+        from pipelines.bigdl_engine import require_bigdl
+
+        require_bigdl()
+        raise NotImplementedError("engine bigdl: see pipelines/bigdl_engine.py")
+    if engine != "native":
+        raise ValueError(f"inference.engine '{engine}': choose native or bigdl")
+
+    reader = src.choose_reader(input_uri, inputs.get("reader", "auto"))
+    credentials = None
+    if reader == "azure_sdk":
+        from pipelines.azure_storage import AzureCredentials
+
+        credentials = AzureCredentials.from_environment()
+    listing = src.list_images(spark, input_uri, inputs["extensions"], inputs["recursive"], reader, credentials)
+    listing = listing.persist(StorageLevel.MEMORY_AND_DISK)
+    n_inputs = listing.count()
+    todo = todo_listing(spark, listing, output_uri, manifest, run_cfg["force"])
+    n_todo = todo.count()
+    run_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    partitions = max(1, min(int(inference["partitions"] or spark.sparkContext.defaultParallelism), max(n_todo, 1)))
+    settings = runtime_settings(spark, inference)
+    totals = {"done": 0, "failed": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
+    progress = ProgressReporter(spark, n_todo, float(run_cfg.get("progress_interval_s", 5)))
+
+    if n_todo:
+        shipped = ship_model(spark, manifest)
+        task = YolactInference(
+            model_dir=shipped, model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
+            input_spec=manifest.input, postprocess={**manifest.postprocess, "nms": inference.get("nms", "fast")},
+            settings=settings, output_uri=output_uri, input_root=input_uri, write_masks=out_cfg["write_masks"],
+            max_image_pixels=int(inference["max_image_pixels"]),
+            fetch_bytes=None if reader == "spark" else _azure_fetcher(credentials),
+            progress=progress.accumulator)
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(int(inference["batch_size"])))
+        indexed = src.assign_partitions(todo, partitions).persist(StorageLevel.MEMORY_AND_DISK)
+        wave_size = int(run_cfg.get("commit_every") or 0) or n_todo
+        with progress:
+            for first in range(0, n_todo, wave_size):
+                wave = indexed.where((F.col("idx") >= first) & (F.col("idx") < first + wave_size))
+                wave_count = min(wave_size, n_todo - first)
+                if reader == "spark":
+                    wave = src.with_content(spark, wave, wave_count, input_uri, inputs["extensions"],
+                                            inputs["recursive"], all_listed=(wave_count == n_inputs))
+                wave_parts = min(partitions, wave_count)
+                results = (src.balanced(wave, wave_parts).mapInPandas(task, RESULT_SCHEMA)
+                           .withColumn("model_name", F.lit(manifest.name))
+                           .withColumn("model_sha256", F.lit(manifest.model_sha256))
+                           .withColumn("run_id", F.lit(run_id))
+                           .persist(StorageLevel.MEMORY_AND_DISK))
+                wave_totals = write_results(results, output_uri)
+                results.unpersist()
+                for key in totals:
+                    totals[key] += wave_totals.get(key, 0)
+        indexed.unpersist()
+    listing.unpersist()
+
+    elapsed = time.time() - started
+    processed = totals["done"] + totals["failed"]
+    summary = {
+        "run_id": run_id, "engine": engine, "input": input_uri, "output": output_uri,
+        "model": {"name": manifest.name, "sha256": manifest.model_sha256, "dir": str(manifest.root),
+                  "trained": manifest.trained,
+                  "note": None if manifest.trained else "RANDOM WEIGHTS: this model is untrained; its detections "
+                  "only show that the pipeline works, they mean nothing"},
+        "counts": {"inputs": n_inputs, "skipped": n_inputs - n_todo, "done": int(totals["done"]),
+                   "failed": int(totals["failed"]), "instances": int(totals["instances"])},
+        "partitions": partitions, "wall_seconds": round(elapsed, 3),
+        "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
+        "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
+        "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
+        "config": config,
+    }
+    write_summary(output_uri, summary)
+    max_fraction = float(run_cfg.get("max_error_fraction", 1.0))
+    if processed and totals["failed"] / processed > max_fraction:
+        raise JobFailed(f"{int(totals['failed'])} of {processed} images failed (> max_error_fraction "
+                        f"{max_fraction}): see {output_uri}/errors and summary.json")
+    return summary
+
+
+def _azure_fetcher(credentials):
+    from functools import partial
+
+    from pipelines.azure_storage import read_blob
+
+    return partial(read_blob, creds=credentials)

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Build the BigDL engine's own env (the `bigdl` engine cannot run in the main venv).
+# Usage: scripts/make_bigdl_env.sh [ENV_DIR]        (default: <repo>/.venv-bigdl; PYTHON=python3.11 to choose)
+#
+# Why a second env: BigDL 2.4 (the last release) needs pyspark 3.5 (Scala 2.12), numpy<2, pyarrow<20 and the
+# legacy `openvino.inference_engine` API (openvino <= 2023.3); the main venv has pyspark 4, numpy 2 and
+# openvino 2026. The BigDL wheels pin pyspark==3.1.3, which does not run on Java 17 / Python 3.11, so they are
+# installed with --no-deps on top of the pins below; `pip check` then reports that pin conflict, on purpose.
+# Not installed: torch (executors never need it), bigdl-math / bigdl-tf (+361 MB, not used by DLlib image
+# preprocessing nor by the Orca OpenVINO Estimator).
+#
+# Idempotent: a stamp file in ENV_DIR records the pins it was built with; same pins -> nothing to do,
+# other pins -> the env is rebuilt from nothing.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+ENV_DIR="${1:-$REPO/.venv-bigdl}"
+PYTHON="${PYTHON:-python3}"
+STAMP="$ENV_DIR/.sparkseg-bigdl-env"
+
+# The engine's runtime: exact versions seen working together (see ../shared/notes/platform.md).
+RUNTIME_PINS=(
+    "pyspark==3.5.8"          # 3.1/3.3: cloudpickle too old for py3.11; 4.x: Scala 2.13 (scala/Serializable)
+    "numpy==1.26.4"           # BigDL calls ndarray.tostring (removed in numpy 2)
+    "pyarrow==19.0.1"         # pyarrow >= 20 needs numpy 2
+    "openvino==2023.3.0"      # the last release with openvino.inference_engine, which Orca's Estimator uses
+    "six==1.17.0" "conda-pack==0.3.1" "pyzmq==26.2.0" "packaging==24.2" "filelock==3.16.1"  # BigDL's imports
+)
+BIGDL_PINS=("bigdl-dllib-spark3==2.4.0" "bigdl-orca-spark3==2.4.0" "bigdl-core==2.4.0.dev0")
+# This repo's small runtime deps (setup.py CORE minus the above), in versions built for numpy 1.x, and pytest.
+REPO_PINS=(
+    "pillow==11.3.0" "pyyaml==6.0.2" "pandas==2.2.3" "pycocotools==2.0.8" "fsspec==2024.12.0"
+    "pytest==8.3.5" "pytest-timeout==2.3.1"
+)
+WANT="$(printf '%s\n' "$PYTHON" "${RUNTIME_PINS[@]}" "${BIGDL_PINS[@]}" "${REPO_PINS[@]}" | grep -v '^#')"
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$ENV_DIR/bin/python" ]; then
+    echo "make_bigdl_env: $ENV_DIR is up to date ($(du -sh "$ENV_DIR" | cut -f1))"
+    exit 0
+fi
+
+if ! "$PYTHON" -c 'import sys; sys.exit(not ((3, 8) <= sys.version_info[:2] <= (3, 11)))'; then
+    echo "make_bigdl_env: $PYTHON is $("$PYTHON" --version 2>&1); openvino 2023.3 has wheels for Python 3.8-3.11" \
+         "only: run with PYTHON=python3.11" >&2
+    exit 1
+fi
+
+start=$SECONDS
+rm -rf "$ENV_DIR"
+"$PYTHON" -m venv "$ENV_DIR"
+PIP=("$ENV_DIR/bin/python" -m pip install --quiet --disable-pip-version-check)
+"${PIP[@]}" "${RUNTIME_PINS[@]}" "${REPO_PINS[@]}"
+"${PIP[@]}" --no-deps "${BIGDL_PINS[@]}"
+
+# This repo, editable and without its deps (setup.py's CORE asks for the main venv's versions). setup.py reads
+# README.md for the long description; while that file is missing, fall back to a .pth path entry (same effect).
+if [ -f "$REPO/README.md" ]; then
+    "${PIP[@]}" --no-deps -e "$REPO"
+else
+    echo "make_bigdl_env: $REPO/README.md missing (setup.py needs it): adding $REPO to the env's path instead"
+    "$ENV_DIR/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/sparkseg-repo.pth", "w").write(sys.argv[1] + "\n")' "$REPO"
+fi
+
+# Smoke test: the imports the engine needs, on the driver.
+"$ENV_DIR/bin/python" - <<'EOF'
+import numpy, pyspark, openvino.inference_engine  # noqa: F401
+from bigdl.dllib.nnframes import NNModel  # noqa: F401
+from bigdl.orca.learn.openvino import Estimator  # noqa: F401
+import pipelines.bigdl_engine  # noqa: F401
+print(f"make_bigdl_env: numpy {numpy.__version__}, pyspark {pyspark.__version__}, BigDL + OpenVINO imports ok")
+EOF
+
+echo "$WANT" > "$STAMP"
+echo "make_bigdl_env: built $ENV_DIR in $((SECONDS - start)) s, size $(du -sh "$ENV_DIR" | cut -f1)"
+echo "make_bigdl_env: run BigDL jobs with $ENV_DIR/bin/python (PYSPARK_PYTHON=$ENV_DIR/bin/python)"

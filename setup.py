@@ -1,0 +1,53 @@
+"""sparkseg: YOLACT instance segmentation and object detection on Spark CPU clusters."""
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+CORE = [
+    "pyspark>=3.5,<5",
+    "openvino>=2023.3",
+    "numpy>=1.24",
+    "pillow>=10",
+    "pyarrow>=14",
+    "pandas>=2.0,<3",
+    "pyyaml>=6",
+    "pycocotools>=2.0.7",
+    "fsspec>=2023.1",
+]
+TORCH = ["torch>=2.4", "torchvision>=0.19"]
+EXTRAS = {
+    # PyTorch -> ONNX -> simplified ONNX -> OpenVINO IR, and the parity report.
+    "export": TORCH + ["onnx>=1.16", "onnxruntime>=1.18", "onnxslim>=0.1.40"],
+    # Distributed training (TorchDistributor), runs tracking and plots.
+    "train": TORCH + ["mlflow>=2.10", "matplotlib>=3.8", "tqdm>=4.66"],
+    # Azure SDK read/write path for clusters without hadoop-azure.
+    "azure": ["adlfs>=2024.4", "azure-storage-blob>=12.19"],
+    # The BigDL engine's own env. The BigDL 2.4 wheels themselves pin pyspark 3.1 and must be installed with
+    # --no-deps on top of this extra: `make bigdl-env` does both (see Makefile and DEVELOPERS.md).
+    "bigdl": [
+        "pyspark>=3.5,<3.6",
+        "numpy<2",
+        "pyarrow<20",
+        "openvino==2023.3.0",
+        "six",
+        "conda-pack==0.3.1",
+        "pyzmq",
+        "packaging",
+        "filelock",
+    ],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.8"],
+}
+
+setup(
+    name="sparkseg",
+    version="0.1.0",
+    description=__doc__,
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.10",
+    packages=find_packages(include=["pipelines", "pipelines.*", "model_export", "model_export.*"]),
+    install_requires=CORE,
+    extras_require=EXTRAS,
+    include_package_data=True,
+)

@@ -1,0 +1,79 @@
+"""The export stage end to end: PyTorch -> ONNX -> simplified ONNX -> OpenVINO FP16 IR, parity gate, manifest."""
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from model_export.cli import main as export_main
+from pipelines.model_manifest import load_manifest
+
+
+@pytest.fixture(scope="module")
+def r50_export(tmp_path_factory):
+    out = tmp_path_factory.mktemp("yolact_resnet50")
+    code = export_main(["yolact", "--config", "yolact_resnet50", "--random-init", "--out", str(out),
+                        "--parity-count", "2"])
+    assert code == 0
+    return out
+
+
+def test_resnet50_parity_meets_the_gate(r50_export):
+    report = json.loads((r50_export / "parity.json").read_text())
+    assert report["passed"], report["failures"]
+    rows = report["runtimes"]
+    assert set(rows) == {"torch", "onnxruntime", "openvino_fp32ir_f32", "openvino_fp16ir_f32",
+                         "openvino_fp16ir_default"}
+    assert set(rows["torch"]["raw"]) == {"loc", "conf", "mask", "proto"}
+    for output, diff in rows["onnxruntime"]["raw"].items():
+        assert diff["max_abs"] <= 1e-4, output
+    for output, diff in rows["openvino_fp32ir_f32"]["raw"].items():
+        assert diff["max_abs"] <= 1e-3, output
+    for output, diff in rows["openvino_fp16ir_f32"]["raw"].items():
+        assert diff["rel_to_range"] <= 1e-2, output
+    torch_dets = rows["torch"]["detections"]["detections"]
+    assert torch_dets == 2 * 100, "biased random weights must fill Detect's 100 detections per image"
+    f32 = rows["openvino_fp16ir_f32"]["detections"]
+    assert f32["matched_fraction"] >= 0.95 and f32["mask_iou_median"] >= 0.99
+    bf16 = rows["openvino_fp16ir_default"]["detections"]
+    assert bf16["detections"] > 0 and "matched_fraction" in bf16      # reported, not gated
+
+
+def test_export_directory_is_a_complete_contract(r50_export):
+    manifest = load_manifest(r50_export, verify=True)
+    data = manifest.data
+    assert data["model"] == "yolact" and data["config"] == "yolact_resnet50"
+    assert data["num_classes"] == 81 and len(data["class_names"]) == 80 and data["class_names"][0] == "person"
+    assert data["input"]["shape"] == [1, 3, 550, 550] and data["input"]["channel_order"] == "RGB"
+    assert data["input"]["mean"] == pytest.approx([123.68, 116.78, 103.94])
+    assert data["input"]["std"] == pytest.approx([58.40, 57.12, 57.38])
+    assert data["outputs"] == {"loc": "loc", "conf": "conf", "mask": "mask", "proto": "proto"}
+    assert data["postprocess"] == {"conf_thresh": 0.05, "nms_thresh": 0.5, "top_k": 200,
+                                   "max_num_detections": 100, "nms": "fast"}
+    assert data["priors"]["count"] == 19248
+    assert set(data["files"]) >= {"onnx", "onnx_simplified", "ir_xml", "ir_bin", "priors"}
+    assert set(data["sha256"]) == set(data["files"].values())
+    assert {"torch", "onnx", "openvino"} <= set(data["tools"])
+    graph = onnx.load(str(manifest.path("onnx_simplified"))).graph
+    dims = [d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 3, 550, 550]
+    assert [o.name for o in graph.output] == ["loc", "conf", "mask", "proto"]
+    shapes = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output}
+    assert shapes["proto"] == [1, 138, 138, 32] and shapes["conf"] == [1, 19248, 81]
+    assert not any(node.op_type == "Shape" for node in graph.node)
+
+
+def test_weights_or_random_init_is_required(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        export_main(["yolact", "--config", "yolact_r18_small", "--out", str(tmp_path)])
+    assert "--weights" in str(exit_info.value) and "--random-init" in str(exit_info.value)
+
+
+def test_broken_parity_fails_the_export_without_a_manifest(tmp_path, capsys):
+    code = export_main(["yolact", "--config", "yolact_r18_small", "--random-init", "--out", str(tmp_path),
+                        "--parity-count", "1", "--gate-ort-atol", "0"])
+    assert code == 3
+    assert "parity gate failed" in capsys.readouterr().err
+    assert not (tmp_path / "manifest.json").exists()
+    assert json.loads((tmp_path / "parity.json").read_text())["passed"] is False

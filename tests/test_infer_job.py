@@ -1,0 +1,168 @@
+"""The YOLACT inference job on a real local SparkSession with the bundled default model."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyspark.sql import functions as F
+
+from pipelines.job_config import load_config
+from pipelines.mask_outputs import decode_rle, read_label_map_png
+from pipelines.model_manifest import ModelManifestError, load_manifest
+from pipelines.openvino_runtime import RuntimeSettings
+from pipelines.single_process import infer_files
+from pipelines.yolact_job import run
+from tests.bad_inputs import build_bad_input_corpus
+from tests.conftest import SAMPLES
+
+MODEL_DIR = SAMPLES / "models" / "yolact_default"
+
+
+def job_config(input_dir: Path, output_dir: Path, **inference) -> dict:
+    config = load_config()
+    config["input"]["uri"] = str(input_dir)
+    config["output"]["uri"] = str(output_dir)
+    config["model"]["dir"] = str(MODEL_DIR)
+    config["inference"].update({"partitions": 2, "batch_size": 4, "precision": "f32", **inference})
+    config["run"]["progress_interval_s"] = 0
+    return config
+
+
+def read_rows(spark, output_dir: Path, table: str) -> list:
+    return spark.read.parquet(str(output_dir / table)).collect()
+
+
+@pytest.fixture(scope="module")
+def sample_images(tmp_path_factory) -> Path:
+    images = tmp_path_factory.mktemp("samples")
+    for path in sorted((SAMPLES / "images").iterdir()):
+        if path.suffix.lower() in (".jpg", ".jpeg", ".png"):
+            shutil.copy(path, images / path.name)
+    return images
+
+
+@pytest.fixture(scope="module")
+def sample_run(spark, sample_images, tmp_path_factory) -> tuple[Path, dict]:
+    output = tmp_path_factory.mktemp("out")
+    return output, run(spark, job_config(sample_images, output))
+
+
+def test_spark_job_equals_single_process_run(spark, sample_images, sample_run):
+    output, summary = sample_run
+    paths = sorted(sample_images.iterdir())
+    assert summary["counts"]["inputs"] == len(paths) and summary["counts"]["done"] == len(paths)
+    reference = {row["path"]: row for row in infer_files(MODEL_DIR, [str(p) for p in paths], str(output),
+                                                          str(sample_images), RuntimeSettings(precision="f32"))}
+    rows = read_rows(spark, output, "detections")
+    assert {row.path for row in rows} == set(reference)
+    total = 0
+    for row in rows:
+        ref = reference[row.path]
+        assert (row.width, row.height) == (ref["width"], ref["height"])
+        assert [i.class_id for i in row.instances] == [i["class_id"] for i in ref["instances"]]
+        np.testing.assert_array_equal([i.score for i in row.instances],
+                                      np.float32([i["score"] for i in ref["instances"]]))
+        for inst, ref_inst in zip(row.instances, ref["instances"]):
+            assert list(inst.box) == ref_inst["box"]
+            assert inst.mask.counts == ref_inst["mask"]["counts"]     # RLE equal <=> masks pixel-identical
+        total += len(row.instances)
+    assert total > 0, "the bundled model must produce detections on the samples"
+
+
+def test_outputs_are_consistent(spark, sample_run):
+    output, summary = sample_run
+    summary_file = json.loads((output / "summary.json").read_text())
+    assert summary_file["counts"] == summary["counts"]
+    assert set(summary_file["stage_seconds"]) == {"read", "preprocess", "infer", "postprocess", "write"}
+    manifest = load_manifest(MODEL_DIR)
+    for row in read_rows(spark, output, "detections"):
+        assert row.model_sha256 == manifest.model_sha256
+        label_map = read_label_map_png(Path(row.mask_path).read_bytes())
+        assert label_map.shape == (row.height, row.width)
+        assert label_map.max() <= len(row.instances)
+        for number, inst in enumerate(row.instances, start=1):
+            mask = decode_rle({"size": list(inst.mask.size), "counts": inst.mask.counts})
+            assert mask.shape == (row.height, row.width)
+            # the label map shows instance i wherever it is the highest-scored mask
+            assert np.all(mask[label_map == number])
+        assert Path(row.mask_path).resolve().is_relative_to(output.resolve())
+
+
+def test_second_run_skips_everything_and_deleted_outputs_are_recomputed(spark, sample_images, tmp_path):
+    output = tmp_path / "out"
+    first = run(spark, job_config(sample_images, output))
+    assert first["counts"]["done"] == first["counts"]["inputs"]
+    second = run(spark, job_config(sample_images, output))
+    assert second["counts"]["skipped"] == first["counts"]["inputs"]
+    assert second["counts"]["done"] == second["counts"]["failed"] == 0
+    parts = sorted((output / "detections").glob("part-*.parquet"))
+    deleted = spark.read.parquet(str(parts[0])).select("path").collect()
+    assert deleted
+    parts[0].unlink()
+    third = run(spark, job_config(sample_images, output))
+    assert third["counts"]["done"] == len(deleted)
+    assert third["counts"]["skipped"] == first["counts"]["inputs"] - len(deleted)
+    rows = read_rows(spark, output, "detections")
+    assert len(rows) == len({r.path for r in rows}) == first["counts"]["inputs"]
+    forced = run(spark, {**job_config(sample_images, tmp_path / "forced"),
+                         "run": {**job_config(sample_images, output)["run"], "force": True}})
+    assert forced["counts"]["done"] == first["counts"]["inputs"]
+
+
+def test_bad_input_corpus_every_file_accounted_for(spark, tmp_path):
+    corpus = tmp_path / "bad"
+    corpus.mkdir()
+    expected = build_bad_input_corpus(corpus)
+    output = tmp_path / "out"
+    summary = run(spark, job_config(corpus, output, partitions=3))
+    detections = {Path(r.path).name: r for r in read_rows(spark, output, "detections")}
+    errors = {Path(r.path).name: r for r in read_rows(spark, output, "errors")}
+    assert not set(detections) & set(errors), "an image is in both detections/ and errors/"
+    listed = {name for name in expected if Path(name).suffix.lower() in (".jpg", ".jpeg", ".png")}
+    assert set(detections) | set(errors) == listed
+    for name in listed:
+        if expected[name] == "ok":
+            assert name in detections, f"{name} should have been processed: {errors.get(name)}"
+        else:
+            assert name in errors, f"{name} should be an error"
+            assert errors[name].stage == "decode" and errors[name].message
+    assert summary["counts"]["failed"] == len(errors)
+
+
+def test_partitions_are_balanced_whatever_the_layout(spark, tmp_path):
+    from pipelines.image_sources import assign_partitions, balanced, list_images
+
+    rng = np.random.default_rng(0)
+    for i in range(1000):   # uneven nesting and sizes: most files in one deep directory
+        depth = "deep/a/b/c" if i < 700 else f"d{i % 7}"
+        path = tmp_path / depth / f"img{i}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * int(rng.integers(1, 5000)))
+    listing = list_images(spark, str(tmp_path), [".jpg"])
+    for partitions in (2, 7, 16):
+        sizes = [n for n in balanced(assign_partitions(listing, partitions), partitions)
+                 .groupBy(F.spark_partition_id()).count().select("count").toPandas()["count"]]
+        assert len(sizes) == partitions and sum(sizes) == 1000
+        assert max(sizes) / min(sizes) <= 1.1, sizes
+
+
+def test_bad_model_directory_fails_before_any_task(spark, sample_images, tmp_path):
+    tampered = tmp_path / "model"
+    shutil.copytree(MODEL_DIR, tampered)
+    with open(tampered / "model.bin", "r+b") as handle:
+        handle.seek(100)
+        handle.write(b"\x00\x01\x02\x03")
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = set(tracker.getJobIdsForGroup(None))
+    config = job_config(sample_images, tmp_path / "out")
+    config["model"]["dir"] = str(tampered)
+    with pytest.raises(ModelManifestError, match="model.bin.*sha256"):
+        run(spark, config)
+    (tampered / "manifest.json").unlink()
+    with pytest.raises(ModelManifestError, match="manifest.json: missing"):
+        run(spark, config)
+    assert set(tracker.getJobIdsForGroup(None)) == jobs_before
+    assert not (tmp_path / "out").exists()
