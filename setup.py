@@ -21,7 +21,7 @@ EXTRAS = {
     # Distributed training (TorchDistributor), runs tracking and plots.
     "train": TORCH + ["mlflow>=2.10", "matplotlib>=3.8", "tqdm>=4.66"],
     # Azure SDK read/write path for clusters without hadoop-azure.
-    "azure": ["adlfs>=2024.4", "azure-storage-blob>=12.19"],
+    "azure": ["adlfs>=2024.4", "azure-storage-blob>=12.19", "azure-identity>=1.15"],
     # The BigDL engine's own env. The BigDL 2.4 wheels themselves pin pyspark 3.1 and must be installed with
     # --no-deps on top of this extra: `make bigdl-env` does both (see Makefile and DEVELOPERS.md).
     "bigdl": [

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.image_sources import InputError
     from pipelines.model_manifest import ModelManifestError
     from pipelines.spark_session import job_session
-    from pipelines.yolact_job import JobFailed, run
+    from pipelines.inference_job import JobFailed, run
 
     spark = job_session(config["spark"])
     try:

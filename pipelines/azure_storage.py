@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, TypeVar
 from urllib.parse import quote, quote_plus, unquote, urlsplit
@@ -57,7 +58,7 @@ class BlobPath:
     def uri_for(self, blob_name: str) -> str:
         """The URI of blob `blob_name` (a full name in this container), spelled like this one."""
         authority = f"{self.container}@{self.host}" if self.host else self.container
-        return f"{self.scheme}://{authority}/{blob_name}"
+        return f"{self.scheme}://{authority}" + (f"/{blob_name}" if blob_name else "")
 
     @property
     def uri(self) -> str:
@@ -243,6 +244,30 @@ class AzureCredentials:
 
 # ---- blob I/O ---------------------------------------------------------------------------------------------------
 
+_SAS_SIGNATURE = re.compile(r"([?&]sig=)[^&\s\"']+", re.IGNORECASE)
+# The Azure SDK's own HTTP logging redacts query strings, but urllib3 logs every request line (with a SAS `sig=`)
+# at DEBUG. These loggers get a filter that redacts SAS signatures before any handler sees the record.
+_HTTP_LOGGERS = ("urllib3.connectionpool",)
+
+
+class RedactSasSignature(logging.Filter):
+    """Replaces the value of `sig=` in log records by REDACTED."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "sig=" in message.lower():
+            record.msg, record.args = _SAS_SIGNATURE.sub(r"\1REDACTED", message), None
+        return True
+
+
+def _redact_sas_in_http_logs() -> None:
+    """Install RedactSasSignature on the HTTP loggers once per process (idempotent)."""
+    for name in _HTTP_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, RedactSasSignature) for existing in logger.filters):
+            logger.addFilter(RedactSasSignature())
+
+
 class BlobInfo(NamedTuple):
     uri: str
     size: int  # bytes
@@ -360,6 +385,7 @@ class AzureBlobStore:
             cache_key = url
             make = lambda: BlobServiceClient(account_url=url, credential=self._sdk_credential(account))  # noqa: E731
         if cache_key not in self._clients:
+            _redact_sas_in_http_logs()
             self._clients[cache_key] = make()
         return self._clients[cache_key]
 

@@ -127,6 +127,7 @@ def bigdl_python_env(master: str = "local[2]", app_name: str = "sparkseg-bigdl",
     require_bigdl()
     os.environ["PYTHONHOME"] = python_home()  # see bigdl_spark_conf: must be set before BigDL looks at it
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    _check_local_workers_python(master)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # BigDL exports KMP_SETTINGS=1 to the driver and executors: Intel OpenMP then prints ~80 lines at startup.
     os.environ.setdefault("KMP_SETTINGS", "0")
@@ -150,6 +151,15 @@ def bigdl_python_env(master: str = "local[2]", app_name: str = "sparkseg-bigdl",
         _check_bigdl_on_classpath(session)
     init_nncontext(cluster_mode="spark-submit", spark_log_level="ERROR", redirect_spark_log=True)
     return session
+
+
+def _check_local_workers_python(master: str) -> None:
+    """In local mode the Python workers run PYSPARK_PYTHON on this machine: it must be this env's interpreter
+    (a PYSPARK_PYTHON left pointing at the main venv gives workers with pyspark 4 and numpy 2)."""
+    workers = os.environ["PYSPARK_PYTHON"]
+    if master.startswith("local") and os.path.abspath(workers) != os.path.abspath(sys.executable):
+        raise ValueError(f"PYSPARK_PYTHON={workers} but the bigdl engine runs in {sys.executable}: its Python "
+                         f"workers must run the same env; set PYSPARK_PYTHON={sys.executable} (or unset it)")
 
 
 def _redirect_bigdl_log(log_path: str) -> None:
@@ -258,9 +268,10 @@ def bigdl_preprocess(df_images: DataFrame, size: int | tuple[int, int], mean_rgb
     - Resize differs from our reference (pipelines.preprocess: torch-style bilinear on float32, align_corners=False,
       no antialias). ImageResize is OpenCV INTER_LINEAR on the uint8 Mat: same sampling grid (half-pixel centres,
       edge clamp, no antialias), but 11-bit fixed-point weights and the result rounded to uint8 before the
-      normalization. Measured (tests/test_bigdl_engine.py, random uint8 images, 37x53 -> 64x64 and 150x120 ->
-      64x64): at most 0.5 of a uint8 level plus fixed-point error (max |diff| <= 0.58 level, mean ~0.25 level),
-      i.e. <= 0.0102 after dividing by YOLACT's std (57.12..58.40); same-size resize is exact.
+      normalization. Measured against pipelines.preprocess.preprocess_rgb (YOLACT mean/std, to 64x64): random
+      uint8 images 37x53, 150x120, 300x200, 550x700: max |diff| 0.74-0.75 uint8 level, mean 0.27 level (0.013 /
+      0.005 after the division by std); a smooth 480x640 gradient: max 0.38, mean 0.06 level; same size: exact.
+      On the tiny test IR this moves the outputs by <= 0.005 (range ~1); Orca vs OpenVINO on the same tensor: 0.
     """
     require_bigdl()
     height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
@@ -379,6 +390,9 @@ def bigdl_predict(df: DataFrame, ir_xml_path: str | Path, input_col: str = "chw"
         raise ValueError(f"bigdl_predict: the IR's output names {clashes} are already columns of the input; "
                          "rename or drop those columns first")
 
+    if batch_size > 1:
+        _check_batch_reshape(ir_xml_path, batch_size)
+
     from bigdl.orca.learn.openvino import Estimator
 
     estimator = Estimator.from_openvino(model_path=ir_xml_path)
@@ -410,6 +424,21 @@ def bigdl_predict(df: DataFrame, ir_xml_path: str | Path, input_col: str = "chw"
             column = F.flatten(column)
         results.append(column.alias(tensor_name))
     return predicted.select(*keep, *results)
+
+
+def _check_batch_reshape(ir_xml_path: str, batch_size: int) -> None:
+    """Orca sets `net.batch_size = batch_size` on every executor; fail on the driver, clearly, when the IR cannot
+    take it (YOLACT: "Interpolate layer only supports resize on spatial dimensions" from load_network)."""
+    from openvino.inference_engine import IECore
+
+    engine = IECore()
+    network = engine.read_network(model=ir_xml_path, weights=str(Path(ir_xml_path).with_suffix(".bin")))
+    try:
+        network.batch_size = batch_size
+        engine.load_network(network=network, device_name="CPU", num_requests=1)
+    except RuntimeError as error:
+        raise ValueError(f"bigdl_predict: {Path(ir_xml_path).name} cannot run batches of {batch_size} "
+                         f"({str(error).strip().splitlines()[-1]}); use batch_size=1") from error
 
 
 # ------------------------------------------------------------------------------------------------------ helpers

@@ -74,7 +74,18 @@ def list_images(spark: SparkSession, uri: str, extensions: list[str], recursive:
                              "hadoop-azure for abfss://): install it on the cluster or use input.reader azure_sdk "
                              "with an az://container/prefix URI") from None
         raise
-    return listing.select("path", F.col("length").alias("size"), F.col("modificationTime").alias("modification_time"))
+    scanned = listing.select("path", F.col("length").alias("size"),
+                             F.col("modificationTime").alias("modification_time"))
+    return scanned.unionByName(empty_files(spark, listing, scanned))
+
+
+def empty_files(spark: SparkSession, source: DataFrame, scanned: DataFrame) -> DataFrame:
+    """Spark's file scan silently skips zero-byte files; the file index behind it still lists them. They are
+    inputs too (they must end up in errors/), so add them back with size 0."""
+    every_path = [path.replace("file:///", "file:/", 1) for path in source.inputFiles()]
+    paths = spark.createDataFrame([(p,) for p in every_path], "path string")
+    return (paths.join(scanned.select("path"), "path", "left_anti")
+            .select("path", F.lit(0).cast("long").alias("size"), F.lit(None).cast("timestamp").alias("modification_time")))
 
 
 def assign_partitions(listing: DataFrame, partitions: int) -> DataFrame:
@@ -115,4 +126,6 @@ def with_content(spark: SparkSession, todo: DataFrame, todo_count: int, uri: str
     else:
         source = reader.load([row.path for row in todo.select("path").toLocalIterator()])
     small = F.broadcast(todo) if todo_count <= BROADCAST_LISTING_MAX_ROWS else todo
-    return source.select("path", "content").join(small, "path")
+    read = source.select("path", "content").join(small, "path")
+    # zero-byte files are not in Spark's scan: they go on without content (and become "empty" error rows)
+    return read.unionByName(todo.where("size = 0").withColumn("content", F.unhex(F.lit(""))))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
+INFERENCE_ROLES = ("ir_xml", "ir_bin", "priors")   # what a job needs; the ONNX files may be left out of a bundle
 
 
 class ModelManifestError(ValueError):
@@ -99,7 +100,8 @@ class ModelManifest:
 
 
 def load_manifest(model_dir: str | Path, verify: bool = True) -> ModelManifest:
-    """Read `model_dir/manifest.json`; with `verify`, check every file's sha256 (fails fast, naming the file)."""
+    """Read `model_dir/manifest.json`; with `verify`, check the sha256 of the files inference uses (fails fast,
+    naming the file). `manifest.verify_files()` checks every listed file."""
     root = Path(str(model_dir).removeprefix("file://")).expanduser().resolve()
     path = root / MANIFEST_NAME
     if not path.is_file():
@@ -119,8 +121,10 @@ def load_manifest(model_dir: str | Path, verify: bool = True) -> ModelManifest:
         raise ModelManifestError(f"{path}: format_version {data['format_version']} is newer than this sparkseg "
                                  f"understands ({FORMAT_VERSION}): upgrade sparkseg")
     manifest = ModelManifest(root=root, data=data, model_sha256=hashlib.sha256(raw).hexdigest())
+    if manifest.model == "yolact" and "priors" not in data["files"]:
+        raise ModelManifestError(f"{path}: a yolact manifest must list its priors file: re-export the model")
     if verify:
-        manifest.verify_files()
+        manifest.verify_files(INFERENCE_ROLES)
     return manifest
 
 
@@ -130,4 +134,6 @@ def write_manifest(model_dir: str | Path, data: dict) -> ModelManifest:
     data = {"format_version": FORMAT_VERSION, **data}
     data["sha256"] = {rel: file_sha256(root / rel) for rel in data["files"].values()}
     (root / MANIFEST_NAME).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return load_manifest(root)
+    manifest = load_manifest(root, verify=False)
+    manifest.verify_files()
+    return manifest

@@ -11,8 +11,8 @@ from pipelines.storage import join_uri, write_bytes_atomic
 
 DETECTION_COLUMNS = ["path", "width", "height", "instances", "mask_path", "size", "modification_time", "timings",
                      "model_name", "model_sha256", "run_id"]
-ERROR_COLUMNS = ["path", F.col("error_stage").alias("stage"), "error_type", F.col("error_message").alias("message"),
-                 "size", "modification_time", "model_name", "model_sha256", "run_id"]
+ERROR_COLUMNS = ["path", "error_stage AS stage", "error_type", "error_message AS message", "size", "modification_time",
+                 "model_name", "model_sha256", "run_id"]
 TIMING_FIELDS = ["read_s", "preprocess_s", "infer_s", "postprocess_s", "write_s"]
 
 
@@ -28,7 +28,7 @@ def write_results(results: DataFrame, output_uri: str) -> dict:
     """Append the ok rows to detections/ and the error rows to errors/; return the wave's aggregates
     (counts, instance count, per-stage seconds). `results` should be persisted by the caller."""
     results.where("status = 'ok'").select(*DETECTION_COLUMNS).write.mode("append").parquet(detections_uri(output_uri))
-    results.where("status = 'error'").select(*ERROR_COLUMNS).write.mode("append").parquet(errors_uri(output_uri))
+    results.where("status = 'error'").selectExpr(*ERROR_COLUMNS).write.mode("append").parquet(errors_uri(output_uri))
     row = results.agg(
         F.sum(F.when(F.col("status") == "ok", 1).otherwise(0)).alias("done"),
         F.sum(F.when(F.col("status") == "error", 1).otherwise(0)).alias("failed"),
@@ -56,8 +56,9 @@ def done_keys(spark: SparkSession, output_uri: str, model_sha256: str) -> DataFr
     return keys.distinct()
 
 
-def write_summary(output_uri: str, summary: dict) -> None:
-    write_bytes_atomic(join_uri(output_uri, "summary.json"), (json.dumps(summary, indent=2, default=str) + "\n").encode())
+def write_summary(output_uri: str, summary: dict, azure_credentials=None) -> None:
+    data = (json.dumps(summary, indent=2, default=str) + "\n").encode()
+    write_bytes_atomic(join_uri(output_uri, "summary.json"), data, azure_credentials=azure_credentials)
 
 
 def write_coco_results(spark: SparkSession, output_uri: str, image_ids: dict[str, int] | None = None) -> int:

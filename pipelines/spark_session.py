@@ -29,6 +29,24 @@ def local_session(app_name: str = "sparkseg", master: str = "local[*]", conf: di
     return session
 
 
+def ship_library(session: SparkSession) -> None:
+    """Make `pipelines` importable on every executor (clusters whose Python env lacks sparkseg): zip the package
+    this driver runs and add it with addPyFile, once per SparkContext."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    context = session.sparkContext
+    if session.conf.get("spark.sparkseg.libraryShipped", "false") == "true":
+        return
+    package = Path(__file__).resolve().parent
+    staging = Path(tempfile.mkdtemp(prefix="sparkseg-lib-"))
+    archive = shutil.make_archive(str(staging / "sparkseg_pipelines"), "zip", root_dir=package.parent,
+                                  base_dir=package.name)
+    context.addPyFile(archive)
+    session.conf.set("spark.sparkseg.libraryShipped", "true")
+
+
 def job_session(spark_config: dict) -> SparkSession:
     """The session for a job: under spark-submit (or Databricks) the existing master and settings win; run as a plain
     `python jobs/...` script it starts `spark_config['master']` (local[*] by default)."""
@@ -40,5 +58,7 @@ def job_session(spark_config: dict) -> SparkSession:
         builder = SparkSession.builder.appName(spark_config.get("app_name", "sparkseg"))
         for key, value in {**DEFAULT_CONF, **conf}.items():
             builder = builder.config(key, value)
-        return builder.getOrCreate()
-    return local_session(spark_config.get("app_name", "sparkseg"), spark_config.get("master", "local[*]"), conf)
+        session = builder.getOrCreate()
+    else:
+        session = local_session(spark_config.get("app_name", "sparkseg"), spark_config.get("master", "local[*]"), conf)
+    return session

@@ -61,9 +61,47 @@ class ClusterStartError(RuntimeError):
 
 @dataclass
 class _Daemon:
+    """A started daemon. It is reaped only in stop(): until then its PID, which is also its process group id,
+    cannot be reused, so signals sent to either reach only what this cluster started."""
+
     name: str
     process: subprocess.Popen
     log_path: Path
+
+    def exit_code(self) -> int | None:
+        """The exit code once the process ended (it stays a zombie, unreaped), else None."""
+        if self.process.returncode is not None:
+            return self.process.returncode
+        try:
+            info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped already
+            return self.process.returncode if self.process.returncode is not None else -1
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+    def signal(self, signum: int) -> None:
+        if self.exit_code() is None:
+            os.kill(self.process.pid, signum)
+
+    def wait_exit(self, timeout_s: float | None) -> bool:
+        """Wait (without reaping) until the process ended; False on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self.exit_code() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def reap(self) -> None:
+        """SIGKILL what is left in the process group (executors, Python workers), then reap the daemon."""
+        self.signal(signal.SIGKILL)
+        self.wait_exit(None)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.process.wait()
 
 
 def spark_home() -> Path:
@@ -90,7 +128,10 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 class StandaloneCluster:
-    """One Master and `config.workers` Workers on 127.0.0.1. Use as a context manager or call start()/stop()."""
+    """One Master and `config.workers` Workers on 127.0.0.1. Use as a context manager or call start()/stop().
+
+    One-shot: after stop() it cannot be started again.
+    """
 
     def __init__(self, config: ClusterConfig | None = None, base_dir: str | os.PathLike | None = None):
         self.config = config or ClusterConfig()
@@ -99,6 +140,7 @@ class StandaloneCluster:
         self.webui_port: int | None = None
         self._master: _Daemon | None = None
         self._workers: list[_Daemon] = []
+        self._stopped = False
 
     # ---- public API -------------------------------------------------------------------------------------------
 
@@ -138,8 +180,8 @@ class StandaloneCluster:
 
     def start(self) -> "StandaloneCluster":
         """Start the Master, then the Workers; return once every Worker is registered ALIVE."""
-        if self._master is not None:
-            raise RuntimeError("StandaloneCluster.start() called twice")
+        if self._master is not None or self._stopped:
+            raise RuntimeError("StandaloneCluster.start() called twice; make a new StandaloneCluster")
         atexit.register(self.stop)
         try:
             self._start_master()
@@ -153,7 +195,9 @@ class StandaloneCluster:
 
     def master_state(self) -> dict:
         """The Master's JSON status (`/json/`): workers, apps, cores, memory."""
-        with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=5) as response:
+        # No proxy: an http_proxy in the environment must not intercept 127.0.0.1.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"{self.webui_url}/json/", timeout=5) as response:
             return json.loads(response.read().decode("utf-8"))
 
     def alive_workers(self) -> int:
@@ -166,29 +210,25 @@ class StandaloneCluster:
         """
         if not 0 <= index < len(self._workers):
             raise IndexError(f"worker index {index} out of range: this cluster has {len(self._workers)} workers")
-        process = self._workers[index].process
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=self.config.stop_timeout_s)
-        return process.pid
+        worker = self._workers[index]
+        worker.signal(signal.SIGKILL)
+        worker.wait_exit(self.config.stop_timeout_s)
+        return worker.process.pid
 
     def stop(self) -> None:
         """End every process this cluster started: SIGTERM, then SIGKILL after `stop_timeout_s`. Idempotent."""
         atexit.unregister(self.stop)
+        if self._stopped:
+            return
+        self._stopped = True
         daemons = list(reversed(self._workers)) + ([self._master] if self._master else [])
         for daemon in daemons:
-            if daemon.process.poll() is None:
-                daemon.process.terminate()
+            daemon.signal(signal.SIGTERM)  # Workers stop their executors on TERM
         deadline = time.monotonic() + self.config.stop_timeout_s
         for daemon in daemons:
-            try:
-                daemon.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                daemon.process.kill()
-                daemon.process.wait()
-        # Executors and Python workers that outlived their Worker sit in the Worker's process group.
+            daemon.wait_exit(max(0.0, deadline - time.monotonic()))
         for daemon in daemons:
-            _kill_process_group(daemon.process.pid)
+            daemon.reap()
 
     def __enter__(self) -> "StandaloneCluster":
         return self.start()
@@ -238,16 +278,18 @@ class StandaloneCluster:
         attempts = 3
         for attempt in range(attempts):
             self.master_port, self.webui_port = free_port(), free_port()
-            master = self._spawn("master", [MASTER_CLASS, "--host", HOST, "--port", str(self.master_port),
-                                            "--webui-port", str(self.webui_port)], self._daemon_env("SPARK_MASTER_OPTS"))
+            args = [MASTER_CLASS, "--host", HOST, "--port", str(self.master_port),
+                    "--webui-port", str(self.webui_port)]
+            master = self._spawn("master", args, self._daemon_env("SPARK_MASTER_OPTS"))
             self._master = master
             try:
                 self._wait_until(lambda: self._master_answers(), what="the Master web UI to answer", daemon=master)
                 return
             except ClusterStartError:
                 # Most likely a port grabbed between free_port() and bind: try fresh ports.
-                if master.process.poll() is None or attempt == attempts - 1:
+                if master.exit_code() is None or attempt == attempts - 1:
                     raise
+                master.reap()
                 self._master = None
 
     def _start_worker(self, index: int) -> None:
@@ -266,8 +308,8 @@ class StandaloneCluster:
     def _wait_for_workers(self, count: int) -> None:
         def registered() -> bool:
             for worker in self._workers:
-                if worker.process.poll() is not None:
-                    raise ClusterStartError(f"{worker.name} exited with code {worker.process.returncode} "
+                if worker.exit_code() is not None:
+                    raise ClusterStartError(f"{worker.name} exited with code {worker.exit_code()} "
                                             f"before registering; log tail ({worker.log_path}):\n"
                                             f"{log_tail(worker.log_path)}")
             try:
@@ -283,21 +325,13 @@ class StandaloneCluster:
         while time.monotonic() < deadline:
             if condition():
                 return
-            if daemon.process.poll() is not None:
-                raise ClusterStartError(f"{daemon.name} exited with code {daemon.process.returncode} while waiting "
+            if daemon.exit_code() is not None:
+                raise ClusterStartError(f"{daemon.name} exited with code {daemon.exit_code()} while waiting "
                                         f"for {what}; log tail ({daemon.log_path}):\n{log_tail(daemon.log_path)}")
             time.sleep(0.5)
         tails = "\n".join(f"--- {path}:\n{log_tail(path)}" for path in [daemon.log_path, *extra_logs])
         raise ClusterStartError(f"timed out after {self.config.start_timeout_s:.0f}s waiting for {what}; "
                                 f"raise ClusterConfig.start_timeout_s on a slow machine. Log tails:\n{tails}")
-
-
-def _kill_process_group(pgid: int) -> None:
-    """SIGKILL whatever is left in process group `pgid` (the daemon was its leader, started with a new session)."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def process_alive(pid: int) -> bool:

@@ -61,7 +61,9 @@ def to_local_path(uri: str | os.PathLike) -> str:
 
 
 def join_uri(base: str | os.PathLike, *parts: str) -> str:
-    """`base` with `parts` appended by single slashes: join_uri("az://c/out/", "masks", "a.png") -> "az://c/out/masks/a.png".
+    """`base` with `parts` appended by single slashes.
+
+    join_uri("az://c/out/", "masks", "a.png") -> "az://c/out/masks/a.png".
 
     Plain local paths are joined the same way (`/` separators). A part may not be absolute or contain `..`.
     """

@@ -79,7 +79,7 @@ def pairwise_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # -------------------------------------------------------------------------------------------------- Detect (SPEC 6)
 @dataclass
 class Detections:
-    """Detections of one image, in descending score order (cross-class NMS: its own score order)."""
+    """Detections of one image, in descending score order."""
 
     boxes: np.ndarray    # [n, 4] float32, relative x1y1x2y2 (not clipped)
     coeffs: np.ndarray   # [n, mask_dim] float32 mask coefficients

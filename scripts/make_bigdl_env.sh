@@ -27,9 +27,10 @@ RUNTIME_PINS=(
     "six==1.17.0" "conda-pack==0.3.1" "pyzmq==26.2.0" "packaging==24.2" "filelock==3.16.1"  # BigDL's imports
 )
 BIGDL_PINS=("bigdl-dllib-spark3==2.4.0" "bigdl-orca-spark3==2.4.0" "bigdl-core==2.4.0.dev0")
-# This repo's small runtime deps (setup.py CORE minus the above), in versions built for numpy 1.x, and pytest.
+# This repo's small runtime deps (setup.py CORE minus the above), in versions that work with numpy 1.26
+# (pycocotools 2.0.10: 2.0.8 still pulls matplotlib), and the test runner (pytest.ini asks for --timeout).
 REPO_PINS=(
-    "pillow==11.3.0" "pyyaml==6.0.2" "pandas==2.2.3" "pycocotools==2.0.8" "fsspec==2024.12.0"
+    "pillow==11.3.0" "pyyaml==6.0.2" "pandas==2.2.3" "pycocotools==2.0.10" "fsspec==2024.12.0"
     "pytest==8.3.5" "pytest-timeout==2.3.1"
 )
 WANT="$(printf '%s\n' "$PYTHON" "${RUNTIME_PINS[@]}" "${BIGDL_PINS[@]}" "${REPO_PINS[@]}" | grep -v '^#')"
@@ -48,21 +49,26 @@ fi
 start=$SECONDS
 rm -rf "$ENV_DIR"
 "$PYTHON" -m venv "$ENV_DIR"
-PIP=("$ENV_DIR/bin/python" -m pip install --quiet --disable-pip-version-check)
-"${PIP[@]}" "${RUNTIME_PINS[@]}" "${REPO_PINS[@]}"
-"${PIP[@]}" --no-deps "${BIGDL_PINS[@]}"
+pip_install() {
+    # The machine's pip config lists local indexes that may be absent: drop pip's warnings about those.
+    "$ENV_DIR/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+    return "${PIPESTATUS[0]}"
+}
+pip_install "${RUNTIME_PINS[@]}" "${REPO_PINS[@]}"
+pip_install --no-deps "${BIGDL_PINS[@]}"
 
 # This repo, editable and without its deps (setup.py's CORE asks for the main venv's versions). setup.py reads
 # README.md for the long description; while that file is missing, fall back to a .pth path entry (same effect).
 if [ -f "$REPO/README.md" ]; then
-    "${PIP[@]}" --no-deps -e "$REPO"
+    pip_install --no-deps -e "$REPO"
 else
     echo "make_bigdl_env: $REPO/README.md missing (setup.py needs it): adding $REPO to the env's path instead"
     "$ENV_DIR/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/sparkseg-repo.pth", "w").write(sys.argv[1] + "\n")' "$REPO"
 fi
 
 # Smoke test: the imports the engine needs, on the driver.
-"$ENV_DIR/bin/python" - <<'EOF'
+"$ENV_DIR/bin/python" -W ignore::FutureWarning - <<'EOF'
 import numpy, pyspark, openvino.inference_engine  # noqa: F401
 from bigdl.dllib.nnframes import NNModel  # noqa: F401
 from bigdl.orca.learn.openvino import Estimator  # noqa: F401

@@ -1,4 +1,5 @@
-"""Shared fixtures: one session-scoped local SparkSession, paths to the bundled samples."""
+"""Shared fixtures: one session-scoped local SparkSession, Azurite and a 2-worker standalone cluster (both started
+only when a test asks for them), paths to the bundled samples."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,9 @@ SAMPLES = REPO / "samples"
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from tests.fixtures_azurite import azurite  # noqa: E402,F401  (session fixture)
+from tests.fixtures_standalone import standalone_cluster  # noqa: E402,F401  (session fixture)
 
 
 @pytest.fixture(scope="session")

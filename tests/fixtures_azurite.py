@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+__all__ = ["Azurite", "azurite"]
+
 REPO = Path(__file__).resolve().parents[1]
 AZURITE_DIR = REPO / ".tools" / "azurite"
 AZURITE_BIN = AZURITE_DIR / "node_modules" / ".bin" / "azurite-blob"

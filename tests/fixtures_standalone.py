@@ -5,6 +5,8 @@ import pytest
 
 from pipelines.standalone_cluster import ClusterConfig, StandaloneCluster
 
+__all__ = ["standalone_cluster"]
+
 
 @pytest.fixture(scope="session")
 def standalone_cluster(tmp_path_factory) -> StandaloneCluster:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import pickle
 
 import numpy as np
 import pytest
@@ -65,6 +66,8 @@ def test_errors_are_value_errors_naming_the_input_and_what_to_do(corpus):
     assert isinstance(error, ImageDecodeError) and error.reason == "truncated" and error.name == "s3/x.jpg"
     assert str(error).startswith("s3/x.jpg: file is truncated")
     assert "re-upload" in str(error)
+    copy = pickle.loads(pickle.dumps(error))
+    assert (str(copy), copy.reason, copy.name) == (str(error), error.reason, error.name)
 
 
 def test_one_pixel_image_is_valid(corpus):

@@ -14,7 +14,7 @@ from pipelines.mask_outputs import decode_rle, read_label_map_png
 from pipelines.model_manifest import ModelManifestError, load_manifest
 from pipelines.openvino_runtime import RuntimeSettings
 from pipelines.single_process import infer_files
-from pipelines.yolact_job import run
+from pipelines.inference_job import run
 from tests.bad_inputs import build_bad_input_corpus
 from tests.conftest import SAMPLES
 
@@ -121,7 +121,9 @@ def test_bad_input_corpus_every_file_accounted_for(spark, tmp_path):
     detections = {Path(r.path).name: r for r in read_rows(spark, output, "detections")}
     errors = {Path(r.path).name: r for r in read_rows(spark, output, "errors")}
     assert not set(detections) & set(errors), "an image is in both detections/ and errors/"
-    listed = {name for name in expected if Path(name).suffix.lower() in (".jpg", ".jpeg", ".png")}
+    extensions = tuple(load_config()["input"]["extensions"])
+    listed = {name for name in expected if Path(name).suffix.lower() in extensions}
+    assert "empty.jpg" in listed
     assert set(detections) | set(errors) == listed
     for name in listed:
         if expected[name] == "ok":

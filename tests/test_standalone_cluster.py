@@ -17,14 +17,14 @@ import pytest
 
 from pipelines.standalone_cluster import (ClusterConfig, ClusterStartError, StandaloneCluster, process_alive,
                                           process_group_members)
-from tests.fixtures_standalone import standalone_cluster  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
 
 # A driver script: runs `partitions` tasks of `sleep_s` each; every task leaves a marker file
-# `started-<partition>-<attempt>-<pid>` holding its cwd when it starts, and returns (partition, pid, cwd). An executor's cwd is <worker work dir>/<app id>/<executor id>.
+# `started-<partition>-<attempt>-<pid>` holding its cwd when it starts, and returns (partition, pid, cwd).
+# An executor's cwd is <worker work dir>/<app id>/<executor id>.
 JOB = r'''
 import json, os, sys, time
 from pyspark import TaskContext

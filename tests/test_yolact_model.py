@@ -160,11 +160,12 @@ def test_small_config_forward_eval(small):
 def test_train_mode_returns_raw_logits_and_semantic_segmentation():
     torch.manual_seed(3)
     model = Yolact(get_config("yolact_r18_small")).train()
-    out = model(torch.randn(2, 3, 352, 352))
+    out = model(torch.randn(2, 3, 160, 160))  # any input size works; 160 keeps the backward pass cheap
     assert set(out) == {"loc", "conf", "mask", "proto", "segm"}
-    n = model.priors().shape[0]
+    assert model.feature_map_sizes(160) == [(20, 20), (10, 10), (5, 5), (3, 3), (2, 2)]
+    n = model.priors(160).shape[0]
     assert out["conf"].shape == (2, n, 5) and out["conf"].min() < 0  # logits, not softmax
-    assert out["proto"].shape == (2, 88, 88, 32) and out["segm"].shape == (2, 4, 44, 44)
+    assert out["proto"].shape == (2, 40, 40, 32) and out["segm"].shape == (2, 4, 20, 20)
     out["conf"].sum().backward()
     assert model.prediction_layers[0].conf_layer.weight.grad is not None
 

@@ -8,6 +8,7 @@ values; anything else that does not fit raises `CheckpointError` listing the key
 from __future__ import annotations
 
 import pickle
+import pickletools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from model_export.models.yolact import CLASS_DEPENDENT_PREFIXES, CONFIGS, Yolact, reset_class_layers
 
 MAX_LISTED_KEYS = 20
+CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE"}  # pickle opcodes that import or call
 _DOWNSAMPLE_KEY = re.compile(r"^fpn\.downsample_layers\.(\d+)\.")
 
 
@@ -53,7 +55,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        if "weights only load failed" in str(err).lower():
+        if _refused_code(path, err):
             raise CheckpointError(
                 f"checkpoint {path} was refused as unsafe: it holds Python objects other than tensors and plain "
                 f"containers, which could run code when unpickled ({_refusal_detail(err)}). Only load files from a "
@@ -78,9 +80,27 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _unreadable(path: Path, err: Exception) -> CheckpointError:
-    reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+    if "weights only load failed" in str(err).lower():
+        reason = _refusal_detail(err)  # skip torch's boilerplate about the weights_only default
+    else:
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
     return CheckpointError(f"checkpoint {path} is not a readable PyTorch checkpoint (truncated or corrupt file? "
                            f"{type(err).__name__}: {reason}); copy the file again or re-save it with torch.save")
+
+
+def _refused_code(path: Path, err: pickle.UnpicklingError) -> bool:
+    """Did the weights_only unpickler refuse `path` because it would import code (rather than because the bytes
+    are not a pickle at all)? Decided from torch's message, else by scanning the opcodes (nothing is executed)."""
+    message = str(err)
+    if "weights only load failed" not in message.lower():
+        return False
+    if "GLOBAL" in message:
+        return True
+    try:
+        with path.open("rb") as f:
+            return any(op.name in CODE_OPCODES for op, _, _ in pickletools.genops(f))
+    except Exception:  # not a pickle stream: garbage bytes
+        return False
 
 
 def _refusal_detail(err: Exception) -> str:

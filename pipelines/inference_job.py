@@ -1,6 +1,7 @@
-"""The YOLACT batch-inference job as a recipe: config -> read -> transform -> write.
+"""The batch-inference job as a recipe: config -> read -> transform -> write, for every model family.
 
-`run(spark, config)` is what `jobs/infer_yolact.py`, the Databricks notebook and the sweeps call.
+`run(spark, config, family)` is what `jobs/infer_yolact.py`, `jobs/infer_detector.py`, the Databricks notebook and
+the sweeps call. The family picks the executor-side postprocess; everything else is shared.
 """
 from __future__ import annotations
 
@@ -18,11 +19,18 @@ from pyspark.sql import functions as F
 
 from pipelines import image_sources as src
 from pipelines.job_config import resolve_local
-from pipelines.model_manifest import ModelManifest, load_manifest
+from pipelines.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
 from pipelines.openvino_runtime import RuntimeSettings
+from pipelines.output_paths import qualify_root
 from pipelines.progress import ProgressReporter
+from pipelines.spark_session import ship_library
 from pipelines.results_writer import TIMING_FIELDS, done_keys, write_results, write_summary
-from pipelines.yolact_inference import RESULT_SCHEMA, YolactInference
+from pipelines.image_inference import RESULT_SCHEMA
+
+FAMILIES = {  # manifest "model" -> the ImageInference subclass that postprocesses its outputs
+    "yolact": ("pipelines.yolact_inference", "YolactInference"),
+    "detector": ("pipelines.detector_inference", "DetectorInference"),
+}
 
 
 class JobFailed(RuntimeError):
@@ -36,16 +44,16 @@ def ship_model(spark: SparkSession, manifest: ModelManifest) -> str:
     staged = Path(tempfile.gettempdir()) / name
     if not (staged / "manifest.json").is_file():
         tmp = Path(tempfile.mkdtemp(prefix=name + "."))
-        for rel in [*manifest.data["files"].values(), "manifest.json"]:
+        for rel in [manifest.data["files"][role] for role in INFERENCE_ROLES] + [MANIFEST_NAME]:
             shutil.copy2(manifest.root / rel, tmp / rel)
         try:
             os.replace(tmp, staged)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)   # another job staged it first
-    already = spark.sparkContext.getConf().get("spark.sparkseg.shipped", "")
+    already = spark.conf.get("spark.sparkseg.shippedModels", "")
     if name not in already.split(","):
         spark.sparkContext.addFile(str(staged), recursive=True)
-        spark.sparkContext.getConf().set("spark.sparkseg.shipped", f"{already},{name}")
+        spark.conf.set("spark.sparkseg.shippedModels", f"{already},{name}")
     return str(staged)
 
 
@@ -64,19 +72,30 @@ def todo_listing(spark: SparkSession, listing: DataFrame, output_uri: str, manif
     done = done_keys(spark, output_uri, manifest.model_sha256)
     if done is None:
         return listing
-    keys = ["path", "size", "modification_time"]
-    return listing.join(F.broadcast(done.select(*keys)), keys, "left_anti")
+    done = done.select(*[F.col(k).alias(f"done_{k}") for k in ("path", "size", "modification_time")])
+    same = ((listing.path == done.done_path) & (listing.size == done.done_size)
+            & listing.modification_time.eqNullSafe(done.done_modification_time))   # empty files have no mtime
+    return listing.join(F.broadcast(done), same, "left_anti")
 
 
-def run(spark: SparkSession, config: dict) -> dict:
-    """Run the job; return the summary (also written to <output>/summary.json)."""
+def inference_task_class(family: str):
+    import importlib
+
+    module, name = FAMILIES[family]
+    return getattr(importlib.import_module(module), name)
+
+
+def run(spark: SparkSession, config: dict, family: str = "yolact") -> dict:
+    """Run the job for a `family` model; return the summary (also written to <output>/summary.json)."""
     started = time.time()
+    ship_library(spark)
     inputs, out_cfg, inference, run_cfg = config["input"], config["output"], config["inference"], config["run"]
     input_uri = resolve_local(inputs["uri"])
     output_uri = out_cfg["uri"] if "://" in out_cfg["uri"] else str(Path(out_cfg["uri"]).expanduser().resolve())
     manifest = load_manifest(resolve_local(config["model"]["dir"]), verify=True)   # fails before any task
-    if manifest.model != "yolact":
-        raise src.InputError(f"{manifest.root}: a '{manifest.model}' model; this job needs a yolact export")
+    if manifest.model != family:
+        raise src.InputError(f"{manifest.root}: a '{manifest.model}' model; this job needs a {family} export "
+                             f"(python -m model_export {family} ...)")
     engine = inference.get("engine", "native")
     if engine == "bigdl":
         from pipelines.bigdl_engine import require_bigdl
@@ -91,7 +110,7 @@ def run(spark: SparkSession, config: dict) -> dict:
     if reader == "azure_sdk":
         from pipelines.azure_storage import AzureCredentials
 
-        credentials = AzureCredentials.from_environment()
+        credentials = AzureCredentials.from_env()
     listing = src.list_images(spark, input_uri, inputs["extensions"], inputs["recursive"], reader, credentials)
     listing = listing.persist(StorageLevel.MEMORY_AND_DISK)
     n_inputs = listing.count()
@@ -105,13 +124,15 @@ def run(spark: SparkSession, config: dict) -> dict:
 
     if n_todo:
         shipped = ship_model(spark, manifest)
-        task = YolactInference(
+        task = inference_task_class(family)(
             model_dir=shipped, model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
             input_spec=manifest.input, postprocess={**manifest.postprocess, "nms": inference.get("nms", "fast")},
-            settings=settings, output_uri=output_uri, input_root=input_uri, write_masks=out_cfg["write_masks"],
+            settings=settings, output_uri=output_uri,
+            input_root=qualify_root(spark, input_uri) if reader == "spark" else input_uri,
+            write_masks=out_cfg["write_masks"],
             max_image_pixels=int(inference["max_image_pixels"]),
             fetch_bytes=None if reader == "spark" else _azure_fetcher(credentials),
-            progress=progress.accumulator)
+            progress=progress.accumulator, azure_credentials=credentials)
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(int(inference["batch_size"])))
         indexed = src.assign_partitions(todo, partitions).persist(StorageLevel.MEMORY_AND_DISK)
         wave_size = int(run_cfg.get("commit_every") or 0) or n_todo
@@ -151,7 +172,7 @@ def run(spark: SparkSession, config: dict) -> dict:
         "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
         "config": config,
     }
-    write_summary(output_uri, summary)
+    write_summary(output_uri, summary, credentials)
     max_fraction = float(run_cfg.get("max_error_fraction", 1.0))
     if processed and totals["failed"] / processed > max_fraction:
         raise JobFailed(f"{int(totals['failed'])} of {processed} images failed (> max_error_fraction "

@@ -1,0 +1,204 @@
+"""Transform: DataFrame of images (path, size, modification_time, content?) -> DataFrame of results, one row per
+image, `status` "ok" (instances) or "error" (stage, type, message). Runs on executors with numpy, Pillow and
+OpenVINO only. Model families (YOLACT, the detector) subclass `ImageInference` and implement `postprocess_one`.
+
+Per image: read (content column, or fetched from Azure on the executor) -> decode -> preprocess -> infer (batched)
+-> postprocess -> (optional) PNG label map under masks/. A failure at any stage becomes an error row for that image;
+the rest of the batch goes on.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from pipelines.executor_cache import LazyModel
+from pipelines.image_decode import ImageDecodeError, decode_image
+from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
+from pipelines.preprocess import preprocess_rgb
+
+STAGES = ("read", "preprocess", "infer", "postprocess", "write")
+# one schema for every family; `mask` is null for box-only models
+RESULT_SCHEMA = (
+    "path string, status string, width int, height int, "
+    "instances array<struct<class_id:int, class_name:string, score:float, box:array<int>, "
+    "mask:struct<size:array<int>, counts:string>>>, mask_path string, "
+    "error_stage string, error_type string, error_message string, "
+    "size long, modification_time timestamp, "
+    "timings struct<read_s:double, preprocess_s:double, infer_s:double, postprocess_s:double, write_s:double>"
+)
+MAX_MESSAGE = 2000
+
+
+@dataclass
+class ExecutorModel:
+    """What an executor loads once per model hash: the verified manifest, the compiled IR and the model's extra
+    arrays (YOLACT's priors)."""
+
+    manifest: object
+    ir: CompiledIR
+    arrays: dict
+
+
+def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeSettings) -> ExecutorModel:
+    """Resolve the shipped model directory, verify every file against the manifest (again, on the executor) and
+    compile it."""
+    from pipelines.model_manifest import ModelManifestError, load_manifest
+
+    local_dir = model_dir
+    if not os.path.isdir(local_dir):
+        from pyspark import SparkFiles
+
+        local_dir = SparkFiles.get(os.path.basename(model_dir.rstrip("/")))
+    manifest = load_manifest(local_dir, verify=True)
+    if manifest.model_sha256 != expected_sha256:
+        raise ModelManifestError(f"{local_dir}: manifest sha256 {manifest.model_sha256[:12]} differs from the "
+                                 f"driver's {expected_sha256[:12]}: the model changed while the job ran")
+    arrays = {"priors": np.load(manifest.path("priors"))} if "priors" in manifest.data["files"] else {}
+    return ExecutorModel(manifest, CompiledIR(manifest.path("ir_xml"), settings), arrays)
+
+
+@dataclass(frozen=True)
+class ImageInference:
+    """The mapInPandas function. Small and picklable: the model itself is loaded on the executor, once per
+    Python worker, through LazyModel keyed by (model sha256, runtime settings)."""
+
+    model_dir: str                 # driver path; executors use SparkFiles.get(basename) when not shared
+    model_sha256: str
+    class_names: tuple[str, ...]
+    input_spec: dict
+    postprocess: dict
+    settings: RuntimeSettings
+    output_uri: str
+    input_root: str
+    write_masks: bool = True
+    max_image_pixels: int = 100_000_000
+    fetch_bytes: object = None     # callable(path) -> bytes for readers that don't ship `content` (Azure SDK)
+    progress: object = None        # a Spark accumulator of images processed, read by the driver's progress line
+    azure_credentials: object = None   # for az:// outputs (never logged: its repr hides secrets)
+
+    def model(self) -> ExecutorModel:
+        return LazyModel((self.model_sha256, self.settings),
+                         lambda: load_executor_model(self.model_dir, self.model_sha256, self.settings))()
+
+    def __call__(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for batch in batches:
+            rows = self.process_batch(batch)
+            if self.progress is not None:
+                self.progress.add(len(rows))
+            yield pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+    def process_batch(self, batch: pd.DataFrame) -> list[dict]:
+        rows, pending = [], []
+        has_content = "content" in batch.columns
+        for record in batch.itertuples(index=False):
+            row = new_row(record)
+            rows.append(row)
+            try:
+                with timed(row, "read"):
+                    data = record.content if has_content else None
+                    if data is None and self.fetch_bytes is not None:
+                        data = self.fetch_bytes(record.path)
+                    if data is None:
+                        raise FileNotFoundError(f"{record.path}: no bytes could be read")
+                with timed(row, "preprocess"):
+                    rgb = decode_image(bytes(data), record.path, self.max_image_pixels)
+                    row["height"], row["width"] = int(rgb.shape[0]), int(rgb.shape[1])
+                    tensor = preprocess_rgb(rgb, self.input_spec)
+                    del rgb, data
+                pending.append((row, tensor))
+            except Exception as err:  # noqa: BLE001  (every failure becomes an error row)
+                fail(row, err)
+        if pending:
+            self.infer_and_postprocess(pending)
+        return rows
+
+    def infer_and_postprocess(self, pending: list[tuple[dict, np.ndarray]]) -> None:
+        try:
+            model = self.model()
+        except Exception as err:  # noqa: BLE001
+            for row, _ in pending:
+                fail(row, err, stage="infer")
+            return
+        start = time.perf_counter()
+        try:
+            outputs = model.ir.infer(np.stack([tensor for _, tensor in pending]))
+        except Exception:  # noqa: BLE001  (isolate the image that breaks the batch)
+            outputs = None
+        per_image = (time.perf_counter() - start) / len(pending)
+        names = model.manifest.outputs
+        for index, (row, tensor) in enumerate(pending):
+            try:
+                with timed(row, "infer"):
+                    if outputs is None:
+                        single = model.ir.infer(tensor[None])
+                        raw = {role: single[name][0] for role, name in names.items()}
+                    else:
+                        raw = {role: outputs[name][index] for role, name in names.items()}
+                        row["timings"]["infer_s"] += per_image
+            except Exception as err:  # noqa: BLE001
+                fail(row, err)
+                continue
+            try:
+                self.postprocess_one(row, raw, model)
+                row["status"] = "ok"
+            except Exception as err:  # noqa: BLE001
+                fail(row, err)
+
+    def postprocess_one(self, row: dict, raw: dict, model: ExecutorModel) -> None:
+        """Fill row['instances'] (and masks) from one image's raw outputs {role: array without batch axis}."""
+        raise NotImplementedError
+
+    def write_label_map(self, row: dict, labels) -> None:
+        with timed(row, "write"):
+            from pipelines.output_paths import mask_output_path
+            from pipelines.storage import write_bytes_atomic
+
+            target = mask_output_path(self.output_uri, row["path"], self.input_root)
+            write_bytes_atomic(target, labels.png(), azure_credentials=self.azure_credentials)
+            row["mask_path"] = target
+
+RESULT_COLUMNS = ["path", "status", "width", "height", "instances", "mask_path", "error_stage", "error_type",
+                  "error_message", "size", "modification_time", "timings"]
+
+
+def new_row(record) -> dict:
+    return {"path": record.path, "status": "error", "width": None, "height": None, "instances": None,
+            "mask_path": None, "error_stage": None, "error_type": None, "error_message": None,
+            "size": getattr(record, "size", None), "modification_time": getattr(record, "modification_time", None),
+            "timings": {f"{s}_s": 0.0 for s in STAGES}, "_stage": None}
+
+
+class timed:
+    """Context manager: adds the elapsed seconds to row['timings'] and records the stage for error rows."""
+
+    def __init__(self, row: dict, stage: str) -> None:
+        self.row, self.stage = row, stage
+
+    def __enter__(self):
+        self.row["_stage"] = self.stage
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.row["timings"][f"{self.stage}_s"] += time.perf_counter() - self.start
+        return False
+
+
+def fail(row: dict, err: BaseException, stage: str | None = None) -> None:
+    row["status"] = "error"
+    row["error_stage"] = stage or row.get("_stage") or "unknown"
+    if isinstance(err, ImageDecodeError):
+        row["error_stage"] = "decode"
+        row["error_type"] = f"ImageDecodeError.{err.reason}"
+    else:
+        row["error_type"] = type(err).__name__
+    message = str(err) or type(err).__name__
+    if not isinstance(err, (ImageDecodeError, ValueError, OSError)):
+        message += " | " + "".join(traceback.format_exception_only(type(err), err)).strip()
+    row["error_message"] = message[:MAX_MESSAGE]
+    row["instances"] = None
