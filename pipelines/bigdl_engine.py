@@ -50,7 +50,6 @@ IMAGE_STRUCT = T.StructType([
 SPARK_LOG4J2_DEFAULTS = "-Dlog4j2.configurationFile=classpath:org/apache/spark/log4j2-defaults.properties"
 
 
-
 class BigDLNotInstalled(RuntimeError):
     """This Python env cannot run the bigdl engine (raised on the driver, before any Spark job)."""
 
@@ -97,6 +96,8 @@ def bigdl_spark_conf(master: str, conf: dict | None = None) -> dict[str, str]:
     from pipelines.spark_session import DEFAULT_CONF
 
     merged = dict(DEFAULT_CONF)
+    if master.startswith("local"):
+        merged["spark.sql.shuffle.partitions"] = "4"
     if master.startswith("local") or master.startswith("spark://127.0.0.1"):
         merged.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
     merged.update({
@@ -109,7 +110,6 @@ def bigdl_spark_conf(master: str, conf: dict | None = None) -> dict[str, str]:
         "spark.executorEnv.PYTHONHOME": python_home(),
         "spark.driver.extraJavaOptions": SPARK_LOG4J2_DEFAULTS,
         "spark.executor.extraJavaOptions": SPARK_LOG4J2_DEFAULTS,
-        "spark.sql.shuffle.partitions": "4",
     })
     merged.update(conf or {})
     return {key: str(value) for key, value in merged.items()}

@@ -24,7 +24,7 @@ from pipelines.openvino_runtime import RuntimeSettings
 from pipelines.output_paths import qualify_root
 from pipelines.progress import ProgressReporter
 from pipelines.spark_session import ship_library
-from pipelines.results_writer import TIMING_FIELDS, done_keys, write_results, write_summary
+from pipelines.results_writer import TIMING_FIELDS, choose_writer, done_keys, write_results, write_summary
 from pipelines.image_inference import RESULT_SCHEMA
 
 FAMILIES = {  # manifest "model" -> the ImageInference subclass that postprocesses its outputs
@@ -65,11 +65,11 @@ def runtime_settings(spark: SparkSession, inference: dict) -> RuntimeSettings:
 
 
 def todo_listing(spark: SparkSession, listing: DataFrame, output_uri: str, manifest: ModelManifest,
-                 force: bool) -> DataFrame:
+                 force: bool, azure_credentials=None) -> DataFrame:
     """Images not yet recorded for this model (same path, size and modification time), unless `force`."""
     if force:
         return listing
-    done = done_keys(spark, output_uri, manifest.model_sha256)
+    done = done_keys(spark, output_uri, manifest.model_sha256, azure_credentials)
     if done is None:
         return listing
     done = done.select(*[F.col(k).alias(f"done_{k}") for k in ("path", "size", "modification_time")])
@@ -107,14 +107,14 @@ def run(spark: SparkSession, config: dict, family: str = "yolact") -> dict:
 
     reader = src.choose_reader(input_uri, inputs.get("reader", "auto"))
     credentials = None
-    if reader == "azure_sdk":
+    if reader == "azure_sdk" or choose_writer(output_uri) == "azure_sdk":
         from pipelines.azure_storage import AzureCredentials
 
         credentials = AzureCredentials.from_env()
     listing = src.list_images(spark, input_uri, inputs["extensions"], inputs["recursive"], reader, credentials)
     listing = listing.persist(StorageLevel.MEMORY_AND_DISK)
     n_inputs = listing.count()
-    todo = todo_listing(spark, listing, output_uri, manifest, run_cfg["force"])
+    todo = todo_listing(spark, listing, output_uri, manifest, run_cfg["force"], credentials)
     n_todo = todo.count()
     run_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     partitions = max(1, min(int(inference["partitions"] or spark.sparkContext.defaultParallelism), max(n_todo, 1)))
@@ -149,7 +149,8 @@ def run(spark: SparkSession, config: dict, family: str = "yolact") -> dict:
                            .withColumn("model_sha256", F.lit(manifest.model_sha256))
                            .withColumn("run_id", F.lit(run_id))
                            .persist(StorageLevel.MEMORY_AND_DISK))
-                wave_totals = write_results(results, output_uri)
+                wave_totals = write_results(results, output_uri, f"part-{run_id}-w{first // wave_size:05d}",
+                                            credentials)
                 results.unpersist()
                 for key in totals:
                     totals[key] += wave_totals.get(key, 0)

@@ -1,5 +1,13 @@
-"""Write: results DataFrame -> detections/ and errors/ (Parquet, appended per committed wave through Spark's
-commit protocol, so a killed task or job leaves no partial file visible), summary.json, coco_results.json."""
+"""Write: results DataFrame -> detections/ and errors/ (Parquet, appended per committed wave), summary.json,
+coco_results.json.
+
+Two writers, one layout:
+- `spark`: Spark's Parquet writer for every Hadoop URI (file://, hdfs://, abfss:// with hadoop-azure); its commit
+  protocol makes a wave's files visible only when the wave's job commits.
+- `azure_sdk` (az:// outputs, clusters without hadoop-azure): each task uploads its own Parquet files with names
+  fixed by (run, wave, partition, batch), so a retried or speculative task overwrites instead of duplicating, and a
+  blob upload is atomic (never half visible).
+"""
 from __future__ import annotations
 
 import json
@@ -24,11 +32,21 @@ def errors_uri(output_uri: str) -> str:
     return join_uri(output_uri, "errors")
 
 
-def write_results(results: DataFrame, output_uri: str) -> dict:
+def choose_writer(output_uri: str) -> str:
+    return "azure_sdk" if output_uri.startswith(("az://", "abfs://")) else "spark"
+
+
+def write_results(results: DataFrame, output_uri: str, file_prefix: str = "part", azure_credentials=None) -> dict:
     """Append the ok rows to detections/ and the error rows to errors/; return the wave's aggregates
     (counts, instance count, per-stage seconds). `results` should be persisted by the caller."""
-    results.where("status = 'ok'").select(*DETECTION_COLUMNS).write.mode("append").parquet(detections_uri(output_uri))
-    results.where("status = 'error'").selectExpr(*ERROR_COLUMNS).write.mode("append").parquet(errors_uri(output_uri))
+    detections = results.where("status = 'ok'").select(*DETECTION_COLUMNS)
+    errors = results.where("status = 'error'").selectExpr(*ERROR_COLUMNS)
+    if choose_writer(output_uri) == "spark":
+        detections.write.mode("append").parquet(detections_uri(output_uri))
+        errors.write.mode("append").parquet(errors_uri(output_uri))
+    else:
+        for frame, uri in ((detections, detections_uri(output_uri)), (errors, errors_uri(output_uri))):
+            upload_parquet_parts(frame, uri, file_prefix, azure_credentials)
     row = results.agg(
         F.sum(F.when(F.col("status") == "ok", 1).otherwise(0)).alias("done"),
         F.sum(F.when(F.col("status") == "error", 1).otherwise(0)).alias("failed"),
@@ -38,14 +56,66 @@ def write_results(results: DataFrame, output_uri: str) -> dict:
     return {key: (row[key] or 0) for key in row.asDict()}
 
 
-def done_keys(spark: SparkSession, output_uri: str, model_sha256: str) -> DataFrame | None:
+def upload_parquet_parts(frame: DataFrame, table_uri: str, file_prefix: str, azure_credentials) -> None:
+    """Each task writes its rows as Parquet blobs named <prefix>-<partition>-<batch>.parquet under `table_uri`."""
+    import inspect
+
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    # pyspark 4 needs the session time zone for timestamps; pyspark 3.5 always used UTC and takes no argument
+    tz = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
+    arrow_schema = to_arrow_schema(frame.schema, **tz)
+
+    def upload(batches):
+        import io
+
+        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        from pipelines.storage import join_uri, write_bytes_atomic
+
+        partition = TaskContext.get().partitionId()
+        for number, batch in enumerate(batches):
+            if len(batch):
+                buffer = io.BytesIO()
+                pq.write_table(pa.Table.from_pandas(batch, schema=arrow_schema, preserve_index=False), buffer)
+                name = f"{file_prefix}-{partition:05d}-{number:04d}.parquet"
+                write_bytes_atomic(join_uri(table_uri, name), buffer.getvalue(), azure_credentials=azure_credentials)
+            yield pd.DataFrame({"rows": [len(batch)]})
+
+    frame.mapInPandas(upload, "rows long").collect()
+
+
+def read_table(spark: SparkSession, table_uri: str, azure_credentials=None) -> DataFrame | None:
+    """detections/ or errors/ as a DataFrame, from either writer; None when nothing was written yet."""
+    if choose_writer(table_uri) == "spark":
+        try:
+            return spark.read.parquet(table_uri)
+        except Exception:  # noqa: BLE001  (no output yet: AnalysisException PATH_NOT_FOUND / empty dir)
+            return None
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.azure_storage import list_blobs, read_blob
+
+    tables = [pq.read_table(io.BytesIO(read_blob(blob.uri, azure_credentials)))
+              for blob in list_blobs(table_uri, [".parquet"], azure_credentials)]
+    if not tables:
+        return None
+    return spark.createDataFrame(pa.concat_tables(tables).to_pandas())
+
+
+def done_keys(spark: SparkSession, output_uri: str, model_sha256: str, azure_credentials=None) -> DataFrame | None:
     """(path, size, modification_time) of every image already recorded for this model, in detections/ or errors/.
     None when nothing has been written yet."""
     frames = []
     for uri in (detections_uri(output_uri), errors_uri(output_uri)):
-        try:
-            frame = spark.read.parquet(uri)
-        except Exception:  # noqa: BLE001  (no output yet: AnalysisException PATH_NOT_FOUND / empty dir)
+        frame = read_table(spark, uri, azure_credentials)
+        if frame is None:
             continue
         frames.append(frame.where(F.col("model_sha256") == model_sha256).select("path", "size", "modification_time"))
     if not frames:
