@@ -8,6 +8,7 @@ import sys
 
 FAMILIES = {
     "yolact": ("model_export.yolact_export", "YOLACT instance segmentation"),
+    "detector": ("model_export.detector_export", "road-distress detector (FactorNet Faster R-CNN)"),
 }
 
 

@@ -81,19 +81,23 @@ class ImageInference:
     fetch_bytes: object = None     # callable(path) -> bytes for readers that don't ship `content` (Azure SDK)
     progress: object = None        # a Spark accumulator of images processed, read by the driver's progress line
     azure_credentials: object = None   # for az:// outputs (never logged: its repr hides secrets)
+    crash_guard: object = None     # pipelines.crash_guard.CrashGuard: poison images become errors, not job failures
 
     def model(self) -> ExecutorModel:
         return LazyModel((self.model_sha256, self.settings),
                          lambda: load_executor_model(self.model_dir, self.model_sha256, self.settings))()
 
     def __call__(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        guard = self.crash_guard.for_task() if self.crash_guard is not None else None
         for batch in batches:
-            rows = self.process_batch(batch)
+            rows = self.process_batch(batch, guard)
             if self.progress is not None:
                 self.progress.add(len(rows))
             yield pd.DataFrame(rows, columns=RESULT_COLUMNS)
+        if guard is not None:
+            guard.done()
 
-    def process_batch(self, batch: pd.DataFrame) -> list[dict]:
+    def process_batch(self, batch: pd.DataFrame, guard=None) -> list[dict]:
         rows, pending = [], []
         has_content = "content" in batch.columns
         for record in batch.itertuples(index=False):
@@ -107,6 +111,9 @@ class ImageInference:
                     if data is None:
                         raise FileNotFoundError(f"{record.path}: no bytes could be read")
                 with timed(row, "preprocess"):
+                    if guard is not None:
+                        guard.check(record.path)
+                    crash_if_test_hook_matches(record.path)
                     rgb = decode_image(bytes(data), record.path, self.max_image_pixels)
                     row["height"], row["width"] = int(rgb.shape[0]), int(rgb.shape[1])
                     tensor = preprocess_rgb(rgb, self.input_spec)
@@ -162,6 +169,17 @@ class ImageInference:
             target = mask_output_path(self.output_uri, row["path"], self.input_root)
             write_bytes_atomic(target, labels.png(), azure_credentials=self.azure_credentials)
             row["mask_path"] = target
+
+TEST_CRASH_ENV = "SPARKSEG_TEST_CRASH_ON"
+
+
+def crash_if_test_hook_matches(path: str) -> None:
+    """Test-only hook: when SPARKSEG_TEST_CRASH_ON is set in the executor's environment and its value occurs in
+    `path`, the Python worker dies here as a decoder segfault would (tests of the poison-image guard)."""
+    needle = os.environ.get(TEST_CRASH_ENV)
+    if needle and needle in path:
+        os._exit(134)
+
 
 RESULT_COLUMNS = ["path", "status", "width", "height", "instances", "mask_path", "error_stage", "error_type",
                   "error_message", "size", "modification_time", "timings"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from dataclasses import replace
 import shutil
 import tempfile
 import time
@@ -18,12 +19,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import image_sources as src
+from pipelines.crash_guard import MARKER_DIR, CrashGuard
 from pipelines.job_config import resolve_local
 from pipelines.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
 from pipelines.openvino_runtime import RuntimeSettings
 from pipelines.output_paths import qualify_root
 from pipelines.progress import ProgressReporter
 from pipelines.spark_session import ship_library
+from pipelines.storage import join_uri
 from pipelines.results_writer import TIMING_FIELDS, choose_writer, done_keys, write_results, write_summary
 from pipelines.image_inference import RESULT_SCHEMA
 
@@ -44,7 +47,8 @@ def ship_model(spark: SparkSession, manifest: ModelManifest) -> str:
     staged = Path(tempfile.gettempdir()) / name
     if not (staged / "manifest.json").is_file():
         tmp = Path(tempfile.mkdtemp(prefix=name + "."))
-        for rel in [manifest.data["files"][role] for role in INFERENCE_ROLES] + [MANIFEST_NAME]:
+        files = manifest.data["files"]   # a detector has no priors
+        for rel in [files[role] for role in INFERENCE_ROLES if role in files] + [MANIFEST_NAME]:
             shutil.copy2(manifest.root / rel, tmp / rel)
         try:
             os.replace(tmp, staged)
@@ -144,7 +148,10 @@ def run(spark: SparkSession, config: dict, family: str = "yolact") -> dict:
                     wave = src.with_content(spark, wave, wave_count, input_uri, inputs["extensions"],
                                             inputs["recursive"], all_listed=(wave_count == n_inputs))
                 wave_parts = min(partitions, wave_count)
-                results = (src.balanced(wave, wave_parts).mapInPandas(task, RESULT_SCHEMA)
+                scope = join_uri(output_uri, MARKER_DIR, f"{run_id}-w{first // wave_size:05d}")
+                guarded = replace(task, crash_guard=CrashGuard(scope, int(run_cfg.get("poison_attempts", 2)),
+                                                               credentials))
+                results = (src.balanced(wave, wave_parts).mapInPandas(guarded, RESULT_SCHEMA)
                            .withColumn("model_name", F.lit(manifest.name))
                            .withColumn("model_sha256", F.lit(manifest.model_sha256))
                            .withColumn("run_id", F.lit(run_id))

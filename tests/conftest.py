@@ -24,7 +24,7 @@ from tests.fixtures_standalone import standalone_cluster  # noqa: E402,F401  (se
 def spark():
     from pipelines.spark_session import local_session
 
-    session = local_session(app_name="sparkseg-tests", master="local[2]")
+    session = local_session(app_name="sparkseg-tests", master="local[2,4]")
     yield session
     session.stop()
 

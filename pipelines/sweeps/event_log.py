@@ -1,0 +1,140 @@
+"""Task-level facts of a finished Spark application, from its event log (JSON lines).
+
+The sweep runs every point with `spark.eventLog.enabled=true` into the point's own directory, uncompressed and not
+rolled, so there is exactly one plain file to read after the driver exits (no REST polling while the app runs, and
+nothing is lost when the app ends before a poll).
+
+Definitions (all from SparkListenerTaskEnd events):
+- tasks: every task attempt that ended. failed_tasks: attempts whose end reason is not Success (exceptions, lost
+  executors, kills). retried_tasks: attempts with attempt number > 0 (a task that was run again).
+- executor busy time: per executor, the length of the union of its task attempts' [launch, finish] intervals
+  (wall-clock time during which at least one of its cores ran a task; concurrent tasks are not added up).
+  `one_frame_s` = the longest executor busy time / images, the paper's "one frame time".
+- executor task time: per executor, the sum of its attempts' durations (what the Spark UI's Executors tab shows).
+- inference stages: stages that ran Python code through Spark SQL (their tasks report "time to execute Python
+  code": mapInPandas, pandas UDFs). Partition sizes: the records each successful task of those stages read from
+  the shuffle that balanced the images (or from its input, when there was no shuffle).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PYTHON_SQL_METRIC = "time to execute Python code"
+
+
+class EventLogError(ValueError):
+    pass
+
+
+@dataclass
+class AppMetrics:
+    """Per-application task facts; times in seconds."""
+
+    app_id: str | None = None
+    executors: int = 0
+    tasks: int = 0
+    failed_tasks: int = 0
+    retried_tasks: int = 0
+    executor_busy_s: dict[str, float] = field(default_factory=dict)
+    executor_task_time_s: dict[str, float] = field(default_factory=dict)
+    inference_stages: list[int] = field(default_factory=list)
+    partition_images: list[int] = field(default_factory=list)
+
+    @property
+    def longest_executor_busy_s(self) -> float | None:
+        return max(self.executor_busy_s.values()) if self.executor_busy_s else None
+
+    def one_frame_s(self, images: int) -> float | None:
+        """Longest executor busy time / images (None without images or tasks)."""
+        longest = self.longest_executor_busy_s
+        return longest / images if images and longest is not None else None
+
+    @property
+    def partition_skew(self) -> float | None:
+        """max / min images per inference partition (1.0 = perfectly even); None without inference tasks."""
+        sizes = [size for size in self.partition_images if size > 0]
+        return max(sizes) / min(sizes) if sizes else None
+
+
+def find_event_log(directory: str | Path) -> Path:
+    """The one event log file Spark wrote under `directory` (fails clearly on compressed or rolled logs)."""
+    directory = Path(directory)
+    files = [p for p in directory.iterdir() if p.is_file() and not p.name.endswith(".inprogress")] \
+        if directory.is_dir() else []
+    if len(files) != 1:
+        raise EventLogError(f"{directory}: expected one finished event log, found {[p.name for p in files]}; run "
+                            "with spark.eventLog.compress=false and spark.eventLog.rolling.enabled=false, and "
+                            "one application per directory")
+    return files[0]
+
+
+def _accumulables(task_info: dict) -> dict[str, float]:
+    values = {}
+    for acc in task_info.get("Accumulables", []):
+        try:
+            values[acc.get("Name")] = float(acc.get("Update", 0))
+        except (TypeError, ValueError):
+            continue
+    return values
+
+
+def _union_length_ms(intervals: list[tuple[int, int]]) -> int:
+    total, end_so_far = 0, None
+    for start, end in sorted(intervals):
+        if end_so_far is None or start > end_so_far:
+            total += end - start
+            end_so_far = end
+        elif end > end_so_far:
+            total += end - end_so_far
+            end_so_far = end
+    return total
+
+
+def parse_event_log(path: str | Path) -> AppMetrics:
+    """AppMetrics of the application logged in `path` (a file, or a directory holding exactly one log)."""
+    path = Path(path)
+    if path.is_dir():
+        path = find_event_log(path)
+    metrics = AppMetrics()
+    intervals: dict[str, list[tuple[int, int]]] = {}
+    python_stages: set[int] = set()
+    task_reads: list[tuple[int, bool, float, float]] = []   # (stage, success, shuffle records, input records)
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise EventLogError(f"{path}:{number}: not a JSON event ({err}); was the application killed "
+                                    "while writing it?") from None
+            kind = event.get("Event")
+            if kind == "SparkListenerApplicationStart":
+                metrics.app_id = event.get("App ID")
+            elif kind == "SparkListenerExecutorAdded":
+                metrics.executors += 1
+            elif kind == "SparkListenerTaskEnd":
+                info = event["Task Info"]
+                success = event.get("Task End Reason", {}).get("Reason") == "Success"
+                metrics.tasks += 1
+                metrics.failed_tasks += 0 if success else 1
+                metrics.retried_tasks += 1 if int(info.get("Attempt", 0)) > 0 else 0
+                executor = str(info.get("Executor ID"))
+                launch, finish = int(info["Launch Time"]), int(info["Finish Time"])
+                if finish >= launch > 0:
+                    intervals.setdefault(executor, []).append((launch, finish))
+                accs = _accumulables(info)
+                stage = int(event["Stage ID"])
+                if PYTHON_SQL_METRIC in accs:
+                    python_stages.add(stage)
+                task_reads.append((stage, success, accs.get("internal.metrics.shuffle.read.recordsRead", 0.0),
+                                   accs.get("internal.metrics.input.recordsRead", 0.0)))
+    for executor, spans in intervals.items():
+        metrics.executor_busy_s[executor] = _union_length_ms(spans) / 1000.0
+        metrics.executor_task_time_s[executor] = sum(end - start for start, end in spans) / 1000.0
+    metrics.inference_stages = sorted(python_stages)
+    metrics.partition_images = [int(shuffle or records) for stage, success, shuffle, records in task_reads
+                                if success and stage in python_stages]
+    return metrics

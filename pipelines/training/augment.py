@@ -1,0 +1,182 @@
+"""SSD-style training augmentation for YOLACT (facts: dbolya/yolact utils/augmentations.py, SSDAugmentation).
+
+Order: photometric distortion (brightness; contrast before or after saturation/hue in HSV), zoom out (expand onto
+a mean-filled canvas up to ``expand_max_ratio`` x), random crop (30-100 % of each side, aspect 0.5-2, keeps the
+objects whose box centre is inside; 1 in 6 draws keeps the whole image), horizontal mirror, then a bilinear resize
+to the square network input (aspect ratio not kept) and (x - mean) / std. Every random draw comes from the
+``np.random.Generator`` passed in, so a sample's augmentation depends only on its seed (same on every rank, same
+after a resume).
+
+Arrays: image [H, W, 3] float32 RGB 0-255; masks [G, H, W] float32 0/1; boxes [G, 4] float32 absolute pixel
+x1y1x2y2; labels [G] int64 0-based foreground classes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+CROP_MODES = (None, 0.1, 0.3, 0.7, 0.9, -1.0)   # None: whole image; the min-IoU values are never enforced (the
+#                                                 reference's check is a known no-op, kept there on purpose)
+CROP_TRIES = 50
+CROP_MODE_DRAWS = 20
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """Which augmentations run (reference defaults: all on, expand up to 4x)."""
+
+    photometric: bool = True
+    expand: bool = True
+    expand_max_ratio: float = 4.0
+    sample_crop: bool = True
+    mirror: bool = True
+    min_box_px: float = 2.0   # objects narrower or lower than this at the network input are dropped
+
+
+@dataclass
+class Sample:
+    image: np.ndarray
+    masks: np.ndarray
+    boxes: np.ndarray
+    labels: np.ndarray
+
+
+def augment(sample: Sample, rng: np.random.Generator, cfg: AugmentConfig, mean_rgb: np.ndarray) -> Sample:
+    """The geometric and photometric augmentations (not the final resize); returns a new Sample."""
+    image = sample.image.astype(np.float32, copy=True)
+    masks, boxes, labels = sample.masks, sample.boxes.astype(np.float32), sample.labels
+    if cfg.photometric:
+        image = photometric_distort(image, rng)
+    if cfg.expand and rng.integers(2) == 0:
+        image, masks, boxes = expand(image, masks, boxes, rng, cfg.expand_max_ratio, mean_rgb)
+    if cfg.sample_crop and len(boxes):
+        image, masks, boxes, labels = random_sample_crop(image, masks, boxes, labels, rng)
+    if cfg.mirror and rng.integers(2) == 1:
+        width = image.shape[1]
+        image, masks = image[:, ::-1], masks[:, :, ::-1]
+        boxes = boxes.copy()
+        boxes[:, 0::2] = width - boxes[:, 2::-2]
+    return Sample(np.ascontiguousarray(image), np.ascontiguousarray(masks), boxes, labels)
+
+
+def to_network_input(sample: Sample, size: int, mean_rgb: np.ndarray, std_rgb: np.ndarray,
+                     min_box_px: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Resize to size x size (bilinear, align_corners=False, no antialias, like the inference preprocess) and
+    normalize. Returns image [3, S, S], boxes [G, 4] relative x1y1x2y2, labels [G], masks [G, S, S]; objects
+    whose resized box is thinner than min_box_px are dropped."""
+    height, width = sample.image.shape[:2]
+    image = torch.from_numpy(np.ascontiguousarray(sample.image, dtype=np.float32)).permute(2, 0, 1)[None]
+    image = F.interpolate(image, size=(size, size), mode="bilinear", align_corners=False)[0]
+    image = (image - torch.from_numpy(mean_rgb)[:, None, None]) / torch.from_numpy(std_rgb)[:, None, None]
+    boxes = torch.from_numpy(np.asarray(sample.boxes, dtype=np.float32).reshape(-1, 4).copy())
+    boxes[:, 0::2] /= width
+    boxes[:, 1::2] /= height
+    boxes = boxes.clamp(0.0, 1.0)
+    keep = ((boxes[:, 2] - boxes[:, 0]) * size > min_box_px) & ((boxes[:, 3] - boxes[:, 1]) * size > min_box_px)
+    labels = torch.from_numpy(np.asarray(sample.labels, dtype=np.int64).reshape(-1))[keep]
+    masks = torch.from_numpy(np.ascontiguousarray(sample.masks, dtype=np.float32))[keep]
+    if masks.shape[0]:
+        masks = F.interpolate(masks[None], size=(size, size), mode="bilinear", align_corners=False)[0]
+    else:
+        masks = torch.zeros(0, size, size)
+    return image.contiguous(), boxes[keep], labels, masks
+
+
+# ------------------------------------------------------------------------------------------------ photometric
+def photometric_distort(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Brightness +-32 (p 0.5); then contrast x[0.5, 1.5] (p 0.5) either before or after saturation x[0.5, 1.5]
+    (p 0.5) and hue +-18 degrees (p 0.5), as the reference. Values are clipped to 0..255 before HSV."""
+    if rng.integers(2):
+        image = image + rng.uniform(-32, 32)
+    contrast_first = rng.integers(2) == 1
+    if contrast_first:
+        image = _random_contrast(image, rng)
+    hsv = rgb_to_hsv(np.clip(image, 0, 255))
+    if rng.integers(2):
+        hsv[..., 1] *= rng.uniform(0.5, 1.5)
+    if rng.integers(2):
+        hsv[..., 0] = np.mod(hsv[..., 0] + rng.uniform(-18.0, 18.0), 360.0)
+    image = hsv_to_rgb(hsv)
+    if not contrast_first:
+        image = _random_contrast(image, rng)
+    return image.astype(np.float32)
+
+
+def _random_contrast(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return image * rng.uniform(0.5, 1.5) if rng.integers(2) else image
+
+
+def rgb_to_hsv(rgb: np.ndarray) -> np.ndarray:
+    """[..., 3] RGB 0-255 -> [..., 3] (hue degrees 0-360, saturation 0-1, value 0-255)."""
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    value = rgb.max(axis=-1)
+    spread = value - rgb.min(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        saturation = np.where(value > 0, spread / value, 0.0)
+        safe = np.where(spread > 0, spread, 1.0)
+        hue = np.where(value == r, (g - b) / safe, np.where(value == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
+    hue = np.mod(hue * 60.0, 360.0)
+    hue = np.where(spread > 0, hue, 0.0)
+    return np.stack([hue, saturation, value], axis=-1).astype(np.float32)
+
+
+def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
+    """Inverse of rgb_to_hsv (saturation is clipped to 0..1)."""
+    hue, saturation, value = hsv[..., 0], np.clip(hsv[..., 1], 0, 1), hsv[..., 2]
+    sector = hue / 60.0
+    chroma = value * saturation
+    x = chroma * (1 - np.abs(np.mod(sector, 2) - 1))
+    zero = np.zeros_like(value)
+    index = np.floor(sector).astype(np.int64) % 6
+    choices_r = [chroma, x, zero, zero, x, chroma]
+    choices_g = [x, chroma, chroma, x, zero, zero]
+    choices_b = [zero, zero, x, chroma, chroma, x]
+    r, g, b = (np.choose(index, c) for c in (choices_r, choices_g, choices_b))
+    m = value - chroma
+    return np.stack([r + m, g + m, b + m], axis=-1).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------- geometric
+def expand(image, masks, boxes, rng, max_ratio: float, mean_rgb: np.ndarray):
+    """Place the image on a canvas ratio x larger (ratio in [1, max_ratio]) filled with the mean colour."""
+    height, width, _ = image.shape
+    ratio = rng.uniform(1, max_ratio)
+    left = int(rng.uniform(0, width * ratio - width))
+    top = int(rng.uniform(0, height * ratio - height))
+    canvas = np.empty((int(height * ratio), int(width * ratio), 3), dtype=np.float32)
+    canvas[:] = mean_rgb
+    canvas[top:top + height, left:left + width] = image
+    big_masks = np.zeros((masks.shape[0], canvas.shape[0], canvas.shape[1]), dtype=masks.dtype)
+    big_masks[:, top:top + height, left:left + width] = masks
+    return canvas, big_masks, boxes + np.float32([left, top, left, top])
+
+
+def random_sample_crop(image, masks, boxes, labels, rng):
+    """Crop a random window that keeps at least one object centre; boxes are clipped to it."""
+    height, width, _ = image.shape
+    for _ in range(CROP_MODE_DRAWS):
+        mode = CROP_MODES[int(rng.integers(len(CROP_MODES)))]
+        if mode is None:
+            break
+        for _ in range(CROP_TRIES):
+            w = rng.uniform(0.3 * width, width)
+            h = rng.uniform(0.3 * height, height)
+            if h / w < 0.5 or h / w > 2:
+                continue
+            left = rng.uniform(0, width - w)
+            top = rng.uniform(0, height - h)
+            rect = np.array([int(left), int(top), int(left + w), int(top + h)])
+            centers = (boxes[:, :2] + boxes[:, 2:]) / 2.0
+            inside = ((rect[0] < centers[:, 0]) & (rect[1] < centers[:, 1])
+                      & (rect[2] > centers[:, 0]) & (rect[3] > centers[:, 1]))
+            if not inside.any():
+                continue
+            kept = boxes[inside].copy()
+            kept[:, :2] = np.maximum(kept[:, :2], rect[:2]) - rect[:2]
+            kept[:, 2:] = np.minimum(kept[:, 2:], rect[2:]) - rect[:2]
+            return (image[rect[1]:rect[3], rect[0]:rect[2]], masks[inside][:, rect[1]:rect[3], rect[0]:rect[2]],
+                    kept.astype(np.float32), labels[inside])
+    return image, masks, boxes, labels

@@ -1,0 +1,64 @@
+"""Turn prepared rows into network inputs and loss targets (one micro-batch at a time).
+
+A sample's augmentation is drawn from ``np.random.default_rng([seed, epoch, index])``: the same on whichever rank
+trains it, and again after a resume.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from pycocotools import mask as mask_utils
+
+from pipelines.image_decode import decode_image
+from pipelines.training.augment import AugmentConfig, Sample, augment, to_network_input
+from pipelines.training.yolact_loss import Targets
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The network input: square side in pixels, RGB mean / std (0-255 scale)."""
+
+    size: int
+    mean_rgb: tuple[float, float, float]
+    std_rgb: tuple[float, float, float]
+
+
+@dataclass
+class MicroBatch:
+    images: torch.Tensor        # [b, 3, S, S] normalized RGB
+    targets: list[Targets]
+    indices: list[int]          # global sample indices
+
+
+def row_to_sample(row: dict) -> Sample:
+    """A prepared row -> decoded image [H, W, 3] uint8, masks [G, H, W] uint8, boxes [G, 4] pixels, labels [G]."""
+    image = decode_image(bytes(row["image"]), row["file_name"])
+    height, width = image.shape[:2]
+    rles = [{"size": [height, width], "counts": counts.encode("ascii")} for counts in row["rles"]]
+    masks = (np.moveaxis(mask_utils.decode(rles), 2, 0) if rles else np.zeros((0, height, width), np.uint8))
+    boxes = np.asarray(row["boxes"], dtype=np.float32).reshape(-1, 4)
+    return Sample(image=image, masks=masks, boxes=boxes, labels=np.asarray(row["labels"], dtype=np.int64))
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, index])
+
+
+def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec, augment_cfg: AugmentConfig | None,
+                     seed: int, epoch: int) -> MicroBatch:
+    """augment_cfg None: no augmentation (validation)."""
+    mean = np.asarray(spec.mean_rgb, dtype=np.float32)
+    std = np.asarray(spec.std_rgb, dtype=np.float32)
+    images, targets = [], []
+    for index in indices:
+        sample = row_to_sample(rows[index])
+        rng = sample_seed(seed, epoch, index)
+        if augment_cfg is not None:
+            sample = augment(sample, rng, augment_cfg, mean)
+        min_box = augment_cfg.min_box_px if augment_cfg is not None else 0.0
+        image, boxes, labels, masks = to_network_input(sample, spec.size, mean, std, min_box)
+        images.append(image)
+        targets.append(Targets(boxes=boxes, labels=labels, masks=masks, seed=int(rng.integers(2**31))))
+    return MicroBatch(images=torch.stack(images), targets=targets, indices=list(indices))

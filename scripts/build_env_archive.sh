@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Pack a relocatable Python environment for the cluster: `spark-submit --archives <archive>#environment` with
+# PYSPARK_PYTHON=./environment/bin/python (Spark's documented way on YARN, Kubernetes and standalone).
+#
+# Usage:
+#   scripts/build_env_archive.sh                         # fresh env: sparkseg + inference deps -> dist/sparkseg-env.tar.gz
+#   scripts/build_env_archive.sh --from-venv .venv-bigdl --output dist/sparkseg-bigdl-env.tar.gz
+# Options:
+#   --output FILE          the archive (default dist/sparkseg-env.tar.gz)
+#   --from-venv DIR        pack an existing venv (e.g. the BigDL env) instead of building one; its editable sparkseg
+#                          (a path on this machine) is replaced by a copy of pipelines/ and model_export/
+#   --python-prefix DIR    where Python lives on the cluster nodes when it differs from this machine (venv-pack
+#                          rewrites the interpreter link); default: the same path as here
+#   --extras LIST          setup.py extras to include (default "azure": the Azure SDK reader/writer); "" for none
+#   --force                rebuild even when the archive is up to date
+# Environment: PYTHON (interpreter the fresh env is made from, default python3: the same major.minor as the
+# driver's), PACKER_PYTHON (a Python with venv-pack, default <repo>/.venv/bin/python).
+#
+# What is in the fresh env: this package (not editable) and setup.py's CORE deps plus the extras, at the versions of
+# constraints.txt; NOT torch (executors never need it) and NOT pyspark/py4j (the cluster's Spark puts its own
+# pyspark.zip on the workers' PYTHONPATH; a second copy would only add ~450 MB and a version to keep in step).
+# venv-pack keeps bin/python as a link to the base interpreter: every node needs that Python at that path (or at
+# --python-prefix). Idempotent: the archive is rebuilt only when its inputs (sources, setup.py, constraints, options)
+# changed; `<archive>.inputs` records them.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+OUTPUT="$REPO/dist/sparkseg-env.tar.gz"
+FROM_VENV=""
+PYTHON_PREFIX=""
+EXTRAS="azure"
+FORCE=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --output) OUTPUT="$2"; shift 2 ;;
+        --from-venv) FROM_VENV="$2"; shift 2 ;;
+        --python-prefix) PYTHON_PREFIX="$2"; shift 2 ;;
+        --extras) EXTRAS="$2"; shift 2 ;;
+        --force) FORCE=1; shift ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        *) echo "build_env_archive: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+PYTHON="${PYTHON:-python3}"
+PACKER_PYTHON="${PACKER_PYTHON:-$REPO/.venv/bin/python}"
+case "$OUTPUT" in /*) ;; *) OUTPUT="$PWD/$OUTPUT" ;; esac
+
+if ! "$PACKER_PYTHON" -c 'import venv_pack' 2>/dev/null; then
+    echo "build_env_archive: $PACKER_PYTHON has no venv-pack: run '$PACKER_PYTHON -m pip install venv-pack'" \
+         "(or set PACKER_PYTHON to a Python that has it)" >&2
+    exit 1
+fi
+if [ -n "$FROM_VENV" ] && [ ! -x "$FROM_VENV/bin/python" ]; then
+    echo "build_env_archive: $FROM_VENV is not a venv (no bin/python); for the BigDL env run 'make bigdl-env' first" >&2
+    exit 1
+fi
+
+# ---- up to date? ------------------------------------------------------------------------------------------------
+inputs() {
+    echo "script $(sha256sum "$0" | cut -d' ' -f1)"
+    echo "options from_venv=$FROM_VENV python_prefix=$PYTHON_PREFIX extras=$EXTRAS"
+    if [ -n "$FROM_VENV" ]; then
+        echo "venv $(cd "$FROM_VENV" && ls -l --time-style=+%s lib/python*/site-packages | sha256sum | cut -d' ' -f1)"
+    else
+        echo "python $("$PYTHON" -c 'import sys; print(sys.version.split()[0], sys.base_prefix)')"
+        (cd "$REPO" && sha256sum setup.py constraints.txt README.md)
+    fi
+    (cd "$REPO" && find pipelines model_export -name '*.py' -type f | LC_ALL=C sort | xargs sha256sum)
+}
+WANT="$(inputs)"
+if [ "$FORCE" = 0 ] && [ -f "$OUTPUT" ] && [ -f "$OUTPUT.inputs" ] && [ "$(cat "$OUTPUT.inputs")" = "$WANT" ]; then
+    echo "build_env_archive: $OUTPUT is up to date ($(du -h "$OUTPUT" | cut -f1))"
+    exit 0
+fi
+
+start=$SECONDS
+BUILD="$REPO/build/env-archive/$(basename "$OUTPUT" .tar.gz)"
+rm -rf "$BUILD"
+mkdir -p "$BUILD" "$(dirname "$OUTPUT")"
+pip_install() {
+    # The machine's pip config may list local indexes that are absent: drop pip's warnings about those.
+    "$PREFIX/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+    return "${PIPESTATUS[0]}"
+}
+
+if [ -z "$FROM_VENV" ]; then
+    # ---- a fresh env: the package, then its requirements minus pyspark/py4j, pinned by constraints.txt --------
+    PREFIX="$BUILD/venv"
+    "$PYTHON" -m venv "$PREFIX"
+    # Build from a copy of the sources: an in-tree build would write build/ and *.egg-info into the checkout.
+    mkdir -p "$BUILD/src"
+    (cd "$REPO" && cp -r setup.py README.md pipelines model_export "$BUILD/src/")
+    find "$BUILD/src" -name __pycache__ -prune -exec rm -rf {} +
+    "$PREFIX/bin/python" -m pip wheel --quiet --no-deps --wheel-dir "$BUILD/wheel" "$BUILD/src" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+    WHEEL="$(ls "$BUILD"/wheel/sparkseg-*.whl)"
+    REQUIREMENTS="$("$PREFIX/bin/python" - "$WHEEL" "$EXTRAS" <<'EOF'
+import re, sys, zipfile
+from email.parser import Parser
+
+wheel, extras = sys.argv[1], {e.strip() for e in sys.argv[2].split(",") if e.strip()}
+with zipfile.ZipFile(wheel) as archive:
+    metadata = next(name for name in archive.namelist() if name.endswith(".dist-info/METADATA"))
+    requires = Parser().parsestr(archive.read(metadata).decode()).get_all("Requires-Dist") or []
+for line in requires:
+    spec, _, marker = line.partition(";")
+    extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
+    name = re.split(r"[<>=!~\[ (]", spec.strip(), maxsplit=1)[0].lower()
+    if (extra is None or extra.group(1) in extras) and name not in ("pyspark", "py4j"):
+        print(spec.strip())
+EOF
+)"
+    # shellcheck disable=SC2086  (one requirement per line, no spaces inside)
+    pip_install -c "$REPO/constraints.txt" $(echo "$REQUIREMENTS" | tr '\n' ' ')
+    pip_install --no-deps "$WHEEL"
+    "$PREFIX/bin/python" -m pip uninstall --quiet -y pip setuptools 2>/dev/null || true   # not needed on executors
+    ADD_PACKAGE=0
+else
+    PREFIX="$(cd "$FROM_VENV" && pwd)"
+    ADD_PACKAGE=1
+fi
+
+# Smoke test: what an executor imports.
+"$PREFIX/bin/python" -W ignore - <<'EOF'
+import numpy, openvino, pandas, pyarrow, PIL, pycocotools, pipelines  # noqa: F401
+print(f"build_env_archive: numpy {numpy.__version__}, openvino {openvino.__version__}, pyarrow {pyarrow.__version__}")
+EOF
+
+PARTIAL="$(dirname "$OUTPUT")/.partial-$(basename "$OUTPUT")"   # keeps the extension venv-pack reads
+# ---- pack ----------------------------------------------------------------------------------------------------------
+"$PACKER_PYTHON" - "$PREFIX" "$PARTIAL" "$PYTHON_PREFIX" "$ADD_PACKAGE" "$REPO" <<'EOF'
+import glob, os, sys
+import venv_pack
+
+prefix, output, python_prefix, add_package, repo = sys.argv[1:]
+env = venv_pack.Env(prefix)
+site = os.path.relpath(glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages"))[0], prefix)
+# pyspark/py4j come from the cluster's Spark; an editable sparkseg points at this checkout (replaced below)
+for pattern in ("pyspark/*", "py4j/*", "pyspark-*.dist-info/*", "py4j-*.dist-info/*", "__editable__*sparkseg*",
+                "sparkseg-*.dist-info/*"):
+    env = env.exclude(os.path.join(site, pattern))
+if add_package == "1":
+    for package in ("pipelines", "model_export"):
+        for root, dirs, files in os.walk(os.path.join(repo, package)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if name.endswith(".py"):
+                    source = os.path.join(root, name)
+                    env.files.append(venv_pack.File(source, os.path.join(site, os.path.relpath(source, repo))))
+env.pack(output=output, python_prefix=python_prefix or None, force=True, verbose=False)
+EOF
+mv "$PARTIAL" "$OUTPUT"
+echo "$WANT" > "$OUTPUT.inputs"
+echo "build_env_archive: wrote $OUTPUT ($(du -h "$OUTPUT" | cut -f1); unpacked $(du -sh "$PREFIX" | cut -f1) before" \
+     "exclusions) in $((SECONDS - start)) s"

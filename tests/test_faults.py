@@ -1,0 +1,148 @@
+"""Faults: executors dying, the driver dying, poison images, too many errors. Every input ends up in detections/
+or errors/ exactly once, with no partial files."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.inference_job import JobFailed, run
+from pipelines.standalone_cluster import ClusterConfig, StandaloneCluster
+from tests.conftest import REPO, SAMPLES
+from tests.test_infer_job import MODEL_DIR, job_config
+
+JOB = REPO / "jobs" / "infer_yolact.py"
+
+
+def copies(directory: Path, count: int) -> list[str]:
+    """`count` distinct small images (the samples, repeated under distinct names in two sub-directories)."""
+    samples = sorted(p for p in (SAMPLES / "images").iterdir() if p.suffix in (".jpg", ".png"))
+    names = []
+    for i in range(count):
+        source = samples[i % len(samples)]
+        target = directory / f"sub{i % 2}" / f"img{i:03d}{source.suffix}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, target)
+        names.append(target.name)
+    return names
+
+
+def start_job(*args: str, env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
+    command = [sys.executable, str(JOB), "--model", str(MODEL_DIR), "--precision", "f32", *args]
+    out = open(log, "wb") if log else subprocess.PIPE
+    return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                            env={**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})})
+
+
+def outputs(spark, output: Path) -> tuple[list[str], list]:
+    detections = [r.path for r in spark.read.parquet(str(output / "detections")).select("path").collect()]
+    errors = spark.read.parquet(str(output / "errors")).collect() if (output / "errors").exists() else []
+    return detections, errors
+
+
+def assert_exactly_once(spark, output: Path, names: list[str]) -> tuple[list[str], list]:
+    detections, errors = outputs(spark, output)
+    recorded = [Path(p).name for p in detections] + [Path(e.path).name for e in errors]
+    assert sorted(recorded) == sorted(names), "every input exactly once in detections/ or errors/"
+    leftovers = [p for p in output.rglob("*") if p.is_file() and (".tmp" in p.name or "_temporary" in str(p))
+                 and "_sparkseg_attempts" not in str(p)]
+    assert not leftovers, f"partial files visible: {leftovers[:5]}"
+    return detections, errors
+
+
+def test_poison_image_becomes_an_error_row_and_the_job_goes_on(spark, tmp_path):
+    images = tmp_path / "images"
+    names = copies(images, 6)
+    shutil.copy(SAMPLES / "images" / "chelsea.jpg", images / "poison.jpg")
+    names.append("poison.jpg")
+    job = start_job("--input", str(images), "--output", str(tmp_path / "out"), "--partitions", "2",
+                    "--master", "local[2,4]", env={"SPARKSEG_TEST_CRASH_ON": "/poison.jpg"})
+    log = job.communicate(timeout=900)[0].decode(errors="replace")
+    assert job.returncode == 0, log[-3000:]
+    _, errors = assert_exactly_once(spark, tmp_path / "out", names)
+    assert [(Path(e.path).name, e.error_type) for e in errors] == [("poison.jpg", "PoisonImage")]
+    assert "crashed its Python worker in 2 task attempts" in errors[0].message
+
+
+def test_too_many_errors_fail_the_job_with_a_summary(spark, tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(4):
+        (images / f"broken{i}.jpg").write_bytes(b"not an image")
+    shutil.copy(SAMPLES / "images" / "coffee.jpg", images / "good.jpg")
+    config = job_config(images, tmp_path / "out")
+    config["run"]["max_error_fraction"] = 0.5
+    with pytest.raises(JobFailed, match="4 of 5 images failed"):
+        run(spark, config)
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with StandaloneCluster(ClusterConfig(workers=2, cores=1, memory="1g"),
+                           base_dir=tmp_path_factory.mktemp("fault-cluster")) as started:
+        yield started
+
+
+def wait_for(condition, timeout_s: float, what: str, job: subprocess.Popen | None = None) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if condition():
+            return
+        if job is not None and job.poll() is not None:
+            raise AssertionError(f"the job ended before {what}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.cluster
+def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
+    images = tmp_path / "images"
+    names = copies(images, 40)
+    log = tmp_path / "job.log"
+    config = tmp_path / "progress.yaml"
+    config.write_text("run:\n  progress_interval_s: 1\n")
+    job = start_job("--config", str(config), "--input", str(images), "--output", str(tmp_path / "out"),
+                    "--partitions", "10", "--master", cluster.master_url, log=log)
+    try:
+        # once tasks are finishing, kill a Worker JVM (its executor dies with it)
+        wait_for(lambda: re.search(r"\[sparkseg\] [1-9]\d*/40", log.read_text(errors="replace")),
+                 600, "the first finished tasks", job)
+        cluster.kill_worker(0)
+        assert job.wait(timeout=900) == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        job.kill()
+    detections, errors = assert_exactly_once(spark, tmp_path / "out", names)
+    assert len(detections) == 40 and not errors
+
+
+@pytest.mark.cluster
+def test_driver_killed_mid_job_resumes_without_duplicates_or_recomputation(spark, tmp_path):
+    images = tmp_path / "images"
+    names = copies(images, 24)
+    output = tmp_path / "out"
+    config = tmp_path / "waves.yaml"
+    config.write_text("run:\n  commit_every: 6\n  progress_interval_s: 1\n")
+    job = start_job("--config", str(config), "--input", str(images), "--output", str(output), "--partitions", "2",
+                    "--master", "local[2,4]")
+    try:
+        wait_for(lambda: any((output / "detections").glob("part-*.parquet")), 600, "the first committed wave", job)
+        job.kill()      # SIGKILL: no cleanup, no shutdown hooks
+        job.wait()
+    finally:
+        job.kill()
+    committed = len(outputs(spark, output)[0])
+    assert 0 < committed < 24
+    rerun = start_job("--config", str(config), "--input", str(images), "--output", str(output), "--partitions", "2",
+                      "--master", "local[2,4]")
+    log = rerun.communicate(timeout=900)[0].decode(errors="replace")
+    assert rerun.returncode == 0, log[-3000:]
+    assert f"skipped {committed} " in log, log[-2000:]
+    assert f"done {24 - committed}," in log
+    assert_exactly_once(spark, output, names)
