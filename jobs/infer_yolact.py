@@ -2,84 +2,29 @@
 
     spark-submit jobs/infer_yolact.py --config conf/yarn.yaml --input hdfs:///images --output hdfs:///out
     python jobs/infer_yolact.py            # the embedded default: local[*] on samples/images -> ./output
+
+Arguments, exit codes and the summary are shared with the other job scripts (jobs/_cli.py; in YARN cluster mode
+ship it along: --py-files jobs/_cli.py).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # jobs/_cli.py, next to this script
 
-from pipelines.job_config import ConfigError, load_config, set_path  # noqa: E402
-
-OVERRIDES = {  # command-line flag -> config key
-    "input": "input.uri", "output": "output.uri", "model": "model.dir", "partitions": "inference.partitions",
-    "batch_size": "inference.batch_size", "precision": "inference.precision", "engine": "inference.engine",
-    "reader": "input.reader", "master": "spark.master",
-}
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML config (conf/*.yaml); default: the embedded conf/local.yaml")
-    parser.add_argument("--input", help="image URI: file://, hdfs://, abfss://, wasbs://, az://container/prefix")
-    parser.add_argument("--output", help="output URI (detections/, masks/, errors/, summary.json)")
-    parser.add_argument("--model", help="export directory with manifest.json")
-    parser.add_argument("--partitions", type=int, help="number of partitions (images spread evenly by count)")
-    parser.add_argument("--batch-size", type=int, help="images per Arrow batch on an executor")
-    parser.add_argument("--precision", choices=["f32", "bf16", "auto"], help="OpenVINO inference precision")
-    parser.add_argument("--engine", choices=["native", "bigdl"], help="inference engine")
-    parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"], help="how images are read")
-    parser.add_argument("--master", help="Spark master when not run by spark-submit (default from the config)")
-    parser.add_argument("--force", action="store_true", help="recompute images already done for this model")
-    return parser.parse_args(argv)
+import _cli  # noqa: E402
+from _cli import OVERRIDES, parse_args, print_summary  # noqa: E402,F401  (this script's public names)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    from pipelines.run_lock import LockHeld
+
     try:
-        config = load_config(args.config)
-    except ConfigError as err:
+        return _cli.main(argv, family="yolact", description=__doc__)
+    except LockHeld as err:   # another run holds <output>/_sparkseg.lock: nothing was done
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    for flag, key in OVERRIDES.items():
-        if getattr(args, flag) is not None:
-            set_path(config, key, getattr(args, flag))
-    if args.force:
-        config["run"]["force"] = True
-
-    from pipelines.image_sources import InputError
-    from pipelines.model_manifest import ModelManifestError
-    from pipelines.spark_session import job_session
-    from pipelines.inference_job import JobFailed, run
-
-    spark = job_session(config["spark"])
-    try:
-        summary = run(spark, config)
-    except (ModelManifestError, InputError, ConfigError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except JobFailed as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
-    finally:
-        spark.stop()
-    print_summary(summary)
-    return 0
-
-
-def print_summary(summary: dict) -> None:
-    counts = summary["counts"]
-    print(f"\nsparkseg: {counts['inputs']} images under {summary['input']}")
-    print(f"  done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "
-          f"(already done for this model), {counts['instances']} instances")
-    print(f"  {summary['images_per_second']} images/s over {summary['wall_seconds']} s, {summary['partitions']} "
-          f"partitions; stage seconds {json.dumps(summary['stage_seconds'])}")
-    print(f"  model {summary['model']['name']} ({summary['model']['sha256'][:12]}), output {summary['output']}")
-    if summary["model"]["note"]:
-        print(f"  NOTE: {summary['model']['note']}")
+        return 4
 
 
 if __name__ == "__main__":

@@ -110,6 +110,13 @@ def bigdl_spark_conf(master: str, conf: dict | None = None) -> dict[str, str]:
         "spark.executorEnv.PYTHONHOME": python_home(),
         "spark.driver.extraJavaOptions": SPARK_LOG4J2_DEFAULTS,
         "spark.executor.extraJavaOptions": SPARK_LOG4J2_DEFAULTS,
+        # Workaround (Python worker reuse): after a failed job, later Python jobs of the session failed with
+        # "java.net.SocketException: Socket is closed" (PythonRunner.compute), in 3 of 4 slow test runs with reuse
+        # and 0 of 4 without. Most likely Spark 3.5's task monitor: a task killed when its job aborts has often
+        # already released its worker to the idle pool (Orca's tasks do JVM work after the Python part), and
+        # destroyPythonWorker then closes that pooled socket without removing it. Without reuse every task gets
+        # a fresh worker forked by the daemon (each task re-imports openvino; Orca imports it per task anyway).
+        "spark.python.worker.reuse": "false",
     })
     merged.update(conf or {})
     return {key: str(value) for key, value in merged.items()}

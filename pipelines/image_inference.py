@@ -54,7 +54,7 @@ def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeS
     if not os.path.isdir(local_dir):
         from pyspark import SparkFiles
 
-        local_dir = SparkFiles.get(os.path.basename(model_dir.rstrip("/")))
+        local_dir = SparkFiles.get(os.path.basename(model_dir.rstrip("/")) + ".zip")   # unpacked by addArchive
     manifest = load_manifest(local_dir, verify=True)
     if manifest.model_sha256 != expected_sha256:
         raise ModelManifestError(f"{local_dir}: manifest sha256 {manifest.model_sha256[:12]} differs from the "

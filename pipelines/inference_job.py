@@ -29,6 +29,8 @@ from pipelines.spark_session import ship_library
 from pipelines.storage import join_uri
 from pipelines.results_writer import TIMING_FIELDS, choose_writer, done_keys, write_results, write_summary
 from pipelines.image_inference import RESULT_SCHEMA
+from pipelines.incremental import table_counts
+from pipelines.run_lock import LockSettings, RunLock
 
 FAMILIES = {  # manifest "model" -> the ImageInference subclass that postprocesses its outputs
     "yolact": ("pipelines.yolact_inference", "YolactInference"),
@@ -41,22 +43,29 @@ class JobFailed(RuntimeError):
 
 
 def ship_model(spark: SparkSession, manifest: ModelManifest) -> str:
-    """Send the model directory to every executor once (SparkFiles), under a name unique to its hash, and return
-    the driver-side path (executors on the driver's filesystem read it directly; the others use SparkFiles)."""
+    """Send the files inference needs to every executor once, as a zip archive named by the model's hash
+    (SparkContext.addArchive: Spark copies and unpacks it on each executor; directories can't be added with
+    addFile outside local mode). Returns the driver-side staging directory: executors that share the driver's
+    filesystem read it directly, the others use SparkFiles.get(<name>.zip)."""
     name = f"sparkseg-model-{manifest.model_sha256[:16]}"
     staged = Path(tempfile.gettempdir()) / name
-    if not (staged / "manifest.json").is_file():
+    archive = staged.with_suffix(".zip")
+    if not (staged / MANIFEST_NAME).is_file() or not archive.is_file():
         tmp = Path(tempfile.mkdtemp(prefix=name + "."))
         files = manifest.data["files"]   # a detector has no priors
         for rel in [files[role] for role in INFERENCE_ROLES if role in files] + [MANIFEST_NAME]:
             shutil.copy2(manifest.root / rel, tmp / rel)
+        tmp_archive = shutil.make_archive(str(tmp), "zip", root_dir=tmp)
         try:
+            os.replace(tmp_archive, archive)
+            if staged.exists():
+                shutil.rmtree(staged, ignore_errors=True)
             os.replace(tmp, staged)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)   # another job staged it first
     already = spark.conf.get("spark.sparkseg.shippedModels", "")
     if name not in already.split(","):
-        spark.sparkContext.addFile(str(staged), recursive=True)
+        spark.sparkContext.addArchive(str(archive))
         spark.conf.set("spark.sparkseg.shippedModels", f"{already},{name}")
     return str(staged)
 
@@ -89,8 +98,10 @@ def inference_task_class(family: str):
     return getattr(importlib.import_module(module), name)
 
 
-def run(spark: SparkSession, config: dict, family: str = "yolact") -> dict:
-    """Run the job for a `family` model; return the summary (also written to <output>/summary.json)."""
+def run(spark: SparkSession, config: dict, family: str = "yolact", azure_credentials=None) -> dict:
+    """Run the job for a `family` model; return the summary (also written to <output>/summary.json).
+    Holds the output's lock (pipelines.run_lock) from after the model check to the end; raises LockHeld when
+    another run holds it. `azure_credentials` (e.g. from a Databricks secret scope) replace the environment's."""
     started = time.time()
     ship_library(spark)
     inputs, out_cfg, inference, run_cfg = config["input"], config["output"], config["inference"], config["run"]
@@ -110,82 +121,89 @@ def run(spark: SparkSession, config: dict, family: str = "yolact") -> dict:
         raise ValueError(f"inference.engine '{engine}': choose native or bigdl")
 
     reader = src.choose_reader(input_uri, inputs.get("reader", "auto"))
-    credentials = None
-    if reader == "azure_sdk" or choose_writer(output_uri) == "azure_sdk":
+    credentials = azure_credentials
+    if credentials is None and (reader == "azure_sdk" or choose_writer(output_uri) == "azure_sdk"):
         from pipelines.azure_storage import AzureCredentials
 
         credentials = AzureCredentials.from_env()
-    listing = src.list_images(spark, input_uri, inputs["extensions"], inputs["recursive"], reader, credentials)
-    listing = listing.persist(StorageLevel.MEMORY_AND_DISK)
-    n_inputs = listing.count()
-    todo = todo_listing(spark, listing, output_uri, manifest, run_cfg["force"], credentials)
-    n_todo = todo.count()
     run_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
-    partitions = max(1, min(int(inference["partitions"] or spark.sparkContext.defaultParallelism), max(n_todo, 1)))
-    settings = runtime_settings(spark, inference)
-    totals = {"done": 0, "failed": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
-    progress = ProgressReporter(spark, n_todo, float(run_cfg.get("progress_interval_s", 5)))
+    lock = RunLock.acquire(output_uri, run_id, LockSettings.from_run_config(run_cfg), spark=spark,
+                           azure_credentials=credentials)
+    try:
+        listing = src.list_images(spark, input_uri, inputs["extensions"], inputs["recursive"], reader, credentials)
+        listing = listing.persist(StorageLevel.MEMORY_AND_DISK)
+        n_inputs = listing.count()
+        todo = todo_listing(spark, listing, output_uri, manifest, run_cfg["force"], credentials)
+        n_todo = todo.count()
+        partitions = max(1, min(int(inference["partitions"] or spark.sparkContext.defaultParallelism),
+                                max(n_todo, 1)))
+        settings = runtime_settings(spark, inference)
+        totals = {"done": 0, "failed": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
+        progress = ProgressReporter(spark, n_todo, float(run_cfg.get("progress_interval_s", 5)))
 
-    if n_todo:
-        shipped = ship_model(spark, manifest)
-        task = inference_task_class(family)(
-            model_dir=shipped, model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
-            input_spec=manifest.input, postprocess={**manifest.postprocess, "nms": inference.get("nms", "fast")},
-            settings=settings, output_uri=output_uri,
-            input_root=qualify_root(spark, input_uri) if reader == "spark" else input_uri,
-            write_masks=out_cfg["write_masks"],
-            max_image_pixels=int(inference["max_image_pixels"]),
-            fetch_bytes=None if reader == "spark" else _azure_fetcher(credentials),
-            progress=progress.accumulator, azure_credentials=credentials)
-        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(int(inference["batch_size"])))
-        indexed = src.assign_partitions(todo, partitions).persist(StorageLevel.MEMORY_AND_DISK)
-        wave_size = int(run_cfg.get("commit_every") or 0) or n_todo
-        with progress:
-            for first in range(0, n_todo, wave_size):
-                wave = indexed.where((F.col("idx") >= first) & (F.col("idx") < first + wave_size))
-                wave_count = min(wave_size, n_todo - first)
-                if reader == "spark":
-                    wave = src.with_content(spark, wave, wave_count, input_uri, inputs["extensions"],
-                                            inputs["recursive"], all_listed=(wave_count == n_inputs))
-                wave_parts = min(partitions, wave_count)
-                scope = join_uri(output_uri, MARKER_DIR, f"{run_id}-w{first // wave_size:05d}")
-                guarded = replace(task, crash_guard=CrashGuard(scope, int(run_cfg.get("poison_attempts", 2)),
-                                                               credentials))
-                results = (src.balanced(wave, wave_parts).mapInPandas(guarded, RESULT_SCHEMA)
-                           .withColumn("model_name", F.lit(manifest.name))
-                           .withColumn("model_sha256", F.lit(manifest.model_sha256))
-                           .withColumn("run_id", F.lit(run_id))
-                           .persist(StorageLevel.MEMORY_AND_DISK))
-                wave_totals = write_results(results, output_uri, f"part-{run_id}-w{first // wave_size:05d}",
-                                            credentials)
-                results.unpersist()
-                for key in totals:
-                    totals[key] += wave_totals.get(key, 0)
-        indexed.unpersist()
-    listing.unpersist()
+        if n_todo:
+            shipped = ship_model(spark, manifest)
+            task = inference_task_class(family)(
+                model_dir=shipped, model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
+                input_spec=manifest.input, postprocess={**manifest.postprocess, "nms": inference.get("nms", "fast")},
+                settings=settings, output_uri=output_uri,
+                input_root=qualify_root(spark, input_uri) if reader == "spark" else input_uri,
+                write_masks=out_cfg["write_masks"],
+                max_image_pixels=int(inference["max_image_pixels"]),
+                fetch_bytes=None if reader == "spark" else _azure_fetcher(credentials),
+                progress=progress.accumulator, azure_credentials=credentials)
+            spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(int(inference["batch_size"])))
+            indexed = src.assign_partitions(todo, partitions).persist(StorageLevel.MEMORY_AND_DISK)
+            wave_size = int(run_cfg.get("commit_every") or 0) or n_todo
+            with progress:
+                for first in range(0, n_todo, wave_size):
+                    wave = indexed.where((F.col("idx") >= first) & (F.col("idx") < first + wave_size))
+                    wave_count = min(wave_size, n_todo - first)
+                    if reader == "spark":
+                        wave = src.with_content(spark, wave, wave_count, input_uri, inputs["extensions"],
+                                                inputs["recursive"], all_listed=(wave_count == n_inputs))
+                    wave_parts = min(partitions, wave_count)
+                    scope = join_uri(output_uri, MARKER_DIR, f"{run_id}-w{first // wave_size:05d}")
+                    guarded = replace(task, crash_guard=CrashGuard(scope, int(run_cfg.get("poison_attempts", 2)),
+                                                                   credentials))
+                    results = (src.balanced(wave, wave_parts).mapInPandas(guarded, RESULT_SCHEMA)
+                               .withColumn("model_name", F.lit(manifest.name))
+                               .withColumn("model_sha256", F.lit(manifest.model_sha256))
+                               .withColumn("run_id", F.lit(run_id))
+                               .persist(StorageLevel.MEMORY_AND_DISK))
+                    wave_totals = write_results(results, output_uri, f"part-{run_id}-w{first // wave_size:05d}",
+                                                credentials)
+                    results.unpersist()
+                    for key in totals:
+                        totals[key] += wave_totals.get(key, 0)
+            indexed.unpersist()
+        listing.unpersist()
 
-    elapsed = time.time() - started
-    processed = totals["done"] + totals["failed"]
-    summary = {
-        "run_id": run_id, "engine": engine, "input": input_uri, "output": output_uri,
-        "model": {"name": manifest.name, "sha256": manifest.model_sha256, "dir": str(manifest.root),
-                  "trained": manifest.trained,
-                  "note": None if manifest.trained else "RANDOM WEIGHTS: this model is untrained; its detections "
-                  "only show that the pipeline works, they mean nothing"},
-        "counts": {"inputs": n_inputs, "skipped": n_inputs - n_todo, "done": int(totals["done"]),
-                   "failed": int(totals["failed"]), "instances": int(totals["instances"])},
-        "partitions": partitions, "wall_seconds": round(elapsed, 3),
-        "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
-        "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
-        "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
-        "config": config,
-    }
-    write_summary(output_uri, summary, credentials)
-    max_fraction = float(run_cfg.get("max_error_fraction", 1.0))
-    if processed and totals["failed"] / processed > max_fraction:
-        raise JobFailed(f"{int(totals['failed'])} of {processed} images failed (> max_error_fraction "
-                        f"{max_fraction}): see {output_uri}/errors and summary.json")
-    return summary
+        elapsed = time.time() - started
+        processed = totals["done"] + totals["failed"]
+        summary = {
+            "run_id": run_id, "engine": engine, "input": input_uri, "output": output_uri,
+            "model": {"name": manifest.name, "sha256": manifest.model_sha256, "dir": str(manifest.root),
+                      "trained": manifest.trained,
+                      "note": None if manifest.trained else "RANDOM WEIGHTS: this model is untrained; its detections "
+                      "only show that the pipeline works, they mean nothing"},
+            "counts": {"inputs": n_inputs, "skipped": n_inputs - n_todo, "done": int(totals["done"]),
+                       "failed": int(totals["failed"]), "instances": int(totals["instances"])},
+            "partitions": partitions, "wall_seconds": round(elapsed, 3),
+            "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
+            "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
+            "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
+            "config": config,
+            "table": table_counts(spark, output_uri, manifest.model_sha256, credentials),   # current rows
+        }
+        write_summary(output_uri, summary, credentials)
+        max_fraction = float(run_cfg.get("max_error_fraction", 1.0))
+        if processed and totals["failed"] / processed > max_fraction:
+            raise JobFailed(f"{int(totals['failed'])} of {processed} images failed (> max_error_fraction "
+                            f"{max_fraction}): see {output_uri}/errors and summary.json")
+        return summary
+    finally:
+        lock.release()
 
 
 def _azure_fetcher(credentials):

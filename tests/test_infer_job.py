@@ -168,3 +168,31 @@ def test_bad_model_directory_fails_before_any_task(spark, sample_images, tmp_pat
         run(spark, config)
     assert set(tracker.getJobIdsForGroup(None)) == jobs_before
     assert not (tmp_path / "out").exists()
+
+
+def test_executors_without_the_driver_filesystem_get_the_model_from_spark_files(spark, tmp_path):
+    from pipelines.image_inference import load_executor_model
+    from pipelines.inference_job import ship_model
+
+    manifest = load_manifest(MODEL_DIR)
+    staged = Path(ship_model(spark, manifest))
+    elsewhere = str(tmp_path / "not-on-this-host" / staged.name)   # what a remote executor sees: no such dir
+    sha = manifest.model_sha256
+
+    def load(_):
+        model = load_executor_model(elsewhere, sha, RuntimeSettings(precision="f32"))
+        yield str(model.manifest.root), model.manifest.model_sha256
+
+    roots = spark.sparkContext.parallelize([0], 1).mapPartitions(load).collect()
+    assert roots[0][1] == sha and roots[0][0] != str(staged)
+
+
+def test_executors_refuse_a_model_whose_files_changed(tmp_path):
+    from pipelines.image_inference import load_executor_model
+
+    copy = tmp_path / "model"
+    shutil.copytree(MODEL_DIR, copy)
+    sha = load_manifest(copy).model_sha256
+    (copy / "priors.npy").write_bytes(b"swapped")
+    with pytest.raises(ModelManifestError, match="priors.npy"):
+        load_executor_model(str(copy), sha, RuntimeSettings(precision="f32"))

@@ -281,10 +281,11 @@ class DetectorNetwork(nn.Module):
         self.detector = detector
         self.rows = int(detector.cfg.box_detections_per_img)
 
-    def _pad(self, value: torch.Tensor) -> torch.Tensor:
-        """[n, ...] with n <= D -> [D, ...] (zeros appended; a constant-size slice, so the graph stays static)."""
-        filler = torch.zeros((self.rows,) + tuple(value.shape[1:]), dtype=value.dtype)
-        return torch.cat([value, filler])[: self.rows]
+    def _pad(self, value: torch.Tensor, row_shape: tuple[int, ...]) -> torch.Tensor:
+        """[n, *row_shape] with n <= D -> [D, *row_shape]: zeros appended, cut to D rows, reshaped to constants so
+        that the exported graph's outputs have static shapes."""
+        filler = torch.zeros((self.rows,) + row_shape, dtype=value.dtype)
+        return torch.cat([value, filler])[: self.rows].reshape((self.rows,) + row_shape)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         height, width = self.detector.cfg.input_size
@@ -292,7 +293,8 @@ class DetectorNetwork(nn.Module):
         features = self.detector.backbone(x)
         proposals, _ = self.detector.rpn(images, features)
         detections, _ = self.detector.roi_heads(features, proposals, images.image_sizes)
-        return tuple(torch.stack([self._pad(d[key]) for d in detections]) for key in ("boxes", "scores", "labels"))
+        shapes = {"boxes": (4,), "scores": (), "labels": ()}
+        return tuple(torch.stack([self._pad(d[key], row) for d in detections]) for key, row in shapes.items())
 
 
 def bias_box_predictor(model: FactorNetDetector, classes: Iterable[int], calibration: torch.Tensor,

@@ -186,10 +186,12 @@ def last_error_line(log_path: Path, lines: int = 200) -> str:
         tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
     except FileNotFoundError:
         return f"(no log at {log_path})"
-    for line in reversed(tail):
-        text = line.strip()
-        if text.startswith("error:") or (text.split(":")[0].endswith(("Error", "Exception")) and " " not in
-                                         text.split(":")[0]):
+    for index in range(len(tail) - 1, -1, -1):
+        text = tail[index].strip()
+        head = text.split(":")[0]
+        if text.startswith("error:") or (head.endswith(("Error", "Exception")) and " " not in head):
+            if head.endswith("Py4JJavaError") and index + 1 < len(tail):   # the Java exception is on the next line
+                text += " " + tail[index + 1].strip()
             return text[:500]
     return tail[-1].strip()[:500] if tail else "(empty log)"
 

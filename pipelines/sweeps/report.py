@@ -79,6 +79,11 @@ def _figure(title: str, xlabel: str, ylabel: str):
 
 
 def _finish(plt, fig, ax, path: Path, empty: bool) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in fig.axes:
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.set_ylim(bottom=0)
     if empty:
         ax.text(0.5, 0.5, "no successful points", ha="center", va="center", transform=ax.transAxes)
     elif len(ax.get_lines()) > 1:

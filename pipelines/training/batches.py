@@ -30,6 +30,7 @@ class MicroBatch:
     images: torch.Tensor        # [b, 3, S, S] normalized RGB
     targets: list[Targets]
     indices: list[int]          # global sample indices
+    matches: list | None = None # per image boxes.Match, set where the loss is computed
 
 
 def row_to_sample(row: dict) -> Sample:

@@ -18,7 +18,7 @@ def bigdl_log(tmp_path_factory):
 def bigdl_spark(bigdl_log):
     from pipelines.bigdl_engine import bigdl_python_env
 
-    import os; session = bigdl_python_env(master="local[2]", app_name="sparkseg-bigdl-tests", log_path=str(bigdl_log), conf={"spark.python.worker.reuse": os.environ.get("XREUSE", "true")})
+    session = bigdl_python_env(master="local[2]", app_name="sparkseg-bigdl-tests", log_path=str(bigdl_log))
     yield session
     session.stop()
 

@@ -1,0 +1,88 @@
+"""What every inference job script shares: arguments, config overrides, exit codes and the summary it prints.
+
+    python jobs/infer_yolact.py ...      # -> main(argv, family="yolact")
+    python jobs/infer_detector.py ...    # -> main(argv, family="detector")
+
+Exit codes: 0 done; 2 bad input, config or model (nothing ran); 3 the job ran but failed its error budget
+(summary.json written). In YARN cluster mode ship this file with the script: `--py-files jobs/_cli.py`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+
+from pipelines.job_config import ConfigError, load_config, set_path  # noqa: E402
+
+OVERRIDES = {  # command-line flag -> config key
+    "input": "input.uri", "output": "output.uri", "model": "model.dir", "partitions": "inference.partitions",
+    "batch_size": "inference.batch_size", "precision": "inference.precision", "engine": "inference.engine",
+    "reader": "input.reader", "master": "spark.master",
+}
+
+
+def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML config (conf/*.yaml); default: the embedded conf/local.yaml")
+    parser.add_argument("--input", help="image URI: file://, hdfs://, abfss://, wasbs://, az://container/prefix")
+    parser.add_argument("--output", help="output URI (detections/, masks/, errors/, summary.json)")
+    parser.add_argument("--model", help="export directory with manifest.json")
+    parser.add_argument("--partitions", type=int, help="number of partitions (images spread evenly by count)")
+    parser.add_argument("--batch-size", type=int, help="images per Arrow batch on an executor")
+    parser.add_argument("--precision", choices=["f32", "bf16", "auto"], help="OpenVINO inference precision")
+    parser.add_argument("--engine", choices=["native", "bigdl"], help="inference engine")
+    parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"], help="how images are read")
+    parser.add_argument("--master", help="Spark master when not run by spark-submit (default from the config)")
+    parser.add_argument("--force", action="store_true", help="recompute images already done for this model")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None, family: str = "yolact", description: str | None = None) -> int:
+    """Parse `argv`, build the config, run `pipelines.inference_job.run(spark, config, family)`; the exit code."""
+    args = parse_args(argv, description)
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.config is None:
+        config["spark"]["app_name"] = f"sparkseg-infer-{family}"
+    for flag, key in OVERRIDES.items():
+        if getattr(args, flag) is not None:
+            set_path(config, key, getattr(args, flag))
+    if args.force:
+        config["run"]["force"] = True
+
+    from pipelines.image_sources import InputError
+    from pipelines.model_manifest import ModelManifestError
+    from pipelines.spark_session import job_session
+    from pipelines.inference_job import JobFailed, run
+
+    spark = job_session(config["spark"])
+    try:
+        summary = run(spark, config, family=family)
+    except (ModelManifestError, InputError, ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except JobFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    finally:
+        spark.stop()
+    print_summary(summary)
+    return 0
+
+
+def print_summary(summary: dict) -> None:
+    counts = summary["counts"]
+    print(f"\nsparkseg: {counts['inputs']} images under {summary['input']}")
+    print(f"  done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "
+          f"(already done for this model), {counts['instances']} instances")
+    print(f"  {summary['images_per_second']} images/s over {summary['wall_seconds']} s, {summary['partitions']} "
+          f"partitions; stage seconds {json.dumps(summary['stage_seconds'])}")
+    print(f"  model {summary['model']['name']} ({summary['model']['sha256'][:12]}), output {summary['output']}")
+    if summary["model"]["note"]:
+        print(f"  NOTE: {summary['model']['note']}")

@@ -1,0 +1,79 @@
+"""Incremental (scheduled) runs: which rows of an output are current.
+
+Each run processes only the images not yet recorded for its model, keyed by (path, size, modification time) in
+`inference_job.todo_listing`: new images, and images REPLACED since (other size or modification time). detections/
+and errors/ are append-only, so a replaced image then has two records: the old one and the new one (and its PNG
+label map under masks/ was overwritten by the new run, so the old row's `mask_path` now shows the new masks).
+The CURRENT record of a path is the one written by the newest run: run ids begin with the run's UTC start time
+(`20260101T000000Z-1a2b3c4d`), and the run lock keeps runs on one output from overlapping, so run ids sort by time;
+ties (two runs started in the same second) go to the newer image modification time.
+
+A path's current record may be an error: a replaced image that no longer decodes is in current_errors and no
+longer in current_detections. Images deleted from the input keep their last record (nothing here reads the input).
+"""
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from pipelines.results_writer import detections_uri, errors_uri, read_table
+
+TABLES = ("detections", "errors")
+
+
+def current_records(spark: SparkSession, output_uri: str, model_sha256: str | None = None,
+                    azure_credentials=None) -> dict[str, DataFrame]:
+    """{"detections": DataFrame, "errors": DataFrame} holding only the current record of every path (rows of the
+    tables as written, same columns). `model_sha256` first restricts both tables to that model's rows. Tables not
+    written yet are absent from the dict."""
+    tables = _read_tables(spark, output_uri, model_sha256, azure_credentials)
+    if not tables:
+        return {}
+    current = _ranked_keys(tables).where("rank = 1").select("path", "run_id", "table")
+    return {name: frame.join(current.where(F.col("table") == name).drop("table"), ["path", "run_id"], "left_semi")
+            for name, frame in tables.items()}
+
+
+def current_detections(spark: SparkSession, output_uri: str, model_sha256: str | None = None,
+                       azure_credentials=None) -> DataFrame | None:
+    """detections/ with one row per path: the newest run's, and only where that newest record is not an error.
+    None when nothing was written yet."""
+    return current_records(spark, output_uri, model_sha256, azure_credentials).get("detections")
+
+
+def current_errors(spark: SparkSession, output_uri: str, model_sha256: str | None = None,
+                   azure_credentials=None) -> DataFrame | None:
+    """errors/ with one row per path whose newest record is an error. None when no error was written yet."""
+    return current_records(spark, output_uri, model_sha256, azure_credentials).get("errors")
+
+
+def table_counts(spark: SparkSession, output_uri: str, model_sha256: str | None = None,
+                 azure_credentials=None) -> dict:
+    """What the output holds: {"images": paths whose current record is a detection row, "errors": paths whose
+    current record is an error, "superseded_rows": older records of replaced or recomputed images}."""
+    counts = {"images": 0, "errors": 0, "superseded_rows": 0}
+    tables = _read_tables(spark, output_uri, model_sha256, azure_credentials)
+    if tables:
+        for row in _ranked_keys(tables).groupBy("table", (F.col("rank") == 1).alias("current")).count().collect():
+            key = ("images" if row.table == "detections" else "errors") if row.current else "superseded_rows"
+            counts[key] += row["count"]
+    return counts
+
+
+def _read_tables(spark: SparkSession, output_uri: str, model_sha256: str | None, azure_credentials) -> dict:
+    tables = {}
+    for name, uri in zip(TABLES, (detections_uri(output_uri), errors_uri(output_uri))):
+        frame = read_table(spark, uri, azure_credentials)
+        if frame is not None:
+            tables[name] = frame if model_sha256 is None else frame.where(F.col("model_sha256") == model_sha256)
+    return tables
+
+
+def _ranked_keys(tables: dict[str, DataFrame]) -> DataFrame:
+    """(path, run_id, table, rank) of every record; rank 1 is the path's current record."""
+    keys = None
+    for name, frame in tables.items():
+        part = frame.select("path", "run_id", "modification_time", F.lit(name).alias("table"))
+        keys = part if keys is None else keys.unionByName(part)
+    newest = Window.partitionBy("path").orderBy(F.col("run_id").desc(), F.col("modification_time").desc_nulls_last())
+    return keys.withColumn("rank", F.row_number().over(newest))

@@ -1,0 +1,133 @@
+"""Validation in PyTorch: val loss (no augmentation, batch norm on running statistics) and COCO box / mask AP with
+pycocotools. Detections come from ``pipelines.yolact_postprocess`` (the numpy Detect and mask assembly the
+Spark job uses), at the original image size.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from pycocotools import mask as mask_utils
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from pipelines import storage
+from pipelines import yolact_postprocess as yp
+from pipelines.training.batches import InputSpec, make_micro_batch
+from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, num_positives
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    annotations_uri: str            # COCO ground truth of the val images (prepare's val_annotations.json)
+    class_names: tuple[str, ...]
+    blob_classes: tuple[str, ...] = ("pothole", "patch", "puddle")
+    max_images: int = 0
+    batch_size: int = 8
+
+
+def eval_outputs(model: torch.nn.Module, images: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Train-mode outputs (logits, segm) with batch norm on its running statistics."""
+    model.train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.eval()
+    with torch.no_grad():
+        return model(images)
+
+
+def coco_results(outputs: dict[str, torch.Tensor], priors: np.ndarray, rows: list[dict], category_ids: list[int],
+                 post: dict) -> list[dict]:
+    """COCO result entries (bbox and RLE segmentation) of a batch, via the numpy Detect and mask assembly."""
+    results = []
+    conf = torch.softmax(outputs["conf"], dim=-1).numpy()
+    for i, row in enumerate(rows):
+        det = yp.detect(outputs["loc"][i].numpy(), conf[i], outputs["mask"][i].numpy(), priors, **post)
+        width, height = int(row["width"]), int(row["height"])
+        boxes = yp.box_pixels(det.boxes, width, height)
+        for k, mask in enumerate(yp.instance_masks(det, outputs["proto"][i].numpy(), width, height)):
+            rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+            x1, y1, x2, y2 = (int(v) for v in boxes[k])
+            results.append({"image_id": int(row["image_id"]), "category_id": category_ids[int(det.classes[k])],
+                            "score": float(det.scores[k]), "bbox": [x1, y1, x2 - x1, y2 - y1],
+                            "segmentation": {"size": rle["size"], "counts": rle["counts"].decode("ascii")}})
+    return results
+
+
+def coco_ap(ground_truth: COCO, results: list[dict], iou_type: str, category_ids: list[int] | None = None) -> dict:
+    """AP@[.5:.95], AP50, AP75 (-1 when nothing to evaluate)."""
+    if not results:
+        return {"ap": 0.0, "ap50": 0.0, "ap75": 0.0}
+    with contextlib.redirect_stdout(io.StringIO()):
+        detections = ground_truth.loadRes(results)
+        evaluator = COCOeval(ground_truth, detections, iou_type)
+        if category_ids is not None:
+            evaluator.params.catIds = category_ids
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return {"ap": float(evaluator.stats[0]), "ap50": float(evaluator.stats[1]), "ap75": float(evaluator.stats[2])}
+
+
+def ap_report(ground_truth: COCO, results: list[dict], blob_classes: tuple[str, ...]) -> dict:
+    """Box and mask AP over all classes, over the blob-like classes, and for cracks alone."""
+    by_name = {c["name"]: c["id"] for c in ground_truth.loadCats(ground_truth.getCatIds())}
+    report = {}
+    for iou_type, prefix in (("bbox", "box"), ("segm", "mask")):
+        for suffix, cats in (("", None), ("_blobs", [by_name[n] for n in blob_classes if n in by_name]),
+                             ("_crack", [by_name["crack"]] if "crack" in by_name else [])):
+            if cats == []:
+                continue
+            for key, value in coco_ap(ground_truth, results, iou_type, cats).items():
+                report[f"{prefix}_{key}{suffix}"] = value
+    return report
+
+
+def evaluate(model: torch.nn.Module, index, spec: EvalSpec, input_spec: InputSpec, loss: YolactLoss,
+             post: dict) -> dict:
+    """model: a full Yolact (its train/eval mode is changed). Returns val loss terms and the AP report."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        ground_truth = COCO()
+        ground_truth.dataset = json.loads(storage.read_bytes(spec.annotations_uri))
+        ground_truth.createIndex()
+    by_name = {c["name"]: c["id"] for c in ground_truth.dataset["categories"]}
+    category_ids = [by_name.get(name, -1) for name in spec.class_names]
+    count = len(index) if not spec.max_images else min(len(index), spec.max_images)
+    priors = loss.priors.numpy()
+    sums = torch.zeros(len(LOSS_KEYS))
+    positives, results = 0, []
+    for start in range(0, count, spec.batch_size):
+        indices = list(range(start, min(start + spec.batch_size, count)))
+        rows = index.read(indices)
+        mb = make_micro_batch(rows, indices, input_spec, None, 0, 0)
+        outputs = eval_outputs(model, mb.images)
+        matches = loss.match(mb.targets)
+        positives += num_positives(matches)
+        with torch.no_grad():
+            batch_sums = loss.sums(outputs, mb.targets, matches)
+        sums += torch.stack([batch_sums[k] for k in LOSS_KEYS])
+        results += coco_results(outputs, priors, [rows[i] for i in indices], category_ids, post)
+    terms = Normalizer(positives, count).apply(dict(zip(LOSS_KEYS, sums)))
+    image_ids = {int(index.image_ids[i]) for i in range(count)}
+    if count < len(index):   # evaluate against the images we ran only
+        ground_truth = _subset(ground_truth, image_ids)
+    report = ap_report(ground_truth, results, spec.blob_classes)
+    report.update({f"val_{k}": float(v) for k, v in terms.items()})
+    report["val_loss"] = float(sum(terms.values()))
+    report["val_images"] = count
+    return report
+
+
+def _subset(ground_truth: COCO, image_ids: set[int]) -> COCO:
+    data = dict(ground_truth.dataset)
+    data["images"] = [im for im in data["images"] if im["id"] in image_ids]
+    data["annotations"] = [a for a in data["annotations"] if a["image_id"] in image_ids]
+    with contextlib.redirect_stdout(io.StringIO()):
+        subset = COCO()
+        subset.dataset = data
+        subset.createIndex()
+    return subset

@@ -1,0 +1,117 @@
+"""Driver side of a training run: prepare the data once with Spark, launch the ranks with pyspark's
+TorchDistributor (gloo on CPU; local mode = processes on the driver machine, cluster mode = Spark barrier tasks on
+executors), then speed figures, plots, MLflow and RUN/summary.json.
+
+    summary = run_training(spark, load_train_config("conf/train_yolact.yaml"))
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from pipelines import storage
+from pipelines.training import tracking
+from pipelines.training.config import TrainConfig
+from pipelines.training.prepare import PrepareSpec, prepare_training_data
+from pipelines.training.progress import DriverProgress
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SUMMARY_NAME = "summary.json"
+
+
+def _absolute(uri: str) -> str:
+    if storage.scheme_of(uri):
+        return uri
+    path = Path(uri).expanduser()
+    if not path.is_absolute():
+        path = (Path.cwd() / path) if (Path.cwd() / path).exists() or not (REPO_ROOT / path).exists() \
+            else REPO_ROOT / path
+    return str(path.resolve())
+
+
+def resolve_paths(cfg: TrainConfig) -> TrainConfig:
+    """Relative paths -> absolute (ranks may run in another working directory)."""
+    data = dataclasses.replace(cfg.data, images=_absolute(cfg.data.images),
+                               annotations=_absolute(cfg.data.annotations), prepared=_absolute(cfg.data.prepared))
+    model = dataclasses.replace(cfg.model, init=_absolute(cfg.model.init) if cfg.model.init else None)
+    tracking_cfg = dataclasses.replace(cfg.tracking, baseline=_absolute(cfg.tracking.baseline)
+                                       if cfg.tracking.baseline else None)
+    return dataclasses.replace(cfg, run_dir=_absolute(cfg.run_dir), data=data, model=model, tracking=tracking_cfg)
+
+
+def prepare(spark: SparkSession, cfg: TrainConfig, class_names: tuple[str, ...]):
+    d = cfg.data
+    return prepare_training_data(spark, PrepareSpec(d.images, d.annotations, d.prepared, tuple(class_names),
+                                                    d.num_shards, d.val_fraction, d.split_seed, d.reprepare))
+
+
+def launch(spark: SparkSession, cfg: TrainConfig) -> dict:
+    """Run `train_worker` on cfg.distributed.num_processes ranks; returns rank 0's summary."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from pipelines.training.trainer import train_worker
+
+    paths = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))   # ranks import pipelines, model_export
+    if not cfg.distributed.local_mode:
+        ship_packages(spark)
+    distributor = TorchDistributor(num_processes=cfg.distributed.num_processes,
+                                   local_mode=cfg.distributed.local_mode, use_gpu=False)
+    with DriverProgress(cfg.run_dir, enabled=cfg.tracking.progress_bar and cfg.distributed.local_mode):
+        return distributor.run(train_worker, cfg.to_dict())
+
+
+def ship_packages(spark: SparkSession) -> None:
+    """Executors need `pipelines` and `model_export` (and torch in their Python environment)."""
+    import shutil
+    import tempfile
+
+    from pipelines.spark_session import ship_library
+
+    ship_library(spark)
+    if spark.conf.get("spark.sparkseg.modelExportShipped", "false") == "true":
+        return
+    staging = Path(tempfile.mkdtemp(prefix="sparkseg-model-export-"))
+    archive = shutil.make_archive(str(staging / "sparkseg_model_export"), "zip", root_dir=REPO_ROOT,
+                                  base_dir="model_export")
+    spark.sparkContext.addPyFile(archive)
+    spark.conf.set("spark.sparkseg.modelExportShipped", "true")
+
+
+def run_training(spark: SparkSession, cfg: TrainConfig) -> dict:
+    """Prepare, train, report. Returns the summary also written to RUN/summary.json."""
+    from model_export.models.yolact import get_config
+
+    cfg = resolve_paths(cfg)
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    class_names = get_config(cfg.model.config).class_names
+    started = time.time()
+    report = prepare(spark, cfg, class_names)
+    print(f"data: {report.usable('train')} train / {report.usable('val')} val images usable; skipped "
+          f"{report.skipped()} ({'reused' if report.reused else 'prepared'} {cfg.data.prepared})", flush=True)
+    summary = launch(spark, cfg)
+    summary["prepare"] = {"counts": report.counts, "reused": report.reused}
+    summary["wall_seconds"] = round(time.time() - started, 1)
+    baseline = json.loads(Path(cfg.tracking.baseline).read_text()) if cfg.tracking.baseline else None
+    summary["speed"] = tracking.speed_report(summary, baseline)
+    metrics = tracking.read_metrics(cfg.run_dir)
+    evals = [m for m in metrics if m.get("kind") == "eval"]
+    summary["last_eval"] = evals[-1] if evals else None
+    artifacts = tracking.plot_curves(metrics, cfg.run_dir) if cfg.tracking.plots else []
+    summary_path = Path(cfg.run_dir) / SUMMARY_NAME
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    if cfg.tracking.mlflow_uri:
+        params = {"strategy": cfg.distributed.strategy, "num_processes": cfg.distributed.num_processes,
+                  "threads_per_process": cfg.distributed.threads_per_process,
+                  "pipeline_stages": cfg.pipeline_stages, "model": cfg.model.config,
+                  "max_size": cfg.model.max_size, **{f"train.{k}": v for k, v in
+                                                     dataclasses.asdict(cfg.train).items()}}
+        summary["mlflow_run_id"] = tracking.log_to_mlflow(dataclasses.asdict(cfg.tracking), params, metrics,
+                                                          summary, artifacts + [summary_path])
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,100 @@
+"""One training step (forward + backward over this rank's micro-batches) for each strategy.
+
+- ``local``: one process, micro-batches in sequence, gradients accumulated (threads inside torch).
+- ``ddp``: ``DistributedDataParallel``; each replica runs its block of micro-batches (gradient sync only on the
+  last, ``no_sync`` before); its loss is scaled by the replica count because DDP averages gradients.
+- ``pipeline``: the model cut into stages (``stages.make_stages``) on consecutive ranks, GPipe schedule
+  (``pipeline.gpipe_step``).
+- ``hybrid``: data-parallel replicas of that pipeline; after the GPipe step each stage's gradients are summed over
+  the replicas holding the same stage.
+
+Every rank returns the global loss terms of the step (summed over ranks), the same numbers for every strategy.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipelines.training.pipeline import gpipe_step
+from pipelines.training.stages import Stage, make_stages
+from pipelines.training.topology import Topology, all_reduce_sum
+from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss
+
+
+def terms_tensor(terms: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.stack([terms[k].detach().float() for k in LOSS_KEYS])
+
+
+class DataParallelRunner:
+    """local (world 1) and ddp."""
+
+    def __init__(self, model: nn.Module, topo: Topology, loss: YolactLoss, channels_last: bool):
+        self.model, self.topo, self.loss, self.channels_last = model, topo, loss, channels_last
+        if topo.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.module = DistributedDataParallel(model, broadcast_buffers=False)
+        else:
+            self.module = model
+
+    def owns(self, key: str) -> bool:
+        return True
+
+    def run(self, micro_batches, normalizer: Normalizer) -> torch.Tensor:
+        total = torch.zeros(len(LOSS_KEYS))
+        for i, mb in enumerate(micro_batches):
+            sync = i == len(micro_batches) - 1
+            context = self.module.no_sync() if (self.topo.distributed and not sync) else nullcontext()
+            with context:
+                outputs = self.module(_images(mb, self.channels_last))
+                terms = normalizer.apply(self.loss.sums(outputs, mb.targets, mb.matches))
+                (sum(terms.values()) * self.topo.dp_size).backward()
+            total += terms_tensor(terms)
+        return all_reduce_sum(total, self.topo)
+
+
+class PipelineRunner:
+    """pipeline and hybrid: this rank runs one Stage of the model."""
+
+    def __init__(self, model: nn.Module, topo: Topology, loss: YolactLoss, channels_last: bool, input_size: int,
+                 split: list[int] | None):
+        self.model, self.topo, self.loss, self.channels_last = model, topo, loss, channels_last
+        self.stage: Stage = make_stages(model, input_size, topo.stages, split)[topo.stage]
+
+    def owns(self, key: str) -> bool:
+        return self.stage.owns(key)
+
+    def run(self, micro_batches, normalizer: Normalizer) -> torch.Tensor:
+        total = torch.zeros(len(LOSS_KEYS))
+        inputs = [(_images(mb, self.channels_last),) if self.topo.first_stage else None for mb in micro_batches]
+
+        def loss_of(i, outputs):
+            mb = micro_batches[i]
+            terms = normalizer.apply(self.loss.sums(outputs, mb.targets, mb.matches))
+            return sum(terms.values()), terms_tensor(terms)
+
+        for terms in gpipe_step(self.stage, inputs, loss_of, self.topo):
+            total += terms
+        if self.topo.strategy == "hybrid":
+            for _, param in self.named_parameters():
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.topo.stage_group)
+        return all_reduce_sum(total, self.topo)
+
+    def named_parameters(self):
+        return [(n, p) for n, p in self.model.named_parameters() if self.stage.owns(n)]
+
+
+def _images(mb, channels_last: bool) -> torch.Tensor:
+    return mb.images.contiguous(memory_format=torch.channels_last) if channels_last else mb.images
+
+
+def make_runner(model: nn.Module, topo: Topology, loss: YolactLoss, channels_last: bool, input_size: int,
+                split: list[int] | None):
+    if topo.strategy in ("local", "ddp"):
+        return DataParallelRunner(model, topo, loss, channels_last)
+    return PipelineRunner(model, topo, loss, channels_last, input_size, split)

@@ -1,0 +1,111 @@
+"""After a run: speed figures (images/s, epoch time, speedup T1/Tp and efficiency against a `local` baseline),
+loss and AP curves as PNG (matplotlib), everything logged to MLflow (a local file store by default).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pipelines import storage
+
+CURVES_PNG = "loss_curves.png"
+AP_PNG = "val_ap.png"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def speed_report(summary: dict, baseline: dict | None) -> dict:
+    """images/s and mean epoch seconds; with a baseline (a local run's summary): speedup = T1 / Tp (time per image,
+    i.e. throughput ratio) and efficiency = speedup / processes."""
+    epochs = summary.get("epoch_seconds") or []
+    report = {"images_per_second": summary.get("images_per_second"),
+              "epoch_seconds_mean": round(sum(epochs) / len(epochs), 3) if epochs else None,
+              "processes": summary.get("world", 1)}
+    base = (baseline or {}).get("speed", baseline or {}).get("images_per_second") if baseline else None
+    if base and report["images_per_second"]:
+        report["speedup"] = round(report["images_per_second"] / base, 3)
+        report["efficiency"] = round(report["speedup"] / max(report["processes"], 1), 3)
+    return report
+
+
+def plot_curves(metrics: list[dict], out_dir: str | Path) -> list[Path]:
+    """Train loss per step (and per term), val loss and val AP per evaluation -> PNG files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    steps = [m for m in metrics if m.get("kind") == "step"]
+    evals = [m for m in metrics if m.get("kind") == "eval"]
+    written = []
+    if steps:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        xs = [m["step"] for m in steps]
+        ax.plot(xs, [m["loss"] for m in steps], label="train loss", linewidth=1.2)
+        for key in ("box", "conf", "mask", "semantic"):
+            ax.plot(xs, [m[key] for m in steps], label=f"train {key}", linewidth=0.6, alpha=0.7)
+        if evals:
+            ax.plot([m["step"] for m in evals], [m["val_loss"] for m in evals], "o-", label="val loss")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out_dir / CURVES_PNG, dpi=100)
+        plt.close(fig)
+        written.append(out_dir / CURVES_PNG)
+    if evals:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        xs = [m["epoch"] + 1 for m in evals]
+        for key in ("mask_ap", "box_ap", "mask_ap_blobs", "mask_ap_crack"):
+            if key in evals[0]:
+                ax.plot(xs, [m[key] for m in evals], "o-", label=key)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("COCO AP@[.5:.95] (val)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out_dir / AP_PNG, dpi=100)
+        plt.close(fig)
+        written.append(out_dir / AP_PNG)
+    return written
+
+
+def _mlflow_uri(uri: str) -> str:
+    """Plain paths become file: stores (MLflow 3 needs MLFLOW_ALLOW_FILE_STORE for them: set for this process)."""
+    if storage.scheme_of(uri) in ("", "file"):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        return Path(storage.to_local_path(uri)).resolve().as_uri()
+    return uri
+
+
+def log_to_mlflow(tracking: dict, params: dict, metrics: list[dict], summary: dict, artifacts: list[Path]) -> str:
+    """One MLflow run: params, step metrics, eval metrics, speed, artifacts. Returns the run id."""
+    import mlflow
+
+    mlflow.set_tracking_uri(_mlflow_uri(tracking["mlflow_uri"]))
+    mlflow.set_experiment(tracking["experiment"])
+    with mlflow.start_run(run_name=tracking.get("run_name")) as run:
+        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        for m in metrics:
+            if m.get("kind") == "step":
+                mlflow.log_metrics({f"train_{k}": m[k] for k in ("loss", "box", "conf", "mask", "semantic", "lr",
+                                                                  "images_per_second")}, step=m["step"])
+            elif m.get("kind") == "eval":
+                mlflow.log_metrics({k: v for k, v in m.items() if isinstance(v, (int, float))
+                                    and k not in ("step", "epoch", "kind")}, step=m["step"])
+            elif m.get("kind") == "epoch":
+                mlflow.log_metric("epoch_seconds", m["epoch_seconds"], step=m["step"])
+        mlflow.log_metrics({k: v for k, v in summary.get("speed", {}).items() if isinstance(v, (int, float))})
+        for path in artifacts:
+            if Path(path).exists():
+                mlflow.log_artifact(str(path))
+        return run.info.run_id

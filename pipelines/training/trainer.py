@@ -1,0 +1,293 @@
+"""The per-rank training loop that TorchDistributor runs in every process: ``train_worker(config_dict)``.
+
+Each step: read this rank's micro-batches (``sampler``), match them to the priors where the loss is computed,
+sum the positives over all ranks (the global normalizer), run the strategy's forward/backward, step the
+optimizer. Rank 0 writes ``RUN/metrics.jsonl`` and ``RUN/progress.json``, checkpoints every N steps and at each
+epoch end (resume continues from the last one), evaluates on the val split, keeps ``best.pt`` (val mask AP) and
+stops early when the AP stops improving. Returns the run summary on rank 0 (None elsewhere).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from model_export.models.checkpoint import load_for_finetune
+from model_export.models.yolact import Yolact, get_config
+from pipelines.training import checkpoints as ckpt
+from pipelines.training.batches import InputSpec, make_micro_batch
+from pipelines.training.config import TrainConfig
+from pipelines.training.evaluate import EvalSpec, evaluate
+from pipelines.training.prepare import VAL_ANNOTATIONS_NAME
+from pipelines.training.sampler import GlobalBatchSampler
+from pipelines.training.shards import ShardIndex
+from pipelines.training.strategies import make_runner
+from pipelines.training.topology import Topology, all_reduce_sum, make_topology
+from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, num_positives
+from pipelines import storage
+
+METRICS_NAME = "metrics.jsonl"
+PROGRESS_NAME = "progress.json"
+WARMUP_STEPS_EXCLUDED = 2      # steps left out of the images/s average (first-touch allocations, thread spin-up)
+
+
+def build_model(cfg: TrainConfig) -> Yolact:
+    """The YOLACT of the config, identically initialized on every rank (seeded), optionally from a checkpoint."""
+    overrides = {"max_size": int(cfg.model.max_size)} if cfg.model.max_size else {}
+    torch.manual_seed(cfg.train.seed)
+    model = Yolact(get_config(cfg.model.config, **overrides))
+    if cfg.model.init:
+        load_for_finetune(model, cfg.model.init)
+    return model
+
+
+def set_train_mode(model: torch.nn.Module, batch_norm: str) -> None:
+    model.train()
+    if batch_norm == "frozen":
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.eval()
+                for param in module.parameters():
+                    param.requires_grad_(False)
+
+
+def learning_rate(cfg: TrainConfig, step: int, total_steps: int) -> float:
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.warmup_init_lr + (t.lr - t.warmup_init_lr) * step / max(t.warmup_steps, 1)
+    passed = sum(1 for m in t.lr_milestones if step >= float(m) * total_steps)
+    return t.lr * t.lr_gamma ** passed
+
+
+def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    t = cfg.train
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+
+
+class TrainingSession:
+    def __init__(self, cfg: TrainConfig, topo: Topology):
+        self.cfg, self.topo = cfg, topo
+        self.run_dir = Path(cfg.run_dir)
+        self.model = build_model(cfg)
+        ycfg = self.model.cfg
+        self.input_spec = InputSpec(ycfg.max_size, ycfg.mean, ycfg.std)
+        self.loss = YolactLoss(cfg.loss, torch.from_numpy(self.model.priors()))
+        if cfg.train.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        set_train_mode(self.model, cfg.model.batch_norm)
+        self.runner = make_runner(self.model, topo, self.loss, cfg.train.channels_last, ycfg.max_size,
+                                  cfg.distributed.pipeline_split)
+        self.params = {n: p for n, p in self.model.named_parameters() if self.runner.owns(n) and p.requires_grad}
+        self.names = {id(p): n for n, p in self.params.items()}
+        self.optimizer = make_optimizer(cfg, list(self.params.values()))
+        self.train_index = ShardIndex.open(storage.join_uri(cfg.data.prepared, "train"))
+        self.sampler = GlobalBatchSampler(len(self.train_index), cfg.train.global_batch, cfg.train.micro_batch,
+                                          cfg.train.seed)
+        self.sampler.check_data_parallel(topo.dp_size)
+        steps = self.sampler.steps_per_epoch * cfg.train.epochs
+        self.total_steps = min(steps, cfg.train.max_steps) if cfg.train.max_steps else steps
+        self.state = {"step": 0, "epoch": 0, "step_in_epoch": 0, "best_ap": -1.0, "best_epoch": -1, "bad_evals": 0,
+                      "stopped_early": False, "skipped_steps": 0}
+
+    # ----------------------------------------------------------------------------------------------- resume
+    def resume(self) -> None:
+        path = ckpt.latest_checkpoint(self.run_dir) if self.cfg.checkpoint.resume else None
+        if path is None:
+            if self.topo.rank == 0:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                (self.run_dir / METRICS_NAME).write_text("")
+            return
+        payload = ckpt.load_checkpoint(path)
+        self.model.load_state_dict(payload["model"])
+        ckpt.load_optimizer_state(self.optimizer, self.params, payload["optimizer"])
+        self.state.update(payload["state"])
+        if self.topo.rank == 0:
+            self._truncate_metrics(self.state["step"])
+            print(f"resumed from {path} at step {self.state['step']} (epoch {self.state['epoch']})", flush=True)
+
+    def _truncate_metrics(self, step: int) -> None:
+        path = self.run_dir / METRICS_NAME
+        lines = path.read_text().splitlines() if path.exists() else []
+        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def average_batch_norm_stats(self) -> None:
+        """Data-parallel replicas keep their own running statistics; average them before saving/evaluating."""
+        if self.topo.dp_size == 1:
+            return
+        group = self.topo.stage_group if self.topo.strategy == "hybrid" else None
+        for name, buffer in self.model.named_buffers():
+            if buffer.is_floating_point() and self.runner.owns(name):
+                dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=group)
+                buffer /= self.topo.dp_size
+
+    def gathered_payload(self) -> dict | None:
+        """The full checkpoint dict on rank 0 (stages and replicas gathered), None elsewhere."""
+        self.average_batch_norm_stats()
+        mine = ({}, {})
+        if self.topo.dp_rank == 0:
+            mine = ({k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()
+                     if self.runner.owns(k)}, ckpt.optimizer_state_by_name(self.optimizer, self.names))
+        parts = [mine]
+        if self.topo.distributed:
+            parts = [None] * self.topo.world if self.topo.rank == 0 else None
+            dist.gather_object(mine, parts, dst=0)
+        if self.topo.rank != 0:
+            return None
+        model_state, optimizer_state = {}, {}
+        for model_part, optimizer_part in parts:
+            model_state.update(model_part)
+            optimizer_state.update(optimizer_part)
+        ordered = {k: model_state[k] for k in self.model.state_dict()}
+        return {"model": ordered, "optimizer": optimizer_state, "state": dict(self.state),
+                "config": self.cfg.to_dict(), "yolact_config": self.model.cfg.name,
+                "max_size": int(self.model.cfg.max_size)}
+
+    def checkpoint(self) -> dict | None:
+        payload = self.gathered_payload()
+        if payload is not None:
+            ckpt.save_step_checkpoint(self.run_dir, payload, self.cfg.checkpoint.keep_last)
+        return payload
+
+    # ------------------------------------------------------------------------------------------------- eval
+    def evaluate(self, payload: dict | None) -> dict | None:
+        """Rank 0 evaluates the gathered model; every rank learns whether to stop early."""
+        report = None
+        if self.topo.rank == 0:
+            model = Yolact(self.model.cfg)
+            model.load_state_dict(payload["model"])
+            ycfg = self.model.cfg
+            post = {"conf_thresh": ycfg.conf_thresh, "nms_thresh": ycfg.nms_thresh, "top_k": ycfg.top_k,
+                    "max_num_detections": ycfg.max_num_detections}
+            spec = EvalSpec(storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME), ycfg.class_names,
+                            tuple(self.cfg.eval.blob_classes), self.cfg.eval.max_images)
+            started = time.time()
+            report = evaluate(model, ShardIndex.open(storage.join_uri(self.cfg.data.prepared, "val")), spec,
+                              self.input_spec, self.loss, post)
+            report.update({"kind": "eval", "epoch": self.state["epoch"], "step": self.state["step"],
+                           "eval_seconds": round(time.time() - started, 2)})
+            if report["mask_ap"] > self.state["best_ap"] + self.cfg.eval.min_delta:
+                self.state.update(best_ap=report["mask_ap"], best_epoch=self.state["epoch"], bad_evals=0)
+                ckpt.save_checkpoint(ckpt.checkpoint_dir(self.run_dir) / ckpt.BEST_NAME,
+                                     {**payload, "state": dict(self.state), "eval": report})
+            else:
+                self.state["bad_evals"] += 1
+            patience = self.cfg.eval.early_stopping_patience
+            self.state["stopped_early"] = bool(patience and self.state["bad_evals"] >= patience)
+            self._log(report)
+        if self.topo.distributed:
+            shared = [{k: self.state[k] for k in ("best_ap", "best_epoch", "bad_evals", "stopped_early")}]
+            dist.broadcast_object_list(shared, src=0)
+            self.state.update(shared[0])
+        return report
+
+    # ------------------------------------------------------------------------------------------------- train
+    def _log(self, record: dict) -> None:
+        with (self.run_dir / METRICS_NAME).open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def _progress(self, **values) -> None:
+        path = self.run_dir / PROGRESS_NAME
+        temp = path.with_name(".progress.tmp")
+        temp.write_text(json.dumps(values))
+        os.replace(temp, path)
+
+    def train_step(self, rows: dict, epoch: int, step_in_epoch: int) -> torch.Tensor:
+        micro = self.sampler.micro_batches(epoch, step_in_epoch, self.topo.dp_rank, self.topo.dp_size)
+        batches = [make_micro_batch(rows, idx, self.input_spec, self.cfg.augment, self.cfg.train.seed, epoch)
+                   for idx in micro]
+        positives = 0
+        if self.topo.last_stage:
+            for mb in batches:
+                mb.matches = self.loss.match(mb.targets)
+                positives += num_positives(mb.matches)
+        positives = int(all_reduce_sum(torch.tensor([positives], dtype=torch.int64), self.topo))
+        normalizer = Normalizer(positives, self.cfg.train.global_batch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.cfg, self.state["step"], self.total_steps)
+        self.optimizer.zero_grad(set_to_none=True)
+        terms = self.runner.run(batches, normalizer)
+        if math.isfinite(float(terms.sum())):
+            self.optimizer.step()
+        else:
+            self.state["skipped_steps"] += 1
+        return terms
+
+    def run(self) -> dict | None:
+        self.resume()
+        steps_per_epoch = self.sampler.steps_per_epoch
+        timed_images, timed_seconds, epoch_seconds = 0, 0.0, []
+        while self.state["epoch"] < self.cfg.train.epochs and not self.state["stopped_early"] \
+                and self.state["step"] < self.total_steps:
+            epoch, first = self.state["epoch"], self.state["step_in_epoch"]
+            needed = self.sampler.epoch_indices(epoch, self.topo.dp_rank, self.topo.dp_size, first)
+            epoch_started = time.time()
+            rows = self.train_index.read(needed)
+            for step_in_epoch in range(first, steps_per_epoch):
+                if self.state["step"] >= self.total_steps:
+                    break
+                started = time.time()
+                terms = self.train_step(rows, epoch, step_in_epoch)
+                seconds = time.time() - started
+                self.state["step"] += 1
+                self.state["step_in_epoch"] = step_in_epoch + 1
+                if self.state["step"] > WARMUP_STEPS_EXCLUDED:
+                    timed_images += self.cfg.train.global_batch
+                    timed_seconds += seconds
+                if self.topo.rank == 0:
+                    record = {"kind": "step", "step": self.state["step"], "epoch": epoch,
+                              "lr": self.optimizer.param_groups[0]["lr"] if self.optimizer.param_groups else 0.0,
+                              "loss": float(terms.sum()), **{k: float(v) for k, v in zip(LOSS_KEYS, terms)},
+                              "step_seconds": round(seconds, 4),
+                              "images_per_second": round(self.cfg.train.global_batch / seconds, 3)}
+                    self._log(record)
+                    self._progress(epoch=epoch, epochs=self.cfg.train.epochs, step_in_epoch=step_in_epoch + 1,
+                                   steps_per_epoch=steps_per_epoch, loss=record["loss"],
+                                   images_per_second=record["images_per_second"])
+                every = self.cfg.checkpoint.every_steps
+                if every and self.state["step"] % every == 0 and self.state["step_in_epoch"] < steps_per_epoch:
+                    self.checkpoint()
+            epoch_done = self.state["step_in_epoch"] >= steps_per_epoch
+            epoch_seconds.append(round(time.time() - epoch_started, 3))
+            if epoch_done:
+                self.state.update(epoch=epoch + 1, step_in_epoch=0)
+            last = self.state["epoch"] >= self.cfg.train.epochs or self.state["step"] >= self.total_steps
+            evaluate_now = epoch_done and (last or self.state["epoch"] % max(self.cfg.eval.every_epochs, 1) == 0)
+            if self.topo.rank == 0:
+                self._log({"kind": "epoch", "epoch": epoch, "step": self.state["step"],
+                           "epoch_seconds": epoch_seconds[-1]})
+            payload = self.checkpoint()
+            if evaluate_now or last:
+                self.evaluate(payload)
+                if payload is not None:     # the best/patience counters belong in the resumable state too
+                    payload["state"] = dict(self.state)
+                    ckpt.save_step_checkpoint(self.run_dir, payload, self.cfg.checkpoint.keep_last)
+        if self.topo.rank != 0:
+            return None
+        return {"strategy": self.topo.strategy, "world": self.topo.world, "stages": self.topo.stages,
+                "threads_per_process": torch.get_num_threads(), "state": dict(self.state),
+                "total_steps": self.total_steps, "steps_per_epoch": steps_per_epoch,
+                "images_per_second": round(timed_images / timed_seconds, 3) if timed_seconds else None,
+                "epoch_seconds": epoch_seconds}
+
+
+def train_worker(config: dict) -> dict | None:
+    """Entry point of every TorchDistributor process (env RANK, WORLD_SIZE, MASTER_ADDR/PORT set by torchrun)."""
+    cfg = TrainConfig.from_dict(config)
+    torch.set_num_threads(cfg.distributed.threads_per_process)
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    try:
+        topo = make_topology(cfg.distributed.strategy, cfg.distributed.pipeline_stages)
+        return TrainingSession(cfg, topo).run()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

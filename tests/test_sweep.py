@@ -1,0 +1,114 @@
+"""The sweep: a 2x2 grid (partitions x executor cores) on standalone clusters it starts itself, one per cluster shape,
+writes one CSV row per point with the job's counts and times, the event-log and memory measurements, a report and
+the plots. Plus the config checks that need no Spark.
+
+The sweep starts its own clusters (not the session `standalone_cluster` fixture): a grid point's executor cores
+are a property of the cluster, so each shape needs its own.
+"""
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from PIL import Image
+
+from pipelines.job_config import ConfigError
+from pipelines.sweeps.config import GridPoint, load_sweep_config
+from pipelines.sweeps.point_run import PointEnv, run_point
+
+REPO = Path(__file__).resolve().parents[1]
+GRID = {"partitions": [2, 4], "executors": [1], "executor_cores": [1, 2], "task_cpus": [1], "batch_size": [4],
+        "openvino_streams": [0], "openvino_threads": [0], "precision": ["f32"], "engine": ["native"]}
+
+
+def small_images(directory: Path, count: int) -> Path:
+    """`count` 160x120 JPEGs made from the bundled samples."""
+    directory.mkdir(parents=True)
+    samples = sorted(p for p in (REPO / "samples" / "images").iterdir() if p.suffix in (".jpg", ".png"))
+    for index in range(count):
+        with Image.open(samples[index % len(samples)]) as image:
+            image.convert("RGB").resize((160, 120)).save(directory / f"img_{index:02d}.jpg", quality=90)
+    return directory
+
+
+def write_sweep_yaml(path: Path, **values) -> Path:
+    path.write_text(yaml.safe_dump(values), encoding="utf-8")
+    return path
+
+
+@pytest.mark.cluster
+def test_two_by_two_sweep_on_standalone_clusters(tmp_path):
+    images = small_images(tmp_path / "images", 8)
+    out = tmp_path / "sweep"
+    config = write_sweep_yaml(
+        tmp_path / "sweep.yaml", mode="standalone", out_dir=str(out), worker_memory="1g", memory_interval_s=0.25,
+        grid=GRID, job={"input": {"uri": str(images)}, "model": {"dir": "samples/models/yolact_default"},
+                        "output": {"write_masks": False}, "run": {"progress_interval_s": 0}})
+
+    done = subprocess.run([sys.executable, str(REPO / "jobs" / "sweep.py"), "--config", str(config)],
+                          capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+
+    with open(out / "sweep.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted((int(r["partitions"]), int(r["executor_cores"])) for r in rows) == [(2, 1), (2, 2), (4, 1), (4, 2)]
+    for row in rows:
+        assert row["status"] == "ok", row["error"]
+        assert int(row["images_in"]) == 8 == int(row["done"]) + int(row["failed_images"])
+        for column in ("wall_s", "images_per_s", "process_s", "one_frame_s", "stage_infer_s",
+                       "peak_rss_driver_mb", "peak_rss_executor_jvm_mb", "peak_rss_python_worker_mb",
+                       "peak_total_pss_mb"):
+            assert float(row[column]) > 0, column
+        assert int(row["executors_seen"]) == 1
+        assert int(row["tasks"]) > 0 and int(row["failed_tasks"]) == 0 and int(row["retried_tasks"]) == 0
+        # 8 images over 2 or 4 partitions: every inference task got the same number of images
+        partitions = int(row["partitions"])
+        assert int(row["partition_images_min"]) == int(row["partition_images_max"]) == 8 // partitions
+        assert float(row["partition_skew"]) == 1.0
+        assert Path(row["point_dir"], "driver.log").is_file()
+        assert not Path(row["point_dir"], "output").exists()   # keep_outputs: false
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert all(row["point"] in report for row in rows)
+    for name in ("images_per_s_vs_partitions.png", "images_per_s_vs_cores.png", "speedup_vs_executors.png"):
+        assert (out / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_grid_points_are_grouped_by_cluster_shape(tmp_path):
+    config = load_sweep_config(write_sweep_yaml(tmp_path / "s.yaml", mode="standalone", grid=GRID))
+    points = config.points()
+    assert len(points) == 4
+    assert [p.executor_cores for p in points] == [1, 1, 2, 2]
+    assert len({p.point_id for p in points}) == 4
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"mode": "local", "grid": {**GRID, "executors": [1, 2]}}, "local mode has exactly one executor"),
+    ({"grid": {**GRID, "cores": [1]}}, "unknown key(s) ['cores']"),
+    ({"grid": {k: v for k, v in GRID.items() if k != "batch_size"}}, "missing key(s) ['batch_size']"),
+    ({"grid": {**GRID, "precision": ["fp64"]}}, "grid.precision: bad value(s) ['fp64']"),
+    ({"grid": GRID, "job": {"inference": {"partition": 3}}}, "unknown key 'inference.partition'"),
+    ({"grid": GRID, "workers": 2}, "unknown key(s) ['workers']"),
+])
+def test_bad_sweep_config_names_the_key(tmp_path, values, message):
+    with pytest.raises(ConfigError) as error:
+        load_sweep_config(write_sweep_yaml(tmp_path / "s.yaml", **values))
+    assert message in str(error.value)
+
+
+def test_unschedulable_and_unavailable_points_are_recorded_not_run(tmp_path):
+    config = load_sweep_config(write_sweep_yaml(tmp_path / "s.yaml", grid=GRID))
+    point = GridPoint(partitions=2, executors=1, executor_cores=1, task_cpus=2, batch_size=4, openvino_streams=0,
+                      openvino_threads=0, precision="f32", engine="native")
+    env = PointEnv(mode="local", master="local[1]", python=sys.executable)
+    row = run_point(point, config.job, env, tmp_path / "p1")
+    assert row["status"] == "skipped" and "spark.task.cpus 2 > executor cores 1" in row["error"]
+
+    bigdl = GridPoint(**{**point.as_dict(), "task_cpus": 1, "engine": "bigdl"})
+    row = run_point(bigdl, config.job, PointEnv(mode="local", master="local[1]", python=str(tmp_path / "nope")),
+                    tmp_path / "p2")
+    assert row["status"] == "not available" and "make bigdl-env" in row["error"]
+    assert not (tmp_path / "p1").exists() and not (tmp_path / "p2").exists()
