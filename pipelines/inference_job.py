@@ -27,7 +27,8 @@ from pipelines.output_paths import qualify_root
 from pipelines.progress import ProgressReporter
 from pipelines.spark_session import ship_library
 from pipelines.storage import join_uri
-from pipelines.results_writer import TIMING_FIELDS, choose_writer, done_keys, write_results, write_summary
+from pipelines.results_writer import (TIMING_FIELDS, choose_writer, done_keys, write_coco_results, write_results,
+                                      write_summary)
 from pipelines.image_inference import RESULT_SCHEMA
 from pipelines.incremental import table_counts
 from pipelines.run_lock import LockSettings, RunLock
@@ -179,6 +180,8 @@ def run(spark: SparkSession, config: dict, family: str = "yolact", azure_credent
             indexed.unpersist()
         listing.unpersist()
 
+        if out_cfg.get("coco_results"):
+            write_coco_results(spark, output_uri, azure_credentials=credentials)
         elapsed = time.time() - started
         processed = totals["done"] + totals["failed"]
         summary = {

@@ -28,8 +28,13 @@ class ProgressReporter:
         return f"[sparkseg] {done}/{self.total} images ({percent:.0f}%), {done / elapsed:.2f} images/s"
 
     def _loop(self) -> None:
+        last, quiet = -1, 0
         while not self._stop.wait(self.interval_s):
-            print(self.line(), file=self.stream, flush=True)
+            done = self.accumulator.value
+            quiet = 0 if done != last else quiet + 1
+            if done != last or quiet % 12 == 0:      # unchanged: say it again only once a minute or so
+                print(self.line(), file=self.stream, flush=True)
+            last = done
 
     def __enter__(self) -> "ProgressReporter":
         self._start = time.time()

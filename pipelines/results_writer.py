@@ -15,7 +15,7 @@ import json
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.storage import join_uri, write_bytes_atomic
+from pipelines.storage import is_local, join_uri, to_local_path, write_bytes_atomic
 
 DETECTION_COLUMNS = ["path", "width", "height", "instances", "mask_path", "size", "modification_time", "timings",
                      "model_name", "model_sha256", "run_id"]
@@ -74,7 +74,7 @@ def upload_parquet_parts(frame: DataFrame, table_uri: str, file_prefix: str, azu
         import pyarrow.parquet as pq
         from pyspark import TaskContext
 
-        from pipelines.storage import join_uri, write_bytes_atomic
+        from pipelines.storage import is_local, join_uri, to_local_path, write_bytes_atomic
 
         partition = TaskContext.get().partitionId()
         for number, batch in enumerate(batches):
@@ -131,21 +131,38 @@ def write_summary(output_uri: str, summary: dict, azure_credentials=None) -> Non
     write_bytes_atomic(join_uri(output_uri, "summary.json"), data, azure_credentials=azure_credentials)
 
 
-def write_coco_results(spark: SparkSession, output_uri: str, image_ids: dict[str, int] | None = None) -> int:
-    """COCO results format ([{image_id, category_id, bbox xywh, score, segmentation RLE}]) for pycocotools,
-    streamed from detections/ (never holding all masks on the driver). image_id comes from `image_ids`
-    (file name -> id, e.g. from a COCO ground-truth file) or the 1-based order of the paths."""
-    rows = spark.read.parquet(detections_uri(output_uri)).select("path", "instances").orderBy("path")
-    count, parts = 0, []
-    for number, row in enumerate(rows.toLocalIterator(), start=1):
-        name = row.path.rsplit("/", 1)[-1]
-        image_id = image_ids.get(name, number) if image_ids else number
-        for inst in row.instances or []:
-            x1, y1, x2, y2 = inst.box
-            parts.append(json.dumps({
-                "image_id": image_id, "category_id": inst.class_id + 1, "score": round(float(inst.score), 5),
-                "bbox": [x1, y1, x2 - x1, y2 - y1],
-                "segmentation": {"size": list(inst.mask.size), "counts": inst.mask.counts}}))
-            count += 1
-    write_bytes_atomic(join_uri(output_uri, "coco_results.json"), ("[" + ",\n".join(parts) + "]\n").encode())
+def write_coco_results(spark: SparkSession, output_uri: str, image_ids: dict[str, int] | None = None,
+                       azure_credentials=None) -> int:
+    """coco_results.json (the COCO results format: [{image_id, category_id, bbox xywh, score, segmentation RLE}])
+    for pycocotools, streamed from detections/ row by row into a local temporary file, then moved into place:
+    the driver never holds all masks. image_id comes from `image_ids` (file name -> id, e.g. read from a COCO
+    ground-truth file) or the 1-based order of the paths; category_id is the 1-based class id."""
+    import os
+    import tempfile
+
+    table = read_table(spark, detections_uri(output_uri), azure_credentials)
+    count = 0
+    handle = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8")
+    with handle:
+        handle.write("[")
+        rows = table.select("path", "instances").orderBy("path").toLocalIterator() if table is not None else []
+        for number, row in enumerate(rows, start=1):
+            name = row.path.rsplit("/", 1)[-1]
+            image_id = image_ids.get(name, number) if image_ids else number
+            for inst in row.instances or []:
+                x1, y1, x2, y2 = inst.box
+                result = {"image_id": image_id, "category_id": inst.class_id + 1, "score": round(float(inst.score), 5),
+                          "bbox": [x1, y1, x2 - x1, y2 - y1]}
+                if inst.mask is not None:
+                    result["segmentation"] = {"size": list(inst.mask.size), "counts": inst.mask.counts}
+                handle.write(("," if count else "") + "\n" + json.dumps(result))
+                count += 1
+        handle.write("\n]\n")
+    target = join_uri(output_uri, "coco_results.json")
+    if is_local(target):
+        os.replace(handle.name, to_local_path(target))
+    else:
+        with open(handle.name, "rb") as source:
+            write_bytes_atomic(target, source.read(), azure_credentials=azure_credentials)
+        os.unlink(handle.name)
     return count

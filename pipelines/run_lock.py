@@ -439,7 +439,7 @@ class HadoopLockStore:
 # ---- helpers --------------------------------------------------------------------------------------------------
 
 def _utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _process_start(pid: int) -> int | None:

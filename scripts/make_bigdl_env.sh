@@ -33,16 +33,21 @@ REPO_PINS=(
     "pillow==11.3.0" "pyyaml==6.0.2" "pandas==2.2.3" "pycocotools==2.0.10" "fsspec==2024.12.0"
     "pytest==8.3.5" "pytest-timeout==2.3.1"
 )
-WANT="$(printf '%s\n' "$PYTHON" "${RUNTIME_PINS[@]}" "${BIGDL_PINS[@]}" "${REPO_PINS[@]}" | grep -v '^#')"
+
+if ! "$PYTHON" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 11)))'; then
+    echo "make_bigdl_env: $PYTHON is $("$PYTHON" --version 2>&1); sparkseg needs Python >= 3.10 and openvino" \
+         "2023.3 has wheels up to 3.11: run with PYTHON=python3.11" >&2
+    exit 1
+fi
+WANT="$(printf '%s\n' "$("$PYTHON" -c 'import sys; print(sys.version)')" \
+        "${RUNTIME_PINS[@]}" "${BIGDL_PINS[@]}" "${REPO_PINS[@]}")"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$ENV_DIR/bin/python" ]; then
     echo "make_bigdl_env: $ENV_DIR is up to date ($(du -sh "$ENV_DIR" | cut -f1))"
     exit 0
 fi
-
-if ! "$PYTHON" -c 'import sys; sys.exit(not ((3, 8) <= sys.version_info[:2] <= (3, 11)))'; then
-    echo "make_bigdl_env: $PYTHON is $("$PYTHON" --version 2>&1); openvino 2023.3 has wheels for Python 3.8-3.11" \
-         "only: run with PYTHON=python3.11" >&2
+if [ -e "$ENV_DIR" ] && [ ! -f "$ENV_DIR/pyvenv.cfg" ] && [ -n "$(ls -A "$ENV_DIR")" ]; then
+    echo "make_bigdl_env: $ENV_DIR exists and is not a venv: not deleting it; choose another ENV_DIR" >&2
     exit 1
 fi
 

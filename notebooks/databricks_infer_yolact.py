@@ -1,0 +1,93 @@
+# Databricks notebook source
+# MAGIC %md
+# MAGIC # sparkseg: YOLACT inference (Databricks job)
+# MAGIC
+# MAGIC Runs the same library as `spark-submit jobs/infer_yolact.py`: `pipelines.inference_job.run(spark, config)`.
+# MAGIC Images in (`az://container/prefix` through the Azure SDK, or any path the cluster reads), detections, masks,
+# MAGIC errors and `summary.json` out. Incremental: each run processes only images not yet done for this model (new or
+# MAGIC replaced since), and a lock (`<output>/_sparkseg.lock`) keeps two runs on one output from overlapping.
+# MAGIC
+# MAGIC Parameters are widgets (a job's `base_parameters` set them). Azure credentials come from a secret scope: give the
+# MAGIC scope and the NAMES of the secrets in it, never the secrets. Needs a classic cluster (single user or no isolation
+# MAGIC shared access mode: the job uses `spark.sparkContext`) with the libraries of `notebooks/databricks_job.json`.
+
+# COMMAND ----------
+
+dbutils.widgets.text("input", "az://images/landing", "Input URI")
+dbutils.widgets.text("output", "az://results/sparkseg", "Output URI")
+dbutils.widgets.text("model", "/dbfs/models/yolact_resnet50", "Model export dir")
+dbutils.widgets.dropdown("engine", "native", ["native", "bigdl"], "Engine")
+dbutils.widgets.dropdown("precision", "auto", ["auto", "f32", "bf16"], "Precision")
+dbutils.widgets.text("partitions", "0", "Partitions (0: cluster cores)")
+dbutils.widgets.text("config", "conf/databricks.yaml", "Config (relative to the repo)")
+dbutils.widgets.dropdown("break_lock", "false", ["false", "true"], "Break the output lock")
+dbutils.widgets.text("secret_scope", "sparkseg", "Secret scope ('' for none)")
+dbutils.widgets.text("connection_string_key", "storage-connection-string", "Secret: connection string")
+dbutils.widgets.text("account_key_key", "", "Secret: account key")
+dbutils.widgets.text("sas_token_key", "", "Secret: SAS token")
+dbutils.widgets.text("account_name", "", "Storage account (not a secret)")
+
+# COMMAND ----------
+
+# The repository (a Databricks Git folder, or a job's git_source checkout) holds `pipelines/`; notebooks run with
+# their own folder as the working directory, so look upwards for it unless the package is installed.
+import os
+import sys
+from pathlib import Path
+
+
+def find_repo_root(start: Path) -> Path:
+    for folder in [start, *start.parents]:
+        if (folder / "pipelines" / "__init__.py").is_file():
+            return folder
+    raise FileNotFoundError(f"no pipelines/ package above {start}: run this notebook from the sparkseg repository "
+                            "(a Git folder or the job's git_source)")
+
+
+REPO_ROOT = find_repo_root(Path(os.getcwd()).resolve())
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from pipelines.azure_storage import AzureCredentials  # noqa: E402
+from pipelines.inference_job import run  # noqa: E402
+from pipelines.job_config import load_config, set_path  # noqa: E402
+
+# COMMAND ----------
+
+widget = dbutils.widgets.get
+config_path = Path(widget("config"))
+config = load_config(config_path if config_path.is_absolute() else REPO_ROOT / config_path)
+for key, value in {"input.uri": widget("input"), "output.uri": widget("output"), "model.dir": widget("model"),
+                   "inference.engine": widget("engine"), "inference.precision": widget("precision"),
+                   "inference.partitions": int(widget("partitions") or 0)}.items():
+    set_path(config, key, value)
+config["run"]["break_lock"] = widget("break_lock") == "true"
+
+scope = widget("secret_scope").strip()
+credentials = None
+if scope:
+    credentials = AzureCredentials.from_databricks_secrets(
+        dbutils, scope,
+        connection_string_key=widget("connection_string_key").strip() or None,
+        account_key_key=widget("account_key_key").strip() or None,
+        sas_token_key=widget("sas_token_key").strip() or None,
+        account_name=widget("account_name").strip() or None)
+print(f"input {config['input']['uri']}\noutput {config['output']['uri']}\nmodel {config['model']['dir']}\n"
+      f"engine {config['inference']['engine']}, credentials {credentials!r}")
+
+# COMMAND ----------
+
+summary = run(spark, config, "yolact", azure_credentials=credentials)
+counts = summary["counts"]
+print(f"done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "
+      f"(already done), {summary['images_per_second']} images/s; output holds {summary['table']['images']} images "
+      f"and {summary['table']['errors']} errors")
+if summary["model"]["note"]:
+    print("NOTE:", summary["model"]["note"])
+
+# COMMAND ----------
+
+import json  # noqa: E402
+
+dbutils.notebook.exit(json.dumps({"run_id": summary["run_id"], "output": summary["output"], "counts": counts,
+                                  "table": summary["table"]}))
