@@ -7,7 +7,7 @@ BIGDL_VENV ?= .venv-bigdl
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: demo test test-main test-bigdl bench bigdl-env azurite clean-venv
+.PHONY: demo test test-main test-bigdl bench bigdl-env azurite clean-venv env-archive bigdl-env-archive
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ azurite:
 
 bigdl-env:
 	scripts/make_bigdl_env.sh $(BIGDL_VENV)
+
+# Relocatable envs for `spark-submit --archives dist/<archive>#environment` (README: "Run on a cluster").
+env-archive: $(VENV)/.stamp-test
+	PYTHON=$(PYTHON) PACKER_PYTHON=$(abspath $(PY)) scripts/build_env_archive.sh
+
+bigdl-env-archive: $(VENV)/.stamp-test
+	PACKER_PYTHON=$(abspath $(PY)) scripts/build_env_archive.sh --from-venv $(BIGDL_VENV) \
+	    --output dist/sparkseg-bigdl-env.tar.gz
 
 test: test-main test-bigdl
 

@@ -23,11 +23,11 @@ from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
 from pipelines.preprocess import preprocess_rgb
 
 STAGES = ("read", "preprocess", "infer", "postprocess", "write")
+INSTANCES_TYPE = ("array<struct<class_id:int, class_name:string, score:float, box:array<int>, "
+                  "mask:struct<size:array<int>, counts:string>>>")
 # one schema for every family; `mask` is null for box-only models
 RESULT_SCHEMA = (
-    "path string, status string, width int, height int, "
-    "instances array<struct<class_id:int, class_name:string, score:float, box:array<int>, "
-    "mask:struct<size:array<int>, counts:string>>>, mask_path string, "
+    f"path string, status string, width int, height int, instances {INSTANCES_TYPE}, mask_path string, "
     "error_stage string, error_type string, error_message string, "
     "size long, modification_time timestamp, "
     "timings struct<read_s:double, preprocess_s:double, infer_s:double, postprocess_s:double, write_s:double>"
@@ -41,13 +41,13 @@ class ExecutorModel:
     arrays (YOLACT's priors)."""
 
     manifest: object
-    ir: CompiledIR
+    ir: CompiledIR | None          # None where another runtime runs the IR (the bigdl engine)
     arrays: dict
 
 
-def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeSettings) -> ExecutorModel:
+def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeSettings | None) -> ExecutorModel:
     """Resolve the shipped model directory, verify every file against the manifest (again, on the executor) and
-    compile it."""
+    compile it (settings None: verify and load the arrays only)."""
     from pipelines.model_manifest import ModelManifestError, load_manifest
 
     local_dir = model_dir
@@ -60,7 +60,8 @@ def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeS
         raise ModelManifestError(f"{local_dir}: manifest sha256 {manifest.model_sha256[:12]} differs from the "
                                  f"driver's {expected_sha256[:12]}: the model changed while the job ran")
     arrays = {"priors": np.load(manifest.path("priors"))} if "priors" in manifest.data["files"] else {}
-    return ExecutorModel(manifest, CompiledIR(manifest.path("ir_xml"), settings), arrays)
+    ir = CompiledIR(manifest.path("ir_xml"), settings) if settings is not None else None
+    return ExecutorModel(manifest, ir, arrays)
 
 
 @dataclass(frozen=True)

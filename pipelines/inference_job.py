@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from dataclasses import replace
 import shutil
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pyspark import StorageLevel
@@ -25,13 +25,13 @@ from pipelines.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManife
 from pipelines.openvino_runtime import RuntimeSettings
 from pipelines.output_paths import qualify_root
 from pipelines.progress import ProgressReporter
-from pipelines.spark_session import ship_library
-from pipelines.storage import join_uri
+from pipelines.image_inference import RESULT_SCHEMA, ImageInference
+from pipelines.incremental import table_counts
 from pipelines.results_writer import (TIMING_FIELDS, choose_writer, done_keys, write_coco_results, write_results,
                                       write_summary)
-from pipelines.image_inference import RESULT_SCHEMA
-from pipelines.incremental import table_counts
 from pipelines.run_lock import LockSettings, RunLock
+from pipelines.spark_session import ship_library
+from pipelines.storage import join_uri
 
 FAMILIES = {  # manifest "model" -> the ImageInference subclass that postprocesses its outputs
     "yolact": ("pipelines.yolact_inference", "YolactInference"),
@@ -99,114 +99,162 @@ def inference_task_class(family: str):
     return getattr(importlib.import_module(module), name)
 
 
-def run(spark: SparkSession, config: dict, family: str = "yolact", azure_credentials=None) -> dict:
-    """Run the job for a `family` model; return the summary (also written to <output>/summary.json).
-    Holds the output's lock (pipelines.run_lock) from after the model check to the end; raises LockHeld when
-    another run holds it. `azure_credentials` (e.g. from a Databricks secret scope) replace the environment's."""
-    started = time.time()
-    ship_library(spark)
-    inputs, out_cfg, inference, run_cfg = config["input"], config["output"], config["inference"], config["run"]
+@dataclass
+class JobPlan:
+    """What the driver resolved before any Spark task: where from, where to, which model, how."""
+
+    config: dict
+    family: str
+    input_uri: str
+    output_uri: str
+    manifest: ModelManifest
+    engine: str
+    reader: str
+    credentials: object
+    run_id: str = field(default_factory=lambda: f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-"
+                                                f"{uuid.uuid4().hex[:8]}")
+
+
+def plan_job(config: dict, family: str, azure_credentials=None) -> JobPlan:
+    """Resolve URIs, verify the model (fails fast, before any Spark task) and the engine, find credentials."""
+    inputs, out_cfg = config["input"], config["output"]
     input_uri = resolve_local(inputs["uri"])
     output_uri = out_cfg["uri"] if "://" in out_cfg["uri"] else str(Path(out_cfg["uri"]).expanduser().resolve())
-    manifest = load_manifest(resolve_local(config["model"]["dir"]), verify=True)   # fails before any task
+    manifest = load_manifest(resolve_local(config["model"]["dir"]), verify=True)
     if manifest.model != family:
         raise src.InputError(f"{manifest.root}: a '{manifest.model}' model; this job needs a {family} export "
                              f"(python -m model_export {family} ...)")
-    engine = inference.get("engine", "native")
+    engine = config["inference"].get("engine", "native")
     if engine == "bigdl":
         from pipelines.bigdl_engine import require_bigdl
 
         require_bigdl()
-        raise NotImplementedError("engine bigdl: see pipelines/bigdl_engine.py")
-    if engine != "native":
+    elif engine != "native":
         raise ValueError(f"inference.engine '{engine}': choose native or bigdl")
-
     reader = src.choose_reader(input_uri, inputs.get("reader", "auto"))
     credentials = azure_credentials
     if credentials is None and (reader == "azure_sdk" or choose_writer(output_uri) == "azure_sdk"):
         from pipelines.azure_storage import AzureCredentials
 
         credentials = AzureCredentials.from_env()
-    run_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
-    lock = RunLock.acquire(output_uri, run_id, LockSettings.from_run_config(run_cfg), spark=spark,
-                           azure_credentials=credentials)
+    return JobPlan(config, family, input_uri, output_uri, manifest, engine, reader, credentials)
+
+
+def run(spark: SparkSession, config: dict, family: str = "yolact", azure_credentials=None) -> dict:
+    """Run the job for a `family` model; return the summary (also written to <output>/summary.json).
+    Holds the output's lock (pipelines.run_lock) from after the model check to the end; raises LockHeld when
+    another run holds it. `azure_credentials` (e.g. from a Databricks secret scope) replace the environment's."""
+    started = time.time()
+    ship_library(spark)
+    plan = plan_job(config, family, azure_credentials)
+    inputs, run_cfg = config["input"], config["run"]
+    lock = RunLock.acquire(plan.output_uri, plan.run_id, LockSettings.from_run_config(run_cfg), spark=spark,
+                           azure_credentials=plan.credentials)
     try:
-        listing = src.list_images(spark, input_uri, inputs["extensions"], inputs["recursive"], reader, credentials)
-        listing = listing.persist(StorageLevel.MEMORY_AND_DISK)
+        listing = src.list_images(spark, plan.input_uri, inputs["extensions"], inputs["recursive"], plan.reader,
+                                  plan.credentials).persist(StorageLevel.MEMORY_AND_DISK)
         n_inputs = listing.count()
-        todo = todo_listing(spark, listing, output_uri, manifest, run_cfg["force"], credentials)
+        todo = todo_listing(spark, listing, plan.output_uri, plan.manifest, run_cfg["force"], plan.credentials)
         n_todo = todo.count()
-        partitions = max(1, min(int(inference["partitions"] or spark.sparkContext.defaultParallelism),
+        partitions = max(1, min(int(config["inference"]["partitions"] or spark.sparkContext.defaultParallelism),
                                 max(n_todo, 1)))
-        settings = runtime_settings(spark, inference)
-        totals = {"done": 0, "failed": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
+        settings = runtime_settings(spark, config["inference"])
         progress = ProgressReporter(spark, n_todo, float(run_cfg.get("progress_interval_s", 5)))
-
+        totals = {"done": 0, "failed": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
         if n_todo:
-            shipped = ship_model(spark, manifest)
-            task = inference_task_class(family)(
-                model_dir=shipped, model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
-                input_spec=manifest.input, postprocess={**manifest.postprocess, "nms": inference.get("nms", "fast")},
-                settings=settings, output_uri=output_uri,
-                input_root=qualify_root(spark, input_uri) if reader == "spark" else input_uri,
-                write_masks=out_cfg["write_masks"],
-                max_image_pixels=int(inference["max_image_pixels"]),
-                fetch_bytes=None if reader == "spark" else _azure_fetcher(credentials),
-                progress=progress.accumulator, azure_credentials=credentials)
-            spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(int(inference["batch_size"])))
-            indexed = src.assign_partitions(todo, partitions).persist(StorageLevel.MEMORY_AND_DISK)
-            wave_size = int(run_cfg.get("commit_every") or 0) or n_todo
+            task = make_task(spark, plan, settings, progress)
             with progress:
-                for first in range(0, n_todo, wave_size):
-                    wave = indexed.where((F.col("idx") >= first) & (F.col("idx") < first + wave_size))
-                    wave_count = min(wave_size, n_todo - first)
-                    if reader == "spark":
-                        wave = src.with_content(spark, wave, wave_count, input_uri, inputs["extensions"],
-                                                inputs["recursive"], all_listed=(wave_count == n_inputs))
-                    wave_parts = min(partitions, wave_count)
-                    scope = join_uri(output_uri, MARKER_DIR, f"{run_id}-w{first // wave_size:05d}")
-                    guarded = replace(task, crash_guard=CrashGuard(scope, int(run_cfg.get("poison_attempts", 2)),
-                                                                   credentials))
-                    results = (src.balanced(wave, wave_parts).mapInPandas(guarded, RESULT_SCHEMA)
-                               .withColumn("model_name", F.lit(manifest.name))
-                               .withColumn("model_sha256", F.lit(manifest.model_sha256))
-                               .withColumn("run_id", F.lit(run_id))
-                               .persist(StorageLevel.MEMORY_AND_DISK))
-                    wave_totals = write_results(results, output_uri, f"part-{run_id}-w{first // wave_size:05d}",
-                                                credentials)
-                    results.unpersist()
-                    for key in totals:
-                        totals[key] += wave_totals.get(key, 0)
-            indexed.unpersist()
+                totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions)
         listing.unpersist()
-
-        if out_cfg.get("coco_results"):
-            write_coco_results(spark, output_uri, azure_credentials=credentials)
-        elapsed = time.time() - started
+        if config["output"].get("coco_results"):
+            write_coco_results(spark, plan.output_uri, azure_credentials=plan.credentials)
+        summary = make_summary(spark, plan, settings, totals, n_inputs, n_todo, partitions, time.time() - started)
+        write_summary(plan.output_uri, summary, plan.credentials)
         processed = totals["done"] + totals["failed"]
-        summary = {
-            "run_id": run_id, "engine": engine, "input": input_uri, "output": output_uri,
-            "model": {"name": manifest.name, "sha256": manifest.model_sha256, "dir": str(manifest.root),
-                      "trained": manifest.trained,
-                      "note": None if manifest.trained else "RANDOM WEIGHTS: this model is untrained; its detections "
-                      "only show that the pipeline works, they mean nothing"},
-            "counts": {"inputs": n_inputs, "skipped": n_inputs - n_todo, "done": int(totals["done"]),
-                       "failed": int(totals["failed"]), "instances": int(totals["instances"])},
-            "partitions": partitions, "wall_seconds": round(elapsed, 3),
-            "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
-            "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
-            "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
-            "config": config,
-            "table": table_counts(spark, output_uri, manifest.model_sha256, credentials),   # current rows
-        }
-        write_summary(output_uri, summary, credentials)
         max_fraction = float(run_cfg.get("max_error_fraction", 1.0))
         if processed and totals["failed"] / processed > max_fraction:
             raise JobFailed(f"{int(totals['failed'])} of {processed} images failed (> max_error_fraction "
-                            f"{max_fraction}): see {output_uri}/errors and summary.json")
+                            f"{max_fraction}): see {plan.output_uri}/errors and summary.json")
         return summary
     finally:
         lock.release()
+
+
+def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
+              progress: ProgressReporter) -> ImageInference:
+    """The executor-side function (small, picklable); the model ships separately, once per executor."""
+    manifest, inference = plan.manifest, plan.config["inference"]
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(int(inference["batch_size"])))
+    return inference_task_class(plan.family)(
+        model_dir=ship_model(spark, manifest), model_sha256=manifest.model_sha256,
+        class_names=tuple(manifest.class_names), input_spec=manifest.input,
+        postprocess={**manifest.postprocess, "nms": inference.get("nms", "fast")}, settings=settings,
+        output_uri=plan.output_uri,
+        input_root=qualify_root(spark, plan.input_uri) if plan.reader == "spark" else plan.input_uri,
+        write_masks=plan.config["output"]["write_masks"], max_image_pixels=int(inference["max_image_pixels"]),
+        fetch_bytes=None if plan.reader == "spark" else _azure_fetcher(plan.credentials),
+        progress=progress.accumulator, azure_credentials=plan.credentials)
+
+
+def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings: RuntimeSettings, todo: DataFrame,
+              n_todo: int, n_inputs: int, partitions: int) -> dict:
+    """Process the to-do images in waves of `run.commit_every`, each committed on its own (a killed driver loses
+    at most one wave); return the summed aggregates."""
+    inputs, run_cfg = plan.config["input"], plan.config["run"]
+    totals = {"done": 0, "failed": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
+    indexed = src.assign_partitions(todo, partitions).persist(StorageLevel.MEMORY_AND_DISK)
+    wave_size = int(run_cfg.get("commit_every") or 0) or n_todo
+    for number, first in enumerate(range(0, n_todo, wave_size)):
+        wave = indexed.where((F.col("idx") >= first) & (F.col("idx") < first + wave_size))
+        count = min(wave_size, n_todo - first)
+        if plan.reader == "spark":
+            wave = src.with_content(spark, wave, count, plan.input_uri, inputs["extensions"], inputs["recursive"],
+                                    all_listed=(count == n_inputs))
+        name = f"{plan.run_id}-w{number:05d}"
+        guard = CrashGuard(join_uri(plan.output_uri, MARKER_DIR, name), int(run_cfg.get("poison_attempts", 2)),
+                           plan.credentials)
+        results = (wave_results(src.balanced(wave, min(partitions, count)), replace(task, crash_guard=guard),
+                                plan, settings)
+                   .withColumn("model_name", F.lit(plan.manifest.name))
+                   .withColumn("model_sha256", F.lit(plan.manifest.model_sha256))
+                   .withColumn("run_id", F.lit(plan.run_id))
+                   .persist(StorageLevel.MEMORY_AND_DISK))
+        wave_totals = write_results(results, plan.output_uri, f"part-{name}", plan.credentials)
+        results.unpersist()
+        for key in totals:
+            totals[key] += wave_totals.get(key, 0)
+    indexed.unpersist()
+    return totals
+
+
+def wave_results(images: DataFrame, task: ImageInference, plan: JobPlan, settings: RuntimeSettings) -> DataFrame:
+    """Transform: images (with content or fetchable paths) -> RESULT_SCHEMA rows, by the plan's engine."""
+    if plan.engine == "bigdl":
+        from pipelines.bigdl_inference import bigdl_results
+
+        return bigdl_results(images, task, plan.manifest, settings.precision)
+    return images.mapInPandas(task, RESULT_SCHEMA)
+
+
+def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, totals: dict, n_inputs: int,
+                 n_todo: int, partitions: int, elapsed: float) -> dict:
+    manifest = plan.manifest
+    processed = totals["done"] + totals["failed"]
+    return {
+        "run_id": plan.run_id, "engine": plan.engine, "input": plan.input_uri, "output": plan.output_uri,
+        "model": {"name": manifest.name, "sha256": manifest.model_sha256, "dir": str(manifest.root),
+                  "trained": manifest.trained,
+                  "note": None if manifest.trained else "RANDOM WEIGHTS: this model is untrained; its detections "
+                  "only show that the pipeline works, they mean nothing"},
+        "counts": {"inputs": n_inputs, "skipped": n_inputs - n_todo, "done": int(totals["done"]),
+                   "failed": int(totals["failed"]), "instances": int(totals["instances"])},
+        "partitions": partitions, "wall_seconds": round(elapsed, 3),
+        "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
+        "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
+        "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
+        "config": plan.config,
+        "table": table_counts(spark, plan.output_uri, manifest.model_sha256, plan.credentials),   # current rows
+    }
 
 
 def _azure_fetcher(credentials):

@@ -14,7 +14,8 @@
 #   --extras LIST          setup.py extras to include (default "azure": the Azure SDK reader/writer); "" for none
 #   --force                rebuild even when the archive is up to date
 # Environment: PYTHON (interpreter the fresh env is made from, default python3: the same major.minor as the
-# driver's), PACKER_PYTHON (a Python with venv-pack, default <repo>/.venv/bin/python).
+# driver's), PACKER_PYTHON (a Python with venv-pack, default <repo>/.venv/bin/python), SMOKE_IMPORTS (modules the
+# packed env must import; default "numpy openvino pandas pyarrow PIL pycocotools pipelines").
 #
 # What is in the fresh env: this package (not editable) and setup.py's CORE deps plus the extras, at the versions of
 # constraints.txt; NOT torch (executors never need it) and NOT pyspark/py4j (the cluster's Spark puts its own
@@ -121,10 +122,13 @@ else
     ADD_PACKAGE=1
 fi
 
-# Smoke test: what an executor imports.
-"$PREFIX/bin/python" -W ignore - <<'EOF'
-import numpy, openvino, pandas, pyarrow, PIL, pycocotools, pipelines  # noqa: F401
-print(f"build_env_archive: numpy {numpy.__version__}, openvino {openvino.__version__}, pyarrow {pyarrow.__version__}")
+# Smoke test: what an executor imports (SMOKE_IMPORTS overrides the list).
+# shellcheck disable=SC2086  (a list of module names)
+"$PREFIX/bin/python" -W ignore - ${SMOKE_IMPORTS:-numpy openvino pandas pyarrow PIL pycocotools pipelines} <<'EOF'
+import importlib, sys
+
+versions = [f"{name} {getattr(importlib.import_module(name), '__version__', '')}".strip() for name in sys.argv[1:]]
+print("build_env_archive: imports ok:", ", ".join(versions))
 EOF
 
 PARTIAL="$(dirname "$OUTPUT")/.partial-$(basename "$OUTPUT")"   # keeps the extension venv-pack reads
@@ -136,11 +140,13 @@ import venv_pack
 prefix, output, python_prefix, add_package, repo = sys.argv[1:]
 env = venv_pack.Env(prefix)
 site = os.path.relpath(glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages"))[0], prefix)
-# pyspark/py4j come from the cluster's Spark; an editable sparkseg points at this checkout (replaced below)
-for pattern in ("pyspark/*", "py4j/*", "pyspark-*.dist-info/*", "py4j-*.dist-info/*", "__editable__*sparkseg*",
-                "sparkseg-*.dist-info/*"):
+# pyspark/py4j come from the cluster's Spark (its pyspark.zip is on the workers' PYTHONPATH)
+for pattern in ("pyspark/*", "py4j/*", "pyspark-*.dist-info/*", "py4j-*.dist-info/*"):
     env = env.exclude(os.path.join(site, pattern))
 if add_package == "1":
+    # an editable sparkseg points at this checkout: replace it by a copy of the package's sources
+    for pattern in ("__editable__*sparkseg*", "__pycache__/__editable__*sparkseg*", "sparkseg-*.dist-info/*"):
+        env = env.exclude(os.path.join(site, pattern))
     for package in ("pipelines", "model_export"):
         for root, dirs, files in os.walk(os.path.join(repo, package)):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
@@ -150,6 +156,7 @@ if add_package == "1":
                     env.files.append(venv_pack.File(source, os.path.join(site, os.path.relpath(source, repo))))
 env.pack(output=output, python_prefix=python_prefix or None, force=True, verbose=False)
 EOF
+chmod 644 "$PARTIAL"
 mv "$PARTIAL" "$OUTPUT"
 echo "$WANT" > "$OUTPUT.inputs"
 echo "build_env_archive: wrote $OUTPUT ($(du -h "$OUTPUT" | cut -f1); unpacked $(du -sh "$PREFIX" | cut -f1) before" \

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torchvision.models.detection import FasterRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
+from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
 from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import FeaturePyramidNetwork, MultiScaleRoIAlign
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
@@ -235,7 +236,7 @@ class FactorNetBackbone(nn.Module):
         features = self.body(x)
         if self.fpn is not None:
             return self.fpn(features)
-        return OrderedDict([("0", features[next(reversed(features))])])
+        return OrderedDict([("0", list(features.values())[-1])])
 
 
 # ------------------------------------------------------------------------------------------------ detector
@@ -251,20 +252,16 @@ class FactorNetDetector(FasterRCNN):
         anchors = AnchorGenerator(sizes=sizes, aspect_ratios=(tuple(cfg.aspect_ratios),) * len(sizes))
         roi_pool = MultiScaleRoIAlign(featmap_names=backbone.feature_names, output_size=cfg.roi_output_size,
                                       sampling_ratio=2)
+        box_head = TwoMLPHead(backbone.out_channels * cfg.roi_output_size ** 2, cfg.representation_size)
         height, width = cfg.input_size
         super().__init__(
-            backbone, num_classes=cfg.num_classes, min_size=min(height, width), max_size=max(height, width),
-            image_mean=list(cfg.image_mean), image_std=list(cfg.image_std), fixed_size=(width, height),
-            rpn_anchor_generator=anchors, rpn_pre_nms_top_n_test=cfg.rpn_pre_nms_top_n,
-            rpn_post_nms_top_n_test=cfg.rpn_post_nms_top_n, rpn_nms_thresh=cfg.rpn_nms_thresh,
-            box_roi_pool=roi_pool, box_score_thresh=cfg.box_score_thresh, box_nms_thresh=cfg.box_nms_thresh,
+            backbone, min_size=min(height, width), max_size=max(height, width), image_mean=list(cfg.image_mean),
+            image_std=list(cfg.image_std), fixed_size=(width, height), rpn_anchor_generator=anchors,
+            rpn_pre_nms_top_n_test=cfg.rpn_pre_nms_top_n, rpn_post_nms_top_n_test=cfg.rpn_post_nms_top_n,
+            rpn_nms_thresh=cfg.rpn_nms_thresh, box_roi_pool=roi_pool, box_head=box_head,
+            box_predictor=FastRCNNPredictor(cfg.representation_size, cfg.num_classes),
+            box_score_thresh=cfg.box_score_thresh, box_nms_thresh=cfg.box_nms_thresh,
             box_detections_per_img=cfg.box_detections_per_img)
-        # FasterRCNN builds TwoMLPHead/FastRCNNPredictor at 1024 wide; use the configured width.
-        from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
-
-        self.roi_heads.box_head = TwoMLPHead(backbone.out_channels * cfg.roi_output_size ** 2,
-                                             cfg.representation_size)
-        self.roi_heads.box_predictor = FastRCNNPredictor(cfg.representation_size, cfg.num_classes)
         self.cfg = cfg
 
 

@@ -142,7 +142,8 @@ def run_point(point: GridPoint, base_job: dict, env: PointEnv, point_dir: Path, 
     row.update(sampler.peaks.as_row())
     summary_path = point_dir / "output" / "summary.json"
     if code != 0 or not summary_path.is_file():
-        row.update(status="failed", error=row["error"] or f"exit code {code}: {last_error_line(point_dir / 'driver.log')}")
+        reason = row["error"] or f"exit code {code}: {last_error_line(point_dir / 'driver.log')}"
+        row.update(status="failed", error=reason)
     else:
         row.update(status="ok", **summary_columns(json.loads(summary_path.read_text(encoding="utf-8"))))
     try:

@@ -156,7 +156,8 @@ def report_markdown(rows: list[dict], config, plots: dict[str, Path]) -> str:
     text = [
         "# sparkseg sweep",
         "",
-        f"{dt.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}. "
+        f"{dt.datetime.now():%Y-%m-%d %H:%M}, {os.cpu_count()} cores ({platform.machine()}), load average "
+        f"{os.getloadavg()[0]:.1f}. "
         f"Mode **{config.mode}**, input `{job['input']['uri']}`, model `{job['model']['dir']}`, "
         f"{len(rows)} runs ({len(ok)} ok), repeats {config.repeats}.",
         "",

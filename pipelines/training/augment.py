@@ -1,9 +1,12 @@
 """SSD-style training augmentation for YOLACT (facts: dbolya/yolact utils/augmentations.py, SSDAugmentation).
 
-Order: photometric distortion (brightness; contrast before or after saturation/hue in HSV), zoom out (expand onto
-a mean-filled canvas up to ``expand_max_ratio`` x), random crop (30-100 % of each side, aspect 0.5-2, keeps the
-objects whose box centre is inside; 1 in 6 draws keeps the whole image), horizontal mirror, then a bilinear resize
-to the square network input (aspect ratio not kept) and (x - mean) / std. Every random draw comes from the
+Geometric part (``augment``): zoom out (expand onto a mean-filled canvas up to ``expand_max_ratio`` x), random crop
+(30-100 % of each side, aspect 0.5-2, keeps the objects whose box centre is inside; 1 in 6 draws keeps the whole
+image), horizontal mirror. Then (``to_network_input``) a bilinear resize to the square network input (aspect ratio
+not kept), the photometric distortion (brightness; contrast before or after saturation/hue in HSV) and
+(x - mean) / std. The reference distorts colours first, at full resolution; here it runs after the resize (5-20x
+fewer pixels; the colour operations are per pixel, so crop and mirror commute with them, and only the expand fill
+colour and the interpolation order differ). Every random draw comes from the
 ``np.random.Generator`` passed in, so a sample's augmentation depends only on its seed (same on every rank, same
 after a resume).
 
@@ -46,10 +49,8 @@ class Sample:
 
 def augment(sample: Sample, rng: np.random.Generator, cfg: AugmentConfig, mean_rgb: np.ndarray) -> Sample:
     """The geometric and photometric augmentations (not the final resize); returns a new Sample."""
-    image = sample.image.astype(np.float32, copy=True)
+    image = sample.image
     masks, boxes, labels = sample.masks, sample.boxes.astype(np.float32), sample.labels
-    if cfg.photometric:
-        image = photometric_distort(image, rng)
     if cfg.expand and rng.integers(2) == 0:
         image, masks, boxes = expand(image, masks, boxes, rng, cfg.expand_max_ratio, mean_rgb)
     if cfg.sample_crop and len(boxes):
@@ -59,17 +60,21 @@ def augment(sample: Sample, rng: np.random.Generator, cfg: AugmentConfig, mean_r
         image, masks = image[:, ::-1], masks[:, :, ::-1]
         boxes = boxes.copy()
         boxes[:, 0::2] = width - boxes[:, 2::-2]
-    return Sample(np.ascontiguousarray(image), np.ascontiguousarray(masks), boxes, labels)
+    return Sample(image, masks, boxes, labels)
 
 
-def to_network_input(sample: Sample, size: int, mean_rgb: np.ndarray, std_rgb: np.ndarray,
-                     min_box_px: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Resize to size x size (bilinear, align_corners=False, no antialias, like the inference preprocess) and
-    normalize. Returns image [3, S, S], boxes [G, 4] relative x1y1x2y2, labels [G], masks [G, S, S]; objects
-    whose resized box is thinner than min_box_px are dropped."""
+def to_network_input(sample: Sample, size: int, mean_rgb: np.ndarray, std_rgb: np.ndarray, min_box_px: float,
+                     rng: np.random.Generator | None = None, photometric: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Resize to size x size (bilinear, align_corners=False, no antialias, like the inference preprocess), distort
+    colours (``photometric``, draws from ``rng``) and normalize. Returns image [3, S, S], boxes [G, 4] relative
+    x1y1x2y2, labels [G], masks [G, S, S]; objects whose resized box is thinner than min_box_px are dropped."""
     height, width = sample.image.shape[:2]
     image = torch.from_numpy(np.ascontiguousarray(sample.image, dtype=np.float32)).permute(2, 0, 1)[None]
     image = F.interpolate(image, size=(size, size), mode="bilinear", align_corners=False)[0]
+    if photometric:
+        distorted = photometric_distort(image.permute(1, 2, 0).numpy(), rng)
+        image = torch.from_numpy(np.ascontiguousarray(distorted)).permute(2, 0, 1)
     image = (image - torch.from_numpy(mean_rgb)[:, None, None]) / torch.from_numpy(std_rgb)[:, None, None]
     boxes = torch.from_numpy(np.asarray(sample.boxes, dtype=np.float32).reshape(-1, 4).copy())
     boxes[:, 0::2] /= width
@@ -77,7 +82,8 @@ def to_network_input(sample: Sample, size: int, mean_rgb: np.ndarray, std_rgb: n
     boxes = boxes.clamp(0.0, 1.0)
     keep = ((boxes[:, 2] - boxes[:, 0]) * size > min_box_px) & ((boxes[:, 3] - boxes[:, 1]) * size > min_box_px)
     labels = torch.from_numpy(np.asarray(sample.labels, dtype=np.int64).reshape(-1))[keep]
-    masks = torch.from_numpy(np.ascontiguousarray(sample.masks, dtype=np.float32))[keep]
+    kept = np.flatnonzero(keep.numpy())
+    masks = torch.from_numpy(np.ascontiguousarray(sample.masks[kept], dtype=np.float32))
     if masks.shape[0]:
         masks = F.interpolate(masks[None], size=(size, size), mode="bilinear", align_corners=False)[0]
     else:

@@ -59,7 +59,8 @@ def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec,
         if augment_cfg is not None:
             sample = augment(sample, rng, augment_cfg, mean)
         min_box = augment_cfg.min_box_px if augment_cfg is not None else 0.0
-        image, boxes, labels, masks = to_network_input(sample, spec.size, mean, std, min_box)
+        photometric = augment_cfg is not None and augment_cfg.photometric
+        image, boxes, labels, masks = to_network_input(sample, spec.size, mean, std, min_box, rng, photometric)
         images.append(image)
         targets.append(Targets(boxes=boxes, labels=labels, masks=masks, seed=int(rng.integers(2**31))))
     return MicroBatch(images=torch.stack(images), targets=targets, indices=list(indices))

@@ -51,7 +51,7 @@ def save_checkpoint(path: Path, payload: dict) -> Path:
 
 def save_step_checkpoint(run_dir: str | Path, payload: dict, keep_last: int) -> Path:
     directory = checkpoint_dir(run_dir)
-    path = save_checkpoint(directory / f"step_{int(payload['step']):08d}.pt", payload)
+    path = save_checkpoint(directory / f"step_{int(payload['state']['step']):08d}.pt", payload)
     for old in step_checkpoints(run_dir)[:-max(keep_last, 1)]:
         old.unlink(missing_ok=True)
     return path

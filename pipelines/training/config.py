@@ -32,9 +32,9 @@ class SparkSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    images: str = "data/roads/images"
-    annotations: str = "data/roads/annotations.json"
-    prepared: str = "runs/prepared/roads"
+    images: str = "output/training/roads/images"
+    annotations: str = "output/training/roads/annotations.json"
+    prepared: str = "output/training/prepared"
     num_shards: int = 4
     val_fraction: float = 0.1
     split_seed: int = 0
@@ -105,7 +105,7 @@ class TrackingSection:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    run_dir: str = "runs/train_yolact"
+    run_dir: str = "output/training/run"
     spark: SparkSection = field(default_factory=SparkSection)
     data: DataSection = field(default_factory=DataSection)
     model: ModelSection = field(default_factory=ModelSection)

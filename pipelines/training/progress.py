@@ -41,11 +41,12 @@ class DriverProgress:
     def _follow(self) -> None:
         from tqdm import tqdm
 
-        bar, epoch = None, None
+        bar, epoch, last = None, None, None
         while not self._stop.wait(POLL_SECONDS):
             state = self._read()
-            if state is None:
+            if state is None or state == last:
                 continue
+            last = state
             if state["epoch"] != epoch:
                 if bar is not None:
                     bar.close()

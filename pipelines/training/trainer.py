@@ -260,12 +260,13 @@ class TrainingSession:
             if epoch_done:
                 self.state.update(epoch=epoch + 1, step_in_epoch=0)
             last = self.state["epoch"] >= self.cfg.train.epochs or self.state["step"] >= self.total_steps
-            evaluate_now = epoch_done and (last or self.state["epoch"] % max(self.cfg.eval.every_epochs, 1) == 0)
+            every = self.cfg.eval.every_epochs       # 0: never evaluate
+            evaluate_now = every > 0 and (last or (epoch_done and self.state["epoch"] % every == 0))
             if self.topo.rank == 0:
                 self._log({"kind": "epoch", "epoch": epoch, "step": self.state["step"],
                            "epoch_seconds": epoch_seconds[-1]})
             payload = self.checkpoint()
-            if evaluate_now or last:
+            if evaluate_now:
                 self.evaluate(payload)
                 if payload is not None:     # the best/patience counters belong in the resumable state too
                     payload["state"] = dict(self.state)

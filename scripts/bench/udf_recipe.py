@@ -45,7 +45,7 @@ def run(model_dir, images, out, master, precision, batch_size):
 
     spark = (SparkSession.builder.master(master).appName("sparkseg-bench-predict-batch-udf")
              .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false").getOrCreate())
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
 
     @F.pandas_udf("struct<width:int, height:int, tensor:array<float>>")

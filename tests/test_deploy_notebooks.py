@@ -1,0 +1,147 @@
+"""The notebooks: the Databricks job notebook runs cell by cell against local Spark and Azurite (widgets and the
+secret scope from tests/dbutils_standin.py), its job definition matches it, and the Jupyter notebook draws overlays
+from an output."""
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.azure_storage import AzureCredentials
+from pipelines.inference_job import run
+from pipelines.mask_outputs import read_label_map_png
+from pipelines.run_lock import LOCK_NAME, LockHeld, RunLock
+from tests.conftest import REPO, SAMPLES
+from tests.dbutils_standin import DbutilsStandIn, notebook_cells, run_notebook_source
+from tests.fixtures_azurite import ACCOUNT_KEY
+from tests.test_incremental import write_image
+from tests.test_infer_job import job_config
+
+NOTEBOOKS = REPO / "notebooks"
+DATABRICKS_NOTEBOOK = NOTEBOOKS / "databricks_infer_yolact.py"
+JOB_DEFINITION = NOTEBOOKS / "databricks_job.json"
+EXPLORE_NOTEBOOK = NOTEBOOKS / "explore_results.ipynb"
+MODEL_DIR = SAMPLES / "models" / "yolact_default"
+AZURE_ENV = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
+             "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_TENANT_ID")
+
+
+def jpeg_bytes(seed: int, tmp_path: Path) -> bytes:
+    path = tmp_path / f"seed{seed}.jpg"
+    write_image(path, seed)
+    return path.read_bytes()
+
+
+def test_databricks_notebook_runs_cell_by_cell_against_azurite(spark, azurite, monkeypatch, tmp_path):
+    for name in AZURE_ENV:   # credentials must come from the secret scope only
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(NOTEBOOKS)   # Databricks runs a notebook in its own folder
+    container = azurite.create_container()
+    client = azurite.service_client().get_container_client(container)
+    for seed in range(3):
+        client.upload_blob(f"landing/day{seed % 2}/img{seed}.jpg", jpeg_bytes(seed, tmp_path))
+    client.upload_blob("landing/broken.jpg", b"not a jpeg")
+    parameters = {"input": f"az://{container}/landing", "output": f"az://{container}/out", "model": str(MODEL_DIR),
+                  "engine": "native", "precision": "f32", "partitions": "2", "secret_scope": "sparkseg-test",
+                  "connection_string_key": "storage-connection-string"}
+    secrets = {("sparkseg-test", "storage-connection-string"): azurite.connection_string}
+
+    result = json.loads(run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark,
+                                            dbutils=DbutilsStandIn(parameters, secrets)))
+    assert result["counts"]["done"] == 3 and result["counts"]["failed"] == 1 and result["counts"]["skipped"] == 0
+    assert result["table"] == {"images": 3, "errors": 1, "superseded_rows": 0}
+    blobs = [blob.name for blob in client.list_blobs(name_starts_with="out/")]
+    assert any(name.startswith("out/detections/") for name in blobs)
+    assert any(name.startswith("out/masks/landing/day0/") for name in blobs)
+    assert "out/summary.json" in blobs and f"out/{LOCK_NAME}" not in blobs   # the lock was released
+    written = b"".join(client.download_blob(name).readall() for name in blobs)
+    assert ACCOUNT_KEY.encode() not in written and azurite.connection_string.encode() not in written
+
+    again = json.loads(run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark,
+                                           dbutils=DbutilsStandIn(parameters, secrets)))
+    assert again["counts"]["skipped"] == 4 and again["counts"]["done"] == 0   # a scheduled re-run: nothing new
+
+    credentials = AzureCredentials(connection_string=azurite.connection_string)
+    with RunLock.acquire(parameters["output"], "20990101T000000Z-other-job", azure_credentials=credentials):
+        before = sorted((blob.name, blob.etag) for blob in client.list_blobs(name_starts_with="out/"))
+        with pytest.raises(LockHeld, match="20990101T000000Z-other-job"):
+            run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=DbutilsStandIn(parameters, secrets))
+        assert sorted((blob.name, blob.etag) for blob in client.list_blobs(name_starts_with="out/")) == before
+
+
+def test_notebook_names_a_missing_secret_clearly(spark, monkeypatch):
+    monkeypatch.chdir(NOTEBOOKS)
+    dbutils = DbutilsStandIn({"secret_scope": "sparkseg", "connection_string_key": "no-such-key"},
+                             {("sparkseg", "storage-connection-string"): "AccountName=x;AccountKey=y"})
+    with pytest.raises(ValueError, match="cannot read secret 'no-such-key' from Databricks scope 'sparkseg'"):
+        run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=dbutils)
+
+
+def test_job_definition_runs_this_notebook_with_its_widgets():
+    job = json.loads(JOB_DEFINITION.read_text())
+    assert job["max_concurrent_runs"] == 1
+    assert len(job["schedule"]["quartz_cron_expression"].split()) in (6, 7)
+    clusters = {cluster["job_cluster_key"] for cluster in job["job_clusters"]}
+    (task,) = job["tasks"]
+    assert task["job_cluster_key"] in clusters
+    notebook = task["notebook_task"]
+    assert notebook["source"] == "GIT" and "git_url" in job["git_source"]
+    assert (REPO / f"{notebook['notebook_path']}.py").resolve() == DATABRICKS_NOTEBOOK.resolve()
+
+    widget_cell = next(cell for cell in notebook_cells(DATABRICKS_NOTEBOOK) if "dbutils.widgets." in cell)
+    widgets = re.findall(r"dbutils\.widgets\.\w+\(\"(\w+)\"", widget_cell)
+    assert sorted(notebook["base_parameters"]) == sorted(widgets)   # every widget set, nothing unknown
+    dbutils = DbutilsStandIn(notebook["base_parameters"])
+    exec(compile(widget_cell, "widgets", "exec"), {"dbutils": dbutils})   # dropdown values must be valid choices
+    assert all(dbutils.widgets.get(name) == value for name, value in notebook["base_parameters"].items())
+    packages = " ".join(library["pypi"]["package"] for library in task["libraries"])
+    assert "openvino" in packages and "torch" not in packages and "pyspark" not in packages
+
+
+def test_explore_notebook_draws_overlays_and_sweep_plots(spark, monkeypatch, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    notebook = json.loads(EXPLORE_NOTEBOOK.read_text())
+    assert notebook["nbformat"] == 4 and EXPLORE_NOTEBOOK.stat().st_size < 20_000
+    code_cells = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    assert all(cell["outputs"] == [] and cell["execution_count"] is None for cell in code_cells), "no saved outputs"
+
+    images, output, reports = tmp_path / "images", tmp_path / "out", tmp_path / "reports"
+    for seed in range(2):
+        write_image(images / f"img{seed}.jpg", seed, size=(96, 72))
+    run(spark, job_config(images, output))
+    plot = reports / "sweep" / "plots" / "images_per_s_vs_partitions.png"
+    plot.parent.mkdir(parents=True)
+    figure, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    figure.savefig(plot)
+    plt.close(figure)
+
+    monkeypatch.chdir(REPO)
+    namespace: dict = {"__name__": "__main__"}
+    parameters = f"OUTPUT = {str(output)!r}\nREPORTS = {str(reports)!r}\nMIN_SCORE = 0.0\nMAX_INSTANCES = 5\n"
+    try:
+        for number, cell in enumerate(code_cells):
+            exec(compile("".join(cell["source"]), f"explore_results#cell{number}", "exec"), namespace)
+            if "parameters" in cell["metadata"].get("tags", []):
+                exec(parameters, namespace)   # what papermill's -p does
+        rows = namespace["rows"]
+        assert len(rows) == 2 and namespace["plots"] == [plot]
+        for row in rows:
+            original = np.asarray(namespace["Image"].open(io.BytesIO(Path(row.path.removeprefix("file:")).read_bytes()))
+                                  .convert("RGB"), dtype=np.float64) / 255.0
+            labels = read_label_map_png(Path(row.mask_path).read_bytes())
+            drawn = np.isin(labels, [label for label, _ in namespace["drawn_instances"](row)])
+            assert drawn.any(), "the drawn instances cover no pixel: nothing was tested"
+            changed = np.any(namespace["overlay_image"](row) != original, axis=2)
+            np.testing.assert_array_equal(changed, drawn)   # tinted exactly where the drawn masks are
+        assert plt.get_fignums(), "the notebook drew no figure"
+    finally:
+        plt.close("all")

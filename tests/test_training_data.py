@@ -1,0 +1,57 @@
+"""Preparing a training set with Spark: bad images are counted and skipped (never fatal), shards are read back
+per rank, and prepared data is reused when the inputs did not change."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from pipelines.training.batches import InputSpec, make_micro_batch
+from pipelines.training.augment import AugmentConfig
+from pipelines.training.launcher import prepare, resolve_paths
+from pipelines.training.prepare import read_skipped
+from pipelines.training.shards import ShardIndex
+from tests.fixtures_training import BAD_ENTRIES, TINY_IMAGES, tiny_config, tiny_prepared, tiny_roads  # noqa: F401
+
+CLASSES = ("pothole", "crack", "patch", "puddle")
+
+
+def test_bad_images_are_counted_and_skipped(spark, tiny_roads, tmp_path):
+    cfg = resolve_paths(tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run"))
+    report = prepare(spark, cfg, CLASSES)
+    assert not report.reused
+    assert report.skipped() == {"no_annotations": 1, "missing": 1, "corrupt": 1, "size_mismatch": 0}
+    assert report.usable("train") + report.usable("val") == TINY_IMAGES
+    skipped = read_skipped(spark, str(tmp_path / "prepared"))
+    assert dict(zip(skipped.file_name, skipped.reason)) == {name: reason for reason, name in BAD_ENTRIES.items()}
+    assert all(skipped.message.str.len() > 0)
+
+    train = ShardIndex.open(str(tmp_path / "prepared" / "train"))
+    val = ShardIndex.open(str(tmp_path / "prepared" / "val"))
+    assert len(train) == report.usable("train") and len(val) == report.usable("val")
+    assert list(train.image_ids) == sorted(train.image_ids)
+    assert len({p.split("shard=")[1].split("/")[0] for p in train.files}) == 2
+    val_coco = json.loads((tmp_path / "prepared" / "val_annotations.json").read_text())
+    assert sorted(im["id"] for im in val_coco["images"]) == list(val.image_ids)
+
+    rows = train.read([0, len(train) - 1])
+    assert set(rows) == {0, len(train) - 1}
+    spec = InputSpec(64, (123.68, 116.78, 103.94), (58.40, 57.12, 57.38))
+    first = make_micro_batch(rows, [0, len(train) - 1], spec, AugmentConfig(), seed=1, epoch=0)
+    again = make_micro_batch(rows, [0, len(train) - 1], spec, AugmentConfig(), seed=1, epoch=0)
+    assert first.images.shape == (2, 3, 64, 64)
+    np.testing.assert_array_equal(first.images.numpy(), again.images.numpy())   # augmentation is seeded
+    for target in first.targets:
+        assert target.masks.shape[1:] == (64, 64) and target.boxes.shape[0] == target.labels.shape[0]
+        assert ((target.boxes >= 0) & (target.boxes <= 1)).all()
+
+    second = prepare(spark, cfg, CLASSES)
+    assert second.reused and second.counts == report.counts
+
+
+def test_unknown_category_is_a_clear_error(spark, tiny_roads, tmp_path):
+    import pytest
+
+    cfg = resolve_paths(tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run"))
+    with pytest.raises(ValueError, match="not model classes"):
+        prepare(spark, cfg, ("pothole", "crack"))

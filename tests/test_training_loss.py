@@ -1,0 +1,140 @@
+"""The YOLACT loss on hand-built cases: matching thresholds, hard negative mining ratio, mask loss normalization,
+and the sampler's promise that every strategy sees the same global batch."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipelines.training.boxes import encode, jaccard, match, point_form
+from pipelines.training.sampler import GlobalBatchSampler
+from pipelines.training.yolact_loss import LossConfig, Normalizer, Targets, YolactLoss, hard_negatives
+from pipelines.yolact_postprocess import decode_boxes
+
+
+def square_prior(cx: float, cy: float, side: float) -> list[float]:
+    return [cx, cy, side, side]
+
+
+def test_matching_thresholds_and_forced_best_prior():
+    truth = torch.tensor([[0.4, 0.4, 0.6, 0.6]])                     # side 0.2, centre 0.5
+    sides = {"pos": 0.2 / math.sqrt(0.55), "neutral": 0.2 / math.sqrt(0.45), "neg": 0.2 / math.sqrt(0.35)}
+    priors = torch.tensor([square_prior(0.5, 0.5, s) for s in sides.values()]
+                          + [square_prior(0.5, 0.5, 0.2 / math.sqrt(0.60)), square_prior(0.1, 0.1, 0.05)])
+    ious = jaccard(truth, point_form(priors))[0]
+    assert ious[:3].tolist() == pytest.approx([0.55, 0.45, 0.35], abs=1e-5)
+    m = match(truth, torch.tensor([2]), priors, pos_thresh=0.5, neg_thresh=0.4)
+    # prior 3 (IoU 0.60) is the object's best prior: forced positive; 0.55 -> positive; 0.45 -> neutral (-1);
+    # 0.35 -> background; a far prior -> background.
+    assert m.conf.tolist() == [3, -1, 0, 3, 0]
+    assert m.gt_index[0] == 0 and m.gt_index[3] == 0
+    # regression targets decode back to the object's box through the inference decoder
+    decoded = decode_boxes(m.loc[:1].numpy(), priors[:1].numpy())
+    np.testing.assert_allclose(decoded[0], truth[0].numpy(), atol=1e-6)
+
+
+def test_every_object_claims_its_best_prior_even_below_the_threshold():
+    truths = torch.tensor([[0.0, 0.0, 0.1, 0.1], [0.5, 0.5, 0.9, 0.9]])
+    priors = torch.tensor([square_prior(0.3, 0.3, 0.3), square_prior(0.7, 0.7, 0.2)])   # both IoU < 0.4
+    m = match(truths, torch.tensor([0, 1]), priors)
+    assert m.conf.tolist() == [1, 2]
+    assert m.gt_index.tolist() == [0, 1]
+
+
+def test_no_objects_means_all_background():
+    m = match(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), torch.tensor([square_prior(0.5, 0.5, 0.2)]))
+    assert m.conf.tolist() == [0]
+
+
+def test_hard_negative_mining_takes_three_negatives_per_positive_by_background_loss():
+    num_priors, classes = 20, 3
+    conf_t = torch.zeros(1, num_priors, dtype=torch.long)
+    conf_t[0, [0, 1]] = 1                       # 2 positives
+    conf_t[0, 2] = -1                           # 1 neutral, never a negative
+    conf = torch.zeros(1, num_priors, classes)
+    badness = torch.arange(num_priors, dtype=torch.float32)      # prior i: foreground logit i
+    conf[0, :, 1] = badness
+    conf[0, 2, 1] = 100.0                       # the neutral would be the hardest "negative"
+    negatives = hard_negatives(conf, conf_t, negpos_ratio=3)
+    assert negatives.sum() == 6
+    assert torch.nonzero(negatives[0]).squeeze(1).tolist() == list(range(14, 20))
+    assert not negatives[0, :3].any()
+
+
+def test_conf_loss_is_cross_entropy_over_positives_and_mined_negatives():
+    priors = torch.tensor([square_prior(0.5, 0.5, 0.2)] + [square_prior(0.05 * i, 0.05, 0.02) for i in range(1, 9)])
+    loss = YolactLoss(LossConfig(), priors)
+    conf = torch.randn(1, 9, 3, generator=torch.Generator().manual_seed(0))
+    conf_t = torch.zeros(1, 9, dtype=torch.long)
+    conf_t[0, 0] = 2
+    chosen = (conf_t > 0) | hard_negatives(conf, conf_t, 3)
+    assert chosen.sum() == 4
+    expected = F.cross_entropy(conf[chosen], conf_t[chosen], reduction="sum")
+    assert loss.conf_sum(conf, conf_t) == pytest.approx(float(expected))
+
+
+def test_mask_loss_is_bce_inside_the_box_divided_by_the_box_area_in_proto_pixels():
+    size, proto_size = 32, 8
+    box = torch.tensor([[0.25, 0.25, 0.75, 0.5]])                  # 4 x 2 proto pixels
+    gt_mask = torch.zeros(1, size, size)
+    gt_mask[0, 8:16, 8:24] = 1.0
+    target = Targets(boxes=box, labels=torch.tensor([0]), masks=gt_mask)
+    priors = torch.tensor([[0.5, 0.375, 0.5, 0.25]])
+    loss = YolactLoss(LossConfig(), priors)
+    m = loss.match([target])[0]
+    assert m.conf.tolist() == [1]
+    proto = torch.zeros(proto_size, proto_size, 1)                 # every logit 0 -> p = 0.5 everywhere
+    coeffs = torch.ones(1, 1)
+    per_mask = loss.mask_sum(proto, coeffs, target, m)
+    # crop window with 1 proto px padding: cols 1..6, rows 1..4 -> 6 x 4 = 24 pixels at p = 0.5, BCE ln 2 each
+    assert float(per_mask) == pytest.approx(24 * math.log(2) / (4 * 2), rel=1e-5)
+    outputs = {"loc": torch.zeros(1, 1, 4), "conf": torch.zeros(1, 1, 2), "mask": coeffs[None],
+               "proto": proto[None], "segm": torch.zeros(1, 1, 4, 4)}
+    sums = loss.sums(outputs, [target], [m])
+    assert float(sums["mask"]) == pytest.approx(6.125 * 24 * math.log(2) / 8, rel=1e-5)
+    terms = Normalizer(num_positives=2, num_images=4).apply(sums)
+    assert float(terms["mask"]) == pytest.approx(float(sums["mask"]) / 2)
+    assert float(terms["semantic"]) == pytest.approx(float(sums["semantic"]) / 4)
+
+
+def test_masks_to_train_samples_positives_and_rescales():
+    priors = torch.tensor([square_prior(0.5, 0.5, 0.5)] * 6)
+    gt = torch.zeros(1, 16, 16)
+    gt[0, 4:12, 4:12] = 1
+    target = Targets(boxes=torch.tensor([[0.25, 0.25, 0.75, 0.75]]), labels=torch.tensor([0]), masks=gt, seed=3)
+    coeffs = torch.zeros(6, 2)
+    proto = torch.zeros(4, 4, 2)
+    full = YolactLoss(LossConfig(masks_to_train=100), priors)
+    m = full.match([target])[0]
+    assert int(m.positive.sum()) == 6
+    sampled = YolactLoss(LossConfig(masks_to_train=2), priors)
+    # identical per-positive losses: the sampled sum scaled by 6/2 equals the full sum
+    assert float(sampled.mask_sum(proto, coeffs, target, m)) == pytest.approx(float(full.mask_sum(proto, coeffs,
+                                                                                                    target, m)))
+
+
+def test_encode_inverts_the_inference_decoder():
+    rng = np.random.default_rng(0)
+    priors = torch.from_numpy(np.concatenate([rng.uniform(0.2, 0.8, (50, 2)), rng.uniform(0.05, 0.3, (50, 2))],
+                                             axis=1).astype(np.float32))
+    loc = torch.from_numpy(rng.normal(0, 1, (50, 4)).astype(np.float32))
+    boxes = decode_boxes(loc.numpy(), priors.numpy())
+    np.testing.assert_allclose(encode(torch.from_numpy(boxes), priors).numpy(), loc.numpy(), atol=2e-4)
+
+
+@pytest.mark.parametrize("dp_size", [1, 2, 4])
+def test_ranks_together_see_the_single_process_global_batch(dp_size):
+    sampler = GlobalBatchSampler(num_samples=37, global_batch=8, micro_batch=2, seed=5)
+    for epoch in range(2):
+        for step in range(sampler.steps_per_epoch):
+            single = sampler.micro_batches(epoch, step)
+            split = [mb for rank in range(dp_size) for mb in sampler.micro_batches(epoch, step, rank, dp_size)]
+            assert split == single
+    order = sampler.order(0)
+    assert sorted(order.tolist()) == list(range(37))
+    assert not np.array_equal(order, sampler.order(1))
+    with pytest.raises(ValueError, match="cannot be shared"):
+        sampler.micro_batches(0, 0, 0, 3)

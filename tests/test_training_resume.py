@@ -1,0 +1,70 @@
+"""Kill a training run (the whole process group: driver, torchrun, rank) after it wrote a checkpoint, run the same
+command again: it resumes there and its losses are those of an uninterrupted run."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tests.fixtures_training import REPO, tiny_roads  # noqa: F401
+
+STEPS, EVERY = 6, 2
+
+
+def job_command(data: Path, prepared: Path, run_dir: Path) -> list[str]:
+    settings = {
+        "data.images": data / "images", "data.annotations": data / "annotations.json", "data.prepared": prepared,
+        "data.num_shards": 2, "data.val_fraction": 0.25, "model.max_size": 64, "distributed.threads_per_process": 1,
+        "train.max_steps": STEPS, "train.global_batch": 4, "train.micro_batch": 2, "train.warmup_steps": 2,
+        "train.lr_milestones": "[0.5]", "checkpoint.every_steps": EVERY, "eval.every_epochs": 0,
+        "tracking.mlflow_uri": run_dir / "mlruns", "tracking.progress_bar": "false", "tracking.plots": "false",
+    }
+    command = [sys.executable, str(REPO / "jobs" / "train_yolact.py"), "--run-dir", str(run_dir), "--epochs", "5"]
+    for key, value in settings.items():
+        command += ["--set", f"{key}={value}"]
+    return command
+
+
+def run_job(command: list[str], log: Path, kill_when: Path | None = None) -> int:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                   start_new_session=True)
+        if kill_when is None:
+            return process.wait(timeout=900)
+        deadline = time.time() + 900
+        while not kill_when.exists() and process.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert process.poll() is None, f"the run ended before it could be killed: {log.read_text()[-2000:]}"
+        os.killpg(process.pid, signal.SIGKILL)
+        return process.wait(timeout=60)
+
+
+def losses(run_dir: Path) -> dict[int, list[float]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {m["step"]: [m["loss"], m["box"], m["conf"], m["mask"], m["semantic"]] for m in rows if m["kind"] == "step"}
+
+
+def test_killed_run_resumes_and_reproduces_the_uninterrupted_losses(tiny_roads, tmp_path):
+    prepared = tmp_path / "prepared"
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert run_job(job_command(tiny_roads, prepared, straight), tmp_path / "straight.log") == 0
+    expected = losses(straight)
+    assert sorted(expected) == list(range(1, STEPS + 1))
+
+    first_checkpoint = killed / "checkpoints" / f"step_{EVERY:08d}.pt"
+    code = run_job(job_command(tiny_roads, prepared, killed), tmp_path / "killed.log", kill_when=first_checkpoint)
+    assert code == -signal.SIGKILL
+    assert run_job(job_command(tiny_roads, prepared, killed), tmp_path / "resumed.log") == 0
+    resumed_log = (tmp_path / "resumed.log").read_text()
+    assert "resumed from" in resumed_log
+    got = losses(killed)
+    assert sorted(got) == sorted(expected)
+    np.testing.assert_allclose([got[s] for s in sorted(got)], [expected[s] for s in sorted(expected)],
+                               rtol=1e-5, atol=1e-6)
