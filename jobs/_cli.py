@@ -61,7 +61,11 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     from pipelines.spark_session import job_session
     from pipelines.inference_job import JobFailed, run
 
-    spark = job_session(config["spark"])
+    try:
+        spark = job_session(config["spark"], engine=config["inference"].get("engine", "native"))
+    except RuntimeError as err:          # BigDLNotInstalled: names the command that installs it
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         summary = run(spark, config, family=family)
     except (ModelManifestError, InputError, ConfigError, ValueError) as err:

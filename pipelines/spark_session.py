@@ -47,13 +47,18 @@ def ship_library(session: SparkSession) -> None:
     session.conf.set("spark.sparkseg.libraryShipped", "true")
 
 
-def job_session(spark_config: dict) -> SparkSession:
+def job_session(spark_config: dict, engine: str = "native") -> SparkSession:
     """The session for a job: under spark-submit (or Databricks) the existing master and settings win; run as a plain
-    `python jobs/...` script it starts `spark_config['master']` (local[*] by default)."""
+    `python jobs/...` script it starts `spark_config['master']` (local[*] by default). The bigdl engine gets a
+    session with BigDL's jars and settings (fails on the driver, naming the install command, without BigDL)."""
     active = SparkSession.getActiveSession()
-    if active is not None:
+    if active is not None and engine != "bigdl":
         return active
     conf = {str(k): str(v) for k, v in (spark_config.get("conf") or {}).items()}
+    if engine == "bigdl":
+        from pipelines.bigdl_engine import bigdl_python_env
+
+        return bigdl_python_env(spark_config.get("master", "local[*]"), spark_config.get("app_name", "sparkseg"), conf)
     if os.environ.get("PYSPARK_GATEWAY_PORT"):   # launched by spark-submit: its master and conf win
         builder = SparkSession.builder.appName(spark_config.get("app_name", "sparkseg"))
         for key, value in {**DEFAULT_CONF, **conf}.items():
