@@ -46,7 +46,8 @@ test-main: $(VENV)/.stamp-test azurite
 	$(PY) -m pytest -m "not bigdl" tests
 
 test-bigdl: bigdl-env
-	PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl tests
+	PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl \
+		tests/test_bigdl_engine.py tests/test_bigdl_job.py
 
 bench: $(VENV)/.stamp-test
 	$(PY) scripts/bench.py

@@ -43,18 +43,20 @@ class ParityFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class DetectorParityGate:
-    """Thresholds the export must meet. Detections are matched as sets (same label, box IoU >= 0.5).
+    """Thresholds the export must meet. Detections are matched as sets (same label, box IoU >= 0.5); a matched
+    pair is "reproduced" when its boxes are equal within `box_rel` (|d| / max(|torch coordinate|, 1 px)).
 
-    ONNX Runtime and OpenVINO f32 on the FP32-weights IR: at least `min_matched` of torch's detections matched,
-    and matched boxes equal within `box_rel` (|d| / max(|torch coordinate|, 1 px)). The shipped FP16-weights IR
-    run in f32: `fp16_min_matched` and a median matched box IoU >= `fp16_min_median_box_iou`. bf16 (the device
-    default on AMX CPUs) is reported, not gated. torchvision's own transform (resize + normalize in torch) against
-    our preprocessing: `transform_min_matched`.
+    ONNX Runtime and OpenVINO f32 on the FP32-weights IR: at least `min_reproduced` of torch's detections
+    reproduced (a near-tie in an NMS may flip a few). The shipped FP16-weights IR run in f32: `fp16_min_matched`
+    and a median matched box IoU >= `fp16_min_median_box_iou` (FP16 weights move scores by 1e-3..1e-2, enough to
+    flip near-tied NMS decisions; a broken conversion matches almost nothing). bf16 (the device default on AMX
+    CPUs) is reported, not gated. torchvision's own transform (resize + normalize in torch) against our
+    preprocessing: `transform_min_matched`.
     """
 
     box_rel: float = 1e-3
-    min_matched: float = 0.98
-    fp16_min_matched: float = 0.9
+    min_reproduced: float = 0.95
+    fp16_min_matched: float = 0.8
     fp16_min_median_box_iou: float = 0.95
     transform_min_matched: float = 0.9
 
@@ -180,9 +182,10 @@ def valid_detections(raw: dict, score_thresh: float) -> Detections:
                       scores=np.asarray(raw["scores"][keep], np.float32))
 
 
-def detection_agreement(reference: list[Detections], other: list[Detections]) -> dict:
-    """Over all images: counts, matched fraction (same label, box IoU >= 0.5), matched boxes' IoU, largest
-    coordinate difference (pixels, and relative to max(|torch coordinate|, 1)), largest score difference."""
+def detection_agreement(reference: list[Detections], other: list[Detections], box_rel: float = 1e-3) -> dict:
+    """Over all images: counts, matched fraction (same label, box IoU >= 0.5), reproduced fraction (matched with
+    every coordinate within `box_rel` relative), matched boxes' IoU, largest coordinate difference (pixels, and
+    relative to max(|torch coordinate|, 1)), largest score difference."""
     n_ref = n_other = 0
     ious, abs_diffs, rel_diffs, score_diffs = [], [], [], []
     for ref, out in zip(reference, other):
@@ -197,6 +200,7 @@ def detection_agreement(reference: list[Detections], other: list[Detections]) ->
     return {
         "detections_ref": n_ref, "detections": n_other,
         "matched_fraction": len(ious) / denominator if denominator else 1.0,
+        "reproduced_fraction": sum(r <= box_rel for r in rel_diffs) / denominator if denominator else 1.0,
         "box_iou_median": float(np.median(ious)) if ious else None,
         "box_iou_min": float(np.min(ious)) if ious else None,
         "box_max_abs": max(abs_diffs) if abs_diffs else None,
@@ -259,8 +263,9 @@ def run_parity(model: FactorNetDetector, out: Path, files: dict, spec: dict, sco
                       "labels_identical": all(np.array_equal(r["labels"], o["labels"])
                                               for r, o in zip(outputs["torch"], rows_out)),
                       "detections": detection_agreement(reference, [valid_detections(o, score_thresh)
-                                                                    for o in rows_out])}
-    transform = detection_agreement(reference, torchvision_transform_detections(model, images, score_thresh))
+                                                                    for o in rows_out], gate.box_rel)}
+    transform = detection_agreement(reference, torchvision_transform_detections(model, images, score_thresh),
+                                    gate.box_rel)
     failures = gate_failures(rows, transform, gate)
     return {"images": [name for name, _ in images], "gate": gate.as_dict(), "runtimes": rows,
             "torchvision_transform": transform, "passed": not failures, "failures": failures}
@@ -273,10 +278,9 @@ def gate_failures(rows: dict, transform: dict, gate: DetectorParityGate) -> list
                         "--parity-images, or check the weights)")
     for runtime in F32_RUNTIMES:
         det = rows[runtime]["detections"]
-        if det["matched_fraction"] < gate.min_matched:
-            failures.append(f"{runtime}: matched {det['matched_fraction']:.3f} < {gate.min_matched}")
-        if det["box_max_rel"] is not None and det["box_max_rel"] > gate.box_rel:
-            failures.append(f"{runtime}: box difference {det['box_max_rel']:.3g} (relative) > {gate.box_rel:g}")
+        if det["reproduced_fraction"] < gate.min_reproduced:
+            failures.append(f"{runtime}: {det['reproduced_fraction']:.3f} of torch's detections reproduced (same "
+                            f"label, boxes within {gate.box_rel:g} relative) < {gate.min_reproduced}")
     det = rows["openvino_fp16ir_f32"]["detections"]
     if det["matched_fraction"] < gate.fp16_min_matched:
         failures.append(f"openvino_fp16ir_f32: matched {det['matched_fraction']:.3f} < {gate.fp16_min_matched}")
@@ -294,11 +298,13 @@ def format_table(rows: dict, transform: dict) -> str:
     def number(value, spec):
         return "-" if value is None else format(value, spec)
 
-    header = ["runtime", "dets", "matched", "labels same", "boxIoU med/min", "box max|d| px/rel", "score max|d|"]
+    header = ["runtime", "dets", "matched", "reproduced", "labels same", "boxIoU med/min", "box max|d| px/rel",
+              "score max|d|"]
     lines = [header]
     for name, det, same in [(n, r["detections"], r["labels_identical"]) for n, r in rows.items()] + [
             ("torchvision_transform", transform, None)]:
         lines.append([name, str(det["detections"]), f"{det['matched_fraction']:.3f}",
+                      f"{det['reproduced_fraction']:.3f}",
                       "-" if same is None else str(same),
                       f"{number(det['box_iou_median'], '.4f')}/{number(det['box_iou_min'], '.4f')}",
                       f"{number(det['box_max_abs'], '.2e')}/{number(det['box_max_rel'], '.2e')}",

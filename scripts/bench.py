@@ -67,7 +67,7 @@ def machine_facts() -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=200, help="number of bench images (default 200)")
-    parser.add_argument("--quick", action="store_true", help="24 images, benchmark_app 10 s")
+    parser.add_argument("--quick", action="store_true", help="24 images, benchmark_app 10 s, rows killed after 1500 s")
     parser.add_argument("--precisions", default="f32,bf16", help="comma-separated: f32, bf16")
     parser.add_argument("--rows", default=",".join(ALL_ROWS),
                         help=f"comma-separated subset of {','.join(ALL_ROWS)}, or 'none'")
@@ -79,9 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work-dir", default=str(REPO / "work" / "bench"), help="cache: images, IR, run dirs")
     parser.add_argument("--out", default=str(REPO / "reports"), help="where bench.md and bench.csv go")
     parser.add_argument("--row-timeout", type=float, default=3600.0, help="seconds before a row is killed")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse the successful rows of an earlier run with the same --images (work dir results/)")
     args = parser.parse_args(argv)
     if args.quick:
         args.images, args.seconds = min(args.images, 24), min(args.seconds, 10)
+        args.row_timeout = min(args.row_timeout, 1500.0)
     args.precisions = [p for p in args.precisions.split(",") if p]
     bad = [p for p in args.precisions if p not in ("f32", "bf16")]
     args.rows = [] if args.rows == "none" else [r for r in args.rows.split(",") if r]
@@ -97,6 +100,12 @@ def run_rows(args, model: Path, images: Path, work: Path) -> list:
     results = []
     for precision in args.precisions:
         for row in args.rows:
+            saved = work / "results" / f"n{args.images}-{row}-{precision}.json"
+            result = rows.load_result(saved) if args.reuse else None
+            if result is not None and result.status in ("ok", "n/a"):
+                log(f"{row} {precision}: reusing {saved}")
+                results.append(result)
+                continue
             log(f"{row} {precision} ...")
             started = time.perf_counter()
             if row == "ceiling":
@@ -112,6 +121,7 @@ def run_rows(args, model: Path, images: Path, work: Path) -> list:
             log(f"{row} {precision}: {result.status}"
                 + (f", {result.images_per_s} images/s" if result.status == "ok" else f" ({result.note})")
                 + f" [{time.perf_counter() - started:.0f} s]")
+            rows.save_result(result, saved)
             results.append(result)
     return results
 

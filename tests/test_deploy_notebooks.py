@@ -56,7 +56,7 @@ def test_databricks_notebook_runs_cell_by_cell_against_azurite(spark, azurite, m
     assert result["table"] == {"images": 3, "errors": 1, "superseded_rows": 0}
     blobs = [blob.name for blob in client.list_blobs(name_starts_with="out/")]
     assert any(name.startswith("out/detections/") for name in blobs)
-    assert any(name.startswith("out/masks/landing/day0/") for name in blobs)
+    assert any(name.startswith("out/masks/day0/img0.jpg") for name in blobs)
     assert "out/summary.json" in blobs and f"out/{LOCK_NAME}" not in blobs   # the lock was released
     written = b"".join(client.download_blob(name).readall() for name in blobs)
     assert ACCOUNT_KEY.encode() not in written and azurite.connection_string.encode() not in written
@@ -114,8 +114,9 @@ def test_explore_notebook_draws_overlays_and_sweep_plots(spark, monkeypatch, tmp
     assert all(cell["outputs"] == [] and cell["execution_count"] is None for cell in code_cells), "no saved outputs"
 
     images, output, reports = tmp_path / "images", tmp_path / "out", tmp_path / "reports"
-    for seed in range(2):
-        write_image(images / f"img{seed}.jpg", seed, size=(96, 72))
+    images.mkdir()
+    for name in ("rocket.jpg", "coffee.jpg"):   # photos on which the bundled (random) model has non-empty masks
+        (images / name).write_bytes((SAMPLES / "images" / name).read_bytes())
     run(spark, job_config(images, output))
     plot = reports / "sweep" / "plots" / "images_per_s_vs_partitions.png"
     plot.parent.mkdir(parents=True)
@@ -126,7 +127,7 @@ def test_explore_notebook_draws_overlays_and_sweep_plots(spark, monkeypatch, tmp
 
     monkeypatch.chdir(REPO)
     namespace: dict = {"__name__": "__main__"}
-    parameters = f"OUTPUT = {str(output)!r}\nREPORTS = {str(reports)!r}\nMIN_SCORE = 0.0\nMAX_INSTANCES = 5\n"
+    parameters = f"OUTPUT = {str(output)!r}\nREPORTS = {str(reports)!r}\nMIN_SCORE = 0.0\nMAX_INSTANCES = 100\n"
     try:
         for number, cell in enumerate(code_cells):
             exec(compile("".join(cell["source"]), f"explore_results#cell{number}", "exec"), namespace)

@@ -54,14 +54,14 @@ def test_parity_meets_the_gate(detector_export):
     assert torch_dets == 3 * 50, "the biased random weights must fill the 50 output rows of each parity image"
     for runtime in F32_RUNTIMES:
         det = rows[runtime]["detections"]
-        assert det["detections"] == torch_dets and det["matched_fraction"] == 1.0, runtime
+        assert det["detections"] == torch_dets and det["reproduced_fraction"] == 1.0, runtime
         assert rows[runtime]["labels_identical"], runtime
         assert det["box_max_rel"] <= 1e-3 and det["score_max_abs"] <= 1e-3, runtime
     fp16 = rows["openvino_fp16ir_f32"]["detections"]
     assert fp16["matched_fraction"] >= 0.9 and fp16["box_iou_median"] >= 0.95
     assert rows["openvino_fp16ir_default"]["detections"]["detections"] > 0      # reported, not gated
     transform = report["torchvision_transform"]
-    assert transform["matched_fraction"] == 1.0 and transform["box_max_rel"] <= 1e-3
+    assert transform["reproduced_fraction"] == 1.0 and transform["box_max_rel"] <= 1e-3
 
 
 def test_onnxruntime_and_openvino_f32_match_torch_on_new_images(detector_export, tmp_path):
@@ -167,7 +167,7 @@ def test_checkpoint_loads_into_its_config_and_a_mismatch_names_the_keys(tmp_path
 
 
 def test_broken_parity_fails_the_export_without_a_manifest(tmp_path, capsys):
-    code = export_small_detector(tmp_path, "--parity-count", "1", "--gate-min-matched", "1.5")
+    code = export_small_detector(tmp_path, "--parity-count", "1", "--gate-min-reproduced", "1.5")
     assert code == 3
     assert "parity gate failed" in capsys.readouterr().err
     assert not (tmp_path / "manifest.json").exists()

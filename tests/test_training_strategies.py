@@ -23,15 +23,31 @@ def step_losses(run_dir: Path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def local_run(spark, tiny_roads, tiny_prepared, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("local")
-    summary = run_training(spark, tiny_config(tiny_roads, tiny_prepared, run_dir))
+    summary = run_training(spark, tiny_config(tiny_roads, tiny_prepared, run_dir, **{"tracking.plots": True}))
     assert summary["strategy"] == "local" and summary["world"] == 1
+    assert summary["speed"]["images_per_second"] > 0
     return run_dir
+
+
+def test_run_is_plotted_and_logged_to_mlflow(local_run):
+    import mlflow
+
+    assert (local_run / "loss_curves.png").stat().st_size > 0
+    summary = json.loads((local_run / "summary.json").read_text())
+    client = mlflow.MlflowClient(tracking_uri=(local_run / "mlruns").as_uri())
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.params["strategy"] == "local"
+    history = client.get_metric_history(run.info.run_id, "train_loss")
+    assert [m.step for m in history] == [1, 2, 3]
+    assert "images_per_second" in run.data.metrics
 
 
 def test_ddp_two_processes_equals_one_process(spark, tiny_roads, tiny_prepared, local_run, tmp_path):
     summary = run_training(spark, tiny_config(tiny_roads, tiny_prepared, tmp_path,
-                                              **{"distributed.strategy": "ddp", "distributed.num_processes": 2}))
+                                              **{"distributed.strategy": "ddp", "distributed.num_processes": 2,
+                                                 "tracking.baseline": str(local_run / "summary.json")}))
     assert summary["world"] == 2 and summary["state"]["step"] == 3
+    assert summary["speed"]["efficiency"] == pytest.approx(summary["speed"]["speedup"] / 2, abs=1e-3)
     expected, got = step_losses(local_run), step_losses(tmp_path)
     assert got.shape == expected.shape == (3, 5)
     np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-5)

@@ -318,9 +318,14 @@ def bias_box_predictor(model: FactorNetDetector, classes: Iterable[int], calibra
 
 
 def _calibrate_linear(network: nn.Module, source: nn.Module, layer: nn.Module, calibration: torch.Tensor,
-                      spread: float) -> None:
+                      spread: float, components: int = 8) -> None:
     """Set `layer` (a Linear, or a 1x1 Conv2d) to random directions over the features `source` outputs on the
-    calibration input, scaled and shifted so that each output has mean 0 and standard deviation `spread`."""
+    calibration input, scaled and shifted so that each output has mean 0 and standard deviation `spread`.
+
+    The directions lie in the span of the features' top principal components (where they vary most between
+    anchors / proposals): a random direction would mostly read the features' common offset, and scaling its small
+    variation up to `spread` would amplify rounding (FP16 weights, another runtime) just as much.
+    """
     seen: list[torch.Tensor] = []
 
     def keep(_module, _inputs, output):
@@ -333,10 +338,13 @@ def _calibrate_linear(network: nn.Module, source: nn.Module, layer: nn.Module, c
             network(calibration)
     finally:
         handle.remove()
-    features = torch.cat(seen)                                  # [N, C]
+    features = torch.cat(seen).double()                         # [N, C]
     with torch.no_grad():
-        direction = torch.randn(layer.weight.shape[0], features.shape[1])
+        centered = features - features.mean(dim=0)
+        _, _, basis = torch.linalg.svd(centered, full_matrices=False)    # rows: principal directions
+        basis = basis[:components]
+        direction = torch.randn(layer.weight.shape[0], basis.shape[0], dtype=torch.float64) @ basis
         projected = features @ direction.T                      # [N, outputs]
         scale = spread / projected.std(dim=0).clamp_min(1e-12)
-        layer.weight.copy_((direction * scale[:, None]).reshape(layer.weight.shape))
-        layer.bias.copy_(-projected.mean(dim=0) * scale)
+        layer.weight.copy_((direction * scale[:, None]).reshape(layer.weight.shape).float())
+        layer.bias.copy_((-projected.mean(dim=0) * scale).float())

@@ -56,9 +56,12 @@ def main_table(results, precisions: list[str], row_names: dict[str, str]) -> str
                 line[f"{precision} images/s"] = result.status
                 notes.append(f"{precision}: {result.status}: {result.note}")
             line[f"{precision} peak MB"] = _mb(result.memory.get("peak_total_pss_mb"))
-        if not notes:
-            first = next((by_key[(row, p)] for p in precisions if (row, p) in by_key), None)
-            notes.append(first.note if first else "")
+        first = next((by_key[(row, p)] for p in precisions if (row, p) in by_key and by_key[(row, p)].status == "ok"),
+                     None)
+        if first is not None:
+            notes.insert(0, first.note)
+            if first.settings:
+                notes.append("settings: " + ", ".join(f"{k} {v}" for k, v in sorted(first.settings.items())))
         line["notes"] = "; ".join(n for n in notes if n)
         rows.append(line)
     return markdown_table(rows, columns)

@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pipelines.sweeps.config import GridPoint
@@ -25,6 +25,7 @@ from pipelines.sweeps.process_memory import MemoryPeaks, TreeMemorySampler
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 BENCHMARK_APP = Path(sys.executable).with_name("benchmark_app")
+BIGDL_DRIVER_MEMORY = "4g"
 ROW_NAMES = {
     "ceiling": "benchmark_app on the IR (ceiling, model only)",
     "torch": "PyTorch eager, one process (YOLACT Original)",
@@ -60,6 +61,19 @@ class BenchResult:
         row.update({f"stage_{k}_s": v for k, v in self.stage_seconds.items()})
         row.update(self.memory)
         return row
+
+
+def save_result(result: BenchResult, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(result), default=str), encoding="utf-8")
+
+
+def load_result(path: Path) -> BenchResult | None:
+    """A saved result, or None when there is none (or it is not usable)."""
+    try:
+        return BenchResult(**json.loads(path.read_text(encoding="utf-8")))
+    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        return None
 
 
 def child_env() -> dict:
@@ -152,11 +166,17 @@ def spark_job(row: str, engine: str, precision: str, model: Path, images: Path, 
                       openvino_threads=0, precision=precision, engine=engine)
     from pipelines.job_config import load_config, merge
 
-    job = merge(load_config(), {"input": {"uri": str(images)}, "model": {"dir": str(model)},
-                                "run": {"progress_interval_s": 0}})
+    overlay = {"input": {"uri": str(images)}, "model": {"dir": str(model)}, "run": {"progress_interval_s": 0}}
+    if engine == "bigdl":   # at Spark's default 1g the BigDL engine's JVM ran out of heap (24 R50 images, local[2])
+        overlay["spark"] = {"conf": {"spark.driver.memory": BIGDL_DRIVER_MEMORY}}
+    job = merge(load_config(), overlay)
     env = PointEnv(mode="local", master="local[2]", python=python, extra_env=extra_env, timeout_s=timeout_s)
-    result = run_point(point, job, env, work / f"{row}-{precision}")
-    return from_point_row(row, precision, result)
+    result = from_point_row(row, precision, run_point(point, job, env, work / f"{row}-{precision}"))
+    if engine == "bigdl":
+        result.settings["spark.driver.memory"] = BIGDL_DRIVER_MEMORY
+        result.note += (f"; spark.driver.memory {BIGDL_DRIVER_MEMORY} (at 1g its JVM ran out of heap); its "
+                        "infer time is not split per image (Orca predicts whole partitions)")
+    return result
 
 
 def from_point_row(row: str, precision: str, point_row: dict) -> BenchResult:

@@ -1,0 +1,92 @@
+"""The bigdl engine through the job (run inside .venv-bigdl: `make test-bigdl`): same outputs as the native engine,
+the same every-input-accounted-for guarantee, local mode and a 2-worker standalone cluster."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipelines.inference_job import run
+from pipelines.mask_outputs import decode_rle
+from tests.bad_inputs import build_bad_input_corpus
+from tests.bigdl.fixtures import bigdl_log, bigdl_spark  # noqa: F401  (pytest fixtures)
+from tests.conftest import REPO, SAMPLES
+from tests.test_infer_job import MODEL_DIR, job_config
+
+pytestmark = pytest.mark.bigdl
+INPUT_SIDE = 352     # the bundled model's input size
+
+
+def rows_by_name(spark, output: Path) -> dict:
+    return {Path(r.path).name: r for r in spark.read.parquet(str(output / "detections")).collect()}
+
+
+def mask_iou(a, b) -> float:
+    a, b = decode_rle(a.asDict(recursive=True)), decode_rle(b.asDict(recursive=True))
+    union = np.logical_or(a, b).sum()
+    return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
+
+
+def test_bigdl_engine_equals_the_native_engine(bigdl_spark, tmp_path):
+    """Images already at the network's input size: both engines' resizes are the identity, so the only other
+    difference left would be the engines themselves. (At other sizes BigDL's ImageResize, OpenCV INTER_LINEAR on
+    uint8, differs from our float bilinear by <= 0.75 of a uint8 level: measured in test_bigdl_engine.py's
+    test_preprocess_stays_within_one_uint8_level_of_our_numpy_preprocessing; on random weights that is enough to
+    reorder near-tied detections, so the equality check uses input-sized images.)"""
+    images = tmp_path / "images"
+    images.mkdir()
+    for path in sorted((SAMPLES / "images").glob("*.jpg"))[:4]:
+        Image.open(path).convert("RGB").resize((INPUT_SIDE, INPUT_SIDE)).save(images / (path.stem + ".png"))
+    native = run(bigdl_spark, job_config(images, tmp_path / "native"))
+    bigdl = run(bigdl_spark, {**job_config(images, tmp_path / "bigdl"),
+                              "inference": {**job_config(images, tmp_path)["inference"], "engine": "bigdl"}})
+    assert native["counts"]["done"] == bigdl["counts"]["done"] == 4
+    ours, theirs = rows_by_name(bigdl_spark, tmp_path / "native"), rows_by_name(bigdl_spark, tmp_path / "bigdl")
+    assert set(ours) == set(theirs)
+    for name, row in ours.items():
+        other = theirs[name]
+        assert [i.class_id for i in row.instances] == [i.class_id for i in other.instances], name
+        np.testing.assert_allclose([i.score for i in row.instances], [i.score for i in other.instances], atol=1e-4)
+        for a, b in zip(row.instances, other.instances):
+            assert mask_iou(a.mask, b.mask) >= 0.99
+
+
+def test_bad_input_corpus_through_the_bigdl_engine(bigdl_spark, tmp_path):
+    corpus = tmp_path / "bad"
+    corpus.mkdir()
+    expected = build_bad_input_corpus(corpus)
+    config = job_config(corpus, tmp_path / "out", partitions=3)
+    config["inference"]["engine"] = "bigdl"
+    summary = run(bigdl_spark, config)
+    detections = set(rows_by_name(bigdl_spark, tmp_path / "out"))
+    errors = {Path(r.path).name for r in bigdl_spark.read.parquet(str(tmp_path / "out" / "errors")).collect()}
+    listed = {n for n in expected if Path(n).suffix.lower() in tuple(config["input"]["extensions"])}
+    assert not detections & errors and detections | errors == listed
+    assert {n for n in listed if expected[n] == "ok"} <= detections
+    assert summary["counts"]["failed"] == len(errors)
+
+
+@pytest.mark.cluster
+def test_bigdl_engine_on_a_two_worker_standalone_cluster(tmp_path):
+    from pipelines.standalone_cluster import ClusterConfig, StandaloneCluster
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for path in sorted((SAMPLES / "images").iterdir()):
+        if path.suffix in (".jpg", ".png"):
+            shutil.copy(path, images / path.name)
+    with StandaloneCluster(ClusterConfig(workers=2, cores=1, memory="1g"), base_dir=tmp_path / "cluster") as cluster:
+        done = subprocess.run(
+            [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), "--engine", "bigdl", "--master",
+             cluster.master_url, "--input", str(images), "--output", str(tmp_path / "out"), "--model",
+             str(MODEL_DIR), "--precision", "f32", "--partitions", "4"],
+            cwd=REPO, capture_output=True, text=True, timeout=1200)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        assert f"done {len(list(images.iterdir()))}, failed 0" in done.stdout
+        app = cluster.master_state()["completedapps"][-1]
+        assert app["name"].startswith("sparkseg")
