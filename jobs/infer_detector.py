@@ -6,20 +6,20 @@
 
 DIR for --model: an export directory made by `python -m model_export detector ...`. Same arguments, outputs
 (detections/ with boxes and no masks, errors/, summary.json) and exit codes as jobs/infer_yolact.py (both are
-jobs/_cli.py; in YARN cluster mode ship it along: --py-files jobs/_cli.py).
+pipelines/job_cli.py).
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))   # jobs/_cli.py, next to this script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
 
-import _cli  # noqa: E402
+from pipelines import job_cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    return _cli.main(argv, family="detector", description=__doc__)
+    return job_cli.main(argv, family="detector", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -3,25 +3,24 @@
     spark-submit jobs/infer_yolact.py --config conf/yarn.yaml --input hdfs:///images --output hdfs:///out
     python jobs/infer_yolact.py            # the embedded default: local[*] on samples/images -> ./output
 
-Arguments, exit codes and the summary are shared with the other job scripts (jobs/_cli.py; in YARN cluster mode
-ship it along: --py-files jobs/_cli.py).
+Arguments, exit codes and the summary are shared with the other job scripts (pipelines/job_cli.py).
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))   # jobs/_cli.py, next to this script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
 
-import _cli  # noqa: E402
-from _cli import OVERRIDES, parse_args, print_summary  # noqa: E402,F401  (this script's public names)
+from pipelines import job_cli  # noqa: E402
+from pipelines.job_cli import OVERRIDES, parse_args, print_summary  # noqa: E402,F401  (this script's public names)
 
 
 def main(argv: list[str] | None = None) -> int:
     from pipelines.run_lock import LockHeld
 
     try:
-        return _cli.main(argv, family="yolact", description=__doc__)
+        return job_cli.main(argv, family="yolact", description=__doc__)
     except LockHeld as err:   # another run holds <output>/_sparkseg.lock: nothing was done
         print(f"error: {err}", file=sys.stderr)
         return 4

@@ -4,7 +4,7 @@
     python jobs/infer_detector.py ...    # -> main(argv, family="detector")
 
 Exit codes: 0 done; 2 bad input, config or model (nothing ran); 3 the job ran but failed its error budget
-(summary.json written). In YARN cluster mode ship this file with the script: `--py-files jobs/_cli.py`.
+(summary.json written).
 """
 from __future__ import annotations
 
