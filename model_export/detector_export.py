@@ -23,7 +23,7 @@ from model_export import onnx_openvino as conv
 from model_export.models.checkpoint import CheckpointError, read_state_dict
 from model_export.models.factornet_detector import (DETECTOR_CONFIGS, DetectorNetwork, FactorNetDetector,
                                                     bias_box_predictor, get_detector_config)
-from model_export.parity import match_detections, raw_differences
+from model_export.parity import match_detections, raw_differences, runtime_outputs
 from pipelines.image_decode import decode_image
 from pipelines.model_manifest import write_manifest
 from pipelines.preprocess import preprocess_rgb
@@ -228,33 +228,10 @@ def run_parity(model: FactorNetDetector, out: Path, files: dict, spec: dict, sco
                images: list[tuple[str, np.ndarray]], gate: DetectorParityGate) -> dict:
     """Run torch, ONNX Runtime and OpenVINO (FP32 IR in f32; FP16 IR in f32 and in the device default) on the
     images; compare raw outputs and detections with torch."""
-    import onnxruntime as ort
-    import openvino as ov
-
-    from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
-
     network = DetectorNetwork(model).eval()
     tensors = [preprocess_rgb(rgb, spec) for _, rgb in images]
-    outputs: dict[str, list[dict]] = {"torch": []}
-    with torch.no_grad():
-        for x in tensors:
-            values = network(torch.from_numpy(x)[None])
-            outputs["torch"].append({n: v[0].numpy() for n, v in zip(OUTPUT_NAMES, values)})
-    session = ort.InferenceSession(str(out / files["onnx_simplified"]), providers=["CPUExecutionProvider"])
-    outputs["onnxruntime"] = [dict(zip(OUTPUT_NAMES, (o[0] for o in session.run(OUTPUT_NAMES, {INPUT_NAME: x[None]}))))
-                              for x in tensors]
-    fp32_ir = out / "_parity_fp32.xml"
-    ov.save_model(ov.convert_model(str(out / files["onnx_simplified"])), str(fp32_ir), compress_to_fp16=False)
-    runners = {
-        "openvino_fp32ir_f32": CompiledIR(fp32_ir, RuntimeSettings(precision="f32")),
-        "openvino_fp16ir_f32": CompiledIR(out / files["ir_xml"], RuntimeSettings(precision="f32")),
-        "openvino_fp16ir_default": CompiledIR(out / files["ir_xml"], RuntimeSettings(precision="auto")),
-    }
-    for name, runner in runners.items():
-        outputs[name] = [runner.infer_one(x) for x in tensors]
-    del runners
-    fp32_ir.unlink()
-    fp32_ir.with_suffix(".bin").unlink()
+    outputs = runtime_outputs(network, tensors, out / files["onnx_simplified"], out / files["ir_xml"], INPUT_NAME,
+                              OUTPUT_NAMES)
 
     reference = [valid_detections(r, score_thresh) for r in outputs["torch"]]
     rows = {}

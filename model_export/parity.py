@@ -120,3 +120,35 @@ def format_table(rows: dict[str, dict]) -> str:
             f"{det.get('matched_fraction', 1.0):.3f}", pair("box_iou"), pair("mask_iou")])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in lines)
+
+
+RUNTIMES = ("torch", "onnxruntime", "openvino_fp32ir_f32", "openvino_fp16ir_f32", "openvino_fp16ir_default")
+
+
+def runtime_outputs(network, tensors: list[np.ndarray], onnx_path, ir_xml, input_name: str,
+                    output_names: list[str]) -> dict[str, list[dict]]:
+    """Every runtime's raw outputs on the same preprocessed tensors ([3, H, W] each): torch (eval), ONNX Runtime on
+    the simplified ONNX, OpenVINO f32 on an FP32-weights IR (made here, in memory only), and the shipped FP16 IR in
+    f32 and in the device default (bf16 on AMX CPUs). Returns {runtime: [{output name: array without batch}]}."""
+    import onnxruntime as ort
+    import openvino as ov
+    import torch
+
+    from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
+
+    outputs: dict[str, list[dict]] = {"torch": []}
+    with torch.no_grad():
+        for x in tensors:
+            values = network(torch.from_numpy(x)[None])
+            outputs["torch"].append({n: v[0].numpy() for n, v in zip(output_names, values)})
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    outputs["onnxruntime"] = [dict(zip(output_names, (o[0] for o in session.run(output_names, {input_name: x[None]}))))
+                              for x in tensors]
+    fp32_model = ov.Core().compile_model(ov.convert_model(str(onnx_path)), "CPU",
+                                         RuntimeSettings(precision="f32").ov_config())
+    outputs["openvino_fp32ir_f32"] = [{o.get_any_name(): fp32_model(x[None])[o][0] for o in fp32_model.outputs}
+                                      for x in tensors]
+    for name, precision in (("openvino_fp16ir_f32", "f32"), ("openvino_fp16ir_default", "auto")):
+        runner = CompiledIR(ir_xml, RuntimeSettings(precision=precision))
+        outputs[name] = [runner.infer_one(x) for x in tensors]
+    return outputs

@@ -74,7 +74,7 @@ def upload_parquet_parts(frame: DataFrame, table_uri: str, file_prefix: str, azu
         import pyarrow.parquet as pq
         from pyspark import TaskContext
 
-        from pipelines.storage import is_local, join_uri, to_local_path, write_bytes_atomic
+        from pipelines.storage import join_uri, write_bytes_atomic
 
         partition = TaskContext.get().partitionId()
         for number, batch in enumerate(batches):
