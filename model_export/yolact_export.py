@@ -24,6 +24,7 @@ OUTPUT_NAMES = ["loc", "conf", "mask", "proto"]
 DEFAULT_PARITY_IMAGES = Path(__file__).resolve().parents[1] / "samples" / "images"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 PARITY_BIASED_CLASSES = 8     # random weights + these classes boosted: Detect returns its full 100 detections
+CALIBRATION_IMAGES = 4        # random weights: output layers standardized on these sample images
 
 
 class ParityFailed(RuntimeError):
@@ -68,11 +69,36 @@ def build_model(args: argparse.Namespace) -> tuple[Yolact, dict]:
         weights = {"source": Path(args.weights).name, "random_init": False, "trained": True,
                    "load_report": str(report)}
     else:
+        images = parity_images(args.parity_images, CALIBRATION_IMAGES)
+        standardize_output_layers(model, [preprocess_rgb(rgb, input_spec(cfg, int(cfg.max_size)))
+                                          for _, rgb in images])
         classes = list(range(1, min(cfg.num_classes, PARITY_BIASED_CLASSES + 1)))
         bias_class_logits(model, classes)
         weights = {"source": "random-init", "seed": args.seed, "random_init": True, "trained": False,
-                   "biased_classes": classes}
+                   "biased_classes": classes, "output_layers_standardized_on": [name for name, _ in images]}
     return model, weights
+
+
+def standardize_output_layers(model: Yolact, tensors: list[np.ndarray]) -> None:
+    """Random weights put the head's pre-activations in the hundreds (softmax and tanh saturated), unlike a trained
+    network's; every runtime comparison then measures that blow-up, not the export. Rescale the last conv of each
+    output (boxes, classes, mask coefficients, prototypes) so its pre-activation has unit standard deviation on
+    real images (data-dependent init, as LSUV does)."""
+    head = model.prediction_layers[0]
+    layers = [head.bbox_layer, head.conf_layer, head.mask_layer, model.proto_net[-1]]
+    seen: dict[int, list[torch.Tensor]] = {id(layer): [] for layer in layers}
+    hooks = [layer.register_forward_hook(lambda module, _, out: seen[id(module)].append(out.flatten()))
+             for layer in layers]
+    with torch.no_grad():
+        for x in tensors:
+            model(torch.from_numpy(x)[None])
+        for hook in hooks:
+            hook.remove()
+        for layer in layers:
+            std = float(torch.cat(seen[id(layer)]).std())
+            layer.weight.div_(std)
+            if layer.bias is not None:
+                layer.bias.div_(std)
 
 
 def input_spec(cfg, size: int) -> dict:

@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work-dir", default=str(REPO / "work" / "bench"), help="cache: images, IR, run dirs")
     parser.add_argument("--out", default=str(REPO / "reports"), help="where bench.md and bench.csv go")
     parser.add_argument("--row-timeout", type=float, default=3600.0, help="seconds before a row is killed")
+    parser.add_argument("--report-only", action="store_true",
+                        help="only rewrite bench.md/csv from the saved rows of an earlier run (same --images)")
     parser.add_argument("--reuse", action="store_true",
                         help="reuse the successful rows of an earlier run with the same --images (work dir results/)")
     args = parser.parse_args(argv)
@@ -101,13 +103,17 @@ def run_rows(args, model: Path, images: Path, work: Path) -> list:
     for precision in args.precisions:
         for row in args.rows:
             saved = work / "results" / f"n{args.images}-{row}-{precision}.json"
-            result = rows.load_result(saved) if args.reuse else None
+            result = rows.load_result(saved) if args.reuse or args.report_only else None
+            if args.report_only:
+                if result is not None:
+                    results.append(result)
+                continue
             if result is not None and result.status in ("ok", "n/a"):
                 log(f"{row} {precision}: reusing {saved}")
                 results.append(result)
                 continue
             log(f"{row} {precision} ...")
-            started = time.perf_counter()
+            started, load_start = time.perf_counter(), os.getloadavg()[0]
             if row == "ceiling":
                 result = rows.ceiling(model / "model.xml", precision, args.seconds, logs, args.row_timeout)
             elif row in ("torch", "onnxruntime", "openvino"):
@@ -121,6 +127,7 @@ def run_rows(args, model: Path, images: Path, work: Path) -> list:
             log(f"{row} {precision}: {result.status}"
                 + (f", {result.images_per_s} images/s" if result.status == "ok" else f" ({result.note})")
                 + f" [{time.perf_counter() - started:.0f} s]")
+            result.load_average = [load_start, os.getloadavg()[0]]
             rows.save_result(result, saved)
             results.append(result)
     return results
@@ -171,8 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"{dt.datetime.now():%Y-%m-%d %H:%M}; {'; '.join(machine_facts())}; load average (1 min) "
         f"{load_before[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (the machine is shared: a load "
-        "above the core count slows every row). Total {:.0f} s.".format(time.perf_counter() - started),
+        "above the core count slows every row; bench.csv has each row's). Total {:.0f} s.".format(
+            time.perf_counter() - started),
     ]
+    if args.report_only:
+        header[-1] = (f"{dt.datetime.now():%Y-%m-%d %H:%M}; {'; '.join(machine_facts())}. Rewritten from rows "
+                      "saved by earlier runs (bench.csv has the load average during each row: the machine is "
+                      "shared, and a load above the core count slows a row).")
     if args.rows:
         header += ["", f"Same {args.images} images (deterministic crops of samples/images, 480-800 px JPEGs), same "
                    f"IR (`{model.relative_to(REPO) if model.is_relative_to(REPO) else model}`: YOLACT-ResNet50 at "

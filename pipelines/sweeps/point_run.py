@@ -187,6 +187,9 @@ def last_error_line(log_path: Path, lines: int = 200) -> str:
         tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
     except FileNotFoundError:
         return f"(no log at {log_path})"
+    out_of_memory = [line.strip() for line in tail if "OutOfMemoryError" in line and not line.strip().startswith("at ")]
+    if out_of_memory:   # the root cause; what follows it (broken pipes, a cancelled job) is noise
+        return out_of_memory[0][:500]
     for index in range(len(tail) - 1, -1, -1):
         text = tail[index].strip()
         head = text.split(":")[0]

@@ -52,6 +52,7 @@ class BenchResult:
     stage_seconds: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)   # MemoryPeaks.as_row() of the row's process tree
     extra: dict = field(default_factory=dict)
+    load_average: list = field(default_factory=list)   # the machine's 1-min load average [at start, at end]
 
     def as_csv_row(self, ceiling: float | None) -> dict:
         row = {"row": self.row, "name": ROW_NAMES.get(self.row, self.row), "precision": self.precision,
@@ -60,6 +61,8 @@ class BenchResult:
                "seconds": self.seconds, "note": self.note, "settings": json.dumps(self.settings, sort_keys=True)}
         row.update({f"stage_{k}_s": v for k, v in self.stage_seconds.items()})
         row.update(self.memory)
+        if self.load_average:
+            row["load_avg_start"], row["load_avg_end"] = (round(v, 1) for v in self.load_average)
         return row
 
 
