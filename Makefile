@@ -20,7 +20,7 @@ $(VENV)/.stamp-infer: setup.py constraints.txt | $(PY)
 
 # Everything the tests need: export (torch, onnx, onnxruntime), azure, dev tools.
 $(VENV)/.stamp-test: setup.py constraints.txt | $(PY)
-	$(PIP) install -c constraints.txt -e ".[export,azure,dev]"
+	$(PIP) install -c constraints.txt -e ".[export,train,sweep,azure,dev]"
 	touch $@ $(VENV)/.stamp-infer
 
 demo: $(VENV)/.stamp-infer

@@ -35,7 +35,9 @@ EXTRAS = {
         "packaging",
         "filelock",
     ],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.8"],
+    # Sweeps and benchmarks (jobs/sweep.py, make bench): process memory sampling and plots.
+    "sweep": ["psutil>=5.9", "matplotlib>=3.8"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.8", "venv-pack>=0.2", "psutil>=5.9"],
 }
 
 setup(

@@ -13,17 +13,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
 
 from pipelines import job_cli  # noqa: E402
-from pipelines.job_cli import OVERRIDES, parse_args, print_summary  # noqa: E402,F401  (this script's public names)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.run_lock import LockHeld
-
-    try:
-        return job_cli.main(argv, family="yolact", description=__doc__)
-    except LockHeld as err:   # another run holds <output>/_sparkseg.lock: nothing was done
-        print(f"error: {err}", file=sys.stderr)
-        return 4
+    return job_cli.main(argv, family="yolact", description=__doc__)
 
 
 if __name__ == "__main__":

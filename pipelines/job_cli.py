@@ -36,6 +36,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser.add_argument("--engine", choices=["native", "bigdl"], help="inference engine")
     parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"], help="how images are read")
     parser.add_argument("--master", help="Spark master when not run by spark-submit (default from the config)")
+    parser.add_argument("--break-lock", action="store_true",
+                        help="take over the output's lock left by a run that is gone (see README: scheduled runs)")
     parser.add_argument("--force", action="store_true", help="recompute images already done for this model")
     return parser.parse_args(argv)
 
@@ -55,11 +57,14 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
             set_path(config, key, getattr(args, flag))
     if args.force:
         config["run"]["force"] = True
+    if args.break_lock:
+        config["run"]["break_lock"] = True
 
     from pipelines.image_sources import InputError
     from pipelines.model_manifest import ModelManifestError
     from pipelines.spark_session import job_session
     from pipelines.inference_job import JobFailed, run
+    from pipelines.run_lock import LockHeld
 
     try:
         spark = job_session(config["spark"], engine=config["inference"].get("engine", "native"))
@@ -74,6 +79,9 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     except JobFailed as err:
         print(f"error: {err}", file=sys.stderr)
         return 3
+    except LockHeld as err:   # another run holds <output>/_sparkseg.lock: nothing was done
+        print(f"error: {err}", file=sys.stderr)
+        return 4
     finally:
         spark.stop()
     print_summary(summary)

@@ -140,7 +140,9 @@ def write_coco_results(spark: SparkSession, output_uri: str, image_ids: dict[str
     import os
     import tempfile
 
-    table = read_table(spark, detections_uri(output_uri), azure_credentials)
+    from pipelines.incremental import current_detections   # the newest row per path (replaced images)
+
+    table = current_detections(spark, output_uri, azure_credentials=azure_credentials)
     count = 0
     handle = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8")
     with handle:

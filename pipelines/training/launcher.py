@@ -29,8 +29,8 @@ def _absolute(uri: str) -> str:
         return uri
     path = Path(uri).expanduser()
     if not path.is_absolute():
-        path = (Path.cwd() / path) if (Path.cwd() / path).exists() or not (REPO_ROOT / path).exists() \
-            else REPO_ROOT / path
+        from_repo = REPO_ROOT / path
+        path = from_repo if from_repo.exists() and not (Path.cwd() / path).exists() else Path.cwd() / path
     return str(path.resolve())
 
 

@@ -27,7 +27,9 @@ def speed_report(summary: dict, baseline: dict | None) -> dict:
     report = {"images_per_second": summary.get("images_per_second"),
               "epoch_seconds_mean": round(sum(epochs) / len(epochs), 3) if epochs else None,
               "processes": summary.get("world", 1)}
-    base = (baseline or {}).get("speed", baseline or {}).get("images_per_second") if baseline else None
+    base = None
+    if baseline:
+        base = baseline.get("speed", {}).get("images_per_second") or baseline.get("images_per_second")
     if base and report["images_per_second"]:
         report["speedup"] = round(report["images_per_second"] / base, 3)
         report["efficiency"] = round(report["speedup"] / max(report["processes"], 1), 3)
