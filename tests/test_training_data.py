@@ -11,7 +11,7 @@ from pipelines.training.augment import AugmentConfig
 from pipelines.training.launcher import prepare, resolve_paths
 from pipelines.training.prepare import read_skipped
 from pipelines.training.shards import ShardIndex
-from tests.fixtures_training import BAD_ENTRIES, TINY_IMAGES, tiny_config, tiny_prepared, tiny_roads  # noqa: F401
+from tests.fixtures_training import BAD_ENTRIES, TINY_IMAGES, tiny_config, tiny_roads  # noqa: F401
 
 CLASSES = ("pothole", "crack", "patch", "puddle")
 
