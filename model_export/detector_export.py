@@ -302,13 +302,8 @@ def export(args: argparse.Namespace) -> dict:
         model, weights = build_model(args)
     cfg = model.cfg
     files = {"onnx": "model.onnx", "onnx_simplified": "model.sim.onnx", "ir_xml": "model.xml", "ir_bin": "model.bin"}
-    with timer.stage("onnx_export"):
-        conv.export_onnx(DetectorNetwork(model), torch.zeros(1, 3, *cfg.input_size), out / files["onnx"],
-                         INPUT_NAME, OUTPUT_NAMES, args.opset)
-    with timer.stage("onnx_simplify"):
-        conv.simplify_onnx(out / files["onnx"], out / files["onnx_simplified"])
-    with timer.stage("openvino_convert"):
-        conv.convert_to_ir(out / files["onnx_simplified"], out / files["ir_xml"])
+    conv.export_all(DetectorNetwork(model), torch.zeros(1, 3, *cfg.input_size), out, files, INPUT_NAME, OUTPUT_NAMES,
+                    args.opset, timer)
     spec = input_spec(cfg)
     post = {"score_thresh": cfg.box_score_thresh, "nms_thresh": cfg.box_nms_thresh,
             "detections_per_img": cfg.box_detections_per_img}

@@ -48,6 +48,17 @@ def convert_to_ir(onnx_path: Path, xml_path: Path, compress_to_fp16: bool = True
     ov.save_model(ov.convert_model(str(onnx_path)), str(xml_path), compress_to_fp16=compress_to_fp16)
 
 
+def export_all(network: torch.nn.Module, example: torch.Tensor, out: Path, files: dict, input_name: str,
+               output_names: list[str], opset: int, timer: StageTimer) -> None:
+    """The three conversion stages into `out` (file names from `files`: onnx, onnx_simplified, ir_xml), timed."""
+    with timer.stage("onnx_export"):
+        export_onnx(network, example, out / files["onnx"], input_name, output_names, opset)
+    with timer.stage("onnx_simplify"):
+        simplify_onnx(out / files["onnx"], out / files["onnx_simplified"])
+    with timer.stage("openvino_convert"):
+        convert_to_ir(out / files["onnx_simplified"], out / files["ir_xml"])
+
+
 def tool_versions() -> dict[str, str]:
     versions = {}
     for dist in ("torch", "torchvision", "onnx", "onnxruntime", "onnxslim", "openvino", "numpy", "sparkseg"):

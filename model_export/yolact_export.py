@@ -175,13 +175,7 @@ def export(args: argparse.Namespace) -> dict:
     size = int(cfg.max_size)
     files = {"onnx": "model.onnx", "onnx_simplified": "model.sim.onnx", "ir_xml": "model.xml",
              "ir_bin": "model.bin", "priors": "priors.npy"}
-    with timer.stage("onnx_export"):
-        conv.export_onnx(model, torch.zeros(1, 3, size, size), out / files["onnx"], INPUT_NAME, OUTPUT_NAMES,
-                         args.opset)
-    with timer.stage("onnx_simplify"):
-        conv.simplify_onnx(out / files["onnx"], out / files["onnx_simplified"])
-    with timer.stage("openvino_convert"):
-        conv.convert_to_ir(out / files["onnx_simplified"], out / files["ir_xml"])
+    conv.export_all(model, torch.zeros(1, 3, size, size), out, files, INPUT_NAME, OUTPUT_NAMES, args.opset, timer)
     priors = model.priors()
     np.save(out / files["priors"], priors)
     spec = input_spec(cfg, size)
