@@ -136,3 +136,24 @@ def test_pipeline_gradients_equal_the_unsplit_model(spark, split):
     assert min(result["stage_sizes"]) > 0
     assert result["worst_relative"] < 1e-4, result
     np.testing.assert_allclose(result["terms"], result["reference_terms"], rtol=1e-5)
+
+
+def test_evaluation_best_checkpoint_and_early_stopping(spark, tiny_roads, tiny_prepared, tmp_path):
+    # min_delta 10 makes every evaluation "no better": patience 1 stops after the first epoch of three
+    summary = run_training(spark, tiny_config(tiny_roads, tiny_prepared, tmp_path, **{
+        "train.max_steps": 0, "train.epochs": 3, "eval.every_epochs": 1, "eval.early_stopping_patience": 1,
+        "eval.min_delta": 10.0}))
+    assert summary["state"]["stopped_early"] and summary["state"]["epoch"] == 1
+    evaluation = summary["last_eval"]
+    for key in ("box_ap", "mask_ap", "mask_ap_blobs", "mask_ap_crack", "val_loss"):
+        assert key in evaluation and np.isfinite(evaluation[key])
+    assert not (tmp_path / "checkpoints" / "best.pt").exists()
+
+    better = tmp_path / "better"
+    summary = run_training(spark, tiny_config(tiny_roads, tiny_prepared, better, **{
+        "train.max_steps": 0, "train.epochs": 1, "eval.every_epochs": 1}))
+    from pipelines.training.checkpoints import load_checkpoint
+
+    best = load_checkpoint(better / "checkpoints" / "best.pt")
+    assert best["eval"]["mask_ap"] == summary["state"]["best_ap"]
+    assert set(best) >= {"model", "optimizer", "state", "config"}

@@ -57,6 +57,7 @@ class DistributedSection:
     local_mode: bool = True
     pipeline_stages: int = 2
     pipeline_split: list | None = None  # first block of each stage after the first; None: balance FLOPs
+    omp_wait_policy: str | None = "passive"   # OMP_WAIT_POLICY of the ranks (None: leave the environment's)
 
 
 @dataclass(frozen=True)
