@@ -38,15 +38,18 @@ class TorchRunner:
     def __init__(self, manifest, precision: str, threads: int) -> None:
         import torch
 
-        from model_export.yolact_export import build_model
+        from model_export.yolact_export import add_arguments, build_model
 
         torch.set_num_threads(threads)
         weights = manifest.data["weights"]
         if not weights.get("random_init"):
             raise SystemExit(f"{manifest.root}: the torch row rebuilds the model from its random-init seed; this "
                              "export was made from a checkpoint")
-        args = argparse.Namespace(config=manifest.data["config"], weights=None, random_init=True, input_size=None,
-                                  num_classes=None, class_names=None, seed=int(weights["seed"]))
+        # the export's own arguments (defaults from its parser), so the rebuilt module equals the exported one
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        args = parser.parse_args(["--config", manifest.data["config"], "--random-init", "--out", "unused",
+                                  "--seed", str(int(weights["seed"]))])
         self.model, _ = build_model(args)
         self.torch, self.precision = torch, precision
         self.names = ["loc", "conf", "mask", "proto"]
