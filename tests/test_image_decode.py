@@ -202,7 +202,7 @@ def test_bundled_sample_images_decode_and_are_documented(repo_root):
     directory = repo_root / "samples" / "images"
     images = sorted(path for path in directory.iterdir() if path.suffix in (".jpg", ".png"))
     readme = (directory / "README.md").read_text()
-    assert 6 <= len(images) <= 8
+    assert 6 <= len(images) <= 12  # a small demo set; the size bound below is what matters
     assert sum(path.stat().st_size for path in images) < 1_000_000
     for path in images:
         rgb = decode_image(path.read_bytes(), str(path))
