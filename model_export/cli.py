@@ -1,10 +1,16 @@
 """`python -m model_export FAMILY ...`: one subcommand per model family, each a module with
-`add_arguments(parser)` and `main(args) -> exit code`."""
+`add_arguments(parser)` and `export(args) -> parity report`.
+
+Exit codes: 0 exported and parity passed; 2 bad arguments or a checkpoint that does not fit; 3 parity failed (the
+files are left for inspection, but no manifest.json, so no job will load them)."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+
+from model_export.models.checkpoint import CheckpointError
+from model_export.onnx_openvino import ParityFailed
 
 FAMILIES = {
     "yolact": ("model_export.yolact_export", "YOLACT instance segmentation"),
@@ -21,7 +27,15 @@ def main(argv: list[str] | None = None) -> int:
         modules[name] = importlib.import_module(module_name)
         modules[name].add_arguments(families.add_parser(name, help=help_text))
     args = parser.parse_args(argv)
-    return modules[args.family].main(args)
+    try:
+        modules[args.family].export(args)
+    except ParityFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    except CheckpointError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,10 +33,6 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 PARITY_BIASED_LABELS = (1, 2)         # random weights: these labels get detected (pothole, crack)
 SYNTHETIC_PARITY_SIZE = (300, 400)    # (height, width) of the default parity images: not the input size, on purpose
 F32_RUNTIMES = ("onnxruntime", "openvino_fp32ir_f32")
-
-
-class ParityFailed(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -311,15 +305,7 @@ def export(args: argparse.Namespace) -> dict:
     with timer.stage("parity"):
         report = run_parity(model, out, files, spec, cfg.box_score_thresh,
                             parity_images(args.parity_images, args.parity_count), gate)
-    report["export_seconds"] = timer.seconds
-    report["file_bytes"] = {rel: (out / rel).stat().st_size for rel in files.values()}
-    (out / "parity.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(format_table(report["runtimes"], report["torchvision_transform"]))
-    print("export seconds per stage:", json.dumps(timer.seconds))
-    if not report["passed"]:
-        raise ParityFailed("parity gate failed (no manifest.json written, the directory is not usable):\n  "
-                           + "\n  ".join(report["failures"]))
-    files["parity"] = "parity.json"
+    conv.save_parity_report(out, report, files, timer, format_table(report["runtimes"], report["torchvision_transform"]))
     write_manifest(out, {
         "model": "detector", "config": cfg.name, "num_classes": cfg.num_classes,
         "class_names": list(cfg.class_names), "input": spec,
@@ -334,15 +320,3 @@ def export(args: argparse.Namespace) -> dict:
     height, width = cfg.input_size
     print(f"wrote {out}/manifest.json ({cfg.name}, {height}x{width}, {len(cfg.class_names)} classes)")
     return report
-
-
-def main(args: argparse.Namespace) -> int:
-    try:
-        export(args)
-    except ParityFailed as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
-    except CheckpointError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+
+class ParityFailed(RuntimeError):
+    """The exported model does not give PyTorch's answers: no manifest.json is written."""
 
 
 class StageTimer:
@@ -57,6 +62,20 @@ def export_all(network: torch.nn.Module, example: torch.Tensor, out: Path, files
         simplify_onnx(out / files["onnx"], out / files["onnx_simplified"])
     with timer.stage("openvino_convert"):
         convert_to_ir(out / files["onnx_simplified"], out / files["ir_xml"])
+
+
+def save_parity_report(out: Path, report: dict, files: dict, timer: StageTimer, table: str) -> None:
+    """Write parity.json (with stage times and file sizes) and print it; raise ParityFailed when the gate failed,
+    else add parity.json to `files` for the manifest."""
+    report["export_seconds"] = timer.seconds
+    report["file_bytes"] = {rel: (out / rel).stat().st_size for rel in files.values()}
+    (out / "parity.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(table)
+    print("export seconds per stage:", json.dumps(timer.seconds))
+    if not report["passed"]:
+        raise ParityFailed("parity gate failed (no manifest.json written, the directory is not usable):\n  "
+                           + "\n  ".join(report["failures"]))
+    files["parity"] = "parity.json"
 
 
 def tool_versions() -> dict[str, str]:

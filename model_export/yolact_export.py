@@ -3,8 +3,6 @@ parity report and manifest.json (the contract every later stage reads)."""
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +23,6 @@ DEFAULT_PARITY_IMAGES = Path(__file__).resolve().parents[1] / "samples" / "image
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 PARITY_BIASED_CLASSES = 8     # random weights + these classes boosted: Detect returns its full 100 detections
 CALIBRATION_IMAGES = 4        # random weights: output layers standardized on these sample images
-
-
-class ParityFailed(RuntimeError):
-    pass
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -185,15 +179,7 @@ def export(args: argparse.Namespace) -> dict:
     with timer.stage("parity"):
         report = run_parity(model, out, files, spec, priors, post,
                             parity_images(args.parity_images, args.parity_count), gate)
-    report["export_seconds"] = timer.seconds
-    report["file_bytes"] = {rel: (out / rel).stat().st_size for rel in files.values()}
-    (out / "parity.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(format_table(report["runtimes"]))
-    print("export seconds per stage:", json.dumps(timer.seconds))
-    if not report["passed"]:
-        raise ParityFailed("parity gate failed (no manifest.json written, the directory is not usable):\n  "
-                           + "\n  ".join(report["failures"]))
-    files["parity"] = "parity.json"
+    conv.save_parity_report(out, report, files, timer, format_table(report["runtimes"]))
     write_manifest(out, {
         "model": "yolact", "config": cfg.name, "num_classes": int(cfg.num_classes),
         "class_names": list(cfg.class_names), "input": spec,
@@ -204,12 +190,3 @@ def export(args: argparse.Namespace) -> dict:
     })
     print(f"wrote {out}/manifest.json ({cfg.name}, {size}x{size}, {len(cfg.class_names)} classes)")
     return report
-
-
-def main(args: argparse.Namespace) -> int:
-    try:
-        export(args)
-    except ParityFailed as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
-    return 0

@@ -77,3 +77,15 @@ def test_broken_parity_fails_the_export_without_a_manifest(tmp_path, capsys):
     assert "parity gate failed" in capsys.readouterr().err
     assert not (tmp_path / "manifest.json").exists()
     assert json.loads((tmp_path / "parity.json").read_text())["passed"] is False
+
+
+def test_a_checkpoint_that_does_not_fit_exits_2_naming_the_file(tmp_path, capsys):
+    import torch
+
+    checkpoint = tmp_path / "other_model.pth"
+    torch.save({"backbone.layers.0.0.conv1.weight": torch.zeros(3, 3, 1, 1)}, checkpoint)
+    code = export_main(["yolact", "--config", "yolact_r18_small", "--weights", str(checkpoint),
+                        "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "other_model.pth" in err
+    assert not (tmp_path / "out" / "manifest.json").exists()
