@@ -7,7 +7,7 @@ BIGDL_VENV ?= .venv-bigdl
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: demo test test-main test-bigdl bench bigdl-env azurite clean-venv env-archive bigdl-env-archive
+.PHONY: demo test test-main test-bigdl bench sweep bigdl-env azurite clean-venv env-archive bigdl-env-archive
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ test-bigdl: bigdl-env
 
 bench: $(VENV)/.stamp-test
 	$(PY) scripts/bench.py
+
+# partitions x executor cores on a 2-worker standalone cluster, 200 bench images -> reports/sweep-cluster/
+sweep: $(VENV)/.stamp-test
+	$(PY) scripts/bench/images.py work/bench/images-200 200
+	$(PY) jobs/sweep.py --config conf/sweep_cluster.yaml
 
 clean-venv:
 	rm -rf $(VENV) $(BIGDL_VENV)

@@ -112,3 +112,9 @@ def test_unschedulable_and_unavailable_points_are_recorded_not_run(tmp_path):
                     tmp_path / "p2")
     assert row["status"] == "not available" and "make bigdl-env" in row["error"]
     assert not (tmp_path / "p1").exists() and not (tmp_path / "p2").exists()
+
+
+@pytest.mark.parametrize("name", ["sweep.yaml", "sweep_cluster.yaml"])
+def test_shipped_sweep_configs_load(name):
+    config = load_sweep_config(REPO / "conf" / name)
+    assert config.mode == "standalone" and config.points()

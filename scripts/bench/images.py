@@ -54,3 +54,9 @@ def make_images(out_dir: str | Path, count: int, sizes=BENCH_SIZES, seed: int = 
 
 def image_paths(directory: str | Path) -> list[Path]:
     return sorted(Path(directory).glob("img_*.jpg"))
+
+
+if __name__ == "__main__":   # python scripts/bench/images.py OUT_DIR COUNT
+    import sys
+
+    print(make_images(sys.argv[1], int(sys.argv[2])))
