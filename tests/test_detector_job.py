@@ -19,22 +19,9 @@ from pipelines.job_config import load_config
 from pipelines.openvino_runtime import RuntimeSettings
 from pipelines.single_process import infer_files
 from tests.bad_inputs import build_bad_input_corpus
+from tests.job_helpers import job_config, read_rows
 from tests.conftest import REPO, SAMPLES
 from tests.fixtures_detector import detector_export, road_images  # noqa: F401
-
-
-def job_config(input_dir: Path, output_dir: Path, model_dir: Path, **inference) -> dict:
-    config = load_config()
-    config["input"]["uri"] = str(input_dir)
-    config["output"]["uri"] = str(output_dir)
-    config["model"]["dir"] = str(model_dir)
-    config["inference"].update({"partitions": 2, "batch_size": 4, "precision": "f32", **inference})
-    config["run"]["progress_interval_s"] = 0
-    return config
-
-
-def read_rows(spark, output_dir: Path, table: str) -> list:
-    return spark.read.parquet(str(output_dir / table)).collect()
 
 
 def test_detector_instances_drop_padding_and_scale_to_the_original_image():

@@ -16,23 +16,10 @@ from pipelines.openvino_runtime import RuntimeSettings
 from pipelines.single_process import infer_files
 from pipelines.inference_job import run
 from tests.bad_inputs import build_bad_input_corpus
+from tests.job_helpers import DEFAULT_MODEL_DIR, job_config, read_rows
 from tests.conftest import SAMPLES
 
-MODEL_DIR = SAMPLES / "models" / "yolact_default"
-
-
-def job_config(input_dir: Path, output_dir: Path, **inference) -> dict:
-    config = load_config()
-    config["input"]["uri"] = str(input_dir)
-    config["output"]["uri"] = str(output_dir)
-    config["model"]["dir"] = str(MODEL_DIR)
-    config["inference"].update({"partitions": 2, "batch_size": 4, "precision": "f32", **inference})
-    config["run"]["progress_interval_s"] = 0
-    return config
-
-
-def read_rows(spark, output_dir: Path, table: str) -> list:
-    return spark.read.parquet(str(output_dir / table)).collect()
+MODEL_DIR = DEFAULT_MODEL_DIR
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,24 @@
+"""Small helpers shared by the inference-job tests: a job config over local directories, and table rows."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipelines.job_config import load_config
+from tests.conftest import SAMPLES
+
+DEFAULT_MODEL_DIR = SAMPLES / "models" / "yolact_default"
+
+
+def job_config(input_dir: Path, output_dir: Path, model_dir: Path = DEFAULT_MODEL_DIR, **inference) -> dict:
+    """conf/local.yaml pointed at these directories: 2 partitions, batches of 4, f32, no progress lines."""
+    config = load_config()
+    config["input"]["uri"] = str(input_dir)
+    config["output"]["uri"] = str(output_dir)
+    config["model"]["dir"] = str(model_dir)
+    config["inference"].update({"partitions": 2, "batch_size": 4, "precision": "f32", **inference})
+    config["run"]["progress_interval_s"] = 0
+    return config
+
+
+def read_rows(spark, output_dir: Path, table: str) -> list:
+    return spark.read.parquet(str(output_dir / table)).collect()
