@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -140,24 +141,104 @@ def bigdl_python_env(master: str = "local[2]", app_name: str = "sparkseg-bigdl",
     os.environ.setdefault("KMP_SETTINGS", "0")
     _redirect_bigdl_log(log_path or str(Path(tempfile.gettempdir()) / f"sparkseg-bigdl-{os.getpid()}.log"))
 
-    from bigdl.dllib.nncontext import init_nncontext, init_spark_conf
+    from bigdl.dllib.nncontext import init_nncontext
     from bigdl.dllib.utils.engine import get_bigdl_classpath
-    from pyspark import SparkContext
+    from pyspark import SparkConf, SparkContext
 
     if SparkContext._active_spark_context is None:
         settings = bigdl_spark_conf(master, conf)
+        if os.environ.get("PYSPARK_GATEWAY_PORT"):    # started by spark-submit: its master and settings win
+            SparkContext._ensure_initialized()
+            submitted = dict(SparkConf().getAll())
+            master = submitted.get("spark.master", master)
+            app_name = submitted.get("spark.app.name", app_name)
+            settings = {key: value for key, value in settings.items() if key not in submitted}
+        missing = missing_cluster_settings(master, {**dict(SparkConf().getAll()), **settings})
+        if missing:
+            raise ValueError(f"the bigdl engine on {master} needs {missing} (BigDL's Engine.init sizes its thread "
+                             "pools from them and refuses to start without)")
         # BigDL's jars: init_spark_conf puts them on the driver's classpath (PYSPARK_SUBMIT_ARGS
         # --driver-class-path) and adds BigDL's own settings (spark-bigdl.conf). Executors of a standalone
         # cluster on the same machine layout find them through extraClassPath (BigDL's init_spark_standalone
         # does the same).
         settings.setdefault("spark.executor.extraClassPath", get_bigdl_classpath())
-        spark_conf = init_spark_conf(settings).setMaster(master).setAppName(app_name)
+        spark_conf = bigdl_init_spark_conf(settings).setMaster(master).setAppName(app_name)
         session = SparkSession.builder.config(conf=spark_conf).getOrCreate()
     else:
         session = SparkSession.builder.getOrCreate()
         _check_bigdl_on_classpath(session)
     init_nncontext(cluster_mode="spark-submit", spark_log_level="ERROR", redirect_spark_log=True)
     return session
+
+
+def bigdl_init_spark_conf(settings: dict):
+    """BigDL's init_spark_conf (its jars on the driver classpath through PYSPARK_SUBMIT_ARGS, its settings),
+    safe when PYSPARK_SUBMIT_ARGS is already set: see _take_submit_args."""
+    from bigdl.dllib.nncontext import init_spark_conf
+
+    inherited = _take_submit_args()
+    spark_conf = init_spark_conf(settings)
+    _restore_submit_args(inherited)
+    return spark_conf
+
+
+def missing_cluster_settings(master: str, settings: dict) -> str | None:
+    """What BigDL's Engine.init needs on a cluster master and `settings` lack (with the flags that set it), or
+    None. Standalone/Mesos: executor cores and total cores; YARN/Kubernetes: executor cores and executors (with
+    dynamic allocation: equal min and max executors)."""
+    if master.startswith("local"):
+        return None
+    needed = {"spark.executor.cores": "--executor-cores N"}
+    if master.startswith(("spark://", "mesos://")):
+        needed["spark.cores.max"] = "--total-executor-cores M"
+    elif settings.get("spark.dynamicAllocation.enabled", "false").lower() != "true":
+        needed["spark.executor.instances"] = "--num-executors K"
+    absent = [key for key in needed if not str(settings.get(key, "")).strip()]
+    if not absent:
+        return None
+    return (", ".join(absent) + ": add " + " ".join(f"`--conf {key}=...`" for key in absent)
+            + " to the job's arguments, or " + " ".join(needed[key] for key in absent) + " to spark-submit")
+
+
+def _take_submit_args() -> list[str]:
+    """Workaround (BigDL 2.4 init_spark_conf, nncontext.py): with PYSPARK_SUBMIT_ARGS already set, BigDL inserts
+    "--driver-class-path JARS" right before "pyspark-shell" with no space ("...jarpyspark-shell"), and spark-submit
+    stops with its usage text (JAVA_GATEWAY_EXITED). A process inherits the variable whenever its parent ran BigDL
+    (a test session, a notebook, a scheduler). We take the variable away before BigDL runs and return its
+    arguments without "pyspark-shell" and without BigDL's jars (BigDL adds them again); BIGDL_JARS, prepended to at
+    every import of BigDL, loses its repeats."""
+    jars = os.environ.get("BIGDL_JARS")
+    if jars:
+        os.environ["BIGDL_JARS"] = ":".join(dict.fromkeys(jars.split(":")))
+    bigdl_jars = set((jars or "").split(":")) - {""}
+    tokens = shlex.split(os.environ.pop("PYSPARK_SUBMIT_ARGS", ""))
+    kept, index = [], 0
+    while index < len(tokens):
+        token = tokens[index]
+        if token == "--driver-class-path" and index + 1 < len(tokens):
+            own = [path for path in tokens[index + 1].split(":") if path and path not in bigdl_jars]
+            if own:
+                kept += [token, ":".join(own)]
+            index += 2
+            continue
+        if token != "pyspark-shell":
+            kept.append(token)
+        index += 1
+    return kept
+
+
+def _restore_submit_args(inherited: list[str]) -> None:
+    """Put the arguments _take_submit_args took back in front of what BigDL wrote (one --driver-class-path)."""
+    if not inherited:
+        return
+    written = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell"))
+    if "--driver-class-path" in inherited and "--driver-class-path" in written:
+        mine = inherited.index("--driver-class-path") + 1
+        theirs = written.index("--driver-class-path") + 1
+        written[theirs] = written[theirs] + ":" + inherited[mine]
+        inherited = inherited[:mine - 1] + inherited[mine + 1:]
+    os.environ["PYSPARK_SUBMIT_ARGS"] = shlex.join(inherited + [t for t in written if t != "pyspark-shell"]
+                                                   + ["pyspark-shell"])
 
 
 def _check_local_workers_python(master: str) -> None:

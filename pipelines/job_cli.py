@@ -36,29 +36,43 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser.add_argument("--engine", choices=["native", "bigdl"], help="inference engine")
     parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"], help="how images are read")
     parser.add_argument("--master", help="Spark master when not run by spark-submit (default from the config)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting (repeatable), added to the config's spark.conf: "
+                             "--conf spark.executor.cores=2")
     parser.add_argument("--break-lock", action="store_true",
                         help="take over the output's lock left by a run that is gone (see README: scheduled runs)")
     parser.add_argument("--force", action="store_true", help="recompute images already done for this model")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None, family: str = "yolact", description: str | None = None) -> int:
-    """Parse `argv`, build the config, run `pipelines.inference_job.run(spark, config, family)`; the exit code."""
-    args = parse_args(argv, description)
-    try:
-        config = load_config(args.config)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+def build_config(args: argparse.Namespace, family: str = "yolact") -> dict:
+    """The job's config: the YAML (or the embedded default) with the command line's overrides. Raises ConfigError."""
+    config = load_config(args.config)
     if args.config is None:
         config["spark"]["app_name"] = f"sparkseg-infer-{family}"
     for flag, key in OVERRIDES.items():
         if getattr(args, flag) is not None:
             set_path(config, key, getattr(args, flag))
+    for setting in args.conf:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--conf {setting!r}: expected KEY=VALUE, e.g. --conf spark.executor.cores=2")
+        config["spark"]["conf"] = {**(config["spark"].get("conf") or {}), key.strip(): value}
     if args.force:
         config["run"]["force"] = True
     if args.break_lock:
         config["run"]["break_lock"] = True
+    return config
+
+
+def main(argv: list[str] | None = None, family: str = "yolact", description: str | None = None) -> int:
+    """Parse `argv`, build the config, run `pipelines.inference_job.run(spark, config, family)`; the exit code."""
+    args = parse_args(argv, description)
+    try:
+        config = build_config(args, family)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
     from pipelines.image_sources import InputError
     from pipelines.model_manifest import ModelManifestError
@@ -68,7 +82,7 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
 
     try:
         spark = job_session(config["spark"], engine=config["inference"].get("engine", "native"))
-    except RuntimeError as err:          # BigDLNotInstalled: names the command that installs it
+    except (RuntimeError, ValueError) as err:   # BigDLNotInstalled (names the install command), bad settings
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:

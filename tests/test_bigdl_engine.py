@@ -248,3 +248,25 @@ def test_yolact_ir_through_bigdl_equals_openvino_and_refuses_batches_on_the_driv
     preprocessed.unpersist()
     with pytest.raises(ValueError, match="cannot run batches of 2.*use batch_size=1"):
         bigdl_predict(preprocessed, xml, batch_size=2)
+
+
+@pytest.mark.bigdl
+def test_inherited_pyspark_submit_args_survive_bigdls_classpath_insert(monkeypatch):
+    """BigDL 2.4 writes "--driver-class-path JARS" into an existing PYSPARK_SUBMIT_ARGS with no space before
+    "pyspark-shell"; a process started by one that ran BigDL inherits the variable (spark-submit then fails)."""
+    import shlex
+
+    from bigdl.dllib.utils.engine import get_bigdl_classpath
+
+    from pipelines.bigdl_engine import bigdl_init_spark_conf
+
+    jars = get_bigdl_classpath()
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f" --driver-memory 2g --driver-class-path /opt/mine.jar:{jars} pyspark-shell ")
+    monkeypatch.setenv("BIGDL_JARS", f"{jars}:{jars}")
+    bigdl_init_spark_conf({"spark.app.name": "t"})
+    tokens = shlex.split(os.environ["PYSPARK_SUBMIT_ARGS"])
+    assert tokens[-1] == "pyspark-shell" and tokens.count("--driver-class-path") == 1
+    assert tokens[:2] == ["--driver-memory", "2g"]
+    class_path = tokens[tokens.index("--driver-class-path") + 1].split(":")
+    assert "/opt/mine.jar" in class_path and set(jars.split(":")) <= set(class_path)
+    assert len(class_path) == len(set(class_path))

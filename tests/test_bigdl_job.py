@@ -13,13 +13,15 @@ from PIL import Image
 
 from pipelines.inference_job import run
 from pipelines.mask_outputs import decode_rle
+from pipelines.model_manifest import load_manifest
 from tests.bad_inputs import build_bad_input_corpus
 from tests.bigdl.fixtures import bigdl_log, bigdl_spark  # noqa: F401  (pytest fixtures)
 from tests.conftest import REPO, SAMPLES
-from tests.test_infer_job import MODEL_DIR, job_config
+from tests.job_helpers import DEFAULT_MODEL_DIR as MODEL_DIR
+from tests.job_helpers import job_config
 
 pytestmark = pytest.mark.bigdl
-INPUT_SIDE = 352     # the bundled model's input size
+INPUT_HEIGHT, INPUT_WIDTH = load_manifest(MODEL_DIR).input_size   # the bundled model's network input
 
 
 def rows_by_name(spark, output: Path) -> dict:
@@ -41,7 +43,7 @@ def test_bigdl_engine_equals_the_native_engine(bigdl_spark, tmp_path):
     images = tmp_path / "images"
     images.mkdir()
     for path in sorted((SAMPLES / "images").glob("*.jpg"))[:4]:
-        Image.open(path).convert("RGB").resize((INPUT_SIDE, INPUT_SIDE)).save(images / (path.stem + ".png"))
+        Image.open(path).convert("RGB").resize((INPUT_WIDTH, INPUT_HEIGHT)).save(images / (path.stem + ".png"))
     native = run(bigdl_spark, job_config(images, tmp_path / "native"))
     bigdl = run(bigdl_spark, {**job_config(images, tmp_path / "bigdl"),
                               "inference": {**job_config(images, tmp_path)["inference"], "engine": "bigdl"}})
@@ -73,6 +75,16 @@ def test_bad_input_corpus_through_the_bigdl_engine(bigdl_spark, tmp_path):
     assert summary["counts"]["failed"] == len(errors)
 
 
+def test_a_cluster_master_without_executor_cores_is_refused_before_spark_starts(tmp_path):
+    """In its own process: this test session already has a (local) SparkContext, which a job would reuse."""
+    done = subprocess.run([sys.executable, str(REPO / "jobs" / "infer_yolact.py"), "--engine", "bigdl", "--master",
+                           "spark://127.0.0.1:1", "--input", str(SAMPLES / "images"), "--output",
+                           str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "`--conf spark.executor.cores=...` `--conf spark.cores.max=...`" in done.stderr, \
+        done.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.cluster
 def test_bigdl_engine_on_a_two_worker_standalone_cluster(tmp_path):
     from pipelines.standalone_cluster import ClusterConfig, StandaloneCluster
@@ -86,9 +98,13 @@ def test_bigdl_engine_on_a_two_worker_standalone_cluster(tmp_path):
         done = subprocess.run(
             [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), "--engine", "bigdl", "--master",
              cluster.master_url, "--input", str(images), "--output", str(tmp_path / "out"), "--model",
-             str(MODEL_DIR), "--precision", "f32", "--partitions", "4"],
+             str(MODEL_DIR), "--precision", "f32", "--partitions", "4", "--conf", "spark.executor.cores=1",
+             "--conf", "spark.cores.max=2"],
             cwd=REPO, capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         assert f"done {len(list(images.iterdir()))}, failed 0" in done.stdout
         app = cluster.master_state()["completedapps"][-1]
         assert app["name"].startswith("sparkseg")
+    # both workers ran an executor of the app (each writes its stderr under <worker work dir>/<app id>/<n>/)
+    for worker in ("worker-0", "worker-1"):
+        assert list((tmp_path / "cluster" / "work" / worker / app["id"]).glob("*/stderr")), worker

@@ -19,7 +19,7 @@ from tests.conftest import REPO, SAMPLES
 from tests.dbutils_standin import DbutilsStandIn, notebook_cells, run_notebook_source
 from tests.fixtures_azurite import ACCOUNT_KEY
 from tests.test_incremental import write_image
-from tests.test_infer_job import job_config
+from tests.job_helpers import job_config
 
 NOTEBOOKS = REPO / "notebooks"
 DATABRICKS_NOTEBOOK = NOTEBOOKS / "databricks_infer_yolact.py"

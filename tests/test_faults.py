@@ -16,7 +16,8 @@ from pipelines.inference_job import JobFailed, run
 from pipelines.results_writer import read_table
 from pipelines.standalone_cluster import ClusterConfig, StandaloneCluster
 from tests.conftest import REPO, SAMPLES
-from tests.test_infer_job import MODEL_DIR, job_config
+from tests.job_helpers import DEFAULT_MODEL_DIR as MODEL_DIR
+from tests.job_helpers import job_config
 
 JOB = REPO / "jobs" / "infer_yolact.py"
 

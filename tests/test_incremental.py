@@ -22,7 +22,7 @@ from pipelines.inference_job import run
 from pipelines.run_lock import (LOCK_NAME, AzureLockStore, HadoopLockStore, LocalLockStore, LockHeld, LockInfo,
                                 LockSettings, RunLock, lock_store)
 from tests.conftest import REPO, SAMPLES
-from tests.test_infer_job import job_config
+from tests.job_helpers import job_config
 
 MODEL_DIR = SAMPLES / "models" / "yolact_default"
 

@@ -13,7 +13,7 @@ from pipelines.inference_job import run
 from pipelines.mask_outputs import read_label_map_png
 from tests.conftest import SAMPLES
 from tests.fixtures_azurite import ACCOUNT_KEY
-from tests.test_infer_job import job_config
+from tests.job_helpers import job_config
 
 
 def test_job_reads_and_writes_azure_blob_storage(spark, azurite, monkeypatch, tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
-from pipelines.job_config import load_config
+from pipelines.job_config import ConfigError, load_config
 from pipelines.mask_outputs import decode_rle, read_label_map_png
 from pipelines.model_manifest import ModelManifestError, load_manifest
 from pipelines.openvino_runtime import RuntimeSettings
@@ -183,3 +183,15 @@ def test_executors_refuse_a_model_whose_files_changed(tmp_path):
     (copy / "priors.npy").write_bytes(b"swapped")
     with pytest.raises(ModelManifestError, match="priors.npy"):
         load_executor_model(str(copy), sha, RuntimeSettings(precision="f32"))
+
+
+def test_command_line_overrides_and_spark_settings_reach_the_config():
+    from pipelines.job_cli import build_config, parse_args
+
+    config = build_config(parse_args(["--input", "/data/in", "--partitions", "6", "--conf", "spark.executor.cores=2",
+                                      "--conf", "spark.cores.max=4", "--force"]), family="detector")
+    assert config["input"]["uri"] == "/data/in" and config["inference"]["partitions"] == 6
+    assert config["spark"]["conf"]["spark.executor.cores"] == "2" and config["spark"]["conf"]["spark.cores.max"] == "4"
+    assert config["spark"]["app_name"] == "sparkseg-infer-detector" and config["run"]["force"] is True
+    with pytest.raises(ConfigError, match="--conf 'spark.executor.cores'.*KEY=VALUE"):
+        build_config(parse_args(["--conf", "spark.executor.cores"]))
