@@ -3,7 +3,7 @@
 The exported graph (`model_export.models.factornet_detector.DetectorNetwork`) already ran the RPN, the RoI heads
 and per-class NMS; its outputs are a fixed number of rows in network-input pixels, zero-padded. Here: drop the
 padding and anything at or below the manifest's score threshold, scale boxes to the original image. Boxes only
-(mask None), no label map.
+(mask None), no label map. `output.score_threshold` (when set) replaces the manifest's score_thresh.
 """
 from __future__ import annotations
 
@@ -50,4 +50,4 @@ class DetectorInference(ImageInference):
             _, _, in_height, in_width = self.input_spec["shape"]
             row["instances"] = detector_instances(
                 raw["boxes"], raw["scores"], raw["labels"], (int(in_height), int(in_width)), row["width"],
-                row["height"], float(self.postprocess.get("score_thresh", 0.05)), self.class_names)
+                row["height"], self.written_score_threshold("score_thresh"), self.class_names)

@@ -33,6 +33,7 @@ RESULT_SCHEMA = (
     "timings struct<read_s:double, preprocess_s:double, infer_s:double, postprocess_s:double, write_s:double>"
 )
 MAX_MESSAGE = 2000
+MASK_OUTPUTS = ("rle_and_png", "rle", "none")   # output.masks: RLE + PNG label map | RLE only | boxes only
 
 
 @dataclass
@@ -77,12 +78,28 @@ class ImageInference:
     settings: RuntimeSettings
     output_uri: str
     input_root: str
-    write_masks: bool = True
+    masks: str = "rle_and_png"     # one of MASK_OUTPUTS (families without masks ignore it)
+    score_threshold: float | None = None   # instances scoring above it are written; None: the manifest's threshold
     max_image_pixels: int = 100_000_000
     fetch_bytes: object = None     # callable(path) -> bytes for readers that don't ship `content` (Azure SDK)
     progress: object = None        # a Spark accumulator of images processed, read by the driver's progress line
     azure_credentials: object = None   # for az:// outputs (never logged: its repr hides secrets)
     crash_guard: object = None     # pipelines.crash_guard.CrashGuard: poison images become errors, not job failures
+
+    def __post_init__(self) -> None:
+        if self.masks not in MASK_OUTPUTS:
+            raise ValueError(f"output.masks {self.masks!r}: choose one of {', '.join(MASK_OUTPUTS)}")
+        if self.score_threshold is not None:
+            value = self.score_threshold
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"output.score_threshold {value!r}: give a number in [0, 1], or null for the "
+                                 "manifest's threshold")
+
+    def written_score_threshold(self, manifest_key: str) -> float:
+        """Instances with score > this are written: `score_threshold`, else the manifest's postprocess[key]."""
+        if self.score_threshold is not None:
+            return float(self.score_threshold)
+        return float(self.postprocess.get(manifest_key, 0.05))
 
     def model(self) -> ExecutorModel:
         return LazyModel((self.model_sha256, self.settings),
@@ -115,16 +132,19 @@ class ImageInference:
                     if guard is not None:
                         guard.check(record.path)
                     crash_if_test_hook_matches(record.path)
-                    rgb = decode_image(bytes(data), record.path, self.max_image_pixels)
-                    row["height"], row["width"] = int(rgb.shape[0]), int(rgb.shape[1])
-                    tensor = preprocess_rgb(rgb, self.input_spec)
-                    del rgb, data
+                    tensor, (row["width"], row["height"]) = self.decode_and_preprocess(bytes(data), record.path)
+                    del data
                 pending.append((row, tensor))
             except Exception as err:  # noqa: BLE001  (every failure becomes an error row)
                 fail(row, err)
         if pending:
             self.infer_and_postprocess(pending)
         return rows
+
+    def decode_and_preprocess(self, data: bytes, path: str) -> tuple[np.ndarray, tuple[int, int]]:
+        """Encoded bytes -> (network input [3, S_h, S_w] float32, the image's (width, height) in pixels)."""
+        rgb = decode_image(data, path, self.max_image_pixels)
+        return preprocess_rgb(rgb, self.input_spec), (int(rgb.shape[1]), int(rgb.shape[0]))
 
     def infer_and_postprocess(self, pending: list[tuple[dict, np.ndarray]]) -> None:
         try:

@@ -191,7 +191,8 @@ def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
         postprocess={**manifest.postprocess, "nms": inference.get("nms", "fast")}, settings=settings,
         output_uri=plan.output_uri,
         input_root=qualify_root(spark, plan.input_uri) if plan.reader == "spark" else plan.input_uri,
-        write_masks=plan.config["output"]["write_masks"], max_image_pixels=int(inference["max_image_pixels"]),
+        masks=plan.config["output"]["masks"], score_threshold=plan.config["output"]["score_threshold"],
+        max_image_pixels=int(inference["max_image_pixels"]),
         fetch_bytes=None if plan.reader == "spark" else _azure_fetcher(plan.credentials),
         progress=progress.accumulator, azure_credentials=plan.credentials)
 

@@ -20,7 +20,8 @@ from pipelines.job_config import ConfigError, load_config, set_path  # noqa: E40
 OVERRIDES = {  # command-line flag -> config key
     "input": "input.uri", "output": "output.uri", "model": "model.dir", "partitions": "inference.partitions",
     "batch_size": "inference.batch_size", "precision": "inference.precision", "engine": "inference.engine",
-    "reader": "input.reader", "master": "spark.master",
+    "reader": "input.reader", "master": "spark.master", "masks": "output.masks",
+    "score_threshold": "output.score_threshold",
 }
 
 
@@ -36,6 +37,11 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser.add_argument("--engine", choices=["native", "bigdl"], help="inference engine")
     parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"], help="how images are read")
     parser.add_argument("--master", help="Spark master when not run by spark-submit (default from the config)")
+    parser.add_argument("--masks", choices=["rle_and_png", "rle", "none"],
+                        help="what is written per instance: RLE masks and a PNG label map per image, RLE only, or "
+                             "none (boxes only)")
+    parser.add_argument("--score-threshold", type=float, metavar="S",
+                        help="write only instances scoring above S (default: the manifest's threshold)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting (repeatable), added to the config's spark.conf: "
                              "--conf spark.executor.cores=2")

@@ -13,7 +13,8 @@ def preprocess_rgb(rgb: np.ndarray, input_spec: dict) -> np.ndarray:
     resize = input_spec.get("resize", {})
     if resize.get("mode", "bilinear") != "bilinear" or resize.get("keep_aspect_ratio", False):
         raise ValueError(f"unsupported resize {resize}: this sparkseg supports bilinear without aspect ratio")
-    image = resize_bilinear(rgb.astype(np.float32, copy=False), (int(height), int(width)))
+    # uint8 in: the resize reads (as float32) only the source rows/cols it needs, never a float copy of the image
+    image = resize_bilinear(rgb, (int(height), int(width)))
     if input_spec.get("channel_order", "RGB") == "BGR":
         image = image[..., ::-1]
     mean = np.asarray(input_spec["mean"], dtype=np.float32)

@@ -13,17 +13,19 @@ from pipelines.openvino_runtime import RuntimeSettings
 
 
 def infer_files(model_dir: str | Path, paths: list[str | Path], output_uri: str, input_root: str,
-                settings: RuntimeSettings | None = None, write_masks: bool = False,
-                batch_size: int = 8, family: str | None = None) -> list[dict]:
+                settings: RuntimeSettings | None = None, masks: str = "rle",
+                batch_size: int = 8, family: str | None = None, score_threshold: float | None = None) -> list[dict]:
     """Result rows (as the job's mapInPandas produces them) for local image files, in the given order.
-    family: "yolact", "detector", ... (default: the manifest's model)."""
+    family: "yolact", "detector", ... (default: the manifest's model); masks, score_threshold: as output.masks
+    and output.score_threshold of the job (default: RLE only, no PNG written)."""
     from pipelines.inference_job import inference_task_class
 
     manifest = load_manifest(model_dir, verify=True)
     task = inference_task_class(family or manifest.model)(
         model_dir=str(manifest.root), model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
         input_spec=manifest.input, postprocess=manifest.postprocess, settings=settings or RuntimeSettings(),
-        output_uri=output_uri, input_root=input_root, write_masks=write_masks)
+        output_uri=output_uri, input_root=input_root, masks=masks,
+        score_threshold=score_threshold)
     rows = []
     for start in range(0, len(paths), batch_size):
         records = []

@@ -3,7 +3,8 @@
 The one implementation used by the Spark executors (no torch there) and by the PyTorch eval path. It follows the
 reference (dbolya/yolact, see /work/shared/yolact/SPEC.md sections 3, 5, 6, 7) and does its math in float32 like
 the reference. Per image: ``detect(loc, conf, mask, priors)`` -> :class:`Detections`, then
-``postprocess(det, proto, width, height)`` or ``instance_masks(...)`` one mask at a time.
+``postprocess(det, proto, width, height)``, ``instance_masks(...)`` one mask at a time, or ``box_masks(...)``: each
+mask only over its box's window (what the executors encode and paint, never building a full-size mask).
 """
 from __future__ import annotations
 
@@ -88,6 +89,11 @@ class Detections:
 
     def __len__(self) -> int:
         return int(self.scores.shape[0])
+
+    def take(self, index: np.ndarray) -> "Detections":
+        """The detections at ``index`` (int indices or a bool [n] mask), in that order."""
+        return Detections(boxes=self.boxes[index], coeffs=self.coeffs[index], classes=self.classes[index],
+                          scores=self.scores[index])
 
     @classmethod
     def empty(cls, mask_dim: int = 32) -> "Detections":
@@ -287,39 +293,33 @@ def crop_masks(probs: np.ndarray, boxes: np.ndarray, padding: int = CROP_PADDING
     return probs * (keep_rows[:, :, None] & keep_cols[:, None, :])
 
 
-def instance_masks(det: Detections, proto: np.ndarray, width: int, height: int,
-                   crop: bool = True) -> Iterator[np.ndarray]:
-    """Yield one bool [height, width] mask per detection, in score order (SPEC 7).
+@dataclass
+class BoxMask:
+    """One detection's mask over its output window: ``mask[r, c]`` is image pixel (top + r, left + c); every pixel
+    outside the window is False. mask: bool [h, w] with 0 <= top, top + h <= height (same for left/width)."""
+
+    top: int
+    left: int
+    mask: np.ndarray
+
+    def full(self, height: int, width: int) -> np.ndarray:
+        """The image-size bool [height, width] mask."""
+        out = np.zeros((height, width), dtype=bool)
+        out[self.top:self.top + self.mask.shape[0], self.left:self.left + self.mask.shape[1]] = self.mask
+        return out
+
+
+def box_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True) -> Iterator[BoxMask]:
+    """Yield one :class:`BoxMask` per detection, in score order (SPEC 7), computed box-locally.
 
     sigmoid(proto @ coeffs), zeroed outside the box padded by 1 proto pixel (``crop``), bilinear
-    (align_corners=False) straight to (height, width), then > 0.5. Only one full-size mask exists at a time and
-    the interpolation runs only over the output rows/cols whose source pixels can be non-zero; the result equals
-    the full computation exactly. proto: [Ph, Pw, mask_dim] (NHWC without batch).
+    (align_corners=False) to (height, width), then > 0.5. The upsample and threshold run only over the output
+    rows/cols whose bilinear sources can be non-zero (the padded box at the output resolution); everywhere else
+    the value is exactly 0, so the full-size mask equals the full computation exactly.
+    proto: [Ph, Pw, mask_dim] (NHWC without batch).
     """
     width, height = _check_image_size(width, height)
-    fillers = _mask_fillers(det, proto, width, height, crop)  # checks inputs now, not at the first next()
-
-    def masks() -> Iterator[np.ndarray]:
-        for fill in fillers:
-            out = np.zeros((height, width), dtype=bool)
-            fill(out)
-            yield out
-
-    return masks()
-
-
-def assemble_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True) -> np.ndarray:
-    """All masks at once: bool [n, height, width] (see :func:`instance_masks`)."""
-    width, height = _check_image_size(width, height)
-    masks = np.zeros((len(det), height, width), dtype=bool)
-    for i, fill in enumerate(_mask_fillers(det, proto, width, height, crop)):
-        fill(masks[i])
-    return masks
-
-
-def _mask_fillers(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool) -> list:
-    """One callable per detection that writes its mask into an all-False bool [height, width] array."""
-    probs = mask_probabilities(det.coeffs, proto)  # [n, Ph, Pw]
+    probs = mask_probabilities(det.coeffs, proto)  # [n, Ph, Pw]; checks inputs now, not at the first next()
     n, proto_height, proto_width = probs.shape
     if crop:
         keep_rows, keep_cols = crop_windows(det.boxes, proto_height, proto_width)
@@ -329,24 +329,46 @@ def _mask_fillers(det: Detections, proto: np.ndarray, width: int, height: int, c
         keep_cols = np.ones((n, proto_width), dtype=bool)
     row_axis = bilinear_axis(proto_height, height)
     col_axis = bilinear_axis(proto_width, width)
-    return [lambda out, i=i: _fill_mask(out, probs[i], row_axis, col_axis, keep_rows[i], keep_cols[i])
-            for i in range(n)]
+
+    def masks() -> Iterator[BoxMask]:
+        for i in range(n):
+            yield _box_mask(probs[i], row_axis, col_axis, keep_rows[i], keep_cols[i])
+
+    return masks()
 
 
-def _fill_mask(out: np.ndarray, probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable,
-               keep_rows: np.ndarray, keep_cols: np.ndarray) -> None:
-    """Write (bilinear(probs) > 0.5) into the all-False ``out``, evaluated only over the output window whose
-    bilinear sources touch the kept proto rows/cols (everywhere else the value is exactly 0)."""
+def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable, keep_rows: np.ndarray,
+              keep_cols: np.ndarray) -> BoxMask:
+    """bilinear(probs) > 0.5 over the output window whose sources touch the kept proto rows/cols."""
     rows, cols = np.flatnonzero(keep_rows), np.flatnonzero(keep_cols)
     if rows.size == 0 or cols.size == 0:
-        return
+        return BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
     row_start, row_stop = _output_window(row_axis, rows[0], rows[-1])
     col_start, col_stop = _output_window(col_axis, cols[0], cols[-1])
+    window = np.zeros((max(row_stop - row_start, 0), max(col_stop - col_start, 0)), dtype=bool)
     row_part = tuple(a[row_start:row_stop] for a in row_axis)
     col_part = tuple(a[col_start:col_stop] for a in col_axis)
-    window = out[row_start:row_stop, col_start:col_stop]
     for sl, block in bilinear_row_blocks(probs, row_part, col_part):
         np.greater(block, MASK_THRESHOLD, out=window[sl])
+    return BoxMask(row_start, col_start, window)
+
+
+def instance_masks(det: Detections, proto: np.ndarray, width: int, height: int,
+                   crop: bool = True) -> Iterator[np.ndarray]:
+    """Yield one bool [height, width] mask per detection, in score order: :func:`box_masks` placed in the image.
+    Only one full-size mask exists at a time."""
+    width, height = _check_image_size(width, height)
+    boxes = box_masks(det, proto, width, height, crop)
+    return (box.full(height, width) for box in boxes)
+
+
+def assemble_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True) -> np.ndarray:
+    """All masks at once: bool [n, height, width] (see :func:`box_masks`)."""
+    width, height = _check_image_size(width, height)
+    masks = np.zeros((len(det), height, width), dtype=bool)
+    for i, box in enumerate(box_masks(det, proto, width, height, crop)):
+        masks[i, box.top:box.top + box.mask.shape[0], box.left:box.left + box.mask.shape[1]] = box.mask
+    return masks
 
 
 def _output_window(axis: AxisTable, first: int, last: int) -> tuple[int, int]:

@@ -47,7 +47,7 @@ def test_two_by_two_sweep_on_standalone_clusters(tmp_path):
     config = write_sweep_yaml(
         tmp_path / "sweep.yaml", mode="standalone", out_dir=str(out), worker_memory="1g", memory_interval_s=0.25,
         grid=GRID, job={"input": {"uri": str(images)}, "model": {"dir": "samples/models/yolact_default"},
-                        "output": {"write_masks": False}, "run": {"progress_interval_s": 0}})
+                        "output": {"masks": "rle"}, "run": {"progress_interval_s": 0}})
 
     done = subprocess.run([sys.executable, str(REPO / "jobs" / "sweep.py"), "--config", str(config)],
                           capture_output=True, text=True, timeout=1500)

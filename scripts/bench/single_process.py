@@ -29,7 +29,7 @@ from pipelines.single_process import infer_files  # noqa: E402
 from pipelines.yolact_inference import YolactInference  # noqa: E402
 
 
-NO_OUTPUT = "/nonexistent-sparkseg-bench-output"   # write_masks is off: nothing is written
+NO_OUTPUT = "/nonexistent-sparkseg-bench-output"   # masks="rle": nothing is written
 
 
 class TorchRunner:
@@ -113,7 +113,7 @@ def build_runner(engine: str, model_dir: str, precision: str, threads: int, stre
     task = FixedModelInference(
         model_dir=str(manifest.root), model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
         input_spec=manifest.input, postprocess=manifest.postprocess, settings=RuntimeSettings(precision=precision),
-        output_uri=NO_OUTPUT, input_root=input_root, write_masks=False,
+        output_uri=NO_OUTPUT, input_root=input_root, masks="rle",
         fixed_model=ExecutorModel(manifest, runner, {"priors": np.load(manifest.path("priors"))}))
 
     def run_fixed(paths: list[Path], batch_size: int) -> list[dict]:

@@ -85,7 +85,7 @@ def run(model_dir, images, out, master, precision, batch_size):
 
         task = YolactInference(model_dir=model_dir, model_sha256="", class_names=classes, input_spec=spec,
                                postprocess=post, settings=RuntimeSettings(), output_uri="", input_root="",
-                               write_masks=False)
+                               masks="rle")
         model = ExecutorModel(None, None, {"priors": np.load(priors_path)})
         results = []
         for index in range(len(outputs)):
