@@ -109,6 +109,16 @@ def read_table(spark: SparkSession, table_uri: str, azure_credentials=None) -> D
     return spark.createDataFrame(pa.concat_tables(tables).to_pandas())
 
 
+def failed_paths(spark: SparkSession, output_uri: str, run_id: str, limit: int = 10,
+                 azure_credentials=None) -> list[str]:
+    """The first `limit` paths (sorted) recorded in errors/ by run `run_id`."""
+    errors = read_table(spark, errors_uri(output_uri), azure_credentials)
+    if errors is None:
+        return []
+    return [row.path for row in errors.where(F.col("run_id") == run_id).select("path").orderBy("path")
+            .limit(limit).collect()]
+
+
 def done_keys(spark: SparkSession, output_uri: str, model_sha256: str, azure_credentials=None) -> DataFrame | None:
     """(path, size, modification_time) of every image already recorded for this model, in detections/ or errors/.
     None when nothing has been written yet."""

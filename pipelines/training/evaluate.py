@@ -1,22 +1,19 @@
 """Validation in PyTorch: val loss (no augmentation, batch norm on running statistics) and COCO box / mask AP with
 pycocotools. Detections come from ``pipelines.yolact_postprocess`` (the numpy Detect and mask assembly the
-Spark job uses), at the original image size.
+Spark job uses), at the original image size; AP comes from ``pipelines.evaluate`` (the torch-free implementation
+that also evaluates a job's output).
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from pycocotools import mask as mask_utils
-from pycocotools.coco import COCO
-from pycocotools.cocoeval import COCOeval
 
 from pipelines import storage
 from pipelines import yolact_postprocess as yp
+from pipelines.evaluate import ap_report, load_ground_truth, subset_ground_truth
 from pipelines.training.batches import InputSpec, make_micro_batch
 from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, num_positives
 
@@ -58,42 +55,10 @@ def coco_results(outputs: dict[str, torch.Tensor], priors: np.ndarray, rows: lis
     return results
 
 
-def coco_ap(ground_truth: COCO, results: list[dict], iou_type: str, category_ids: list[int] | None = None) -> dict:
-    """AP@[.5:.95], AP50, AP75 (-1 when nothing to evaluate)."""
-    if not results:
-        return {"ap": 0.0, "ap50": 0.0, "ap75": 0.0}
-    with contextlib.redirect_stdout(io.StringIO()):
-        detections = ground_truth.loadRes(results)
-        evaluator = COCOeval(ground_truth, detections, iou_type)
-        if category_ids is not None:
-            evaluator.params.catIds = category_ids
-        evaluator.evaluate()
-        evaluator.accumulate()
-        evaluator.summarize()
-    return {"ap": float(evaluator.stats[0]), "ap50": float(evaluator.stats[1]), "ap75": float(evaluator.stats[2])}
-
-
-def ap_report(ground_truth: COCO, results: list[dict], blob_classes: tuple[str, ...]) -> dict:
-    """Box and mask AP over all classes, over the blob-like classes, and for cracks alone."""
-    by_name = {c["name"]: c["id"] for c in ground_truth.loadCats(ground_truth.getCatIds())}
-    report = {}
-    for iou_type, prefix in (("bbox", "box"), ("segm", "mask")):
-        for suffix, cats in (("", None), ("_blobs", [by_name[n] for n in blob_classes if n in by_name]),
-                             ("_crack", [by_name["crack"]] if "crack" in by_name else [])):
-            if cats == []:
-                continue
-            for key, value in coco_ap(ground_truth, results, iou_type, cats).items():
-                report[f"{prefix}_{key}{suffix}"] = value
-    return report
-
-
 def evaluate(model: torch.nn.Module, index, spec: EvalSpec, input_spec: InputSpec, loss: YolactLoss,
              post: dict) -> dict:
     """model: a full Yolact (its train/eval mode is changed). Returns val loss terms and the AP report."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        ground_truth = COCO()
-        ground_truth.dataset = json.loads(storage.read_bytes(spec.annotations_uri))
-        ground_truth.createIndex()
+    ground_truth = load_ground_truth(storage.read_bytes(spec.annotations_uri))
     by_name = {c["name"]: c["id"] for c in ground_truth.dataset["categories"]}
     category_ids = [by_name.get(name, -1) for name in spec.class_names]
     count = len(index) if not spec.max_images else min(len(index), spec.max_images)
@@ -114,20 +79,9 @@ def evaluate(model: torch.nn.Module, index, spec: EvalSpec, input_spec: InputSpe
     terms = Normalizer(positives, count).apply(dict(zip(LOSS_KEYS, sums)))
     image_ids = {int(index.image_ids[i]) for i in range(count)}
     if count < len(index):   # evaluate against the images we ran only
-        ground_truth = _subset(ground_truth, image_ids)
-    report = ap_report(ground_truth, results, spec.blob_classes)
+        ground_truth = subset_ground_truth(ground_truth, image_ids)
+    report = ap_report(ground_truth, results, {"blobs": spec.blob_classes, "crack": ("crack",)})
     report.update({f"val_{k}": float(v) for k, v in terms.items()})
     report["val_loss"] = float(sum(terms.values()))
     report["val_images"] = count
     return report
-
-
-def _subset(ground_truth: COCO, image_ids: set[int]) -> COCO:
-    data = dict(ground_truth.dataset)
-    data["images"] = [im for im in data["images"] if im["id"] in image_ids]
-    data["annotations"] = [a for a in data["annotations"] if a["image_id"] in image_ids]
-    with contextlib.redirect_stdout(io.StringIO()):
-        subset = COCO()
-        subset.dataset = data
-        subset.createIndex()
-    return subset

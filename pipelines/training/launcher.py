@@ -93,6 +93,7 @@ def run_training(spark: SparkSession, cfg: TrainConfig) -> dict:
 
     cfg = resolve_paths(cfg)
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    print(f"run directory: {cfg.run_dir} (checkpoints/, metrics.jsonl, summary.json, plots)", flush=True)
     class_names = get_config(cfg.model.config).class_names
     started = time.time()
     report = prepare(spark, cfg, class_names)
@@ -118,4 +119,8 @@ def run_training(spark: SparkSession, cfg: TrainConfig) -> dict:
         summary["mlflow_run_id"] = tracking.log_to_mlflow(dataclasses.asdict(cfg.tracking), params, metrics,
                                                           summary, artifacts + [summary_path])
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        store = tracking._mlflow_uri(cfg.tracking.mlflow_uri)
+        print(f"MLflow: run {summary['mlflow_run_id']} in experiment '{cfg.tracking.experiment}' at {store} "
+              f"(mlflow ui --backend-store-uri {store})", flush=True)
+    print(f"run directory: {cfg.run_dir}; summary {summary_path}", flush=True)
     return summary

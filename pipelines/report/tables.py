@@ -1,0 +1,130 @@
+"""A job's output read without Spark (pyarrow only): summary.json, and the CURRENT rows of detections/ and errors/.
+
+The current record of a path is the newest run's (run ids start with the UTC start time; ties go to the newer image
+modification time), the rule `pipelines.incremental` applies with Spark. A path whose current record is an error is
+in `errors` only. Only local outputs (a path or file:/) are read: download others first (`hdfs dfs -get`, `azcopy`).
+
+    output = read_output("output")                 # OutputTables: summary, detections (list of dicts), errors
+    rows = read_detections("output", paths={...})  # with instances (class_name, score, box, mask RLE)
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.dataset as ds
+
+log = logging.getLogger(__name__)
+KEY_COLUMNS = ["path", "run_id", "modification_time", "model_sha256"]
+
+
+class OutputError(ValueError):
+    """The output directory cannot be read: the message names it and what to do."""
+
+
+@dataclass
+class OutputTables:
+    root: Path
+    summary: dict | None
+    model_sha256: str | None          # rows of this model only (the summary's), None: all rows
+    detections: list[dict] = field(default_factory=list)   # current rows: path, width, height, instances, ...
+    errors: list[dict] = field(default_factory=list)       # current rows: path, stage, error_type, message
+
+
+def local_output(output: str | Path) -> Path:
+    text = str(output)
+    if "://" in text and not text.startswith("file://"):
+        raise OutputError(f"{output}: only local outputs can be read here; download it first "
+                          "(hdfs dfs -get, azcopy copy, databricks fs cp -r) and pass the local copy")
+    root = Path(text.removeprefix("file://").removeprefix("file:")).expanduser().resolve()
+    if not root.is_dir():
+        raise OutputError(f"{root}: no such output directory; pass the job's --output")
+    return root
+
+
+def read_summary(root: Path) -> dict | None:
+    path = root / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise OutputError(f"{path}: not valid JSON ({err}); re-run the job to rewrite it") from None
+
+
+def _dataset(root: Path, name: str):
+    table_dir = root / name
+    if not table_dir.is_dir() or not any(table_dir.rglob("*.parquet")):
+        return None
+    return ds.dataset(str(table_dir), format="parquet", exclude_invalid_files=True)
+
+
+def _keys(dataset, model_sha256: str | None) -> list[dict]:
+    if dataset is None:
+        return []
+    columns = [c for c in KEY_COLUMNS if c in dataset.schema.names]
+    rows = dataset.to_table(columns=columns).to_pylist()
+    return [r for r in rows if model_sha256 is None or r.get("model_sha256") == model_sha256]
+
+
+def _rank(row: dict) -> tuple:
+    mtime = row.get("modification_time")
+    return (row.get("run_id") or "", mtime is not None, mtime.timestamp() if mtime is not None else 0.0)
+
+
+def current_keys(root: Path, model_sha256: str | None) -> dict[str, tuple[str, str]]:
+    """path -> (table, run_id) of each path's current record."""
+    best: dict[str, tuple[tuple, str, str]] = {}
+    for table in ("detections", "errors"):
+        for row in _keys(_dataset(root, table), model_sha256):
+            rank = _rank(row)
+            if row["path"] not in best or rank > best[row["path"]][0]:
+                best[row["path"]] = (rank, table, row.get("run_id"))
+    return {path: (table, run_id) for path, (_, table, run_id) in best.items()}
+
+
+def _current_rows(root: Path, table: str, keys: dict, columns: list[str], paths: set[str] | None) -> list[dict]:
+    dataset = _dataset(root, table)
+    if dataset is None:
+        return []
+    wanted = {p for p, (t, _) in keys.items() if t == table and (paths is None or p in paths)}
+    rows, seen = [], set()
+    names = [c for c in columns if c in dataset.schema.names]
+    for batch in dataset.to_batches(columns=names):
+        for row in batch.to_pylist():
+            path = row["path"]
+            if path in wanted and path not in seen and row.get("run_id") == keys[path][1]:
+                seen.add(path)
+                rows.append(row)
+    return sorted(rows, key=lambda r: r["path"])
+
+
+DETECTION_COLUMNS = ["path", "width", "height", "instances", "mask_path", "run_id", "model_sha256"]
+ERROR_COLUMNS = ["path", "stage", "error_type", "message", "run_id", "model_sha256"]
+
+
+def read_output(output: str | Path, with_instances: bool = True, all_models: bool = False) -> OutputTables:
+    """summary.json and the current rows. Rows of the summary's model only, unless `all_models` or no summary."""
+    root = local_output(output)
+    summary = read_summary(root)
+    model = None if all_models or not summary else summary.get("model", {}).get("sha256")
+    keys = current_keys(root, model)
+    if not keys and (root / "detections").is_dir() and model:
+        log.warning("%s: no rows of model %s (the summary's); reading every model's rows", root, model[:12])
+        model, keys = None, current_keys(root, None)
+    columns = DETECTION_COLUMNS if with_instances else [c for c in DETECTION_COLUMNS if c != "instances"]
+    return OutputTables(root, summary, model, _current_rows(root, "detections", keys, columns, None),
+                        _current_rows(root, "errors", keys, ERROR_COLUMNS, None))
+
+
+def local_file(uri: str) -> Path:
+    """file:/x, file:///x or /x -> Path('/x')."""
+    text = uri
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+        text = text[text.index("/"):] if not text.startswith("/") else text
+    elif text.startswith("file:"):
+        text = text[len("file:"):]
+    return Path(text)
