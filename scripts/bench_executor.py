@@ -1,0 +1,361 @@
+"""`make bench-executor`: the job's own executor function against OpenVINO's ceiling -> reports/executor.md, .json.
+
+    python scripts/bench_executor.py                      # bundled default model, P = all cores, f32
+    python scripts/bench_executor.py --processes 2 --precisions f32,bf16 --r50 --detector
+    python scripts/bench_executor.py --model path/to/export --images 64
+
+Per model and precision, in one run:
+- benchmark_app on the IR with P streams x 1 thread (model only: no decode, no postprocess), the ceiling;
+- the executor function (`ImageInference.__call__` as mapInPandas calls it, pandas batches with a `content`
+  column) in P processes x 1 OpenVINO thread (1 stream), masks written (RLE + PNG label maps under a scratch
+  output): "before" is the previous per-image code (scripts/bench/legacy_executor.py, the tests' reference),
+  "after" the current one, and "after, boxes only" the current one with output.masks none.
+Images: JPEGs of 480-1920 px made from the samples (scripts/bench/images.py). Detections: YOLACT's COCO setting
+(fast NMS, top_k 200, up to 100 kept); every detection is written (score threshold 0) so before and after write
+the same instances, and conf_thresh is lowered from the manifest's until the mean is >= 90 per image. Reported:
+images/s (total images / wall time from the common start to the last process's end, after model load and one
+warm-up image), ratio to benchmark_app, summed seconds per stage per image, peak RSS of each process, and the
+CPU's instruction set.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import multiprocessing as mp
+import os
+import platform
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+import numpy as np  # noqa: E402
+
+from bench import images as bench_images  # noqa: E402
+
+log = logging.getLogger("bench_executor")
+BENCHMARK_APP = Path(sys.executable).with_name("benchmark_app")
+EXECUTOR_SIZES = ((640, 480), (1280, 960), (1920, 1080), (480, 640), (1024, 768), (1080, 1920), (800, 600),
+                  (1600, 1200))   # (width, height), cycled: 480-1920 px
+STAGES = ("read", "preprocess", "infer", "postprocess", "write")
+R50_DIR = REPO / "work" / "bench" / "r50"
+DETECTOR_DIR = REPO / "work" / "bench" / "detector"
+# Random R50 weights with FP16 IR weights fail the export's default parity gate (scripts/bench.py): speed only.
+R50_EXPORT_GATES = ["--gate-ort-atol", "1e-3", "--gate-ov-fp16-ir-rel", "0.2", "--gate-min-matched", "0.5",
+                    "--gate-min-median-mask-iou", "0.9", "--parity-count", "1"]
+CONF_STEPS = (0.01, 0.001, 1e-4, 0.0)
+VARIANTS = {"before": "previous per-image code", "after": "current code",
+            "after_boxes": "current code, output.masks none (boxes only)"}
+
+
+# ----------------------------------------------------------------------------------------------------- machine
+def cpu_facts() -> dict:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+                 platform.machine())
+    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    isa = [name for name, flag in (("AMX", "amx_tile"), ("AVX-512", "avx512f"), ("AVX-512 BF16", "avx512_bf16"),
+                                   ("AVX-512 VNNI", "avx512_vnni"), ("AVX2", "avx2")) if flag in flags]
+    import openvino
+
+    return {"cpu": model, "cores": os.cpu_count(), "isa": isa, "best_isa": isa[0] if isa else "none",
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "openvino": openvino.__version__, "python": platform.python_version(),
+            "load_average": os.getloadavg()}
+
+
+# ------------------------------------------------------------------------------------------------------ models
+def export(family: str, config: str, out: Path, extra: list[str]) -> Path:
+    if (out / "manifest.json").is_file():
+        return out
+    command = [sys.executable, "-m", "model_export", family, "--config", config, "--random-init", "--out", str(out),
+               *extra]
+    log.info("exporting %s (random init) to %s: %s", config, out, " ".join(command))
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0 or not (out / "manifest.json").is_file():
+        raise SystemExit(f"error: the export failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n"
+                         f"{done.stderr[-2000:]}")
+    return out
+
+
+def model_rows(args) -> list[tuple[str, Path]]:
+    rows = [(Path(m).name, Path(m).resolve()) for m in args.model]
+    if args.r50:
+        rows.append(("yolact_resnet50 550 (random init)", export("yolact", "yolact_resnet50", R50_DIR,
+                                                                  R50_EXPORT_GATES)))
+    if args.detector:
+        rows.append(("detector factornet_small (random init)", export("detector", "factornet_small",
+                                                                      DETECTOR_DIR, [])))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------------ the task
+def make_task(manifest, variant: str, precision: str, conf_thresh: float | None, output: Path):
+    """The executor function as the job builds it (make_task), 1 stream x 1 thread, every detection written."""
+    from pipelines.inference_job import inference_task_class
+    from pipelines.openvino_runtime import RuntimeSettings
+
+    if variant == "before":
+        from bench.legacy_executor import LegacyDetectorInference, LegacyYolactInference
+
+        cls = LegacyYolactInference if manifest.model == "yolact" else LegacyDetectorInference
+    else:
+        cls = inference_task_class(manifest.model)
+    postprocess = dict(manifest.postprocess)
+    if conf_thresh is not None:
+        postprocess["conf_thresh"] = conf_thresh
+    return cls(model_dir=str(manifest.root), model_sha256=manifest.model_sha256,
+               class_names=tuple(manifest.class_names), input_spec=manifest.input,
+               postprocess={**postprocess, "nms": postprocess.get("nms", "fast")},
+               settings=RuntimeSettings(precision=precision, threads=1, streams=1), output_uri=str(output),
+               input_root=str(output.parent / "images"), masks="none" if variant == "after_boxes" else "rle_and_png",
+               score_threshold=0.0)
+
+
+def records(paths: list[Path], contents: list[bytes]):
+    import pandas as pd
+
+    return pd.DataFrame({"path": ["file:" + str(p) for p in paths], "content": contents,
+                         "size": [len(c) for c in contents],
+                         "modification_time": [dt.datetime(2026, 1, 1)] * len(paths)})
+
+
+def worker(task, paths: list[str], batch_size: int, barrier, results) -> None:
+    """One executor process: load + warm up, wait for the others, run its share through task(batches)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    paths = [Path(p) for p in paths]
+    contents = [p.read_bytes() for p in paths]
+    list(task(iter([records(paths[:1], contents[:1])])))   # compile the IR (LazyModel), first-call allocations
+    barrier.wait()
+    started = time.time()
+    rows = []
+    batches = (records(paths[i:i + batch_size], contents[i:i + batch_size]) for i in range(0, len(paths),
+                                                                                          batch_size))
+    for frame in task(batches):
+        rows.extend(frame.to_dict("records"))
+    ended = time.time()
+    stages = {s: sum(r["timings"][f"{s}_s"] for r in rows) for s in STAGES}
+    results.put({"pid": os.getpid(), "images": len(rows), "failed": sum(r["status"] != "ok" for r in rows),
+                 "instances": sum(len(r["instances"] or []) for r in rows), "started": started, "ended": ended,
+                 "stages": stages, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                 "errors": [r["error_message"] for r in rows if r["status"] != "ok"][:3]})
+
+
+def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeout_s: float) -> dict:
+    """P spawned processes, each the same task over an equal share of the images (as P single-core tasks)."""
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(processes), ctx.Queue()
+    shares = [[str(p) for p in paths[i::processes]] for i in range(processes)]
+    procs = [ctx.Process(target=worker, args=(task, share, batch_size, barrier, results)) for share in shares]
+    for proc in procs:
+        proc.start()
+    got = []
+    deadline = time.time() + timeout_s
+    while len(got) < processes and time.time() < deadline:
+        try:
+            got.append(results.get(timeout=5))
+        except Exception:  # noqa: BLE001  (queue.Empty: check the processes are alive)
+            if all(not p.is_alive() for p in procs) and results.empty():
+                break
+    for proc in procs:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    if len(got) < processes:
+        raise RuntimeError(f"{processes - len(got)} executor processes gave no result (crashed or timed out)")
+    images = sum(r["images"] for r in got)
+    wall = max(r["ended"] for r in got) - min(r["started"] for r in got)
+    return {"images": images, "failed": sum(r["failed"] for r in got), "seconds": round(wall, 3),
+            "images_per_s": round(images / wall, 3), "detections_per_image": round(
+                sum(r["instances"] for r in got) / max(images, 1), 1),
+            "stage_s_per_image": {s: round(sum(r["stages"][s] for r in got) / max(images, 1), 5) for s in STAGES},
+            "peak_rss_mib": [round(r["peak_rss_mib"], 1) for r in got],
+            "errors": sum((r["errors"] for r in got), [])[:3]}
+
+
+def benchmark_app(xml: Path, precision: str, processes: int, seconds: int) -> dict:
+    command = [str(BENCHMARK_APP), "-m", str(xml), "-d", "CPU", "-hint", "none", "-nstreams", str(processes),
+               "-nthreads", str(processes), "-infer_precision", precision, "-t", str(seconds)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 300)
+    found = re.search(r"Throughput:\s+([\d.]+)\s*FPS", done.stdout)
+    if done.returncode != 0 or not found:
+        raise RuntimeError(f"benchmark_app failed (exit {done.returncode}): {done.stdout[-800:]}{done.stderr[-800:]}")
+    return {"images_per_s": float(found.group(1)), "command": " ".join(command[1:]).replace(str(REPO) + "/", "")}
+
+
+def calibrate_conf(manifest, paths: list[Path], precision: str, target: float) -> tuple[float | None, float]:
+    """The manifest's conf_thresh, or the first lower step giving >= target detections per image (8 images)."""
+    from pipelines import yolact_postprocess as yp
+    from pipelines.image_decode import decode_image
+    from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
+    from pipelines.preprocess import preprocess_rgb
+
+    if manifest.model != "yolact":
+        return None, float("nan")
+    ir = CompiledIR(manifest.path("ir_xml"), RuntimeSettings(precision=precision, threads=1, streams=1))
+    priors = np.load(manifest.path("priors"))
+    raws = []
+    for path in paths[:8]:
+        out = ir.infer_one(preprocess_rgb(decode_image(path.read_bytes(), str(path)), manifest.input))
+        raws.append({role: out[name] for role, name in manifest.outputs.items()})
+    post = {k: manifest.postprocess[k] for k in ("nms_thresh", "top_k", "max_num_detections")}
+    mean = 0.0
+    for conf in (float(manifest.postprocess["conf_thresh"]), *CONF_STEPS):
+        mean = float(np.mean([len(yp.detect(r["loc"], r["conf"], r["mask"], priors, conf_thresh=conf, **post))
+                              for r in raws]))
+        if mean >= target:
+            return conf, mean
+    return conf, mean
+
+
+# ------------------------------------------------------------------------------------------------------ report
+def ratio(value, ceiling):
+    return round(value / ceiling, 3) if value and ceiling else None
+
+
+def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "executor.json").write_text(json.dumps({"machine": facts, "args": vars(args), "rows": results},
+                                                  indent=2, default=str))
+    lines = [
+        "# Executor function vs benchmark_app",
+        "",
+        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC. `{' '.join(sys.argv)}`",
+        "",
+        f"- CPU: {facts['cpu']}, {facts['cores']} cores, {facts['memory_gib']} GiB; instruction set: "
+        f"**{facts['best_isa']}** ({', '.join(facts['isa']) or 'none of AMX/AVX-512/AVX2'}); OpenVINO "
+        f"{facts['openvino']}, Python {facts['python']}; load average at start {facts['load_average'][0]:.2f}",
+        "- executor: `ImageInference.__call__` (what mapInPandas runs) in P spawned processes x 1 OpenVINO thread "
+        "(1 stream), batches of %d, masks written (RLE + PNG label maps), every detection written; "
+        "images/s = images / (last end - common start), after model load and one warm-up image" % args.batch_size,
+        "- benchmark_app: P streams x P threads (1 per stream), `-hint none`, same IR and precision, model only",
+        "- before: the previous per-image code (full-size masks, RLE and label map; tests/reference_postprocess.py)"
+        "; after: the current code; after, boxes only: `output.masks: none`",
+        "",
+        "| model | input | precision | P | images | det/img | benchmark_app img/s | before img/s | before ratio | "
+        "after img/s | after ratio | after/before | boxes only img/s | boxes only ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | | {r['precision']} | {r['processes']} | failed: {r['error']} |"
+                         + " |" * 9)
+            continue
+        ceiling = r["benchmark_app"]["images_per_s"]
+        v = r["variants"]
+        get = lambda name: v.get(name, {}).get("images_per_s")  # noqa: E731
+        lines.append(
+            f"| {r['model']} | {r['input']} | {r['precision']} | {r['processes']} | {v['after']['images']} | "
+            f"{v['after']['detections_per_image']} | {ceiling} | {get('before')} | {ratio(get('before'), ceiling)} | "
+            f"{get('after')} | **{ratio(get('after'), ceiling)}** | "
+            f"{round(get('after') / get('before'), 2) if get('before') else ''} | {get('after_boxes') or ''} | "
+            f"{ratio(get('after_boxes'), ceiling) or ''} |")
+    lines += ["", "## Per-stage split (ms per image, summed over processes; share of the summed stage time) and "
+                  "peak RSS per process", "",
+              "| model | precision | variant | " + " | ".join(STAGES) + " | peak RSS MiB per process |",
+              "|---|---|---|" + "---|" * len(STAGES) + "---|"]
+    for r in results:
+        for name, v in r.get("variants", {}).items():
+            per = v["stage_s_per_image"]
+            total = sum(per.values()) or 1.0
+            cells = [f"{per[s] * 1000:.1f} ({100 * per[s] / total:.0f}%)" for s in STAGES]
+            lines.append(f"| {r['model']} | {r['precision']} | {name} | " + " | ".join(cells)
+                         + f" | {', '.join(str(m) for m in v['peak_rss_mib'])} |")
+    notes = [f"- {r['model']} {r['precision']}: conf_thresh {r['conf_thresh']} (manifest "
+             f"{r['manifest_conf_thresh']}) for ~100 detections per image" for r in results
+             if r.get("conf_thresh") is not None]
+    notes += [f"- {r['model']} {r['precision']} {name}: {v['failed']} images failed, e.g. {v['errors'][:1]}"
+              for r in results for name, v in r.get("variants", {}).items() if v["failed"]]
+    notes += [f"- benchmark_app: `{r['benchmark_app']['command']}`" for r in results if "benchmark_app" in r]
+    lines += ["", "## Notes", "", *notes, ""]
+    (out / "executor.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+# -------------------------------------------------------------------------------------------------------- main
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", default=None,
+                        help="export directory (repeatable; default: samples/models/yolact_default)")
+    parser.add_argument("--r50", action="store_true",
+                        help=f"also YOLACT-R50 550, random init (exported once to {R50_DIR.relative_to(REPO)}; "
+                             "minutes)")
+    parser.add_argument("--detector", action="store_true",
+                        help=f"also the detector, random init (exported once to {DETECTOR_DIR.relative_to(REPO)})")
+    parser.add_argument("--processes", "-P", type=int, default=os.cpu_count() or 1,
+                        help="executor processes = benchmark_app streams (default: all cores)")
+    parser.add_argument("--precisions", default="f32", help="comma-separated: f32, bf16")
+    parser.add_argument("--images", type=int, default=128, help="bench images per row (default 128)")
+    parser.add_argument("--large-model-images", type=int, default=32,
+                        help="images for models with an input over 400 px (R50 550; default 32)")
+    parser.add_argument("--batch-size", type=int, default=8, help="images per pandas batch (the job's default)")
+    parser.add_argument("--seconds", type=int, default=15, help="benchmark_app duration (-t)")
+    parser.add_argument("--no-before", action="store_true", help="skip the previous code's row")
+    parser.add_argument("--no-boxes-only", action="store_true", help="skip the output.masks none row")
+    parser.add_argument("--work-dir", default=str(REPO / "work" / "bench"), help="images and scratch outputs")
+    parser.add_argument("--out", default=str(REPO / "reports"), help="where executor.md and executor.json go")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before an executor run is abandoned")
+    args = parser.parse_args(argv)
+    args.model = args.model or [str(REPO / "samples" / "models" / "yolact_default")]
+    args.precisions = [p for p in args.precisions.split(",") if p]
+    if any(p not in ("f32", "bf16") for p in args.precisions) or args.processes < 1 or args.images < 1:
+        parser.error("--precisions takes f32 and/or bf16; --processes and --images must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[bench-executor %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    args = parse_args(argv)
+    from pipelines.model_manifest import load_manifest
+
+    facts = cpu_facts()
+    log.info("%s, %s cores, %s; P = %d", facts["cpu"], facts["cores"], facts["best_isa"], args.processes)
+    work = Path(args.work_dir)
+    results = []
+    for name, model_dir in model_rows(args):
+        manifest = load_manifest(model_dir, verify=True)
+        _, _, in_h, in_w = manifest.input["shape"]
+        count = args.large_model_images if max(in_h, in_w) > 400 else args.images
+        count = max(count, args.processes)
+        image_dir = bench_images.make_images(work / f"images-executor-{count}", count, sizes=EXECUTOR_SIZES)
+        paths = bench_images.image_paths(image_dir)
+        for precision in args.precisions:
+            row = {"model": name, "model_dir": str(model_dir), "input": f"{in_w}x{in_h}", "precision": precision,
+                   "processes": args.processes, "manifest_conf_thresh": manifest.postprocess.get("conf_thresh")}
+            try:
+                conf, mean = calibrate_conf(manifest, paths, precision, target=90)
+                row.update(conf_thresh=conf, calibration_detections=mean)
+                log.info("%s %s: benchmark_app, %d streams x 1 thread", name, precision, args.processes)
+                row["benchmark_app"] = benchmark_app(manifest.path("ir_xml"), precision, args.processes,
+                                                     args.seconds)
+                log.info("  %s img/s", row["benchmark_app"]["images_per_s"])
+                row["variants"] = {}
+                variants = [v for v in VARIANTS if not (v == "before" and args.no_before)
+                            and not (v == "after_boxes" and (args.no_boxes_only or manifest.model != "yolact"))]
+                for variant in variants:
+                    output = work / "executor-out" / f"{manifest.model_sha256[:12]}-{precision}-{variant}"
+                    task = make_task(manifest, variant, precision, conf, output)
+                    log.info("%s %s: executor %s (%d images, %d processes)", name, precision, variant, len(paths),
+                             args.processes)
+                    result = run_executor(task, paths, args.processes, args.batch_size, args.timeout)
+                    log.info("  %s img/s, %s det/img, stages %s", result["images_per_s"],
+                             result["detections_per_image"], result["stage_s_per_image"])
+                    row["variants"][variant] = result
+            except Exception as err:  # noqa: BLE001  (one failed row must not lose the others)
+                log.exception("%s %s failed", name, precision)
+                row["error"] = f"{type(err).__name__}: {err}"[:300]
+            results.append(row)
+            write_report(Path(args.out), facts, args, results)
+    log.info("wrote %s", Path(args.out) / "executor.md")
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
