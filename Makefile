@@ -40,13 +40,18 @@ bigdl-env-archive: $(VENV)/.stamp-test
 	PACKER_PYTHON=$(abspath $(PY)) scripts/build_env_archive.sh --from-venv $(BIGDL_VENV) \
 	    --output dist/sparkseg-bigdl-env.tar.gz
 
-test: test-main test-bigdl
+# Both suites always run (a failure in the first does not hide the second); make fails at the end if either did.
+test:
+	@status=0; \
+	$(MAKE) --no-print-directory test-main || status=1; \
+	$(MAKE) --no-print-directory test-bigdl || status=1; \
+	if [ $$status -ne 0 ]; then echo "make test: FAILED (see the suites above)"; fi; exit $$status
 
 test-main: $(VENV)/.stamp-test azurite
-	$(PY) -m pytest -m "not bigdl" tests
+	$(PY) -m pytest -m "not bigdl" --durations=25 tests
 
 test-bigdl: bigdl-env
-	PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl \
+	PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl --durations=25 \
 		tests/test_bigdl_engine.py tests/test_bigdl_job.py
 
 bench: $(VENV)/.stamp-test

@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, TypeVar
-from urllib.parse import quote, quote_plus, unquote, urlsplit
+from urllib.parse import quote, quote_plus, unquote
 
 from pipelines.storage import AZURE_SCHEMES, has_extension, normalize_extensions
 
@@ -66,16 +66,18 @@ class BlobPath:
 
 
 def parse_blob_uri(uri: str) -> BlobPath:
-    """Split an Azure URI into container, path and (when the URI names it) account."""
-    parts = urlsplit(uri)
-    scheme = parts.scheme.lower()
+    """Split an Azure URI into container, path and (when the URI names it) account. The path is the blob name
+    verbatim, as listings spell it: '#', '?', '%' and spaces are part of the name, not URL syntax."""
+    scheme, _, rest = uri.partition("://")
+    scheme = scheme.lower()
     if scheme not in AZURE_SCHEMES:
         raise ValueError(f"{uri!r} is not an Azure URI; use az://container/path or "
                          f"abfss://container@account.dfs.core.windows.net/path")
-    if parts.query or parts.fragment:
-        raise ValueError(f"{uri!r}: Azure URIs take no '?query' or '#fragment'; put SAS tokens in "
-                         f"{ENV_SAS_TOKEN}, not in the URI")
-    container, at, host = parts.netloc.partition("@")
+    netloc, _, path = rest.partition("/")
+    if re.search(r"[?&]sig=", rest):
+        raise ValueError(f"{uri!r}: looks like a SAS token in the URI; put SAS tokens in {ENV_SAS_TOKEN}, "
+                         "not in the URI (it would be written into every output row)")
+    container, at, host = netloc.partition("@")
     if not container:
         raise ValueError(f"{uri!r} names no container; use {scheme}://<container>/<path>"
                          + (" or <container>@<account>.dfs.core.windows.net" if scheme != "az" else ""))
@@ -84,7 +86,7 @@ def parse_blob_uri(uri: str) -> BlobPath:
     if scheme == "az" and at:
         raise ValueError(f"{uri!r}: az:// takes no account; use az://<container>/<path> or abfss://...@account...")
     account = host.split(".", 1)[0] if host else None
-    return BlobPath(scheme, container, parts.path.lstrip("/"), account, host or None)
+    return BlobPath(scheme, container, path.lstrip("/"), account, host or None)
 
 
 # ---- credentials ------------------------------------------------------------------------------------------------

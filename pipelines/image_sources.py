@@ -9,6 +9,7 @@ Two readers share one contract, a DataFrame with `path`, `size`, `modification_t
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -36,10 +37,11 @@ def choose_reader(uri: str, reader: str = "auto") -> str:
 
 
 def to_spark_uri(uri: str) -> str:
-    """Plain local paths become file:// URIs (absolute), so executors resolve them the same way."""
+    """Plain local paths become absolute `file:` paths, so executors resolve them the same way. Hadoop's spelling,
+    not a URI: Spark reads `file:/a b` as the directory "a b" and `file:///a%20b` as the directory "a%20b"."""
     if "://" in uri or uri.startswith("file:"):
         return uri
-    return Path(uri).expanduser().resolve().as_uri()
+    return f"file:{Path(uri).expanduser().resolve()}"
 
 
 def extension_glob(extensions: list[str]) -> str:
@@ -81,11 +83,19 @@ def list_images(spark: SparkSession, uri: str, extensions: list[str], recursive:
 
 def empty_files(spark: SparkSession, source: DataFrame, scanned: DataFrame) -> DataFrame:
     """Spark's file scan silently skips zero-byte files; the file index behind it still lists them. They are
-    inputs too (they must end up in errors/), so add them back with size 0."""
-    every_path = [path.replace("file:///", "file:/", 1) for path in source.inputFiles()]
+    inputs too (they must end up in errors/), so add them back with size 0. The index gives URI strings
+    (`file:///a/UPPER%20CASE.JPG`: spaces, %, # escaped); the scan's `path` is Hadoop's unescaped spelling
+    (`file:/a/UPPER CASE.JPG`), the one every output uses: compare in that spelling."""
+    every_path = [hadoop_path_string(uri) for uri in source.inputFiles()]
     paths = spark.createDataFrame([(p,) for p in every_path], "path string")
     return (paths.join(scanned.select("path"), "path", "left_anti")
             .select("path", F.lit(0).cast("long").alias("size"), F.lit(None).cast("timestamp").alias("modification_time")))
+
+
+def hadoop_path_string(uri: str) -> str:
+    """A file index URI (java.net.URI.toString: `file:///d/a%20b%25.jpg`) as Hadoop's Path.toString spells it, which
+    is the `path` column of Spark's file sources (`file:/d/a b%.jpg`)."""
+    return unquote(uri.replace("file:///", "file:/", 1))
 
 
 def assign_partitions(listing: DataFrame, partitions: int) -> DataFrame:

@@ -6,17 +6,29 @@ from pathlib import Path
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = REPO_ROOT / "conf" / "local.yaml"
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent   # the checkout when running from one (samples/, conf/, jobs/ beside pipelines/)
+# conf/local.yaml ships inside the package as pipelines/conf/local.yaml (setup.py maps conf/ there), so an
+# installed wheel or a packed env finds the same defaults as a checkout.
+DEFAULT_CONFIG_CANDIDATES = (PACKAGE_DIR / "conf" / "local.yaml", REPO_ROOT / "conf" / "local.yaml")
 
 
 class ConfigError(ValueError):
     pass
 
 
+def default_config_path() -> Path:
+    """conf/local.yaml: the installed package's copy, else the checkout's."""
+    for candidate in DEFAULT_CONFIG_CANDIDATES:
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"the default config is missing (looked in {', '.join(map(str, DEFAULT_CONFIG_CANDIDATES))}): "
+                      "reinstall sparkseg (pip install sparkseg) or run from a checkout")
+
+
 def load_config(path: str | Path | None = None) -> dict:
     """The YAML at `path` layered over the embedded default (conf/local.yaml): missing keys keep their defaults."""
-    base = yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
+    base = yaml.safe_load(default_config_path().read_text(encoding="utf-8"))
     if path is None:
         return base
     path = Path(path)
@@ -59,10 +71,33 @@ def set_path(config: dict, dotted: str, value) -> None:
 
 
 def resolve_local(uri: str) -> str:
-    """Plain relative paths are relative to the repository root (so the embedded default works from anywhere);
-    URIs with a scheme are returned as they are."""
+    """Plain relative paths: relative to the working directory, or else to the checkout this package runs from (so
+    the embedded default's samples/ work from anywhere); URIs with a scheme are returned as they are."""
     if "://" in uri or uri.startswith("file:"):
         return uri
     path = Path(uri).expanduser()
-    return str(path if path.is_absolute() else (Path.cwd() / path if (Path.cwd() / path).exists()
-                                                else REPO_ROOT / path).resolve())
+    if path.is_absolute() or (Path.cwd() / path).exists() or not (REPO_ROOT / path).exists():
+        return str(path.resolve())
+    return str((REPO_ROOT / path).resolve())
+
+
+def local_path(uri: str) -> Path | None:
+    """The local filesystem path a URI names (plain paths and file: URIs), or None for other schemes."""
+    if uri.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(uri).path))
+    return None if "://" in uri else Path(uri).expanduser()
+
+
+def check_job_settings(config: dict) -> None:
+    """Values the YAML's types allow but the job cannot run with; raises ConfigError naming the key and the fix."""
+    inference = config["inference"]
+    rules = [("inference.partitions", inference["partitions"], 0, "0 means spark.default.parallelism"),
+             ("inference.batch_size", inference["batch_size"], 1, "images per Arrow batch"),
+             ("inference.max_image_pixels", inference["max_image_pixels"], 1, "the decompression-bomb guard"),
+             ("run.commit_every", config["run"]["commit_every"], 0, "0 commits once at the end")]
+    for key, value, low, meaning in rules:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            flag = {"inference.partitions": " (--partitions)", "inference.batch_size": " (--batch-size)"}.get(key, "")
+            raise ConfigError(f"{key}{flag} is {value!r}: it must be an integer >= {low} ({meaning})")

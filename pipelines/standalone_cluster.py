@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -359,10 +360,6 @@ def process_group_members(pgid: int) -> list[int]:
     return members
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run a Spark standalone cluster on 127.0.0.1 until Ctrl-C.")
     parser.add_argument("--workers", type=int, default=2, help="number of Worker daemons (default 2)")
@@ -373,18 +370,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     config = ClusterConfig(workers=args.workers, cores=args.cores, memory=args.memory, start_timeout_s=args.timeout)
-    # SIGTERM (kill, CI timeouts) ends the cluster like Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C and SIGTERM (kill, CI timeouts) only set a flag, from before the cluster starts: a signal at any
+    # moment (during start-up, right after the URL is printed) ends the cluster cleanly, never half-way.
+    stop_requested = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop_requested.set())
     with StandaloneCluster(config, base_dir=args.dir) as cluster:
-        print(cluster.master_url, flush=True)
-        print(f"web UI {cluster.webui_url}  logs {cluster.log_dir}  (Ctrl-C to stop)", file=sys.stderr, flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            print("stopping", file=sys.stderr, flush=True)
+        if not stop_requested.is_set():
+            print(cluster.master_url, flush=True)
+            print(f"web UI {cluster.webui_url}  logs {cluster.log_dir}  (Ctrl-C to stop)", file=sys.stderr,
+                  flush=True)
+        stop_requested.wait()
+        print("stopping", file=sys.stderr, flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

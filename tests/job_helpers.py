@@ -4,9 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.job_config import load_config
+from pipelines.openvino_runtime import RuntimeSettings
 from tests.conftest import SAMPLES
 
 DEFAULT_MODEL_DIR = SAMPLES / "models" / "yolact_default"
+# What job_config's jobs run with on the test session (spark.task.cpus 1): single-process references that are
+# compared exactly must use the same settings (OpenVINO's f32 results depend on the thread count in the last bits).
+JOB_RUNTIME = RuntimeSettings.for_task_cpus(1, precision="f32")
 
 
 def job_config(input_dir: Path, output_dir: Path, model_dir: Path = DEFAULT_MODEL_DIR, **inference) -> dict:

@@ -163,6 +163,13 @@ def test_preprocess_stays_within_one_uint8_level_of_our_numpy_preprocessing(bigd
             assert levels.max() <= 1.0 and levels.mean() <= 0.35, (row["path"], levels.max(), levels.mean())
 
 
+
+def assert_equal_up_to_thread_order(got: np.ndarray, expected: np.ndarray) -> None:
+    """Orca's OpenVINO and this process's may use different thread counts; OpenVINO's CPU plugin splits f32
+    reductions over its threads, so the sums are added in another order: a few float32 ulps of the outputs'
+    magnitude (measured <= 3.6e-6 on values <= 1). Same thread count: bit-identical."""
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * max(1.0, float(np.abs(expected).max())))
+
 @pytest.mark.bigdl
 def test_predict_equals_openvino_on_the_same_tensor_and_is_close_to_numpy_preprocessing(bigdl_spark, tiny_ir):
     import openvino as ov
@@ -184,7 +191,7 @@ def test_predict_equals_openvino_on_the_same_tensor_and_is_close_to_numpy_prepro
         for name, shape in OUTPUTS.items():
             got = np.asarray(row[name], dtype=np.float32)
             assert got.shape == (int(np.prod(shape)),)
-            np.testing.assert_array_equal(got, direct[compiled.output(name)].ravel())
+            assert_equal_up_to_thread_order(got, direct[compiled.output(name)].ravel())
             # resize differences (<= 1 uint8 level) through the tiny net: measured <= 0.005 for outputs ~1.
             np.testing.assert_allclose(got, from_numpy[compiled.output(name)].ravel(), atol=0.02)
     preprocessed.unpersist()
@@ -244,7 +251,7 @@ def test_yolact_ir_through_bigdl_equals_openvino_and_refuses_batches_on_the_driv
     for row in result.collect():
         direct = compiled(chw[row["path"]])
         for name in manifest["outputs"]:
-            np.testing.assert_array_equal(np.asarray(row[name], np.float32), direct[compiled.output(name)].ravel())
+            assert_equal_up_to_thread_order(np.asarray(row[name], np.float32), direct[compiled.output(name)].ravel())
     preprocessed.unpersist()
     with pytest.raises(ValueError, match="cannot run batches of 2.*use batch_size=1"):
         bigdl_predict(preprocessed, xml, batch_size=2)

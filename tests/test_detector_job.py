@@ -16,10 +16,9 @@ from pipelines.detector_inference import detector_instances
 from pipelines.image_sources import InputError
 from pipelines.inference_job import run
 from pipelines.job_config import load_config
-from pipelines.openvino_runtime import RuntimeSettings
 from pipelines.single_process import infer_files
 from tests.bad_inputs import build_bad_input_corpus
-from tests.job_helpers import job_config, read_rows
+from tests.job_helpers import JOB_RUNTIME, job_config, read_rows
 from tests.conftest import REPO, SAMPLES
 from tests.fixtures_detector import detector_export, road_images  # noqa: F401
 
@@ -42,7 +41,7 @@ def test_spark_job_equals_single_process_run(spark, detector_export, road_images
     assert summary["counts"]["inputs"] == summary["counts"]["done"] == len(paths)
     assert summary["counts"]["failed"] == 0 and "RANDOM WEIGHTS" in summary["model"]["note"]
     reference = {row["path"]: row for row in infer_files(detector_export, [str(p) for p in paths], str(output),
-                                                          str(road_images), RuntimeSettings(precision="f32"),
+                                                          str(road_images), JOB_RUNTIME,
                                                           family="detector")}
     rows = read_rows(spark, output, "detections")
     assert {row.path for row in rows} == set(reference)

@@ -15,6 +15,7 @@ import pytest
 from pipelines.inference_job import JobFailed, run
 from pipelines.results_writer import read_table
 from pipelines.standalone_cluster import ClusterConfig, StandaloneCluster
+from pipelines.sweeps.event_log import find_event_log, parse_event_log
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import DEFAULT_MODEL_DIR as MODEL_DIR
 from tests.job_helpers import job_config
@@ -112,10 +113,15 @@ def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
     log = tmp_path / "job.log"
     config = tmp_path / "progress.yaml"
     config.write_text("run:\n  progress_interval_s: 1\n")
+    events = tmp_path / "events"
+    events.mkdir()
     job = start_job("--config", str(config), "--input", str(images), "--output", str(tmp_path / "out"),
-                    "--partitions", "10", "--master", cluster.master_url, log=log)
+                    "--partitions", "10", "--master", cluster.master_url, "--conf", "spark.eventLog.enabled=true",
+                    "--conf", f"spark.eventLog.dir={events.as_uri()}", "--conf", "spark.eventLog.compress=false",
+                    "--conf", "spark.eventLog.rolling.enabled=false", log=log)
     try:
-        # once tasks are finishing, kill a Worker JVM (its executor dies with it)
+        # once tasks are finishing, kill a Worker JVM (its executor dies with it, with the task it was running:
+        # 10 tasks on 2 one-core executors, so both are busy until the last few)
         wait_for(lambda: re.search(r"\[sparkseg\] [1-9]\d*/40", log.read_text(errors="replace")),
                  600, "the first finished tasks", job)
         cluster.kill_worker(0)
@@ -124,6 +130,8 @@ def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
         job.kill()
     detections, errors = assert_exactly_once(spark, tmp_path / "out", names)
     assert len(detections) == 40 and not errors
+    metrics = parse_event_log(find_event_log(events))
+    assert metrics.failed_tasks >= 1 and metrics.retried_tasks >= 1, "the killed executor's task must have re-run"
 
 
 @pytest.mark.cluster

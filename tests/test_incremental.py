@@ -23,6 +23,7 @@ from pipelines.run_lock import (LOCK_NAME, AzureLockStore, HadoopLockStore, Loca
                                 LockSettings, RunLock, lock_store)
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import job_config
+from tests.process_io import read_line
 
 MODEL_DIR = SAMPLES / "models" / "yolact_default"
 
@@ -123,7 +124,7 @@ def test_lock_of_a_killed_run_is_broken_by_the_next_run(tmp_path, capfd):
     dying = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(output), str(REPO)], stdout=subprocess.PIPE,
                              text=True)
     try:
-        assert dying.stdout.readline().strip() == "held"
+        assert read_line(dying) == "held"
     finally:
         dying.kill()
         dying.wait()

@@ -17,6 +17,7 @@ import pytest
 
 from pipelines.standalone_cluster import (ClusterConfig, ClusterStartError, StandaloneCluster, process_alive,
                                           process_group_members)
+from tests.process_io import read_line
 
 pytestmark = pytest.mark.cluster
 
@@ -177,8 +178,8 @@ def test_cli_prints_master_url_and_stops_on_interrupt(tmp_path):
                             "--memory", "1g", "--dir", str(base)],
                            cwd=REPO, env=_driver_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        master_url = cli.stdout.readline().strip()
-        assert master_url.startswith("spark://127.0.0.1:"), cli.stderr.read() if cli.poll() is not None else ""
+        master_url = read_line(cli, timeout_s=180)
+        assert master_url.startswith("spark://127.0.0.1:"), master_url
         cli.send_signal(signal.SIGINT)
         assert cli.wait(timeout=120) == 0
     finally:

@@ -1,0 +1,82 @@
+"""File and blob names as users have them: spaces, %, #, +, non-ASCII letters, uppercase extensions, a real zero-byte
+file. Every input ends up exactly once in detections/ or errors/, under the one path spelling the listing gives;
+the counts equal the number of files; a re-run skips them all (its resume keys match)."""
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.inference_job import run
+from tests.conftest import SAMPLES
+from tests.job_helpers import job_config, read_rows
+
+GOOD_NAMES = ["a/b/UPPER CASE.JPG", "c/straße ünïcode.jpg", "c/100% #1 a+b.jpeg", "d/p%20already escaped.Png",
+              "d/plain.jpg"]
+EMPTY_NAME = "c/zero byte ü.jpg"
+
+
+def write_tree(root: Path, names: list[str]) -> None:
+    sources = [SAMPLES / "images" / "coffee.jpg", SAMPLES / "images" / "camera.png"]
+    for name in names:
+        target = root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(sources[name.lower().endswith(".png")], target)
+
+
+def test_every_local_name_is_counted_once_and_resumed(spark, tmp_path):
+    images, output = tmp_path / "in put", tmp_path / "out"
+    write_tree(images, GOOD_NAMES)
+    (images / EMPTY_NAME).write_bytes(b"")
+    expected = {f"file:{images / name}" for name in GOOD_NAMES}
+
+    summary = run(spark, job_config(images, output))
+    assert summary["counts"]["inputs"] == len(GOOD_NAMES) + 1
+    assert (summary["counts"]["done"], summary["counts"]["failed"]) == (len(GOOD_NAMES), 1)
+    detections = read_rows(spark, output, "detections")
+    errors = read_rows(spark, output, "errors")
+    assert sorted(row.path for row in detections) == sorted(expected)
+    assert [(row.path, row.error_type) for row in errors] == [(f"file:{images / EMPTY_NAME}", "ImageDecodeError.empty")]
+
+    # a new file beside the done ones: only it is read (the partial to-do path), then everything is skipped
+    write_tree(images, ["e/new one #2.jpg"])
+    second = run(spark, job_config(images, output))
+    assert (second["counts"]["skipped"], second["counts"]["done"]) == (len(GOOD_NAMES) + 1, 1)
+    third = run(spark, job_config(images, output))
+    assert third["counts"]["skipped"] == third["counts"]["inputs"] == len(GOOD_NAMES) + 2
+    paths = [row.path for row in read_rows(spark, output, "detections")]
+    assert len(paths) == len(set(paths)) == len(GOOD_NAMES) + 1
+
+
+def test_every_blob_name_is_counted_once_and_resumed(spark, azurite, monkeypatch, tmp_path):
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    container = azurite.create_container("names")
+    client = azurite.service_client().get_container_client(container)
+    source = tmp_path / "source"
+    write_tree(source, GOOD_NAMES)
+    for name in GOOD_NAMES:
+        client.upload_blob(f"landing/{name}", (source / name).read_bytes())
+    client.upload_blob(f"landing/{EMPTY_NAME}", b"")
+
+    config = job_config(tmp_path, tmp_path, partitions=2)
+    config["input"]["uri"] = f"az://{container}/landing"
+    config["output"]["uri"] = f"az://{container}/out"
+    summary = run(spark, config)
+
+    def table(name: str) -> list[dict]:
+        parts = [blob.name for blob in client.list_blobs(name_starts_with=f"out/{name}/")
+                 if blob.name.endswith(".parquet")]
+        return pa.concat_tables([pq.read_table(io.BytesIO(client.download_blob(part).readall()))
+                                 for part in parts]).to_pylist()
+
+    assert summary["counts"]["inputs"] == len(GOOD_NAMES) + 1
+    assert (summary["counts"]["done"], summary["counts"]["failed"]) == (len(GOOD_NAMES), 1)
+    assert sorted(row["path"] for row in table("detections")) == sorted(
+        f"az://{container}/landing/{name}" for name in GOOD_NAMES)
+    assert [(row["path"], row["error_type"]) for row in table("errors")] == [
+        (f"az://{container}/landing/{EMPTY_NAME}", "ImageDecodeError.empty")]
+    again = run(spark, config)
+    assert again["counts"]["skipped"] == len(GOOD_NAMES) + 1 and again["counts"]["done"] == 0
