@@ -1,7 +1,8 @@
 """COCO box and mask AP (pycocotools) of what a job wrote, against COCO annotations; the one AP implementation
 that training's validation (`pipelines.training.evaluate`) uses too. No torch, no Spark.
 
-    python -m pipelines.evaluate --output OUT --annotations val/annotations.json [--score-threshold 0.5]
+    python -m pipelines.evaluate --output OUT --annotations val/annotations.json [--score-threshold 0.5] \
+        [--group blobs=pothole,patch,puddle]
 
 Detections rows are matched to annotated images by file name (`a/b/road_00001.jpg` <-> `road_00001.jpg`), classes
 by name. Images annotated but absent from the output are left out of the evaluation (and named); images the job
@@ -202,12 +203,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--annotations", required=True, help="COCO instances JSON of (some of) the input images")
     parser.add_argument("--score-threshold", type=float, default=0.5,
                         help="score for the per-class counts and recall (AP uses every detection)")
+    parser.add_argument("--group", action="append", default=[], metavar="NAME=CLASS,CLASS",
+                        help="also report AP over these classes together as <metric>_NAME (repeatable), e.g. "
+                             "--group blobs=pothole,patch,puddle")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from pipelines.report.tables import OutputError
 
+    groups = {}
+    for item in args.group:
+        name, sep, classes = item.partition("=")
+        if not sep or not name.strip() or not classes.strip():
+            parser.error(f"--group {item!r}: write NAME=CLASS,CLASS, e.g. --group blobs=pothole,patch,puddle")
+        groups[name.strip()] = tuple(c.strip() for c in classes.split(",") if c.strip())
     try:
-        report = evaluate_output(args.output, args.annotations, args.score_threshold)
+        report = evaluate_output(args.output, args.annotations, args.score_threshold, groups)
     except (EvaluationError, OutputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

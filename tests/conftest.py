@@ -18,6 +18,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from tests.fixtures_azurite import azurite  # noqa: E402,F401  (session fixture)
 from tests.fixtures_standalone import standalone_cluster  # noqa: E402,F401  (session fixture)
+from tests.fixtures_evaluation import bundled_val_run  # noqa: E402,F401  (session fixture)
 
 
 @pytest.fixture(scope="session")

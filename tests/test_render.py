@@ -1,0 +1,124 @@
+"""pipelines.render draws what detections/ says: a hand-made detection's overlay paints exactly its mask's pixels,
+overlaps go to the higher score, boxes and tags stay on the box; failed images are named (CLI summary, report)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+from pipelines import render
+from pipelines.job_cli import print_summary
+from pipelines.mask_outputs import encode_rle
+from pipelines.report import overlays as ov
+from pipelines.report.tables import read_output
+
+H, W = 160, 200
+GREY = (90, 90, 90)
+MASK_TYPE = pa.struct([("size", pa.list_(pa.int32())), ("counts", pa.string())])
+INSTANCE_TYPE = pa.struct([("class_id", pa.int32()), ("class_name", pa.string()), ("score", pa.float32()),
+                           ("box", pa.list_(pa.int32())), ("mask", MASK_TYPE)])
+
+
+def instance(class_id, name, score, mask):
+    rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+    return {"class_id": class_id, "class_name": name, "score": score, "mask": encode_rle(mask),
+            "box": [int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1]}
+
+
+def hand_made_output(tmp_path, instances, errors=()):
+    """An output as the job writes it (one detections row, optional error rows) over one grey PNG."""
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("RGB", (W, H), GREY).save(images / "grey.png")
+    out = tmp_path / "out"
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    detections = pa.table({"path": [f"file:{images}/grey.png"], "width": [W], "height": [H],
+                           "instances": pa.array([instances], pa.list_(INSTANCE_TYPE)), "mask_path": [None],
+                           "modification_time": [when], "model_sha256": ["m"], "run_id": ["20260101T000000Z-a"]})
+    (out / "detections").mkdir(parents=True)
+    pq.write_table(detections, out / "detections" / "part-0.parquet")
+    (out / "errors").mkdir()
+    pq.write_table(pa.table({"path": [f"file:{images}/{e}" for e in errors], "stage": ["read"] * len(errors),
+                             "error_type": ["ImageDecodeError"] * len(errors), "message": ["not an image"] * len(errors),
+                             "modification_time": pa.array([when] * len(errors), pa.timestamp("us", "UTC")),
+                             "model_sha256": ["m"] * len(errors), "run_id": ["20260101T000000Z-a"] * len(errors)}),
+                   out / "errors" / "part-0.parquet")
+    (out / "summary.json").write_text(json.dumps({"run_id": "20260101T000000Z-a", "input": str(images),
+                                                  "model": {"name": "hand", "sha256": "m", "note": None,
+                                                            "classes": ["a", "b"]},
+                                                  "counts": {"inputs": 1 + len(errors), "done": 1,
+                                                             "failed": len(errors), "skipped": 0, "instances": 2}}))
+    return out
+
+
+def masks():
+    first = np.zeros((H, W), bool)
+    first[50:100, 20:120] = True
+    first[60:70, 40:44] = False                     # a hole: not painted
+    second = np.zeros((H, W), bool)
+    second[80:140, 90:180] = True                   # overlaps `first` at rows 80..99, cols 90..119
+    return first, second
+
+
+def test_overlay_paints_exactly_the_masks_pixels_higher_score_on_top(tmp_path):
+    first, second = masks()
+    out = hand_made_output(tmp_path, [instance(0, "a", 0.9, first), instance(1, "b", 0.7, second),
+                                      instance(1, "b", 0.2, np.ones((H, W), bool))])   # below the threshold
+    row = read_output(out).detections[0]
+    grey = np.full((H, W, 3), GREY, np.uint8)
+    painted = ov.draw_overlay(grey, row["instances"], score_threshold=0.5, boxes=False)
+    changed = (painted != grey).any(axis=-1)
+    assert np.array_equal(changed, first | second)             # exactly the masks' pixels, nothing else
+    assert (painted[first] == ov.tint(np.array(GREY, np.uint8), ov.colour(0))).all()      # overlap: the 0.9 one
+    assert (painted[second & ~first] == ov.tint(np.array(GREY, np.uint8), ov.colour(1))).all()
+
+    # The CLI's overlay: the same tint inside the masks; boxes and tags only on the box outline and above it.
+    assert render.main(["--output", str(out), "--score-threshold", "0.5"]) == 0
+    drawn = np.asarray(Image.open(out / "overlays" / "grey.png.png").convert("RGB"))
+    decorated = (drawn != painted).any(axis=-1)
+    outline = np.zeros((H, W), bool)
+    for mask in (first, second):
+        rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+        y1, y2, x1, x2 = rows[0], rows[-1], cols[0], cols[-1]
+        ring = np.zeros((H, W), bool)
+        ring[y1:y2 + 1, x1:x2 + 1] = True
+        ring[y1 + 2:y2 - 1, x1 + 2:x2 - 1] = False               # 2 px box outline
+        outline |= ring
+    tags = np.zeros((H, W), bool)
+    for mask in (first, second):                                 # "class score" tags sit above their boxes
+        rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+        tags[rows[0] - 25:rows[0], cols[0]:cols[0] + 90] = True
+    assert decorated.any() and not (decorated & ~outline & ~tags).any()
+    index = json.loads((out / "overlays" / "index.json").read_text())
+    assert index["images"][0]["classes"] == ["a", "b"] and index["images"][0]["drawn"] == 2
+
+
+def test_failed_images_are_named_in_the_report_and_the_cli_summary(tmp_path, capsys):
+    first, _ = masks()
+    out = hand_made_output(tmp_path, [instance(0, "a", 0.9, first)], errors=["broken.jpg", "empty.png"])
+    report = render.render(out)
+    html = report.read_text()
+    assert "2 failed images" in html and "broken.jpg" in html and "empty.png" in html
+    assert (out / "report_files" / "class_counts.png").is_file()
+
+    summary = {"counts": {"inputs": 13, "done": 1, "failed": 12, "skipped": 0, "instances": 1}, "input": "/in",
+               "output": "/out", "images_per_second": 1.0, "wall_seconds": 1.0, "partitions": 1, "stage_seconds": {},
+               "model": {"name": "m", "sha256": "0" * 64, "note": "what it is for"},
+               "failed_images": [f"/in/bad{i:02d}.jpg" for i in range(10)], "report": str(report)}
+    print_summary(summary)
+    printed = capsys.readouterr().out
+    assert "failed: /in/bad00.jpg" in printed and "failed: /in/bad09.jpg" in printed
+    assert "and 2 more failed images in /out/errors" in printed
+    assert f"report: {report}" in printed and "NOTE: what it is for" in printed
+
+
+def test_input_root_finds_moved_images(tmp_path):
+    moved = tmp_path / "downloaded"
+    (moved / "a").mkdir(parents=True)
+    assert render.source_file("hdfs://nn:8020/data/in/a/x.jpg", "hdfs://nn:8020/data/in", moved) == moved / "a" / "x.jpg"
+    assert render.source_file("file:/data/in/a/x.jpg", "/data/in", None).as_posix() == "/data/in/a/x.jpg"
+    assert render.source_file("abfss://c@acct.dfs.core.windows.net/other/x.jpg", "/data/in", moved) == moved / "x.jpg"
