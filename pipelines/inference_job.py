@@ -27,8 +27,8 @@ from pipelines.output_paths import qualify_root
 from pipelines.progress import ProgressReporter
 from pipelines.image_inference import RESULT_SCHEMA, ImageInference
 from pipelines.incremental import table_counts
-from pipelines.results_writer import (TIMING_FIELDS, choose_writer, done_keys, write_coco_results, write_results,
-                                      write_summary)
+from pipelines.results_writer import (TIMING_FIELDS, choose_writer, done_keys, failed_paths, write_coco_results,
+                                      write_results, write_summary)
 from pipelines.run_lock import LockSettings, RunLock
 from pipelines.spark_session import ship_library
 from pipelines.storage import join_uri
@@ -170,6 +170,8 @@ def run(spark: SparkSession, config: dict, family: str = "yolact", azure_credent
             write_coco_results(spark, plan.output_uri, azure_credentials=plan.credentials)
         summary = make_summary(spark, plan, settings, totals, n_inputs, n_todo, partitions, time.time() - started)
         write_summary(plan.output_uri, summary, plan.credentials)
+        if config["output"].get("overlays"):
+            summary["report"] = render_report(plan.output_uri)
         processed = totals["done"] + totals["failed"]
         max_fraction = float(run_cfg.get("max_error_fraction", 1.0))
         if processed and totals["failed"] / processed > max_fraction:
@@ -244,11 +246,13 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
     return {
         "run_id": plan.run_id, "engine": plan.engine, "input": plan.input_uri, "output": plan.output_uri,
         "model": {"name": manifest.name, "sha256": manifest.model_sha256, "dir": str(manifest.root),
-                  "trained": manifest.trained,
-                  "note": None if manifest.trained else "RANDOM WEIGHTS: this model is untrained; its detections "
-                  "only show that the pipeline works, they mean nothing"},
+                  "trained": manifest.trained, "classes": manifest.class_names,
+                  "note": manifest.data.get("note") if manifest.trained else "RANDOM WEIGHTS: this model is "
+                  "untrained; its detections only show that the pipeline works, they mean nothing"},
         "counts": {"inputs": n_inputs, "skipped": n_inputs - n_todo, "done": int(totals["done"]),
                    "failed": int(totals["failed"]), "instances": int(totals["instances"])},
+        "failed_images": failed_paths(spark, plan.output_uri, plan.run_id, 10, plan.credentials)
+        if totals["failed"] else [],   # the first 10 of this run (errors/ has them all)
         "partitions": partitions, "wall_seconds": round(elapsed, 3),
         "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
         "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
@@ -256,6 +260,20 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
         "config": plan.config,
         "table": table_counts(spark, plan.output_uri, manifest.model_sha256, plan.credentials),   # current rows
     }
+
+
+def render_report(output_uri: str) -> str | None:
+    """output.overlays: overlays and report.html (pipelines.render) for a local output; the report's path."""
+    import logging
+
+    from pipelines.render import render
+    from pipelines.report.tables import OutputError
+
+    try:
+        return str(render(output_uri))
+    except OutputError as err:   # not a local output: the job's results stand, the report is for later
+        logging.getLogger(__name__).warning("no report: %s (python -m pipelines.render --output DIR draws it)", err)
+        return None
 
 
 def _azure_fetcher(credentials):

@@ -118,3 +118,10 @@ def print_summary(summary: dict) -> None:
     print(f"  model {summary['model']['name']} ({summary['model']['sha256'][:12]}), output {summary['output']}")
     if summary["model"]["note"]:
         print(f"  NOTE: {summary['model']['note']}")
+    failed = summary.get("failed_images") or []
+    for path in failed:
+        print(f"  failed: {path}")
+    if counts["failed"] > len(failed):
+        print(f"  ... and {counts['failed'] - len(failed)} more failed images in {summary['output']}/errors")
+    if summary.get("report"):
+        print(f"  report: {summary['report']}  (open it in a browser)")
