@@ -79,6 +79,36 @@ def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -
         return _to_rgb_array(image, name)
 
 
+def decode_image_reduced(data: bytes, name: str, min_size: tuple[int, int],
+                         max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[np.ndarray, tuple[int, int]]:
+    """Decode only as much as a network input of ``min_size`` (width, height) needs: a JPEG is decoded at the
+    smallest DCT scale (1/2, 1/4 or 1/8, libjpeg's reduced-size decode) whose result still has both sides >= the
+    larger side of ``min_size``; other formats are decoded fully.
+
+    Returns (uint8 [h, w, 3] RGB, EXIF orientation applied, possibly reduced; (width, height) of the full-size
+    image after EXIF orientation, from the header). The pixels are not those of `decode_image` resized: libjpeg
+    scales in the DCT domain (an area average), so a model fed from them gives slightly different detections.
+    """
+    with _open(data, name) as image:
+        _check_pixel_count(image.size, name, max_pixels)
+        width, height = image.size
+        if _exif_orientation(image) in (5, 6, 7, 8):   # transposed by _exif_transpose below
+            width, height = height, width
+        if image.format == "JPEG":
+            side = max(int(min_size[0]), int(min_size[1]))
+            image.draft("RGB", (side, side))
+        _load_pixels(image, name)
+        _exif_transpose(image)
+        return _to_rgb_array(image, name), (width, height)
+
+
+def _exif_orientation(image: Image.Image) -> int:
+    try:
+        return int(image.getexif().get(0x0112, 1))
+    except Exception:  # noqa: BLE001 - unreadable EXIF: as stored (as _exif_transpose)
+        return 1
+
+
 def image_size(data: bytes, name: str = "<bytes>") -> tuple[int, int]:
     """(width, height) from the header only; no pixel data is decoded. Raises ImageDecodeError."""
     with _open(data, name) as image:

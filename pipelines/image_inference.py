@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.executor_cache import LazyModel
-from pipelines.image_decode import ImageDecodeError, decode_image
+from pipelines.image_decode import ImageDecodeError, decode_image, decode_image_reduced
 from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
 from pipelines.preprocess import preprocess_rgb
 
@@ -80,6 +80,8 @@ class ImageInference:
     input_root: str
     masks: str = "rle_and_png"     # one of MASK_OUTPUTS (families without masks ignore it)
     score_threshold: float | None = None   # instances scoring above it are written; None: the manifest's threshold
+    jpeg_draft: bool = False       # decode JPEGs at a reduced DCT scale when the network input is much smaller
+                                   # (faster; changes the model's input pixels, so off by default: see README)
     max_image_pixels: int = 100_000_000
     fetch_bytes: object = None     # callable(path) -> bytes for readers that don't ship `content` (Azure SDK)
     progress: object = None        # a Spark accumulator of images processed, read by the driver's progress line
@@ -143,6 +145,10 @@ class ImageInference:
 
     def decode_and_preprocess(self, data: bytes, path: str) -> tuple[np.ndarray, tuple[int, int]]:
         """Encoded bytes -> (network input [3, S_h, S_w] float32, the image's (width, height) in pixels)."""
+        if self.jpeg_draft:
+            _, _, in_height, in_width = self.input_spec["shape"]
+            rgb, size = decode_image_reduced(data, path, (int(in_width), int(in_height)), self.max_image_pixels)
+            return preprocess_rgb(rgb, self.input_spec), size
         rgb = decode_image(data, path, self.max_image_pixels)
         return preprocess_rgb(rgb, self.input_spec), (int(rgb.shape[1]), int(rgb.shape[0]))
 

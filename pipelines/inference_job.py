@@ -194,7 +194,7 @@ def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
         output_uri=plan.output_uri,
         input_root=qualify_root(spark, plan.input_uri) if plan.reader == "spark" else plan.input_uri,
         masks=plan.config["output"]["masks"], score_threshold=plan.config["output"]["score_threshold"],
-        max_image_pixels=int(inference["max_image_pixels"]),
+        max_image_pixels=int(inference["max_image_pixels"]), jpeg_draft=bool(inference.get("jpeg_draft", False)),
         fetch_bytes=None if plan.reader == "spark" else _azure_fetcher(plan.credentials),
         progress=progress.accumulator, azure_credentials=plan.credentials)
 

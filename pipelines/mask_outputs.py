@@ -45,8 +45,9 @@ def rle_counts_box(mask: np.ndarray, top: int, left: int, height: int, width: in
     """Uncompressed COCO counts (uint32 [k]) of a box-local mask placed in a [height, width] image.
 
     Column-major runs, starting with a (possibly empty) run of zeros, no trailing empty run, as pycocotools'
-    rleEncode. Within the window, run starts/ends come from the transposed mask padded with a False row above and
-    below; a run that ends on the image's bottom row and one that starts on the next column's top row are one run.
+    rleEncode. Run starts/ends are where a window pixel differs from the one above it (the window padded with a
+    False row above and below), found row-major and sorted into column-major image indices; a run that ends on the
+    image's bottom row and one that starts on the next column's top row are one run.
     """
     binary = _as_binary_mask(mask)
     h, w = binary.shape
@@ -58,10 +59,12 @@ def rle_counts_box(mask: np.ndarray, top: int, left: int, height: int, width: in
     total = height * width
     if h == 0 or w == 0:
         return np.array([total], dtype=np.uint32)
-    padded = np.zeros((w, h + 2), dtype=np.int8)
-    padded[:, 1:-1] = binary.T
-    cols, rows = np.nonzero(np.diff(padded, axis=1))    # column-major order; alternately run start, run end
-    edges = (cols.astype(np.int64) + left) * height + (rows.astype(np.int64) + top)
+    padded = np.zeros((h + 2, w), dtype=bool)
+    padded[1:-1] = binary
+    changes = np.flatnonzero(padded[1:] != padded[:-1])   # row-major over [h + 1, w]: row j = window row j
+    rows, cols = np.divmod(changes, w)
+    edges = (cols + left) * height + (rows + top)          # alternately run start, run end once sorted
+    edges.sort()
     if top == 0 and h == height and edges.size > 2:      # runs may continue from one column into the next
         joined = np.flatnonzero(edges[1:-1:2] == edges[2::2])
         if joined.size:
@@ -69,10 +72,13 @@ def rle_counts_box(mask: np.ndarray, top: int, left: int, height: int, width: in
             drop[2 * joined + 1] = True
             drop[2 * joined + 2] = True
             edges = edges[~drop]
-    counts = np.diff(edges, prepend=0, append=total)
-    if edges.size and edges[-1] == total:                # the image ends inside a run of ones
-        counts = counts[:-1]
-    return counts.astype(np.uint32)
+    if edges.size == 0:
+        return np.array([total], dtype=np.uint32)
+    counts = np.empty(edges.size + 1, dtype=np.uint32)    # [e0 - 0, e1 - e0, ..., total - e_last]
+    counts[0] = edges[0]
+    counts[1:-1] = edges[1:] - edges[:-1]
+    counts[-1] = total - edges[-1]
+    return counts[:-1] if edges[-1] == total else counts  # no empty last run when the image ends in ones
 
 
 def decode_rle(rle: dict) -> np.ndarray:

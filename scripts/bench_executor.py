@@ -9,7 +9,8 @@ Per model and precision, in one run:
 - the executor function (`ImageInference.__call__` as mapInPandas calls it, pandas batches with a `content`
   column) in P processes x 1 OpenVINO thread (1 stream), masks written (RLE + PNG label maps under a scratch
   output): "before" is the previous per-image code (scripts/bench/legacy_executor.py, the tests' reference),
-  "after" the current one, and "after, boxes only" the current one with output.masks none.
+  "after" the current one, "boxes only" the current one with output.masks none, and "jpeg_draft" the current one
+  with inference.jpeg_draft (reduced-size JPEG decode; not result-identical).
 Images: JPEGs of 480-1920 px made from the samples (scripts/bench/images.py). Detections: YOLACT's COCO setting
 (fast NMS, top_k 200, up to 100 kept); every detection is written (score threshold 0) so before and after write
 the same instances, and conf_thresh is lowered from the manifest's until the mean is >= 90 per image. Reported:
@@ -53,7 +54,8 @@ R50_EXPORT_GATES = ["--gate-ort-atol", "1e-3", "--gate-ov-fp16-ir-rel", "0.2", "
                     "--gate-min-median-mask-iou", "0.9", "--parity-count", "1"]
 CONF_STEPS = (0.01, 0.001, 1e-4, 0.0)
 VARIANTS = {"before": "previous per-image code", "after": "current code",
-            "after_boxes": "current code, output.masks none (boxes only)"}
+            "after_boxes": "current code, output.masks none (boxes only)",
+            "after_draft": "current code, inference.jpeg_draft (reduced JPEG decode; detections change)"}
 
 
 # ----------------------------------------------------------------------------------------------------- machine
@@ -117,7 +119,7 @@ def make_task(manifest, variant: str, precision: str, conf_thresh: float | None,
                postprocess={**postprocess, "nms": postprocess.get("nms", "fast")},
                settings=RuntimeSettings(precision=precision, threads=1, streams=1), output_uri=str(output),
                input_root=str(output.parent / "images"), masks="none" if variant == "after_boxes" else "rle_and_png",
-               score_threshold=0.0)
+               score_threshold=0.0, jpeg_draft=variant == "after_draft")
 
 
 def records(paths: list[Path], contents: list[bytes]):
@@ -130,7 +132,6 @@ def records(paths: list[Path], contents: list[bytes]):
 
 def worker(task, paths: list[str], batch_size: int, barrier, results) -> None:
     """One executor process: load + warm up, wait for the others, run its share through task(batches)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     paths = [Path(p) for p in paths]
     contents = [p.read_bytes() for p in paths]
     list(task(iter([records(paths[:1], contents[:1])])))   # compile the IR (LazyModel), first-call allocations
@@ -151,6 +152,9 @@ def worker(task, paths: list[str], batch_size: int, barrier, results) -> None:
 
 def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeout_s: float) -> dict:
     """P spawned processes, each the same task over an equal share of the images (as P single-core tasks)."""
+    # Spark's Python workers get OMP_NUM_THREADS = spark.task.cpus (1 here) unless set: numpy's BLAS follows it
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(processes), ctx.Queue()
     shares = [[str(p) for p in paths[i::processes]] for i in range(processes)]
@@ -232,22 +236,25 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         "",
         f"- CPU: {facts['cpu']}, {facts['cores']} cores, {facts['memory_gib']} GiB; instruction set: "
         f"**{facts['best_isa']}** ({', '.join(facts['isa']) or 'none of AMX/AVX-512/AVX2'}); OpenVINO "
-        f"{facts['openvino']}, Python {facts['python']}; load average at start {facts['load_average'][0]:.2f}",
+        f"{facts['openvino']}, Python {facts['python']}; 1-min load average at start {facts['load_average'][0]:.2f}"
+        f", at end {os.getloadavg()[0]:.2f} (other work on the machine skews both sides of each ratio)",
         "- executor: `ImageInference.__call__` (what mapInPandas runs) in P spawned processes x 1 OpenVINO thread "
         "(1 stream), batches of %d, masks written (RLE + PNG label maps), every detection written; "
         "images/s = images / (last end - common start), after model load and one warm-up image" % args.batch_size,
         "- benchmark_app: P streams x P threads (1 per stream), `-hint none`, same IR and precision, model only",
         "- before: the previous per-image code (full-size masks, RLE and label map; tests/reference_postprocess.py)"
-        "; after: the current code; after, boxes only: `output.masks: none`",
+        "; after: the current code; boxes only: `output.masks: none`; jpeg_draft: after with "
+        "`inference.jpeg_draft: true` (reduced-size JPEG decode: faster, but the model sees other pixels)",
         "",
         "| model | input | precision | P | images | det/img | benchmark_app img/s | before img/s | before ratio | "
-        "after img/s | after ratio | after/before | boxes only img/s | boxes only ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "after img/s | after ratio | after/before | boxes only img/s | boxes only ratio | jpeg_draft img/s | "
+        "jpeg_draft ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['model']} | | {r['precision']} | {r['processes']} | failed: {r['error']} |"
-                         + " |" * 9)
+                         + " |" * 11)
             continue
         ceiling = r["benchmark_app"]["images_per_s"]
         v = r["variants"]
@@ -257,7 +264,8 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
             f"{v['after']['detections_per_image']} | {ceiling} | {get('before')} | {ratio(get('before'), ceiling)} | "
             f"{get('after')} | **{ratio(get('after'), ceiling)}** | "
             f"{round(get('after') / get('before'), 2) if get('before') else ''} | {get('after_boxes') or ''} | "
-            f"{ratio(get('after_boxes'), ceiling) or ''} |")
+            f"{ratio(get('after_boxes'), ceiling) or ''} | {get('after_draft') or ''} | "
+            f"{ratio(get('after_draft'), ceiling) or ''} |")
     lines += ["", "## Per-stage split (ms per image, summed over processes; share of the summed stage time) and "
                   "peak RSS per process", "",
               "| model | precision | variant | " + " | ".join(STAGES) + " | peak RSS MiB per process |",
@@ -274,7 +282,9 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
              if r.get("conf_thresh") is not None]
     notes += [f"- {r['model']} {r['precision']} {name}: {v['failed']} images failed, e.g. {v['errors'][:1]}"
               for r in results for name, v in r.get("variants", {}).items() if v["failed"]]
-    notes += [f"- benchmark_app: `{r['benchmark_app']['command']}`" for r in results if "benchmark_app" in r]
+    notes += [f"- {r['model']} {r['precision']}: benchmark_app {r['benchmark_app'].get('first_images_per_s')} img/s "
+              f"before the executor runs and {r['benchmark_app'].get('last_images_per_s')} after (the table has the "
+              f"mean): `{r['benchmark_app']['command']}`" for r in results if "benchmark_app" in r]
     lines += ["", "## Notes", "", *notes, ""]
     (out / "executor.md").write_text("\n".join(lines), encoding="utf-8")
 
@@ -299,6 +309,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=int, default=15, help="benchmark_app duration (-t)")
     parser.add_argument("--no-before", action="store_true", help="skip the previous code's row")
     parser.add_argument("--no-boxes-only", action="store_true", help="skip the output.masks none row")
+    parser.add_argument("--no-draft", action="store_true", help="skip the inference.jpeg_draft row")
     parser.add_argument("--work-dir", default=str(REPO / "work" / "bench"), help="images and scratch outputs")
     parser.add_argument("--out", default=str(REPO / "reports"), help="where executor.md and executor.json go")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before an executor run is abandoned")
@@ -338,7 +349,8 @@ def main(argv=None) -> int:
                 log.info("  %s img/s", row["benchmark_app"]["images_per_s"])
                 row["variants"] = {}
                 variants = [v for v in VARIANTS if not (v == "before" and args.no_before)
-                            and not (v == "after_boxes" and (args.no_boxes_only or manifest.model != "yolact"))]
+                            and not (v == "after_boxes" and (args.no_boxes_only or manifest.model != "yolact"))
+                            and not (v == "after_draft" and args.no_draft)]
                 for variant in variants:
                     output = work / "executor-out" / f"{manifest.model_sha256[:12]}-{precision}-{variant}"
                     task = make_task(manifest, variant, precision, conf, output)
@@ -348,6 +360,12 @@ def main(argv=None) -> int:
                     log.info("  %s img/s, %s det/img, stages %s", result["images_per_s"],
                              result["detections_per_image"], result["stage_s_per_image"])
                     row["variants"][variant] = result
+                # again after the executor runs: the ceiling is the mean, and the spread shows load drift
+                again = benchmark_app(manifest.path("ir_xml"), precision, args.processes, args.seconds)
+                first = row["benchmark_app"]["images_per_s"]
+                row["benchmark_app"].update(first_images_per_s=first, last_images_per_s=again["images_per_s"],
+                                            images_per_s=round((first + again["images_per_s"]) / 2, 3))
+                log.info("  benchmark_app again: %s img/s", again["images_per_s"])
             except Exception as err:  # noqa: BLE001  (one failed row must not lose the others)
                 log.exception("%s %s failed", name, precision)
                 row["error"] = f"{type(err).__name__}: {err}"[:300]

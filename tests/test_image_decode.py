@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.image_decode import REASONS, ImageDecodeError, decode_image, image_size
+from pipelines.image_decode import REASONS, ImageDecodeError, decode_image, decode_image_reduced, image_size
 from tests.bad_inputs import (CMYK_QUADRANTS, LARGE_NAME, PALETTE_COLORS, build_bad_input_corpus, exif_pattern,
                               gray16_pattern, png_header_only)
 
@@ -208,3 +208,30 @@ def test_bundled_sample_images_decode_and_are_documented(repo_root):
         rgb = decode_image(path.read_bytes(), str(path))
         assert max(rgb.shape[:2]) <= 640 and rgb.std() > 10, path.name
         assert f"`{path.name}`" in readme, f"{path.name} has no source/license line in samples/images/README.md"
+
+
+def test_reduced_jpeg_decode_keeps_the_full_size_and_at_least_the_network_side(corpus):
+    """JPEG draft decode (inference.jpeg_draft): 1/2, 1/4 or 1/8 scale with both sides >= the network input's larger
+    side; the size reported is the full image's (EXIF orientation applied), which is what masks are made at."""
+    rng = np.random.default_rng(0)
+    for width, height in [(1920, 1080), (1080, 1920), (640, 480), (300, 200), (2049, 257)]:
+        data = _encode(Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)), "JPEG")
+        rgb, size = decode_image_reduced(data, "a.jpg", (256, 256))
+        assert size == (width, height)
+        assert min(rgb.shape[:2]) >= min(256, width, height)
+        scale = width // rgb.shape[1]
+        assert scale in (1, 2, 4, 8) and (scale == 1 or min(width, height) // (2 * scale) < 256)
+    # EXIF orientation 6: the full size is the rotated one, as decode_image gives it
+    directory, _ = corpus
+    data = (directory / "exif_orientation_6.jpg").read_bytes()
+    rgb, size = decode_image_reduced(data, "exif.jpg", (8, 8))
+    full = decode_image(data, "exif.jpg")
+    assert size == (full.shape[1], full.shape[0]) == (32, 48)
+    assert rgb.shape[0] > rgb.shape[1]   # rotated too
+    # other formats decode fully, identical to decode_image
+    png = _encode(Image.fromarray(rng.integers(0, 255, (600, 800, 3), dtype=np.uint8)), "PNG")
+    rgb, size = decode_image_reduced(png, "a.png", (256, 256))
+    np.testing.assert_array_equal(rgb, decode_image(png, "a.png"))
+    assert size == (800, 600)
+    with pytest.raises(ImageDecodeError, match="over the limit"):
+        decode_image_reduced(data, "exif.jpg", (8, 8), max_pixels=100)
