@@ -7,15 +7,15 @@ BIGDL_VENV ?= .venv-bigdl
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: demo test test-main test-bigdl bench sweep bigdl-env azurite clean-venv env-archive bigdl-env-archive
+.PHONY: demo test test-main test-bigdl bench sweep bigdl-env azurite browser clean-venv env-archive bigdl-env-archive
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=24"
 
-# Inference only: pyspark, openvino, numpy, pillow, pyarrow, pandas, pycocotools. No torch.
+# Inference only: pyspark, openvino, numpy, pillow, pyarrow, pandas, pycocotools; matplotlib for the report. No torch.
 $(VENV)/.stamp-infer: setup.py constraints.txt | $(PY)
-	$(PIP) install -c constraints.txt -e .
+	$(PIP) install -c constraints.txt -e ".[report]"
 	touch $@
 
 # Everything the tests need: export (torch, onnx, onnxruntime), azure, dev tools.
@@ -23,11 +23,22 @@ $(VENV)/.stamp-test: setup.py constraints.txt | $(PY)
 	$(PIP) install -c constraints.txt -e ".[export,train,sweep,azure,dev]"
 	touch $@ $(VENV)/.stamp-infer
 
+# The bundled road-distress model on SYNTHETIC road images like those it was trained on (generated once; the first
+# two are samples/images/synthetic_road_*.jpg), evaluated against the generator's exact masks; ends with the report.
+DEMO_DATA := work/demo/roads
 demo: $(VENV)/.stamp-infer
-	$(PY) jobs/infer_yolact.py
+	test -f $(DEMO_DATA)/annotations.json || $(PY) -m pipelines.datasets.synthetic_roads --out $(DEMO_DATA) \
+	    --count 8 --seed 90210 --size 640x480 --format coco
+	$(PY) jobs/infer_yolact.py --config conf/demo.yaml
+	$(PY) -m pipelines.evaluate --output output/demo --annotations $(DEMO_DATA)/annotations.json \
+	    --group blobs=pothole,patch,puddle
 
 azurite:
 	scripts/install_azurite.sh
+
+# Headless Chromium + chromedriver (Debian packages) for the report page test; a no-op when installed.
+browser:
+	scripts/install_chromium.sh
 
 bigdl-env:
 	scripts/make_bigdl_env.sh $(BIGDL_VENV)
@@ -47,7 +58,7 @@ test:
 	$(MAKE) --no-print-directory test-bigdl || status=1; \
 	if [ $$status -ne 0 ]; then echo "make test: FAILED (see the suites above)"; fi; exit $$status
 
-test-main: $(VENV)/.stamp-test azurite
+test-main: $(VENV)/.stamp-test azurite browser
 	$(PY) -m pytest -m "not bigdl" --durations=25 tests
 
 test-bigdl: bigdl-env

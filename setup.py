@@ -35,9 +35,12 @@ EXTRAS = {
         "packaging",
         "filelock",
     ],
+    # The run report (python -m pipelines.render): per-class count and score plots. make demo installs it.
+    "report": ["matplotlib>=3.8"],
     # Sweeps and benchmarks (jobs/sweep.py, make bench): process memory sampling and plots.
     "sweep": ["psutil>=5.9", "matplotlib>=3.8"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.8", "venv-pack>=0.2", "psutil>=5.9"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.8", "venv-pack>=0.2", "psutil>=5.9",
+            "selenium>=4.20,<5"],   # selenium drives Debian's chromium (make browser) in the report page test
 }
 
 setup(

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_evaluation(args.output, report)
     overall = report["overall"]
     print(f"sparkseg evaluate: {report['images']} images, {report['results']} detections -> {path}")
-    print("  " + ", ".join(f"{k} {v:.3f}" for k, v in overall.items() if k.endswith(("_ap", "_ap50"))))
+    print("  " + ", ".join(f"{k} {v:.3f}" for k, v in overall.items() if "_ap75" not in k))
     for name, entry in report["per_class"].items():
         mask = f", mask AP {entry['mask_ap']:.3f}" if "mask_ap" in entry else ""
         print(f"  {name}: box AP {entry['box_ap']:.3f}{mask}; {entry['found']} of {entry['ground_truth']} found "
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     if report_page.is_file():
         from pipelines.render import write_report
 
-        print(f"report: {write_report(args.output)}")
+        print(f"report: {write_report(args.output)}  (open it in a browser)")
     return 0
 
 
