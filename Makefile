@@ -68,6 +68,13 @@ test-bigdl: bigdl-env
 bench: $(VENV)/.stamp-test
 	$(PY) scripts/bench.py
 
+# The job's executor function (P processes x 1 thread, masks written) vs benchmark_app (P streams x 1 thread), the
+# previous per-image code beside the current one -> reports/executor.md, .json. Options: BENCH_EXECUTOR_ARGS="--r50
+# --detector --processes 16 --precisions f32,bf16" (python scripts/bench_executor.py --help)
+.PHONY: bench-executor
+bench-executor: $(VENV)/.stamp-test
+	$(PY) scripts/bench_executor.py $(BENCH_EXECUTOR_ARGS)
+
 # partitions x executor cores on a 2-worker standalone cluster, 200 bench images -> reports/sweep-cluster/
 sweep: $(VENV)/.stamp-test
 	$(PY) scripts/bench/images.py work/bench/images-200 200
