@@ -314,8 +314,9 @@ def box_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop:
 
     sigmoid(proto @ coeffs), zeroed outside the box padded by 1 proto pixel (``crop``), bilinear
     (align_corners=False) to (height, width), then > 0.5. The upsample and threshold run only over the output
-    rows/cols whose bilinear sources can be non-zero (the padded box at the output resolution); everywhere else
-    the value is exactly 0, so the full-size mask equals the full computation exactly.
+    rows/cols whose bilinear sources include a proto pixel > 0.5 (within the padded box); everywhere else the
+    value is provably <= 0.5, so the full-size mask equals the full computation exactly. The window is at most
+    the padded box at the output resolution, and empty when no proto pixel is > 0.5.
     proto: [Ph, Pw, mask_dim] (NHWC without batch).
     """
     width, height = _check_image_size(width, height)
@@ -324,24 +325,26 @@ def box_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop:
     if crop:
         keep_rows, keep_cols = crop_windows(det.boxes, proto_height, proto_width)
         probs *= keep_rows[:, :, None] & keep_cols[:, None, :]
-    else:
-        keep_rows = np.ones((n, proto_height), dtype=bool)
-        keep_cols = np.ones((n, proto_width), dtype=bool)
     row_axis = bilinear_axis(proto_height, height)
     col_axis = bilinear_axis(proto_width, width)
 
     def masks() -> Iterator[BoxMask]:
         for i in range(n):
-            yield _box_mask(probs[i], row_axis, col_axis, keep_rows[i], keep_cols[i])
+            yield _box_mask(probs[i], row_axis, col_axis)
 
     return masks()
 
 
-def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable, keep_rows: np.ndarray,
-              keep_cols: np.ndarray) -> BoxMask:
-    """bilinear(probs) > 0.5 over the output window whose sources touch the kept proto rows/cols."""
-    rows, cols = np.flatnonzero(keep_rows), np.flatnonzero(keep_cols)
-    if rows.size == 0 or cols.size == 0:
+def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable) -> BoxMask:
+    """bilinear(probs) > 0.5, evaluated only over the output window whose sources touch a proto pixel > 0.5.
+
+    Exact: every output value is (a*wx0 + b*wx1)*wy0 + (c*wx0 + d*wx1)*wy1 in float32 with weights >= 0 and
+    fl(1 - w) + w rounding to 1, so when its four sources are all <= 0.5 (zeros of the crop included) it is
+    <= 0.5 (rounding is monotone, and x * 0.5 is exact): such pixels are False without being computed.
+    """
+    hot = probs > MASK_THRESHOLD                           # [Ph, Pw]
+    rows, cols = np.flatnonzero(hot.any(axis=1)), np.flatnonzero(hot.any(axis=0))
+    if rows.size == 0:
         return BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
     row_start, row_stop = _output_window(row_axis, rows[0], rows[-1])
     col_start, col_stop = _output_window(col_axis, cols[0], cols[-1])
