@@ -8,7 +8,7 @@ import json
 from pipelines.evaluate import evaluate_output
 from pipelines.model_manifest import load_manifest
 from tests.conftest import SAMPLES
-from tests.fixtures_evaluation import ROAD_GROUPS, VAL_IMAGES
+from tests.fixtures_evaluation import BROKEN, ROAD_GROUPS, VAL_IMAGES
 
 MODEL_DIR = SAMPLES / "models" / "yolact_default"
 
@@ -23,6 +23,9 @@ def test_bundled_yolact_reaches_blob_mask_ap_on_a_fresh_synthetic_val_split(bund
 
     summary = bundled_val_run.summary
     assert summary["counts"]["done"] == VAL_IMAGES and summary["model"]["trained"]
+    assert summary["counts"]["failed"] == 1 and summary["failed_images"][0].endswith(f"/images/{BROKEN}")
+    assert summary["report"] == str(bundled_val_run.output / "report.html")   # output.overlays: true
+    assert len(json.loads((bundled_val_run.output / "overlays" / "index.json").read_text())["images"]) == VAL_IMAGES
     assert summary["model"]["note"] == manifest.data["note"]
     assert summary["model"]["classes"] == ["pothole", "crack", "patch", "puddle"]
 
