@@ -20,7 +20,7 @@ from pathlib import Path
 from pipelines.output_paths import parse_location, relative_key
 from pipelines.report import overlays as ov
 from pipelines.report import page, plots
-from pipelines.report.tables import OutputError, OutputTables, local_file, local_output, read_output
+from pipelines.report.tables import OutputError, OutputTables, local_file, read_output
 
 log = logging.getLogger(__name__)
 OVERLAYS_DIR = "overlays"
@@ -156,5 +156,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-__all__ = ["render", "render_overlays", "write_report", "class_stats", "source_file", "local_output"]

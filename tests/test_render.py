@@ -43,7 +43,8 @@ def hand_made_output(tmp_path, instances, errors=()):
     pq.write_table(detections, out / "detections" / "part-0.parquet")
     (out / "errors").mkdir()
     pq.write_table(pa.table({"path": [f"file:{images}/{e}" for e in errors], "stage": ["read"] * len(errors),
-                             "error_type": ["ImageDecodeError"] * len(errors), "message": ["not an image"] * len(errors),
+                             "error_type": ["ImageDecodeError"] * len(errors),
+                             "message": ["not an image"] * len(errors),
                              "modification_time": pa.array([when] * len(errors), pa.timestamp("us", "UTC")),
                              "model_sha256": ["m"] * len(errors), "run_id": ["20260101T000000Z-a"] * len(errors)}),
                    out / "errors" / "part-0.parquet")
@@ -119,6 +120,7 @@ def test_failed_images_are_named_in_the_report_and_the_cli_summary(tmp_path, cap
 def test_input_root_finds_moved_images(tmp_path):
     moved = tmp_path / "downloaded"
     (moved / "a").mkdir(parents=True)
-    assert render.source_file("hdfs://nn:8020/data/in/a/x.jpg", "hdfs://nn:8020/data/in", moved) == moved / "a" / "x.jpg"
+    moved_image = render.source_file("hdfs://nn:8020/data/in/a/x.jpg", "hdfs://nn:8020/data/in", moved)
+    assert moved_image == moved / "a" / "x.jpg"
     assert render.source_file("file:/data/in/a/x.jpg", "/data/in", None).as_posix() == "/data/in/a/x.jpg"
     assert render.source_file("abfss://c@acct.dfs.core.windows.net/other/x.jpg", "/data/in", moved) == moved / "x.jpg"

@@ -12,6 +12,7 @@ from urllib.parse import quote
 MAX_ERROR_ROWS = 500
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222}
+img{max-width:100%}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
 td.n{text-align:right;font-variant-numeric:tabular-nums}.note{background:#fff4d6;border:1px solid #e0b400;
@@ -111,7 +112,8 @@ def errors_section(errors: list[dict]) -> str:
         return "<p>No failed images.</p>"
     rows = [[e.get("path"), e.get("stage"), e.get("error_type"), (e.get("message") or "")[:400]]
             for e in errors[:MAX_ERROR_ROWS]]
-    more = f"<p class=muted>and {len(errors) - MAX_ERROR_ROWS} more in errors/.</p>" if len(errors) > MAX_ERROR_ROWS else ""
+    extra = len(errors) - MAX_ERROR_ROWS
+    more = f"<p class=muted>and {extra} more in errors/.</p>" if extra > 0 else ""
     return f"<p>{len(errors)} failed images:</p>" + _table(["path", "stage", "error", "message"], rows) + more
 
 

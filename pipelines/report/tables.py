@@ -4,8 +4,10 @@ The current record of a path is the newest run's (run ids start with the UTC sta
 modification time), the rule `pipelines.incremental` applies with Spark. A path whose current record is an error is
 in `errors` only. Only local outputs (a path or file:/) are read: download others first (`hdfs dfs -get`, `azcopy`).
 
-    output = read_output("output")                 # OutputTables: summary, detections (list of dicts), errors
-    rows = read_detections("output", paths={...})  # with instances (class_name, score, box, mask RLE)
+    output = read_output("output")   # OutputTables: summary, detections and errors (lists of dicts, by path)
+    output.detections[0]["instances"]  # [{class_id, class_name, score, box [x1, y1, x2, y2], mask RLE or None}]
+
+Rows are held in memory: meant for a run's report or a labelled sample, not for a whole lake's table.
 """
 from __future__ import annotations
 
