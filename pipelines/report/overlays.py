@@ -52,7 +52,7 @@ def paint_masks(image: np.ndarray, masks: list[np.ndarray]) -> np.ndarray:
 
 def _font(height: int):
     try:
-        return ImageFont.load_default(size=max(11, min(22, height // 36)))
+        return ImageFont.load_default(size=max(11, min(24, height // 30)))
     except TypeError:   # Pillow < 10.1: the fixed bitmap font
         return ImageFont.load_default()
 

@@ -87,6 +87,18 @@ def classes_section(counts: dict[str, tuple[int, int, int]], threshold: float, p
                   rows, {1, 2, 3}) + imgs
 
 
+def _overall_table(overall: dict) -> str:
+    """{box,mask}_{ap,ap50,ap75}[_group] -> one row per class group, one column per metric."""
+    rows: dict[str, dict] = {}
+    for key, value in overall.items():
+        prefix, _, rest = key.partition("_")
+        metric, _, group = rest.partition("_")
+        rows.setdefault(group or "all classes", {})[f"{prefix} {metric.upper()}"] = value
+    columns = list(dict.fromkeys(c for row in rows.values() for c in row))
+    return _table(["classes"] + columns, [[name] + [_fmt(row.get(c)) for c in columns] for name, row in rows.items()],
+                  set(range(1, len(columns) + 1)))
+
+
 def evaluation_section(evaluation: dict | None) -> str:
     if not evaluation:
         return ("<p class=muted>Not evaluated. With COCO annotations of (some of) the input images: "
@@ -94,7 +106,7 @@ def evaluation_section(evaluation: dict | None) -> str:
     overall = evaluation.get("overall", {})
     parts = [f"<p>{evaluation.get('images')} annotated images of <code>{escape(str(evaluation.get('annotations')))}"
              f"</code>, {evaluation.get('results')} detections (COCO AP@[.5:.95] with pycocotools).</p>",
-             _table(list(overall), [[_fmt(v) for v in overall.values()]], set(range(len(overall))))]
+             _overall_table(overall)]
     if evaluation.get("images_not_in_output_count"):
         parts.append(f"<p class=muted>{evaluation['images_not_in_output_count']} annotated images are not in this "
                      "output and were left out.</p>")
