@@ -51,8 +51,15 @@ setup(
     long_description_content_type="text/markdown",
     license="MIT",
     python_requires=">=3.10",
-    packages=find_packages(include=["pipelines", "pipelines.*", "model_export", "model_export.*"]),
+    packages=find_packages(include=["pipelines", "pipelines.*", "model_export", "model_export.*"]) + ["pipelines.conf"],
+    # conf/ (the deployment YAMLs, conf/local.yaml the jobs' defaults) installs as pipelines/conf/: an installed
+    # wheel or a packed env reads the same defaults as a checkout (pipelines.job_config.default_config_path).
+    package_dir={"pipelines.conf": "conf"},
+    package_data={"pipelines.conf": ["*.yaml"]},
     install_requires=CORE,
     extras_require=EXTRAS,
-    include_package_data=True,
+    entry_points={"console_scripts": [
+        "sparkseg-infer-yolact = pipelines.job_cli:main_yolact",
+        "sparkseg-infer-detector = pipelines.job_cli:main_detector",
+    ]},
 )

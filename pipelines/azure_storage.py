@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, TypeVar
 from urllib.parse import quote, quote_plus, unquote
 
+from pipelines.errors import UsageError
 from pipelines.storage import AZURE_SCHEMES, has_extension, normalize_extensions
 
 log = logging.getLogger(__name__)
@@ -71,20 +72,20 @@ def parse_blob_uri(uri: str) -> BlobPath:
     scheme, _, rest = uri.partition("://")
     scheme = scheme.lower()
     if scheme not in AZURE_SCHEMES:
-        raise ValueError(f"{uri!r} is not an Azure URI; use az://container/path or "
+        raise UsageError(f"{uri!r} is not an Azure URI; use az://container/path or "
                          f"abfss://container@account.dfs.core.windows.net/path")
     netloc, _, path = rest.partition("/")
     if re.search(r"[?&]sig=", rest):
-        raise ValueError(f"{uri!r}: looks like a SAS token in the URI; put SAS tokens in {ENV_SAS_TOKEN}, "
+        raise UsageError(f"{uri!r}: looks like a SAS token in the URI; put SAS tokens in {ENV_SAS_TOKEN}, "
                          "not in the URI (it would be written into every output row)")
     container, at, host = netloc.partition("@")
     if not container:
-        raise ValueError(f"{uri!r} names no container; use {scheme}://<container>/<path>"
+        raise UsageError(f"{uri!r} names no container; use {scheme}://<container>/<path>"
                          + (" or <container>@<account>.dfs.core.windows.net" if scheme != "az" else ""))
     if at and not host:
-        raise ValueError(f"{uri!r}: nothing after '@'; use {scheme}://<container>@<account>.dfs.core.windows.net/...")
+        raise UsageError(f"{uri!r}: nothing after '@'; use {scheme}://<container>@<account>.dfs.core.windows.net/...")
     if scheme == "az" and at:
-        raise ValueError(f"{uri!r}: az:// takes no account; use az://<container>/<path> or abfss://...@account...")
+        raise UsageError(f"{uri!r}: az:// takes no account; use az://<container>/<path> or abfss://...@account...")
     account = host.split(".", 1)[0] if host else None
     return BlobPath(scheme, container, path.lstrip("/"), account, host or None)
 
@@ -136,20 +137,20 @@ class AzureCredentials:
         if self.connection_string:
             fields = _parse_connection_string(self.connection_string)
             if not fields:
-                raise ValueError(f"the Azure connection string is malformed (expected 'Key=Value;...'); check "
+                raise UsageError(f"the Azure connection string is malformed (expected 'Key=Value;...'); check "
                                  f"{ENV_CONNECTION_STRING} or the secret it came from")
             if not self.account_name and fields.get("AccountName"):
                 object.__setattr__(self, "account_name", fields["AccountName"])
         elif self.account_key or self.sas_token:
             if not self.account_name:
-                raise ValueError(f"an account key or SAS token needs the account name: set {ENV_ACCOUNT_NAME}")
+                raise UsageError(f"an account key or SAS token needs the account name: set {ENV_ACCOUNT_NAME}")
         elif self.client_id or self.client_secret or self.tenant_id:
             missing = [env for env, value in ((ENV_CLIENT_ID, self.client_id), (ENV_CLIENT_SECRET, self.client_secret),
                                               (ENV_TENANT_ID, self.tenant_id)) if not value]
             if missing:
-                raise ValueError(f"service principal credentials are incomplete: {', '.join(missing)} missing")
+                raise UsageError(f"service principal credentials are incomplete: {', '.join(missing)} missing")
         else:
-            raise ValueError(self._missing_message())
+            raise UsageError(self._missing_message())
         object.__setattr__(self, "_secrets", self._secret_variants())
 
     @staticmethod
@@ -173,7 +174,7 @@ class AzureCredentials:
         if get(ENV_CLIENT_ID) or get(ENV_CLIENT_SECRET) or get(ENV_TENANT_ID):
             return cls(client_id=get(ENV_CLIENT_ID), client_secret=get(ENV_CLIENT_SECRET),
                        tenant_id=get(ENV_TENANT_ID), **common)
-        raise ValueError(cls._missing_message())
+        raise UsageError(cls._missing_message())
 
     @classmethod
     def from_databricks_secrets(cls, dbutils, scope: str, *, connection_string_key: str | None = None,
@@ -190,7 +191,7 @@ class AzureCredentials:
                     client_id=client_id_key, client_secret=client_secret_key, tenant_id=tenant_id_key,
                     account_name=account_name_key)
         if not any(value for name, value in keys.items() if name != "account_name"):
-            raise ValueError("from_databricks_secrets: name at least one secret, e.g. connection_string_key=... or "
+            raise UsageError("from_databricks_secrets: name at least one secret, e.g. connection_string_key=... or "
                              "account_key_key=... (the key names inside the scope, not the secrets)")
         values = {}
         for name, key in keys.items():
@@ -198,7 +199,7 @@ class AzureCredentials:
                 try:
                     values[name] = dbutils.secrets.get(scope=scope, key=key)
                 except Exception as exc:  # the Databricks error names scope and key, never the value
-                    raise ValueError(f"cannot read secret {key!r} from Databricks scope {scope!r} "
+                    raise UsageError(f"cannot read secret {key!r} from Databricks scope {scope!r} "
                                      f"({type(exc).__name__}); check `dbutils.secrets.list({scope!r})`") from None
         if account_name and not values.get("account_name"):
             values["account_name"] = account_name
@@ -366,17 +367,17 @@ class AzureBlobStore:
         creds = self.credentials
         if creds.connection_string:
             if path.account and creds.account_name and path.account != creds.account_name:
-                raise ValueError(f"{path.uri!r} is in account {path.account!r} but the connection string is for "
+                raise UsageError(f"{path.uri!r} is in account {path.account!r} but the connection string is for "
                                  f"{creds.account_name!r}; use matching credentials or an az:// URI")
             cache_key = "connection_string"
             make = lambda: BlobServiceClient.from_connection_string(creds.connection_string)  # noqa: E731
         else:
             account = path.account or creds.account_name
             if not account:
-                raise ValueError(f"{path.uri!r} names no storage account; set {ENV_ACCOUNT_NAME} or use "
+                raise UsageError(f"{path.uri!r} names no storage account; set {ENV_ACCOUNT_NAME} or use "
                                  f"abfss://{path.container}@<account>.dfs.core.windows.net/{path.path}")
             if creds.kind in ("account_key", "sas") and account != creds.account_name:
-                raise ValueError(f"{path.uri!r} is in account {account!r} but the {creds.kind} is for "
+                raise UsageError(f"{path.uri!r} is in account {account!r} but the {creds.kind} is for "
                                  f"{creds.account_name!r}; use matching credentials")
             if creds.blob_endpoint and account == creds.account_name:
                 url = creds.blob_endpoint

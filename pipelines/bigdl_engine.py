@@ -25,6 +25,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipelines.errors import UsageError
+from pipelines.job_config import ConfigError
 from pipelines.openvino_runtime import PRECISION_HINTS  # --precision f32|bf16|auto -> INFERENCE_PRECISION_HINT
 
 INSTALL_HINT = (
@@ -51,8 +53,12 @@ IMAGE_STRUCT = T.StructType([
 SPARK_LOG4J2_DEFAULTS = "-Dlog4j2.configurationFile=classpath:org/apache/spark/log4j2-defaults.properties"
 
 
-class BigDLNotInstalled(RuntimeError):
+class BigDLNotInstalled(UsageError, RuntimeError):
     """This Python env cannot run the bigdl engine (raised on the driver, before any Spark job)."""
+
+
+class BigDLNotOnClasspath(UsageError, RuntimeError):
+    """The JVM was started without BigDL's jars (spark-submit without the options of spark_submit_args())."""
 
 
 # ---------------------------------------------------------------------------------------------------------- env
@@ -85,6 +91,26 @@ def require_bigdl() -> None:
     if problems:
         raise BigDLNotInstalled(f"the bigdl engine cannot run in {sys.executable}: it needs "
                                 + "; ".join(problems) + f". To fix: {INSTALL_HINT}.")
+
+
+def spark_submit_args() -> list[str]:
+    """The spark-submit options that put BigDL's jars where the bigdl engine needs them when spark-submit starts the
+    JVM (BigDL's documented recipe): shipped to executors (--jars, fetched into each executor's working directory,
+    hence the bare names on the executor classpath) and on the driver's classpath from its start."""
+    from bigdl.dllib.utils.engine import get_bigdl_jars
+
+    jars = get_bigdl_jars()
+    return ["--jars", ",".join(jars), "--conf", "spark.driver.extraClassPath=" + ":".join(jars),
+            "--conf", "spark.executor.extraClassPath=" + ":".join(os.path.basename(jar) for jar in jars)]
+
+
+def bigdl_on_classpath(jvm) -> bool:
+    """Whether this JVM can load BigDL's classes the way py4j (and so BigDL's Python API) looks them up."""
+    try:
+        jvm.py4j.reflection.ReflectionUtil.classForName("com.intel.analytics.bigdl.dllib.nnframes.NNModel")
+        return True
+    except Exception:  # py4j wraps ClassNotFoundException
+        return False
 
 
 def python_home() -> str:
@@ -146,22 +172,26 @@ def bigdl_python_env(master: str = "local[2]", app_name: str = "sparkseg-bigdl",
     from pyspark import SparkConf, SparkContext
 
     if SparkContext._active_spark_context is None:
-        settings = bigdl_spark_conf(master, conf)
+        # BigDL's jars: init_spark_conf puts them on the driver's classpath (PYSPARK_SUBMIT_ARGS
+        # --driver-class-path) and adds BigDL's own settings (spark-bigdl.conf). Executors of a standalone
+        # cluster on the same machine layout find them through extraClassPath (BigDL's init_spark_standalone
+        # does the same); under spark-submit, its options (spark_submit_args) win.
+        settings = {"spark.executor.extraClassPath": get_bigdl_classpath(), **bigdl_spark_conf(master, conf)}
         if os.environ.get("PYSPARK_GATEWAY_PORT"):    # started by spark-submit: its master and settings win
             SparkContext._ensure_initialized()
+            if not bigdl_on_classpath(SparkContext._jvm):
+                raise BigDLNotOnClasspath("the bigdl engine under spark-submit needs BigDL's jars on the JVM's "
+                                          "classpath from its start: add these options to spark-submit (before the "
+                                          "job script): " + shlex.join(spark_submit_args()) + "  (the same as "
+                                          "$(python -m pipelines.bigdl_engine --spark-submit-args))")
             submitted = dict(SparkConf().getAll())
             master = submitted.get("spark.master", master)
             app_name = submitted.get("spark.app.name", app_name)
             settings = {key: value for key, value in settings.items() if key not in submitted}
         missing = missing_cluster_settings(master, {**dict(SparkConf().getAll()), **settings})
         if missing:
-            raise ValueError(f"the bigdl engine on {master} needs {missing} (BigDL's Engine.init sizes its thread "
+            raise ConfigError(f"the bigdl engine on {master} needs {missing} (BigDL's Engine.init sizes its thread "
                              "pools from them and refuses to start without)")
-        # BigDL's jars: init_spark_conf puts them on the driver's classpath (PYSPARK_SUBMIT_ARGS
-        # --driver-class-path) and adds BigDL's own settings (spark-bigdl.conf). Executors of a standalone
-        # cluster on the same machine layout find them through extraClassPath (BigDL's init_spark_standalone
-        # does the same).
-        settings.setdefault("spark.executor.extraClassPath", get_bigdl_classpath())
         spark_conf = bigdl_init_spark_conf(settings).setMaster(master).setAppName(app_name)
         session = SparkSession.builder.config(conf=spark_conf).getOrCreate()
     else:
@@ -246,7 +276,7 @@ def _check_local_workers_python(master: str) -> None:
     (a PYSPARK_PYTHON left pointing at the main venv gives workers with pyspark 4 and numpy 2)."""
     workers = os.environ["PYSPARK_PYTHON"]
     if master.startswith("local") and os.path.abspath(workers) != os.path.abspath(sys.executable):
-        raise ValueError(f"PYSPARK_PYTHON={workers} but the bigdl engine runs in {sys.executable}: its Python "
+        raise ConfigError(f"PYSPARK_PYTHON={workers} but the bigdl engine runs in {sys.executable}: its Python "
                          f"workers must run the same env; set PYSPARK_PYTHON={sys.executable} (or unset it)")
 
 
@@ -263,12 +293,10 @@ def _redirect_bigdl_log(log_path: str) -> None:
 
 
 def _check_bigdl_on_classpath(session: SparkSession) -> None:
-    try:
-        session.sparkContext._jvm.java.lang.Class.forName("com.intel.analytics.bigdl.dllib.nnframes.NNModel")
-    except Exception as error:  # py4j wraps ClassNotFoundException
-        raise RuntimeError("a SparkSession without BigDL's jars is already running: call "
-                           "pipelines.bigdl_engine.bigdl_python_env() before any other session is created "
-                           "(BigDL's jars must be on the classpath when the JVM starts)") from error
+    if not bigdl_on_classpath(session.sparkContext._jvm):
+        raise BigDLNotOnClasspath("a SparkSession without BigDL's jars is already running: call "
+                                  "pipelines.bigdl_engine.bigdl_python_env() before any other session is created "
+                                  "(BigDL's jars must be on the classpath when the JVM starts)")
 
 
 # ------------------------------------------------------------------------------------------------------- images
@@ -548,3 +576,10 @@ def _three(name: str, values) -> tuple:
 def _sql_name(name: str) -> str:
     """A column name quoted for SQL expressions (names from the legacy API may contain dots)."""
     return "`" + name.replace("`", "``") + "`"
+
+
+if __name__ == "__main__":   # python -m pipelines.bigdl_engine --spark-submit-args
+    if sys.argv[1:] != ["--spark-submit-args"]:
+        sys.exit("usage: python -m pipelines.bigdl_engine --spark-submit-args  (prints spark-submit's options for "
+                 "BigDL's jars)")
+    print(shlex.join(spark_submit_args()))

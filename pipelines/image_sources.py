@@ -15,6 +15,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipelines.errors import UsageError
+
 LISTING_SCHEMA = T.StructType([
     T.StructField("path", T.StringType(), False),
     T.StructField("size", T.LongType(), False),
@@ -24,7 +26,7 @@ AZURE_SCHEMES = ("az://", "abfs://")
 BROADCAST_LISTING_MAX_ROWS = 1_000_000
 
 
-class InputError(ValueError):
+class InputError(UsageError):
     pass
 
 

@@ -18,9 +18,10 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines.errors import RunFailed
 from pipelines import image_sources as src
 from pipelines.crash_guard import MARKER_DIR, CrashGuard
-from pipelines.job_config import resolve_local
+from pipelines.job_config import ConfigError, check_job_settings, local_path, resolve_local
 from pipelines.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
 from pipelines.openvino_runtime import RuntimeSettings
 from pipelines.output_paths import qualify_root
@@ -39,7 +40,7 @@ FAMILIES = {  # manifest "model" -> the ImageInference subclass that postprocess
 }
 
 
-class JobFailed(RuntimeError):
+class JobFailed(RunFailed):
     """The job ran but its outcome is not acceptable (e.g. too many errors); the summary was written."""
 
 
@@ -113,13 +114,17 @@ class JobPlan:
     credentials: object
     run_id: str = field(default_factory=lambda: f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-"
                                                 f"{uuid.uuid4().hex[:8]}")
+    started: float = field(default_factory=time.time)   # the summary's wall time counts from here
 
 
 def plan_job(config: dict, family: str, azure_credentials=None) -> JobPlan:
-    """Resolve URIs, verify the model (fails fast, before any Spark task) and the engine, find credentials."""
+    """Resolve URIs, check the settings, the local input and output, verify the model and the engine, find
+    credentials: everything that can fail on bad input, in pure Python, before any JVM or Spark task."""
+    check_job_settings(config)
     inputs, out_cfg = config["input"], config["output"]
     input_uri = resolve_local(inputs["uri"])
     output_uri = out_cfg["uri"] if "://" in out_cfg["uri"] else str(Path(out_cfg["uri"]).expanduser().resolve())
+    check_local_paths(input_uri, output_uri)
     manifest = load_manifest(resolve_local(config["model"]["dir"]), verify=True)
     if manifest.model != family:
         raise src.InputError(f"{manifest.root}: a '{manifest.model}' model; this job needs a {family} export "
@@ -130,7 +135,7 @@ def plan_job(config: dict, family: str, azure_credentials=None) -> JobPlan:
 
         require_bigdl()
     elif engine != "native":
-        raise ValueError(f"inference.engine '{engine}': choose native or bigdl")
+        raise ConfigError(f"inference.engine '{engine}': choose native or bigdl")
     reader = src.choose_reader(input_uri, inputs.get("reader", "auto"))
     credentials = azure_credentials
     if credentials is None and (reader == "azure_sdk" or choose_writer(output_uri) == "azure_sdk"):
@@ -140,19 +145,35 @@ def plan_job(config: dict, family: str, azure_credentials=None) -> JobPlan:
     return JobPlan(config, family, input_uri, output_uri, manifest, engine, reader, credentials)
 
 
+def check_local_paths(input_uri: str, output_uri: str) -> None:
+    """A local --input must exist; a local --output must be a directory or not exist yet (other schemes are
+    checked by their store when the job lists and locks them)."""
+    source, target = local_path(input_uri), local_path(output_uri)
+    if source is not None and not source.exists():
+        raise src.InputError(f"{input_uri}: input path does not exist: check --input")
+    if target is not None and target.exists() and not target.is_dir():
+        raise src.InputError(f"{output_uri}: --output names an existing file; give a directory (new or a previous "
+                             "run's output)")
+
+
 def run(spark: SparkSession, config: dict, family: str = "yolact", azure_credentials=None) -> dict:
     """Run the job for a `family` model; return the summary (also written to <output>/summary.json).
-    Holds the output's lock (pipelines.run_lock) from after the model check to the end; raises LockHeld when
-    another run holds it. `azure_credentials` (e.g. from a Databricks secret scope) replace the environment's."""
-    started = time.time()
+    `azure_credentials` (e.g. from a Databricks secret scope) replace the environment's. See run_plan."""
+    return run_plan(spark, plan_job(config, family, azure_credentials))
+
+
+def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
+    """Run a planned job. Holds the output's lock (pipelines.run_lock) from after the listing to the end; raises
+    LockHeld when another run holds it, JobFailed when the errors exceed run.max_error_fraction."""
+    started, config = plan.started, plan.config
     ship_library(spark)
-    plan = plan_job(config, family, azure_credentials)
     inputs, run_cfg = config["input"], config["run"]
+    # listed (the input path checked) before the lock: a missing input leaves no output directory behind
+    listing = src.list_images(spark, plan.input_uri, inputs["extensions"], inputs["recursive"], plan.reader,
+                              plan.credentials).persist(StorageLevel.MEMORY_AND_DISK)
     lock = RunLock.acquire(plan.output_uri, plan.run_id, LockSettings.from_run_config(run_cfg), spark=spark,
                            azure_credentials=plan.credentials)
     try:
-        listing = src.list_images(spark, plan.input_uri, inputs["extensions"], inputs["recursive"], plan.reader,
-                                  plan.credentials).persist(StorageLevel.MEMORY_AND_DISK)
         n_inputs = listing.count()
         todo = todo_listing(spark, listing, plan.output_uri, plan.manifest, run_cfg["force"], plan.credentials)
         n_todo = todo.count()

@@ -3,13 +3,14 @@
     python jobs/infer_yolact.py ...      # -> main(argv, family="yolact")
     python jobs/infer_detector.py ...    # -> main(argv, family="detector")
 
-Exit codes: 0 done; 2 bad input, config or model (nothing ran); 3 the job ran but failed its error budget
-(summary.json written).
+Exit codes (pipelines.errors): 0 done; 2 bad input, config or model (nothing ran); 3 the job ran but failed its
+error budget (summary.json written); 4 another run holds the output's lock; 1 a bug (with its traceback).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -72,40 +73,41 @@ def build_config(args: argparse.Namespace, family: str = "yolact") -> dict:
 
 
 def main(argv: list[str] | None = None, family: str = "yolact", description: str | None = None) -> int:
-    """Parse `argv`, build the config, run `pipelines.inference_job.run(spark, config, family)`; the exit code."""
+    """Parse `argv`, build the config, plan the job (bad input fails here, before any JVM starts), start Spark,
+    run it; the exit code. Expected failures (SparkSegError) print one line; anything else is a bug and raises."""
     args = parse_args(argv, description)
+    logging.basicConfig(level=logging.WARNING, format="sparkseg: %(levelname)s: %(message)s")
+    from pipelines.errors import SparkSegError
+    from pipelines.inference_job import plan_job, run_plan
+    from pipelines.spark_session import job_session, warn_unknown_spark_settings
+
     try:
         config = build_config(args, family)
-    except ConfigError as err:
+        plan = plan_job(config, family)
+        spark = job_session(config["spark"], engine=plan.engine)
+    except SparkSegError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
-
-    from pipelines.image_sources import InputError
-    from pipelines.model_manifest import ModelManifestError
-    from pipelines.spark_session import job_session
-    from pipelines.inference_job import JobFailed, run
-    from pipelines.run_lock import LockHeld
-
+        return err.exit_code
     try:
-        spark = job_session(config["spark"], engine=config["inference"].get("engine", "native"))
-    except (RuntimeError, ValueError) as err:   # BigDLNotInstalled (names the install command), bad settings
+        warn_unknown_spark_settings(spark, config["spark"].get("conf") or {})
+        summary = run_plan(spark, plan)
+    except SparkSegError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
-        summary = run(spark, config, family=family)
-    except (ModelManifestError, InputError, ConfigError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except JobFailed as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
-    except LockHeld as err:   # another run holds <output>/_sparkseg.lock: nothing was done
-        print(f"error: {err}", file=sys.stderr)
-        return 4
+        return err.exit_code
     finally:
         spark.stop()
     print_summary(summary)
     return 0
+
+
+def main_yolact() -> int:
+    """The `sparkseg-infer-yolact` command of an installed package (= python jobs/infer_yolact.py)."""
+    return main(family="yolact", description="Batch YOLACT inference on Spark (see jobs/infer_yolact.py).")
+
+
+def main_detector() -> int:
+    """The `sparkseg-infer-detector` command of an installed package (= python jobs/infer_detector.py)."""
+    return main(family="detector", description="Batch object detection on Spark (see jobs/infer_detector.py).")
 
 
 def print_summary(summary: dict) -> None:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from pipelines.errors import UsageError
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent   # the checkout when running from one (samples/, conf/, jobs/ beside pipelines/)
 # conf/local.yaml ships inside the package as pipelines/conf/local.yaml (setup.py maps conf/ there), so an
@@ -13,7 +15,7 @@ REPO_ROOT = PACKAGE_DIR.parent   # the checkout when running from one (samples/,
 DEFAULT_CONFIG_CANDIDATES = (PACKAGE_DIR / "conf" / "local.yaml", REPO_ROOT / "conf" / "local.yaml")
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     pass
 
 

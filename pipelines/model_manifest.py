@@ -10,12 +10,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.errors import UsageError
+
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 INFERENCE_ROLES = ("ir_xml", "ir_bin", "priors")   # what a job needs; the ONNX files may be left out of a bundle
 
 
-class ModelManifestError(ValueError):
+class ModelManifestError(UsageError):
     """The model directory cannot be used: the message names the file and what to do."""
 
 

@@ -29,12 +29,13 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
+from pipelines.errors import OutputBusy, UsageError
 from pipelines.storage import is_azure, is_local, join_uri, to_local_path
 
 LOCK_NAME = "_sparkseg.lock"
 
 
-class LockHeld(RuntimeError):
+class LockHeld(OutputBusy):
     """Another run holds the output's lock; the message names it and says what to do."""
 
 
@@ -48,7 +49,7 @@ class LockSettings:
 
     def __post_init__(self):
         if not 0 < self.heartbeat_s < self.stale_after_s:
-            raise ValueError(f"lock settings: need 0 < heartbeat_s ({self.heartbeat_s}) < stale_after_s "
+            raise UsageError(f"lock settings: need 0 < heartbeat_s ({self.heartbeat_s}) < stale_after_s "
                              f"({self.stale_after_s}), else a live run looks dead")
 
     @classmethod

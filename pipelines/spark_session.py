@@ -1,10 +1,19 @@
 """Building SparkSessions the way every job and test needs them."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+# Families of settings whose keys are open-ended (Spark registers no entry per key).
+OPEN_SETTING_PREFIXES = ("spark.hadoop.", "spark.executorEnv.", "spark.yarn.", "spark.kubernetes.",
+                         "spark.driver.resource.", "spark.executor.resource.", "spark.sql.catalog.",
+                         "spark.metrics.", "spark.databricks.", "spark.plugins.", "spark.eventLog.",
+                         "spark.history.", "spark.ssl.", "spark.jars.", "spark.sparkseg.")
 
 # Settings every sparkseg session gets unless the caller (or spark-submit) set them.
 DEFAULT_CONF = {
@@ -67,3 +76,15 @@ def job_session(spark_config: dict, engine: str = "native") -> SparkSession:
     else:
         session = local_session(spark_config.get("app_name", "sparkseg"), spark_config.get("master", "local[*]"), conf)
     return session
+
+
+def warn_unknown_spark_settings(session: SparkSession, settings: dict) -> list[str]:
+    """Log a warning for each key of `settings` that this Spark has no setting for (a typo such as
+    spark.executor.core is passed on silently by Spark and changes nothing); return those keys. Spark's registry
+    of settings (ConfigEntry) knows the core and SQL ones; open-ended families (spark.hadoop.*, ...) are not checked."""
+    registry = session.sparkContext._jvm.org.apache.spark.internal.config.ConfigEntry
+    unknown = [key for key in settings if not key.startswith(OPEN_SETTING_PREFIXES)
+               and registry.findEntry(key) is None]
+    for key in unknown:
+        log.warning("--conf %s: Spark %s has no such setting (a typo?); passed on as given", key, session.version)
+    return unknown

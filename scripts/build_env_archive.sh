@@ -66,7 +66,8 @@ inputs() {
         echo "python $("$PYTHON" -c 'import sys; print(sys.version.split()[0], sys.base_prefix)')"
         (cd "$REPO" && sha256sum setup.py constraints.txt README.md)
     fi
-    (cd "$REPO" && find pipelines model_export -name '*.py' -type f | LC_ALL=C sort | xargs sha256sum)
+    (cd "$REPO" && find pipelines model_export conf \( -name '*.py' -o -name '*.yaml' \) -type f | LC_ALL=C sort \
+        | xargs sha256sum)
 }
 WANT="$(inputs)"
 if [ "$FORCE" = 0 ] && [ -f "$OUTPUT" ] && [ -f "$OUTPUT.inputs" ] && [ "$(cat "$OUTPUT.inputs")" = "$WANT" ]; then
@@ -91,7 +92,7 @@ if [ -z "$FROM_VENV" ]; then
     "$PYTHON" -m venv "$PREFIX"
     # Build from a copy of the sources: an in-tree build would write build/ and *.egg-info into the checkout.
     mkdir -p "$BUILD/src"
-    (cd "$REPO" && cp -r setup.py README.md pipelines model_export "$BUILD/src/")
+    (cd "$REPO" && cp -r setup.py README.md pipelines model_export conf "$BUILD/src/")
     find "$BUILD/src" -name __pycache__ -prune -exec rm -rf {} +
     "$PREFIX/bin/python" -m pip wheel --quiet --no-deps --wheel-dir "$BUILD/wheel" "$BUILD/src" 2>&1 \
         | { grep -v "is ignored: it is neither a file nor a directory" || true; }
@@ -154,6 +155,10 @@ if add_package == "1":
                 if name.endswith(".py"):
                     source = os.path.join(root, name)
                     env.files.append(venv_pack.File(source, os.path.join(site, os.path.relpath(source, repo))))
+    for name in sorted(os.listdir(os.path.join(repo, "conf"))):   # installed as pipelines/conf/ (setup.py)
+        if name.endswith(".yaml"):
+            env.files.append(venv_pack.File(os.path.join(repo, "conf", name),
+                                            os.path.join(site, "pipelines", "conf", name)))
 env.pack(output=output, python_prefix=python_prefix or None, force=True, verbose=False)
 EOF
 chmod 644 "$PARTIAL"

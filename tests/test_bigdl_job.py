@@ -2,6 +2,8 @@
 the same every-input-accounted-for guarantee, local mode and a 2-worker standalone cluster."""
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -85,26 +87,96 @@ def test_a_cluster_master_without_executor_cores_is_refused_before_spark_starts(
     assert not (tmp_path / "out").exists()
 
 
+def three_images(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    for name in ("synthetic_road_1.jpg", "coffee.jpg", "camera.png"):
+        shutil.copy(SAMPLES / "images" / name, directory / name)
+    return directory
+
+
+def job_command(*args: str) -> list[str]:
+    return [str(REPO / "jobs" / "infer_yolact.py"), "--engine", "bigdl", "--model", str(MODEL_DIR), "--precision",
+            "f32", *args]
+
+
+def spark_submit(options: list[str], job_args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """This env's spark-submit as a user runs it: the env's bin/ first on PATH (pyspark's launcher finds its
+    SPARK_HOME with the `python3` on PATH), its Python for the workers."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYSPARK_PYTHON": sys.executable}
+    return subprocess.run([str(Path(sys.executable).parent / "spark-submit"), *options, *job_command(*job_args)],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=1200)
+
+
+def bigdl_submit_options() -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "pipelines.bigdl_engine", "--spark-submit-args"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=True)
+    return shlex.split(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def python_run(tmp_path_factory) -> tuple[Path, dict]:
+    """`python jobs/infer_yolact.py --engine bigdl` on three images, local[2]: the reference for spark-submit."""
+    base = tmp_path_factory.mktemp("python-run")
+    images = three_images(base / "images")
+    done = subprocess.run([sys.executable, *job_command("--master", "local[2]", "--input", str(images), "--output",
+                                                        str(base / "out"))],
+                          cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return images, detections_by_name(base / "out")
+
+
+def detections_by_name(output: Path) -> dict:
+    import pyarrow.parquet as pq
+
+    return {Path(row["path"]).name: row for row in pq.read_table(output / "detections").to_pylist()}
+
+
+def assert_same_detections(got: dict, expected: dict) -> None:
+    """Same images, classes and boxes; scores equal up to OpenVINO's thread-order rounding (see
+    test_bigdl_engine.assert_equal_up_to_thread_order; both runs use 1 thread per task, so they are usually exact)."""
+    assert sorted(got) == sorted(expected)
+    for name, row in got.items():
+        theirs = expected[name]["instances"]
+        assert [i["class_id"] for i in row["instances"]] == [i["class_id"] for i in theirs], name
+        np.testing.assert_allclose([i["score"] for i in row["instances"]], [i["score"] for i in theirs], atol=1e-5)
+        np.testing.assert_allclose([i["box"] for i in row["instances"]], [i["box"] for i in theirs], atol=0.5)
+
+
+def test_spark_submit_without_bigdls_jars_stops_before_any_task_naming_the_options(tmp_path):
+    images = three_images(tmp_path / "images")
+    done = spark_submit(["--master", "local[2]"], ["--input", str(images), "--output", str(tmp_path / "out")],
+                        tmp_path)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "spark.driver.extraClassPath=" in done.stderr and "--jars " in done.stderr
+    assert "--spark-submit-args" in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_spark_submit_local_equals_the_python_run(python_run, tmp_path):
+    images, expected = python_run
+    done = spark_submit(["--master", "local[2]", *bigdl_submit_options()],
+                        ["--input", str(images), "--output", str(tmp_path / "out")], tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "done 3, failed 0" in done.stdout
+    assert_same_detections(detections_by_name(tmp_path / "out"), expected)
+
+
 @pytest.mark.cluster
-def test_bigdl_engine_on_a_two_worker_standalone_cluster(tmp_path):
+def test_spark_submit_on_a_two_worker_standalone_cluster_equals_the_python_run(python_run, tmp_path):
     from pipelines.standalone_cluster import ClusterConfig, StandaloneCluster
 
-    images = tmp_path / "images"
-    images.mkdir()
-    for path in sorted((SAMPLES / "images").iterdir()):
-        if path.suffix in (".jpg", ".png"):
-            shutil.copy(path, images / path.name)
+    images, expected = python_run
     with StandaloneCluster(ClusterConfig(workers=2, cores=1, memory="1g"), base_dir=tmp_path / "cluster") as cluster:
-        done = subprocess.run(
-            [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), "--engine", "bigdl", "--master",
-             cluster.master_url, "--input", str(images), "--output", str(tmp_path / "out"), "--model",
-             str(MODEL_DIR), "--precision", "f32", "--partitions", "4", "--conf", "spark.executor.cores=1",
-             "--conf", "spark.cores.max=2"],
-            cwd=REPO, capture_output=True, text=True, timeout=1200)
+        done = spark_submit(["--master", cluster.master_url, "--executor-cores", "1", "--total-executor-cores", "2",
+                             "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+                             *bigdl_submit_options()],
+                            ["--input", str(images), "--output", str(tmp_path / "out"), "--partitions", "2"],
+                            tmp_path)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-        assert f"done {len(list(images.iterdir()))}, failed 0" in done.stdout
+        assert "done 3, failed 0" in done.stdout
         app = cluster.master_state()["completedapps"][-1]
         assert app["name"].startswith("sparkseg")
+    assert_same_detections(detections_by_name(tmp_path / "out"), expected)
     # both workers ran an executor of the app (each writes its stderr under <worker work dir>/<app id>/<n>/)
     for worker in ("worker-0", "worker-1"):
         assert list((tmp_path / "cluster" / "work" / worker / app["id"]).glob("*/stderr")), worker

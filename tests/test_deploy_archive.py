@@ -23,11 +23,11 @@ ARCHIVE = REPO / "dist" / "sparkseg-env.tar.gz"
 MODEL_DIR = SAMPLES / "models" / "yolact_default"
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 
-# The driver: probe the executors' Python workers (a pandas UDF, as inference uses), then run jobs/infer_yolact.py's
-# main() in the same application (same Python executable for every task), and print the probe.
+# The driver, run by the packed env's own Python (no checkout on sys.path, as a YARN cluster-mode driver in its
+# container): probe the executors' Python workers (a pandas UDF, as inference uses) and the driver itself, then run
+# the installed package's job CLI in the same application.
 PROBE_THEN_JOB = r'''
 import json, os, sys
-sys.path.insert(0, sys.argv[1])
 from pyspark.sql import SparkSession
 
 
@@ -42,8 +42,10 @@ def probe(batches):
 spark = SparkSession.builder.getOrCreate()
 rows = spark.range(0, 4, numPartitions=2).mapInPandas(probe, "info string").collect()
 print("PROBE " + json.dumps([json.loads(row.info) for row in rows]), flush=True)
-from jobs.infer_yolact import main
-sys.exit(main(sys.argv[2:]))
+import pipelines.job_cli, pipelines.job_config
+print("DRIVER " + json.dumps({"prefix": sys.prefix, "job_cli": pipelines.job_cli.__file__,
+                              "config": str(pipelines.job_config.default_config_path())}), flush=True)
+sys.exit(pipelines.job_cli.main(sys.argv[1:], family="yolact"))
 '''
 
 
@@ -83,17 +85,22 @@ def test_job_runs_on_a_standalone_cluster_with_the_packed_interpreter(env_archiv
         write_image(images / f"img{seed}.jpg", seed)
     driver = tmp_path / "probe_then_job.py"
     driver.write_text(PROBE_THEN_JOB)
+    driver_env = tmp_path / "driver-env"          # the driver's copy of the env, as YARN unpacks it
+    driver_env.mkdir()
+    with tarfile.open(env_archive) as archive:
+        archive.extractall(driver_env, filter="fully_trusted")
     command = [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url,
                "--archives", f"{env_archive}#environment",
                "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
                "--conf", "spark.executor.memory=512m", "--conf", "spark.executor.cores=1",
                "--conf", "spark.cores.max=2", "--conf", "spark.ui.enabled=false",
                "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
-               str(driver), str(REPO), "--input", str(images), "--output", str(output), "--model", str(MODEL_DIR),
+               str(driver), "--input", str(images), "--output", str(output), "--model", str(MODEL_DIR),
                "--precision", "f32", "--partitions", "2"]
     # Spark's documented recipe: workers run the unpacked archive, the client-mode driver its local Python.
-    env = {**os.environ, "PYSPARK_PYTHON": "./environment/bin/python", "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "SPARK_LOCAL_IP": "127.0.0.1"}
+    env = {**os.environ, "PYSPARK_PYTHON": "./environment/bin/python",
+           "PYSPARK_DRIVER_PYTHON": str(driver_env / "bin" / "python"), "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("PYTHONPATH", None)
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, f"spark-submit failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
 
@@ -112,6 +119,10 @@ def test_job_runs_on_a_standalone_cluster_with_the_packed_interpreter(env_archiv
         site_dirs = [entry for entry in probe["path"] if entry.endswith("site-packages")]
         assert site_dirs and all(Path(entry).resolve().is_relative_to(prefix) for entry in site_dirs), site_dirs
 
+    driver_probe = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("DRIVER "))[7:])
+    assert Path(driver_probe["prefix"]).resolve() == driver_env.resolve()
+    for key in ("job_cli", "config"):   # the package and its default config come from the packed env
+        assert Path(driver_probe[key]).resolve().is_relative_to(driver_env.resolve()), driver_probe
     assert "done 3, failed 0" in done.stdout, done.stdout[-3000:]
     summary = json.loads((output / "summary.json").read_text())
     assert summary["counts"]["done"] == 3 and summary["table"]["images"] == 3

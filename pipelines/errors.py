@@ -1,0 +1,32 @@
+"""The one base class of sparkseg's errors and the exit code each kind means.
+
+Command-line entry points map an error to its exit code by class: a `SparkSegError` is an expected outcome (bad
+input, a failed error budget, a held lock) reported as one line naming the input and the fix; anything else is a
+bug, reported with its traceback and exit 1. Each subclass keeps a builtin base (ValueError, RuntimeError, OSError)
+so callers that caught those before still do.
+"""
+from __future__ import annotations
+
+
+class SparkSegError(Exception):
+    """Base of every error sparkseg raises on purpose. `exit_code`: what a job's process exits with."""
+
+    exit_code = 1
+
+
+class UsageError(SparkSegError, ValueError):
+    """Bad input, config or model: nothing ran (exit 2). The message names the input and what to do."""
+
+    exit_code = 2
+
+
+class RunFailed(SparkSegError, RuntimeError):
+    """The job ran but its outcome is not acceptable, e.g. too many errors (exit 3; summary.json was written)."""
+
+    exit_code = 3
+
+
+class OutputBusy(SparkSegError, RuntimeError):
+    """Another run holds the output's lock: nothing was done (exit 4)."""
+
+    exit_code = 4

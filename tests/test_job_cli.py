@@ -1,0 +1,99 @@
+"""The job's command line as users meet it: bad arguments fail in plain Python with exit 2 and a message naming the
+argument and the fix, before any JVM starts and without leaving anything behind; the README's spark-submit line
+works as written; the export stage says which extra to install when torch is missing."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from pipelines.spark_session import warn_unknown_spark_settings
+from tests.conftest import REPO, SAMPLES
+from tests.job_helpers import DEFAULT_MODEL_DIR
+
+# The job CLI in a fresh process, then whether that process ever started a JVM (py4j gateway).
+CLI_THEN_JVM_PROBE = ("import sys; from pipelines import job_cli; code = job_cli.main(sys.argv[1:]); "
+                      "from pyspark import SparkContext; print('JVM started:', SparkContext._gateway is not None); "
+                      "sys.exit(code)")
+
+
+def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CLI_THEN_JVM_PROBE, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+
+
+def one_image(tmp_path: Path) -> Path:
+    images = tmp_path / "images"
+    images.mkdir()
+    shutil.copy(SAMPLES / "images" / "synthetic_road_1.jpg", images / "road.jpg")
+    return images
+
+
+def assert_refused_before_spark(done: subprocess.CompletedProcess, message: str) -> None:
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert message in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert "JVM started: False" in done.stdout
+
+
+def test_output_naming_an_existing_file_is_refused(tmp_path):
+    (tmp_path / "out.txt").write_text("a file")
+    done = run_cli("--input", str(one_image(tmp_path)), "--output", str(tmp_path / "out.txt"))
+    assert_refused_before_spark(done, "--output names an existing file; give a directory")
+
+
+def test_missing_input_is_refused_and_leaves_no_output_behind(tmp_path):
+    done = run_cli("--input", str(tmp_path / "nowhere"), "--output", str(tmp_path / "out"))
+    assert_refused_before_spark(done, "input path does not exist: check --input")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_directory_without_a_model_is_refused(tmp_path):
+    done = run_cli("--input", str(one_image(tmp_path)), "--output", str(tmp_path / "out"), "--model", str(tmp_path))
+    assert_refused_before_spark(done, "manifest.json")
+    assert not (tmp_path / "out").exists()
+
+
+def test_negative_partitions_are_refused(tmp_path):
+    images = one_image(tmp_path)
+    done = run_cli("--input", str(images), "--output", str(tmp_path / "out"), "--partitions", "-1")
+    assert_refused_before_spark(done, "inference.partitions (--partitions) is -1: it must be an integer >= 0")
+    done = run_cli("--input", str(images), "--output", str(tmp_path / "out"), "--batch-size", "0")
+    assert_refused_before_spark(done, "inference.batch_size (--batch-size) is 0: it must be an integer >= 1")
+
+
+def test_settings_spark_does_not_know_are_warned_about(spark, caplog):
+    with caplog.at_level(logging.WARNING, logger="pipelines.spark_session"):
+        unknown = warn_unknown_spark_settings(spark, {"spark.foo.bar": "1", "spark.executor.cores": "1",
+                                                      "spark.sql.shuffle.partitions": "4",
+                                                      "spark.hadoop.fs.s3a.endpoint": "x"})
+    assert unknown == ["spark.foo.bar"]
+    assert "--conf spark.foo.bar: Spark" in caplog.text and "has no such setting (a typo?)" in caplog.text
+
+
+def test_readmes_spark_submit_line_works_with_the_venv_activated(tmp_path):
+    """pyspark's spark-submit finds SPARK_HOME with the `python3` on PATH: the README says to activate the venv
+    first. Also: an unknown --conf is warned about, and the job still runs."""
+    images = one_image(tmp_path)
+    line = (f". {REPO}/.venv/bin/activate && spark-submit --master 'local[1]' jobs/infer_yolact.py --input "
+            f"'{images}' --output '{tmp_path / 'out'}' --precision f32 --conf spark.foo.bar=1")
+    env = {key: value for key, value in os.environ.items() if key not in ("SPARK_HOME", "VIRTUAL_ENV")}
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    done = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "done 1, failed 0" in done.stdout
+    assert "--conf spark.foo.bar: Spark" in done.stdout   # spark-submit sends the driver's stderr to its stdout
+
+
+def test_export_without_torch_names_the_extra_to_install(tmp_path):
+    """What `python -m model_export` says in an inference-only env (make demo's): the base interpreter has no
+    torch, onnx or onnxruntime."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys._base_executable, "-m", "model_export", "yolact", "--config", "yolact_r18_small",
+                           "--random-init", "--out", str(tmp_path / "x")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "needs torch" in done.stderr and "pip install -c constraints.txt -e '.[export]'" in done.stderr
