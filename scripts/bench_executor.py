@@ -100,7 +100,7 @@ def model_rows(args) -> list[tuple[str, Path]]:
 
 
 # ------------------------------------------------------------------------------------------------------ the task
-def make_task(manifest, variant: str, precision: str, conf_thresh: float | None, output: Path):
+def make_task(manifest, variant: str, precision: str, conf_thresh: float | None, output: Path, image_dir: Path):
     """The executor function as the job builds it (make_task), 1 stream x 1 thread, every detection written."""
     from pipelines.inference_job import inference_task_class
     from pipelines.openvino_runtime import RuntimeSettings
@@ -118,7 +118,7 @@ def make_task(manifest, variant: str, precision: str, conf_thresh: float | None,
                class_names=tuple(manifest.class_names), input_spec=manifest.input,
                postprocess={**postprocess, "nms": postprocess.get("nms", "fast")},
                settings=RuntimeSettings(precision=precision, threads=1, streams=1), output_uri=str(output),
-               input_root=str(output.parent / "images"), masks="none" if variant == "after_boxes" else "rle_and_png",
+               input_root=str(image_dir), masks="none" if variant == "after_boxes" else "rle_and_png",
                score_threshold=0.0, jpeg_draft=variant == "after_draft")
 
 
@@ -353,7 +353,7 @@ def main(argv=None) -> int:
                             and not (v == "after_draft" and args.no_draft)]
                 for variant in variants:
                     output = work / "executor-out" / f"{manifest.model_sha256[:12]}-{precision}-{variant}"
-                    task = make_task(manifest, variant, precision, conf, output)
+                    task = make_task(manifest, variant, precision, conf, output, image_dir)
                     log.info("%s %s: executor %s (%d images, %d processes)", name, precision, variant, len(paths),
                              args.processes)
                     result = run_executor(task, paths, args.processes, args.batch_size, args.timeout)
