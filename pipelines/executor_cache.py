@@ -1,18 +1,26 @@
 """Per-executor (per Python worker) cache of loaded models: a callable that loads lazily, keyed by the model's
-hash and settings, reused by every task the worker runs (Spark reuses Python workers across tasks)."""
+hash and settings, reused by every task the worker runs (Spark reuses Python workers across tasks).
+
+Bounded: at most `CAPACITY` models per worker, least recently used evicted first (as pyspark's predict_batch_udf
+caches one model per worker). A long-lived worker that sees several models (a notebook trying exports, a sweep over
+precisions) keeps only the last few compiled: a YOLACT-R50 compiled by OpenVINO holds ~0.5 GB.
+"""
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Callable, Hashable, TypeVar
 
 T = TypeVar("T")
-_ENTRIES: dict[Hashable, object] = {}
+CAPACITY = 2
+_ENTRIES: OrderedDict[Hashable, object] = OrderedDict()
 _LOCK = threading.Lock()
 
 
 class LazyModel:
-    """`LazyModel(key, factory)()` returns the cached object for `key`, calling `factory()` once per process.
-    Small and picklable as long as `factory` is (it travels to executors in the task closure)."""
+    """`LazyModel(key, factory)()` returns the cached object for `key`, calling `factory()` once per process while
+    it stays among the CAPACITY most recently used keys. Small and picklable as long as `factory` is (it travels to
+    executors in the task closure)."""
 
     def __init__(self, key: Hashable, factory: Callable[[], T]) -> None:
         self.key = key
@@ -20,12 +28,16 @@ class LazyModel:
 
     def __call__(self) -> T:
         with _LOCK:
-            if self.key not in _ENTRIES:
+            if self.key in _ENTRIES:
+                _ENTRIES.move_to_end(self.key)
+            else:
                 _ENTRIES[self.key] = self.factory()
+                while len(_ENTRIES) > CAPACITY:
+                    _ENTRIES.popitem(last=False)
             return _ENTRIES[self.key]
 
 
 def loaded_keys() -> list[Hashable]:
-    """Keys loaded in this process (tests use it to prove one load per worker)."""
+    """Keys loaded in this process, least recently used first (tests use it to prove one load per worker)."""
     with _LOCK:
         return list(_ENTRIES)
