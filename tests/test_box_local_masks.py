@@ -166,15 +166,17 @@ def make_task(manifest, tmp_path: Path, **options) -> YolactInference:
         output_uri=str(tmp_path / "out"), input_root=str(SAMPLES / "images"), **options)
 
 
-def test_executor_postprocess_equals_previous_on_bundled_samples(bundled, tmp_path):
-    """The job's postprocess_one (box-local) vs the previous code on the same raw outputs: same instances, same
-    RLE strings, same label map pixels. The raw outputs are computed once and fed to both."""
-    manifest, ir, priors = bundled
+def assert_executor_postprocess_equals_previous(model_dir: Path, paths: list[Path], tmp_path: Path) -> int:
+    """The job's postprocess_one (box-local) vs the previous code on the same raw outputs (f32, 1 thread, computed
+    once and fed to both): same instances, same RLE strings, same label map pixels. Returns the detections seen."""
+    manifest = load_manifest(model_dir)
+    ir = CompiledIR(manifest.path("ir_xml"), RuntimeSettings(precision="f32", threads=1, streams=1))
+    priors = np.load(manifest.path("priors"))
     task = make_task(manifest, tmp_path, score_threshold=0.0)   # every detection is written, as before
     model = ExecutorModel(manifest, None, {"priors": priors})
     post = {k: manifest.postprocess[k] for k in ("conf_thresh", "nms_thresh", "top_k", "max_num_detections")}
     total = 0
-    for path in sample_paths():
+    for path in paths:
         rgb = decode_image(path.read_bytes(), str(path))
         np.testing.assert_array_equal(preprocess_rgb(rgb, manifest.input), ref.preprocess_rgb(rgb, manifest.input))
         out = ir.infer_one(preprocess_rgb(rgb, manifest.input))
@@ -190,6 +192,11 @@ def test_executor_postprocess_equals_previous_on_bundled_samples(bundled, tmp_pa
         labels = read_label_map_png(Path(row["mask_path"]).read_bytes())
         np.testing.assert_array_equal(labels, builder.labels)
         total += len(expected)
+    return total
+
+
+def test_executor_postprocess_equals_previous_on_bundled_samples(tmp_path):
+    total = assert_executor_postprocess_equals_previous(DEFAULT_MODEL_DIR, sample_paths(), tmp_path)
     assert total > 500, "the bundled model gives ~100 detections on most samples"
 
 

@@ -64,6 +64,14 @@ def test_export_directory_is_a_complete_contract(r50_export):
     assert not any(node.op_type == "Shape" for node in graph.node)
 
 
+def test_executor_postprocess_equals_previous_on_r50_random_init_outputs(r50_export, tmp_path):
+    """Box-local masks, RLE and label maps (issue 13) equal the previous implementation on real R50 550 outputs."""
+    from tests.test_box_local_masks import assert_executor_postprocess_equals_previous, sample_paths
+
+    paths = [p for p in sample_paths() if p.name in ("astronaut.jpg", "coffee.jpg")]
+    assert assert_executor_postprocess_equals_previous(r50_export, paths, tmp_path) == 2 * 100
+
+
 def test_weights_or_random_init_is_required(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         export_main(["yolact", "--config", "yolact_r18_small", "--out", str(tmp_path)])
