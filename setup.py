@@ -55,7 +55,7 @@ setup(
     # conf/ (the deployment YAMLs, conf/local.yaml the jobs' defaults) installs as pipelines/conf/: an installed
     # wheel or a packed env reads the same defaults as a checkout (pipelines.job_config.default_config_path).
     package_dir={"pipelines.conf": "conf"},
-    package_data={"pipelines.conf": ["*.yaml"]},
+    package_data={"pipelines.conf": ["*.yaml", "*.properties"]},
     install_requires=CORE,
     extras_require=EXTRAS,
     entry_points={"console_scripts": [

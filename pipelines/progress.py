@@ -1,6 +1,9 @@
-"""Driver-side progress: images done / total and the rate, printed while the job runs.
+"""Driver-side progress: what the job is doing, and images done / total with the rate and an ETA while it runs.
 
-Executors add to a Spark accumulator as they finish each Arrow batch; a daemon thread on the driver reads it.
+Executors add to a Spark accumulator as they finish each Arrow batch (the driver sees it when a task ends); a daemon
+thread on the driver prints a line every `interval_s` while tasks run, with the tasks running now from Spark's
+status tracker, so a long task still shows signs of life. On a terminal the line is rewritten in place; in a log
+file it is one line per interval.
 """
 from __future__ import annotations
 
@@ -10,31 +13,71 @@ import time
 
 from pyspark.sql import SparkSession
 
+PREFIX = "[sparkseg]"
+
+
+def say(message: str, stream=None) -> None:
+    """One line about what the job does now (listing, planning), on stderr like the progress line."""
+    print(f"{PREFIX} {message}", file=stream or sys.stderr, flush=True)
+
+
+def duration(seconds: float) -> str:
+    seconds = int(round(max(seconds, 0)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
 
 class ProgressReporter:
     def __init__(self, spark: SparkSession, total: int, interval_s: float = 5.0, stream=None) -> None:
         self.accumulator = spark.sparkContext.accumulator(0)
+        self._tracker = spark.sparkContext.statusTracker()
         self.total = total
         self.interval_s = interval_s
         self.stream = stream or sys.stderr
+        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start = time.time()
 
-    def line(self) -> str:
+    def running_tasks(self) -> int:
+        try:
+            stages = (self._tracker.getStageInfo(s) for s in self._tracker.getActiveStageIds())
+            return sum(stage.numActiveTasks for stage in stages if stage is not None)
+        except Exception:  # noqa: BLE001  (the context is stopping: no count is no problem)
+            return 0
+
+    def line(self, final: bool = False) -> str:
         done = self.accumulator.value
         elapsed = max(time.time() - self._start, 1e-9)
         percent = 100.0 * done / self.total if self.total else 100.0
-        return f"[sparkseg] {done}/{self.total} images ({percent:.0f}%), {done / elapsed:.2f} images/s"
+        rate = done / elapsed
+        text = f"{PREFIX} {done}/{self.total} images ({percent:.0f}%), {rate:.2f} images/s, {duration(elapsed)}"
+        if final:
+            return text
+        eta = duration((self.total - done) / rate) if done else "when the first task ends"
+        return f"{text}, {self.running_tasks()} tasks running, ETA {eta}"
+
+    def _print(self, text: str, final: bool = False) -> None:
+        if self._tty:
+            print(f"\r{text}\x1b[K", end="\n" if final else "", file=self.stream, flush=True)
+        else:
+            print(text, file=self.stream, flush=True)
 
     def _loop(self) -> None:
-        last, quiet = -1, 0
+        """A terminal gets the line every interval. A log gets it when images or running tasks changed, else as a
+        heartbeat whose spacing doubles while nothing changes (up to a minute): a long quiet task does not fill it."""
+        self._print(self.line())
+        state, last, quiet_s = None, time.time(), self.interval_s
         while not self._stop.wait(self.interval_s):
-            done = self.accumulator.value
-            quiet = 0 if done != last else quiet + 1
-            if done != last or quiet % 12 == 0:      # unchanged: say it again only once a minute or so
-                print(self.line(), file=self.stream, flush=True)
-            last = done
+            now_state = (self.accumulator.value, self.running_tasks())
+            changed = now_state != state
+            if self._tty or changed or time.time() - last >= quiet_s:
+                quiet_s = self.interval_s if changed else min(2 * quiet_s, 60.0)
+                self._print(self.line())
+                state, last = now_state, time.time()
 
     def __enter__(self) -> "ProgressReporter":
         self._start = time.time()
@@ -47,4 +90,4 @@ class ProgressReporter:
         self._stop.set()
         if self._thread:
             self._thread.join()
-        print(self.line(), file=self.stream, flush=True)
+        self._print(self.line(final=True), final=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -22,19 +23,49 @@ DEFAULT_CONF = {
     "spark.sql.adaptive.coalescePartitions.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
 }
+DEFAULT_LOG_LEVEL = "WARN"
+LOG4J_CONFIG_NAME = "log4j2.properties"
 
 
-def local_session(app_name: str = "sparkseg", master: str = "local[*]", conf: dict | None = None) -> SparkSession:
-    """A local-mode session whose Python workers run this interpreter."""
+def log4j_config_path() -> Path:
+    """conf/log4j2.properties (the installed package's pipelines/conf copy, else the checkout's): WARN and up, without
+    Spark's start-up noise. Used by jobs that start their own JVM; under spark-submit pass it with
+    --driver-java-options "-Dlog4j2.configurationFile=file:<this path>" (python -m pipelines.spark_session --log4j-config)."""
+    from pipelines.job_config import DEFAULT_CONFIG_CANDIDATES
+
+    for candidate in DEFAULT_CONFIG_CANDIDATES:
+        if (candidate.parent / LOG4J_CONFIG_NAME).is_file():
+            return candidate.parent / LOG4J_CONFIG_NAME
+    raise FileNotFoundError(f"{LOG4J_CONFIG_NAME} is missing beside the default config: reinstall sparkseg")
+
+
+def quiet_jvm_options(conf: dict) -> dict:
+    """`conf` with the driver JVM pointed at log4j_config_path() (appended to spark.driver.extraJavaOptions), unless
+    the caller already chose a log4j2 configuration. Only effective when this process starts the JVM."""
+    options = conf.get("spark.driver.extraJavaOptions", "")
+    if "log4j2.configurationFile" in options or "log4j.configurationFile" in options:
+        return conf
+    try:
+        flag = f"-Dlog4j2.configurationFile=file:{log4j_config_path()}"
+    except FileNotFoundError as err:
+        log.warning("%s; Spark logs at its default level until the SparkContext starts", err)
+        return conf
+    return {**conf, "spark.driver.extraJavaOptions": f"{options} {flag}".strip()}
+
+
+def local_session(app_name: str = "sparkseg", master: str = "local[*]", conf: dict | None = None,
+                  log_level: str = "ERROR") -> SparkSession:
+    """A local-mode session whose Python workers run this interpreter; Spark logs at `log_level` from the
+    SparkContext's start (spark.log.level), and a JVM started here reads conf/log4j2.properties."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name).master(master)
     merged = {**DEFAULT_CONF, "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-              "spark.sql.shuffle.partitions": "4", **(conf or {})}
-    for key, value in merged.items():
+              "spark.sql.shuffle.partitions": "4", "spark.log.level": log_level.upper(), **(conf or {})}
+    for key, value in quiet_jvm_options(merged).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    session.sparkContext.setLogLevel(merged["spark.log.level"])
     return session
 
 
@@ -64,18 +95,35 @@ def job_session(spark_config: dict, engine: str = "native") -> SparkSession:
     if active is not None and engine != "bigdl":
         return active
     conf = {str(k): str(v) for k, v in (spark_config.get("conf") or {}).items()}
+    level = str(spark_config.get("log_level") or DEFAULT_LOG_LEVEL).upper()
     if engine == "bigdl":
         from pipelines.bigdl_engine import bigdl_python_env
 
         return bigdl_python_env(spark_config.get("master", "local[*]"), spark_config.get("app_name", "sparkseg"), conf)
     if os.environ.get("PYSPARK_GATEWAY_PORT"):   # launched by spark-submit: its master and conf win
+        set_jvm_log_level(level)   # the JVM is up: quiet it before the SparkContext logs its start-up
         builder = SparkSession.builder.appName(spark_config.get("app_name", "sparkseg"))
-        for key, value in {**DEFAULT_CONF, **conf}.items():
+        for key, value in {**DEFAULT_CONF, "spark.log.level": level, **conf}.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
+        session.sparkContext.setLogLevel(level)
     else:
-        session = local_session(spark_config.get("app_name", "sparkseg"), spark_config.get("master", "local[*]"), conf)
+        session = local_session(spark_config.get("app_name", "sparkseg"), spark_config.get("master", "local[*]"), conf,
+                                log_level=level)
     return session
+
+
+def set_jvm_log_level(level: str) -> None:
+    """Set the root log4j2 level of the JVM spark-submit started, before any SparkContext exists (its default
+    profile logs INFO). Best effort: a JVM without log4j2-core keeps its level."""
+    from pyspark import SparkContext
+
+    try:
+        SparkContext._ensure_initialized()
+        jvm = SparkContext._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setRootLevel(jvm.org.apache.logging.log4j.Level.toLevel(level))
+    except Exception as err:  # noqa: BLE001  (logging only; the SparkContext applies spark.log.level anyway)
+        log.debug("could not set the JVM's log level early: %s", err)
 
 
 def warn_unknown_spark_settings(session: SparkSession, settings: dict) -> list[str]:
@@ -88,3 +136,10 @@ def warn_unknown_spark_settings(session: SparkSession, settings: dict) -> list[s
     for key in unknown:
         log.warning("--conf %s: Spark %s has no such setting (a typo?); passed on as given", key, session.version)
     return unknown
+
+
+if __name__ == "__main__":   # python -m pipelines.spark_session --log4j-config: the path for --driver-java-options
+    if sys.argv[1:] == ["--log4j-config"]:
+        print(log4j_config_path())
+    else:
+        sys.exit("usage: python -m pipelines.spark_session --log4j-config")
