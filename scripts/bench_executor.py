@@ -130,27 +130,41 @@ def records(paths: list[Path], contents: list[bytes]):
                          "modification_time": [dt.datetime(2026, 1, 1)] * len(paths)})
 
 
-def worker(task, paths: list[str], batch_size: int, barrier, results) -> None:
-    """One executor process: load + warm up, wait for the others, run its share through task(batches)."""
+def worker(task, paths: list[str], batch_size: int, barrier, results, model_only: bool = False) -> None:
+    """One executor process: load + warm up, wait for the others, run its share through task(batches).
+    model_only: only the compiled IR's infer on the share's preprocessed tensors (the same process, settings and
+    batches: the in-harness ceiling)."""
     paths = [Path(p) for p in paths]
     contents = [p.read_bytes() for p in paths]
     list(task(iter([records(paths[:1], contents[:1])])))   # compile the IR (LazyModel), first-call allocations
+    if model_only:
+        tensors = [task.decode_and_preprocess(c, str(p))[0] for p, c in zip(paths, contents)]
+        ir = task.model().ir
     barrier.wait()
-    started = time.time()
+    started, cpu_started = time.time(), time.process_time()
     rows = []
+    if model_only:
+        for i in range(0, len(tensors), batch_size):
+            ir.infer(np.stack(tensors[i:i + batch_size]))
+        ended, cpu = time.time(), time.process_time() - cpu_started
+        results.put({"pid": os.getpid(), "images": len(tensors), "failed": 0, "instances": 0, "started": started,
+                     "ended": ended, "cpu": cpu, "stages": {s: 0.0 for s in STAGES}, "errors": [],
+                     "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+        return
     batches = (records(paths[i:i + batch_size], contents[i:i + batch_size]) for i in range(0, len(paths),
                                                                                           batch_size))
     for frame in task(batches):
         rows.extend(frame.to_dict("records"))
-    ended = time.time()
+    ended, cpu = time.time(), time.process_time() - cpu_started
     stages = {s: sum(r["timings"][f"{s}_s"] for r in rows) for s in STAGES}
     results.put({"pid": os.getpid(), "images": len(rows), "failed": sum(r["status"] != "ok" for r in rows),
-                 "instances": sum(len(r["instances"] or []) for r in rows), "started": started, "ended": ended,
+                 "instances": sum(len(r["instances"] or []) for r in rows), "started": started, "ended": ended, "cpu": cpu,
                  "stages": stages, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                  "errors": [r["error_message"] for r in rows if r["status"] != "ok"][:3]})
 
 
-def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeout_s: float) -> dict:
+def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeout_s: float,
+                 model_only: bool = False) -> dict:
     """P spawned processes, each the same task over an equal share of the images (as P single-core tasks)."""
     # Spark's Python workers get OMP_NUM_THREADS = spark.task.cpus (1 here) unless set: numpy's BLAS follows it
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -158,7 +172,8 @@ def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeo
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(processes), ctx.Queue()
     shares = [[str(p) for p in paths[i::processes]] for i in range(processes)]
-    procs = [ctx.Process(target=worker, args=(task, share, batch_size, barrier, results)) for share in shares]
+    procs = [ctx.Process(target=worker, args=(task, share, batch_size, barrier, results, model_only))
+             for share in shares]
     for proc in procs:
         proc.start()
     got = []
@@ -178,7 +193,8 @@ def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeo
     images = sum(r["images"] for r in got)
     wall = max(r["ended"] for r in got) - min(r["started"] for r in got)
     return {"images": images, "failed": sum(r["failed"] for r in got), "seconds": round(wall, 3),
-            "images_per_s": round(images / wall, 3), "detections_per_image": round(
+            "images_per_s": round(images / wall, 3),
+            "cpu_s_per_image": round(sum(r["cpu"] for r in got) / max(images, 1), 5), "detections_per_image": round(
                 sum(r["instances"] for r in got) / max(images, 1), 1),
             "stage_s_per_image": {s: round(sum(r["stages"][s] for r in got) / max(images, 1), 5) for s in STAGES},
             "peak_rss_mib": [round(r["peak_rss_mib"], 1) for r in got],
@@ -188,11 +204,17 @@ def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeo
 def benchmark_app(xml: Path, precision: str, processes: int, seconds: int) -> dict:
     command = [str(BENCHMARK_APP), "-m", str(xml), "-d", "CPU", "-hint", "none", "-nstreams", str(processes),
                "-nthreads", str(processes), "-infer_precision", precision, "-t", str(seconds)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 300)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     found = re.search(r"Throughput:\s+([\d.]+)\s*FPS", done.stdout)
+    count = re.search(r"Count:\s+(\d+)\s*iterations", done.stdout)
     if done.returncode != 0 or not found:
         raise RuntimeError(f"benchmark_app failed (exit {done.returncode}): {done.stdout[-800:]}{done.stderr[-800:]}")
-    return {"images_per_s": float(found.group(1)), "command": " ".join(command[1:]).replace(str(REPO) + "/", "")}
+    return {"images_per_s": float(found.group(1)), "command": " ".join(command[1:]).replace(str(REPO) + "/", ""),
+            # CPU seconds per inference, compile and warm-up included (a few % high): load-robust, unlike img/s
+            "cpu_s_per_image": round(cpu / int(count.group(1)), 5) if count else None}
 
 
 def calibrate_conf(manifest, paths: list[Path], precision: str, target: float) -> tuple[float | None, float]:
@@ -266,6 +288,23 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
             f"{round(get('after') / get('before'), 2) if get('before') else ''} | {get('after_boxes') or ''} | "
             f"{ratio(get('after_boxes'), ceiling) or ''} | {get('after_draft') or ''} | "
             f"{ratio(get('after_draft'), ceiling) or ''} |")
+    lines += ["", "## CPU time per image (robust to other work on the machine)", "",
+              "CPU ms per image, summed over the P processes, over the timed loop (after load and warm-up): "
+              "'model only' runs just the compiled IR's infer on the same preprocessed images in the same harness "
+              "(processes, OpenVINO settings, batches), the ceiling that CPU time can be compared with. ratio = model "
+              "only / variant; on a machine with nothing else running it approximates the img/s ratio.", "",
+              "| model | precision | model only ms | " + " | ".join(f"{v} ms | {v} ratio" for v in VARIANTS) + " |",
+              "|---|---|---|" + "---|---|" * len(VARIANTS)]
+    for r in results:
+        if "variants" not in r:
+            continue
+        base = r.get("model_only", {}).get("cpu_s_per_image")
+        cells = []
+        for v in VARIANTS:
+            cpu = r["variants"].get(v, {}).get("cpu_s_per_image")
+            cells.append(f"{cpu * 1000:.1f} | {ratio(base, cpu)}" if cpu else " | ")
+        lines.append(f"| {r['model']} | {r['precision']} | {base * 1000 if base else 0:.1f} | " + " | ".join(cells)
+                     + " |")
     lines += ["", "## Per-stage split (ms per image, summed over processes; share of the summed stage time) and "
                   "peak RSS per process", "",
               "| model | precision | variant | " + " | ".join(STAGES) + " | peak RSS MiB per process |",
@@ -348,6 +387,11 @@ def main(argv=None) -> int:
                                                      args.seconds)
                 log.info("  %s img/s", row["benchmark_app"]["images_per_s"])
                 row["variants"] = {}
+                log.info("%s %s: model only in the same harness", name, precision)
+                row["model_only"] = run_executor(make_task(manifest, "after", precision, conf, work / "scratch",
+                                                           image_dir), paths, args.processes, args.batch_size,
+                                                 args.timeout, model_only=True)
+                log.info("  %s img/s", row["model_only"]["images_per_s"])
                 variants = [v for v in VARIANTS if not (v == "before" and args.no_before)
                             and not (v == "after_boxes" and (args.no_boxes_only or manifest.model != "yolact"))
                             and not (v == "after_draft" and args.no_draft)]
@@ -363,8 +407,10 @@ def main(argv=None) -> int:
                 # again after the executor runs: the ceiling is the mean, and the spread shows load drift
                 again = benchmark_app(manifest.path("ir_xml"), precision, args.processes, args.seconds)
                 first = row["benchmark_app"]["images_per_s"]
+                cpus = [c for c in (row["benchmark_app"]["cpu_s_per_image"], again["cpu_s_per_image"]) if c]
                 row["benchmark_app"].update(first_images_per_s=first, last_images_per_s=again["images_per_s"],
-                                            images_per_s=round((first + again["images_per_s"]) / 2, 3))
+                                            images_per_s=round((first + again["images_per_s"]) / 2, 3),
+                                            cpu_s_per_image=round(min(cpus), 5) if cpus else None)
                 log.info("  benchmark_app again: %s img/s", again["images_per_s"])
             except Exception as err:  # noqa: BLE001  (one failed row must not lose the others)
                 log.exception("%s %s failed", name, precision)
