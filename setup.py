@@ -17,7 +17,7 @@ CORE = [
 TORCH = ["torch>=2.4", "torchvision>=0.19"]
 EXTRAS = {
     # PyTorch -> ONNX -> simplified ONNX -> OpenVINO IR, and the parity report.
-    "export": TORCH + ["onnx>=1.16", "onnxruntime>=1.18", "onnxslim>=0.1.40"],
+    "export": TORCH + ["onnx>=1.16", "onnxruntime>=1.18", "onnxslim>=0.1.40", "nncf>=3.0,<4"],
     # Distributed training (TorchDistributor), runs tracking and plots.
     "train": TORCH + ["mlflow>=2.10", "matplotlib>=3.8", "tqdm>=4.66"],
     # Azure SDK read/write path for clusters without hadoop-azure.

@@ -1,8 +1,9 @@
 """`python -m model_export FAMILY ...`: one subcommand per model family, each a module with
 `add_arguments(parser)` and `export(args) -> parity report`.
 
-Exit codes: 0 exported and parity passed; 2 bad arguments or a checkpoint that does not fit; 3 parity failed (the
-files are left for inspection, but no manifest.json, so no job will load them)."""
+Exit codes: 0 exported and parity passed; 2 bad arguments, a checkpoint that does not fit or calibration images
+that cannot be used; 3 parity (or the INT8 accuracy gate) failed (the files are left for inspection, but no
+manifest.json, so no job will load them)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,7 @@ import sys
 
 from model_export.models.checkpoint import CheckpointError
 from model_export.onnx_openvino import ParityFailed
+from pipelines.errors import SparkSegError
 
 FAMILIES = {
     "yolact": ("model_export.yolact_export", "YOLACT instance segmentation"),
@@ -35,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except SparkSegError as err:     # e.g. quantize.CalibrationError: no decodable calibration image (exit 2)
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
     return 0
 
 

@@ -80,7 +80,7 @@ def save_parity_report(out: Path, report: dict, files: dict, timer: StageTimer, 
 
 def tool_versions() -> dict[str, str]:
     versions = {}
-    for dist in ("torch", "torchvision", "onnx", "onnxruntime", "onnxslim", "openvino", "numpy", "sparkseg"):
+    for dist in ("torch", "torchvision", "onnx", "onnxruntime", "onnxslim", "openvino", "nncf", "numpy", "sparkseg"):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
