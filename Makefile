@@ -75,6 +75,12 @@ bench: $(VENV)/.stamp-test
 bench-executor: $(VENV)/.stamp-test
 	$(PY) scripts/bench_executor.py $(BENCH_EXECUTOR_ARGS)
 
+# INT8 vs f32 (and bf16 where the CPU has it) with benchmark_app, detection agreement and mask AP of the bundled
+# model -> reports/int8.md, .json (BENCH_INT8_ARGS="--seconds 30 --calibration-count 128")
+.PHONY: bench-int8
+bench-int8: $(VENV)/.stamp-test
+	$(PY) scripts/bench_int8.py $(BENCH_INT8_ARGS)
+
 # partitions x executor cores on a 2-worker standalone cluster, 200 bench images -> reports/sweep-cluster/
 sweep: $(VENV)/.stamp-test
 	$(PY) scripts/bench/images.py work/bench/images-200 200

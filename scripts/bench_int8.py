@@ -1,0 +1,209 @@
+"""INT8 vs f32 (and bf16 where the CPU has it) on this machine, in one run: writes reports/int8.md.
+
+The bundled default YOLACT (samples/models/yolact_default, trained on the synthetic road generator) is quantized
+the way `python -m model_export yolact --precision int8` does (model_export.quantize: NNCF PTQ of the FP16 IR,
+calibration images decoded and preprocessed as the job does) on synthetic road images of a seed neither training
+nor the val split uses. Then, on a fresh synthetic val split (the one tests/fixtures_evaluation.py uses):
+- benchmark_app throughput (model only): FP16-weights IR with f32 (and bf16) inference precision, INT8 IR;
+- detection agreement INT8 vs f32 (the export gate's matcher, model_export.parity), at the gate's score and all;
+- mask and box AP of both against the generator's masks (pipelines.evaluate, the one AP implementation).
+There is no bundled detector, so the detector has no row here (its INT8 gate is tested on random-init weights).
+
+    .venv/bin/python scripts/bench_int8.py [--seconds 15] [--calibration-count 64] [--val-images 40]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from model_export import quantize  # noqa: E402
+from model_export.parity import detection_agreement  # noqa: E402
+from model_export.yolact_export import INT8_GATE_SCORE  # noqa: E402
+from pipelines import yolact_postprocess as yp  # noqa: E402
+from pipelines.model_manifest import load_manifest, write_manifest  # noqa: E402
+from pipelines.openvino_runtime import CompiledIR, RuntimeSettings, cpu_count  # noqa: E402
+
+BENCHMARK_APP = Path(sys.executable).with_name("benchmark_app")
+BUNDLED = REPO / "samples" / "models" / "yolact_default"
+CALIBRATION_SEED = 777         # training used seed 1, the val split 20261122
+VAL_SEED = 20261122
+ISA_FLAGS = ("amx_int8", "amx_bf16", "avx512_vnni", "avx512_bf16", "avx512f", "avx_vnni", "avx2")
+ROAD_GROUPS = {"blobs": ("pothole", "patch", "puddle"), "crack": ("crack",)}
+
+
+def cpu_info() -> dict:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = set(re.search(r"^flags\s*:\s*(.*)$", text, re.M).group(1).split()) if "flags" in text else set()
+    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
+    return {"model": model.group(1).strip() if model else platform.processor(), "cpus": cpu_count(),
+            "flags": [f for f in ISA_FLAGS if f in flags], "bf16": bool({"amx_bf16", "avx512_bf16"} & flags)}
+
+
+def benchmark_app(xml: Path, precision: str, streams: int, seconds: int) -> dict:
+    command = [str(BENCHMARK_APP), "-m", str(xml), "-d", "CPU", "-hint", "none", "-nstreams", str(streams),
+               "-nthreads", str(streams), "-infer_precision", precision, "-t", str(seconds)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 300)
+    found = re.search(r"Throughput:\s+([\d.]+)\s*FPS", done.stdout)
+    median = re.search(r"Median:\s+([\d.]+)\s*ms", done.stdout)
+    if done.returncode != 0 or not found:
+        raise RuntimeError(f"benchmark_app failed (exit {done.returncode}): {done.stdout[-800:]}{done.stderr[-800:]}")
+    return {"images_per_s": float(found.group(1)), "median_ms": float(median.group(1)) if median else None,
+            "command": " ".join(["benchmark_app", *command[1:]])}
+
+
+def make_int8_model(work: Path, calibration: list, count: int) -> tuple[Path, dict]:
+    """A copy of the bundled export with an INT8 IR and the manifest `--precision int8` writes (no gate here: the
+    bench reports the numbers)."""
+    model_dir = work / "yolact_default_int8"
+    shutil.copytree(BUNDLED, model_dir)
+    manifest = load_manifest(BUNDLED)
+    tensors = [quantize.preprocess_rgb(rgb, manifest.input) for _, _, rgb in calibration[:count]]
+    start = time.perf_counter()
+    record = quantize.quantize_ir(model_dir / "model.xml", model_dir / quantize.INT8_FILES["ir_xml"], tensors,
+                                  manifest.input["name"], [])
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    record["calibration"] = {"count": len(tensors), "sha256": quantize.image_set_sha256(calibration[:count]),
+                             "directory": f"synthetic roads, seed {CALIBRATION_SEED}"}
+    data = {k: v for k, v in manifest.data.items() if k not in ("format_version", "sha256")}
+    files = {role: rel for role, rel in data["files"].items() if (model_dir / rel).is_file()}   # no ONNX bundled
+    files["ir_xml_fp16"], files["ir_bin_fp16"] = files["ir_xml"], files["ir_bin"]
+    files["ir_xml"], files["ir_bin"] = quantize.INT8_FILES["ir_xml"], quantize.INT8_FILES["ir_bin"]
+    data.update(files=files, weights_precision="int8", quantization=record)
+    write_manifest(model_dir, data)
+    return model_dir, record
+
+
+def agreement(f32_dir: Path, int8_dir: Path, images: list) -> dict:
+    """The export gate's comparison on these images (both IRs with the f32 hint), at the gate's score and at all
+    the detections the job writes (conf_thresh)."""
+    manifest = load_manifest(f32_dir)
+    priors = np.load(manifest.path("priors"))
+    post = manifest.postprocess
+    tensors = [quantize.preprocess_rgb(rgb, manifest.input) for _, _, rgb in images]
+    sizes = [(rgb.shape[1], rgb.shape[0]) for _, _, rgb in images]
+    rows = {}
+    for name, model_dir in (("f32", f32_dir), ("int8", int8_dir)):
+        ir = CompiledIR(load_manifest(model_dir).path("ir_xml"), RuntimeSettings(precision="f32"))
+        rows[name] = [ir.infer_one(x) for x in tensors]
+    result = {}
+    for min_score in (INT8_GATE_SCORE, float(post["conf_thresh"])):
+        dets = {name: [d.take(d.scores >= min_score) for d in
+                       (yp.detect(r["loc"], r["conf"], r["mask"], priors, **post) for r in rows[name])]
+                for name in rows}
+        result[min_score] = detection_agreement(dets["f32"], dets["int8"], [r["proto"] for r in rows["f32"]],
+                                                [r["proto"] for r in rows["int8"]], sizes)
+    return result
+
+
+def mask_ap(model_dir: Path, val: Path) -> dict:
+    from pipelines.evaluate import ap_report, load_ground_truth, results_from_rows
+    from pipelines.single_process import infer_files
+
+    ground_truth = load_ground_truth(val / "annotations.json")
+    image_ids = {Path(im["file_name"]).name: im["id"] for im in ground_truth.dataset["images"]}
+    category_ids = {c["name"]: c["id"] for c in ground_truth.dataset["categories"]}
+    paths = sorted((val / "images").iterdir())
+    with tempfile.TemporaryDirectory() as out:
+        rows = infer_files(model_dir, paths, out, str(val / "images"), RuntimeSettings(precision="f32"))
+    return ap_report(ground_truth, results_from_rows(rows, image_ids, category_ids), ROAD_GROUPS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=int, default=15, help="benchmark_app -t per row")
+    parser.add_argument("--calibration-count", type=int, default=64)
+    parser.add_argument("--val-images", type=int, default=40)
+    parser.add_argument("--out", default=str(REPO / "reports" / "int8.md"))
+    args = parser.parse_args(argv)
+    from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
+
+    cpu = cpu_info()
+    with tempfile.TemporaryDirectory(prefix="bench_int8_") as tmp:
+        work = Path(tmp)
+        generate_road_dataset(work / "calibration", args.calibration_count, CALIBRATION_SEED,
+                              RoadSceneConfig(formats=()))
+        generate_road_dataset(work / "val", args.val_images, VAL_SEED, RoadSceneConfig(formats=("coco",)))
+        calibration, _ = quantize.decode_all(sorted((work / "calibration" / "images").iterdir()))
+        val_images, _ = quantize.decode_all(sorted((work / "val" / "images").iterdir()))
+        int8_dir, record = make_int8_model(work, calibration, args.calibration_count)
+        agree = agreement(BUNDLED, int8_dir, val_images)
+        ap = {"f32": mask_ap(BUNDLED, work / "val"), "int8": mask_ap(int8_dir, work / "val")}
+        streams = cpu["cpus"]
+        rows = [("f32", BUNDLED / "model.xml", "f32"), ("int8", int8_dir / "model.int8.xml", "f32")]
+        if cpu["bf16"]:
+            rows += [("bf16", BUNDLED / "model.xml", "bf16"), ("int8 (bf16 rest)", int8_dir / "model.int8.xml",
+                                                               "bf16")]
+        bench = {}
+        for label, xml, precision in rows:
+            for n in (streams, 1):
+                bench[(label, n)] = benchmark_app(xml, precision, n, args.seconds)
+                print(label, n, bench[(label, n)]["images_per_s"], flush=True)
+    write_report(Path(args.out), cpu, record, agree, ap, bench, args)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, bench: dict, args) -> None:
+    f32 = {n: bench[("f32", n)]["images_per_s"] for (label, n) in bench if label == "f32"}
+    lines = [
+        "# INT8 vs f32 (bundled default YOLACT)", "",
+        f"- CPU: {cpu['model']}, {cpu['cpus']} cores available; instruction set: "
+        f"{', '.join(cpu['flags']) or 'none of ' + ', '.join(ISA_FLAGS)} "
+        f"(checked: {', '.join(ISA_FLAGS)}); bf16 rows: {'yes' if cpu['bf16'] else 'no (no AMX/AVX-512 BF16)'}",
+        f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; command: "
+        f"`.venv/bin/python scripts/bench_int8.py --seconds {args.seconds} --calibration-count "
+        f"{args.calibration_count} --val-images {args.val_images}` (`make bench-int8`)",
+        f"- Model: samples/models/yolact_default (yolact_r18_small, trained, {load_manifest(BUNDLED).input_size[0]} px)."
+        f" INT8: NNCF {record['nncf']} PTQ ({record['preset']} preset, fast bias correction) of its FP16 IR on "
+        f"{record['calibration']['count']} synthetic road images (seed {CALIBRATION_SEED}), "
+        f"{record['fake_quantize_nodes']} FakeQuantize nodes, no ignored scope, {record['seconds']} s.",
+        "- There is no bundled detector: the detector's INT8 export is only tested (random-init factornet_small, "
+        "gate in tests/test_export_int8.py); no detector numbers here.", "",
+        "## benchmark_app (model only, `-hint none`, streams x 1 thread each)", "",
+        "| IR | inference precision | streams | img/s | median latency ms | vs f32 |", "|---|---|---|---|---|---|",
+    ]
+    for (label, n), row in bench.items():
+        precision = "bf16" if "bf16" in label else "f32"
+        lines.append(f"| {'INT8' if label.startswith('int8') else 'FP16 weights'} | {precision} | {n} | "
+                     f"{row['images_per_s']:.1f} | {row['median_ms']} | {row['images_per_s'] / f32[n]:.2f}x |")
+    lines += ["", "Goal: INT8 >= 1.3x f32 on AVX2-only CPUs, >= 2.5x with AVX-512 VNNI or AMX.", "",
+              f"## Detection agreement INT8 vs f32 ({args.val_images} held-out synthetic val images, seed {VAL_SEED})",
+              "", "Matched by class and box IoU >= 0.5 (model_export.parity, the export gate's matcher); both IRs with "
+              "the f32 hint.", "",
+              "| detections scoring >= | f32 dets | INT8 dets | matched | median box IoU | median mask IoU |",
+              "|---|---|---|---|---|---|"]
+    for min_score, row in agree.items():
+        lines.append(f"| {min_score:g}{' (gate)' if min_score == INT8_GATE_SCORE else ''} | {row['detections_ref']} | "
+                     f"{row['detections']} | {row['matched_fraction']:.3f} | {row['box_iou_median']:.4f} | "
+                     f"{row['mask_iou_median']:.4f} |")
+    lines += ["", "## AP against the generator's masks (pipelines.evaluate, all detections the job writes)", "",
+              "| metric | f32 | INT8 | delta (points) |", "|---|---|---|---|"]
+    for key in ("mask_ap", "mask_ap50", "mask_ap_blobs", "box_ap", "box_ap50"):
+        if key in ap["f32"]:
+            a, b = ap["f32"][key], ap["int8"][key]
+            lines.append(f"| {key} | {100 * a:.2f} | {100 * b:.2f} | {100 * (b - a):+.2f} |")
+    lines += ["", "Goal: mask AP within 1.0 point of f32; detection agreement >= 0.95.", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines), encoding="utf-8")
+    (path.with_suffix(".json")).write_text(json.dumps({"cpu": cpu, "quantization": record, "ap": ap,
+                                                       "agreement": {str(k): v for k, v in agree.items()},
+                                                       "benchmark_app": {f"{k[0]} x{k[1]}": v
+                                                                         for k, v in bench.items()}},
+                                                      indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
