@@ -21,7 +21,7 @@ from pipelines.mask_outputs import decode_rle
 from pipelines.model_manifest import load_manifest, write_manifest
 from pipelines.yolact_postprocess import Detections
 from tests.fixtures_detector import export_small_detector, road_images  # noqa: F401
-from tests.job_helpers import job_config, read_rows
+from tests.job_helpers import JOB_RUNTIME, job_config, read_rows
 
 CALIBRATION_COUNT = 12       # + 3 held out for the gate (one in five of 16)
 YOLACT_ARGS = ["yolact", "--config", "yolact_r18_small", "--random-init", "--input-size", "256",
@@ -86,30 +86,34 @@ def check_manifest(export_dir: Path, family: str) -> dict:
     return quantization
 
 
-def row_detections(rows, min_score: float) -> dict[str, tuple[Detections, list]]:
-    """Job rows -> {path: (detections scoring >= min_score, their masks or None)}."""
+def row_detections(rows: list[dict], min_score: float) -> dict[str, tuple[Detections, list]]:
+    """Result rows (dicts) -> {path: (detections scoring >= min_score, their masks or None)}."""
     result = {}
     for row in rows:
-        kept = [i for i in (row.instances or []) if i.score >= min_score]
-        detections = Detections(boxes=np.float32([i.box for i in kept]).reshape(-1, 4),
-                                coeffs=np.zeros((len(kept), 0)), classes=np.int64([i.class_id for i in kept]),
-                                scores=np.float32([i.score for i in kept]))
-        masks = [decode_rle({"size": list(i.mask.size), "counts": i.mask.counts}) if i.mask else None for i in kept]
-        result[row.path] = (detections, masks)
+        kept = [i for i in (row["instances"] or []) if i["score"] >= min_score]
+        detections = Detections(boxes=np.float32([i["box"] for i in kept]).reshape(-1, 4),
+                                coeffs=np.zeros((len(kept), 0)), classes=np.int64([i["class_id"] for i in kept]),
+                                scores=np.float32([i["score"] for i in kept]))
+        masks = [decode_rle(i["mask"]) if i.get("mask") else None for i in kept]
+        result[row["path"]] = (detections, masks)
     return result
 
 
 def job_agreement(spark, images: Path, int8_dir: Path, f32_dir: Path, tmp_path: Path, family: str,
                   min_score: float) -> tuple[float, float | None, int]:
-    """Run the job on the INT8 export and on its FP16 view (both f32 hint); matched fraction and median mask IoU
-    of matched pairs (the gate's matcher, model_export.parity), and the f32 detection count."""
+    """Run the job on the INT8 export (f32 hint, precision as every job test) and the single-process reference on
+    its FP16 view (same settings); matched fraction and median mask IoU of matched pairs (the gate's matcher,
+    model_export.parity), and the f32 detection count."""
     from pipelines.inference_job import run
+    from pipelines.single_process import infer_files
 
-    outputs = {}
-    for name, model_dir in (("int8", int8_dir), ("f32", f32_dir)):
-        summary = run(spark, job_config(images, tmp_path / name, model_dir), family=family)
-        assert summary["counts"]["failed"] == 0 and summary["counts"]["done"] == summary["counts"]["inputs"]
-        outputs[name] = row_detections(read_rows(spark, tmp_path / name, "detections"), min_score)
+    summary = run(spark, job_config(images, tmp_path / "int8", int8_dir), family=family)
+    assert summary["counts"]["failed"] == 0 and summary["counts"]["done"] == summary["counts"]["inputs"]
+    rows = [row.asDict(recursive=True) for row in read_rows(spark, tmp_path / "int8", "detections")]
+    outputs = {"int8": row_detections(rows, min_score)}
+    reference = infer_files(f32_dir, sorted(images.iterdir()), str(tmp_path / "f32"), str(images), JOB_RUNTIME,
+                            family=family)
+    outputs["f32"] = row_detections(reference, min_score)
     assert set(outputs["int8"]) == set(outputs["f32"])
     matched = total = 0
     ious = []
@@ -149,8 +153,9 @@ def test_detector_int8_passes_the_gate_and_the_job_runs_it(spark, detector_int8,
 
 def test_a_gate_int8_cannot_reach_fails_the_export_with_exit_3_and_no_manifest(tmp_path, calibration_images,
                                                                                capsys):
-    code = export_main([*YOLACT_ARGS, "--out", str(tmp_path), "--precision", "int8", "--calibration-images",
-                        str(calibration_images), "--calibration-count", "4", "--int8-min-median-iou", "1.01"])
+    code = export_main([*YOLACT_ARGS, "--input-size", "160", "--out", str(tmp_path), "--precision", "int8",
+                        "--calibration-images", str(calibration_images), "--calibration-count", "4",
+                        "--int8-min-median-iou", "1.01"])
     assert code == 3
     assert "INT8 accuracy gate failed" in capsys.readouterr().err
     assert not (tmp_path / "manifest.json").exists()
