@@ -49,7 +49,11 @@ class Int8Gate:
     `min_matched`: matched / max(f32 detections, INT8 detections). YOLACT also: median mask IoU of matched pairs;
     the detector: median box IoU of matched pairs."""
 
-    min_matched: float = 0.8
+    # Measured (detections scoring >= the gate score): the trained bundled YOLACT 1.00; random-init models, whose
+    # biased logits give 100 near-tied detections per image so that INT8 reorders the top-100 cut, 0.72-0.87
+    # (yolact_r18_small at 160-352 px) and 0.89-0.90 (factornet_small with its RPN and RoI heads in float); a broken
+    # quantization matches next to nothing.
+    min_matched: float = 0.75
     min_median_iou: float = 0.9
 
     def as_dict(self) -> dict:
