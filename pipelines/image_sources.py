@@ -87,11 +87,22 @@ def empty_files(spark: SparkSession, source: DataFrame, scanned: DataFrame) -> D
     """Spark's file scan silently skips zero-byte files; the file index behind it still lists them. They are
     inputs too (they must end up in errors/), so add them back with size 0. The index gives URI strings
     (`file:///a/UPPER%20CASE.JPG`: spaces, %, # escaped); the scan's `path` is Hadoop's unescaped spelling
-    (`file:/a/UPPER CASE.JPG`), the one every output uses: compare in that spelling."""
-    every_path = [hadoop_path_string(uri) for uri in source.inputFiles()]
-    paths = spark.createDataFrame([(p,) for p in every_path], "path string")
+    (`file:/a/UPPER CASE.JPG`), the one every output uses: compare in that spelling (hadoop_path_column, the
+    JVM-side twin of hadoop_path_string). The index's file list stays in the JVM: no Python list of every input."""
+    jvm = spark.sparkContext._jvm
+    files = jvm.scala.collection.immutable.ArraySeq.unsafeWrapArray(source._jdf.inputFiles())   # a JVM String[]
+    uris = DataFrame(spark._jsparkSession.createDataset(files, jvm.org.apache.spark.sql.Encoders.STRING()).toDF(),
+                     spark)   # one column, "value"
+    paths = uris.select(hadoop_path_column(F.col("value")).alias("path"))
     return (paths.join(scanned.select("path"), "path", "left_anti")
             .select("path", F.lit(0).cast("long").alias("size"), F.lit(None).cast("timestamp").alias("modification_time")))
+
+
+def hadoop_path_column(uri):
+    """hadoop_path_string as a Column expression: `file:///` -> `file:/`, then %XX decoded (url_decode would also
+    turn '+' into a space, which a URI path keeps as '+': protect it first)."""
+    fixed = F.regexp_replace(uri, "^file:///", "file:/")
+    return F.url_decode(F.regexp_replace(fixed, "[+]", "%2B"))
 
 
 def hadoop_path_string(uri: str) -> str:
@@ -127,10 +138,32 @@ def balanced(df: DataFrame, partitions: int) -> DataFrame:
     return df.repartition(partitions, "part_key")
 
 
+def reads_on_executors(uri: str) -> bool:
+    """Whether the executors read this input's bytes themselves, by path (read_local_file): local `file:` inputs.
+    Other Hadoop schemes get a `content` column from Spark's binaryFile source (with_content)."""
+    return to_spark_uri(uri).startswith("file:")
+
+
+def read_local_file(path: str) -> bytes:
+    """The bytes of a listed `file:` path, read where the task runs. `path` is Hadoop's unescaped spelling, the
+    listing's (`file:/a b/c%.jpg` is the file "/a b/c%.jpg"), so it is not URL-decoded."""
+    local = path[len("file:"):] if path.startswith("file:") else path
+    if local.startswith("//"):   # file:///a (an authority-less URI) is /a
+        local = local[2:]
+    with open(local, "rb") as handle:
+        return handle.read()
+
+
 def with_content(spark: SparkSession, todo: DataFrame, todo_count: int, uri: str, extensions: list[str],
                  recursive: bool, all_listed: bool) -> DataFrame:
-    """Join the image bytes (`content`) read by Spark's binaryFile source onto `todo` (a subset of the listing).
-    When only part of the listing is to do (resume, waves), only those files are read."""
+    """Join the image bytes (`content`) read by Spark's binaryFile source onto `todo` (a subset of the listing),
+    for inputs the executors cannot open by path themselves (hdfs://, abfss://, wasbs://: see reads_on_executors).
+
+    Python workers have no handle on the JVM's Hadoop FileSystem, and pyarrow's HadoopFileSystem needs libhdfs and
+    the Hadoop CLASSPATH on every executor, which clusters do not promise; a binaryFile scan of the whole input root
+    joined on path would read every image's bytes once per wave. So a partial to-do (resume, waves) is read by
+    binaryFile.load(<its paths>): the driver holds the paths of ONE wave (at most run.commit_every), never the
+    whole input. Local `file:` inputs never come here: their bytes are read on the executors by path."""
     reader = spark.read.format("binaryFile")
     if all_listed:
         source = (reader.option("recursiveFileLookup", str(bool(recursive)).lower())

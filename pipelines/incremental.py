@@ -26,7 +26,7 @@ def current_records(spark: SparkSession, output_uri: str, model_sha256: str | No
     """{"detections": DataFrame, "errors": DataFrame} holding only the current record of every path (rows of the
     tables as written, same columns). `model_sha256` first restricts both tables to that model's rows. Tables not
     written yet are absent from the dict."""
-    tables = _read_tables(spark, output_uri, model_sha256, azure_credentials)
+    tables = read_tables(spark, output_uri, model_sha256, azure_credentials)
     if not tables:
         return {}
     current = _ranked_keys(tables).where("rank = 1").select("path", "run_id", "table")
@@ -50,9 +50,10 @@ def current_errors(spark: SparkSession, output_uri: str, model_sha256: str | Non
 def table_counts(spark: SparkSession, output_uri: str, model_sha256: str | None = None,
                  azure_credentials=None) -> dict:
     """What the output holds: {"images": paths whose current record is a detection row, "errors": paths whose
-    current record is an error, "superseded_rows": older records of replaced or recomputed images}."""
+    current record is an error, "superseded_rows": older records of replaced or recomputed images}. Ranks every
+    record of the output: the job's summary uses table_index.counts_after_run, which reads only this run's paths."""
     counts = {"images": 0, "errors": 0, "superseded_rows": 0}
-    tables = _read_tables(spark, output_uri, model_sha256, azure_credentials)
+    tables = read_tables(spark, output_uri, model_sha256, azure_credentials)
     if tables:
         for row in _ranked_keys(tables).groupBy("table", (F.col("rank") == 1).alias("current")).count().collect():
             key = ("images" if row.table == "detections" else "errors") if row.current else "superseded_rows"
@@ -60,7 +61,7 @@ def table_counts(spark: SparkSession, output_uri: str, model_sha256: str | None 
     return counts
 
 
-def _read_tables(spark: SparkSession, output_uri: str, model_sha256: str | None, azure_credentials) -> dict:
+def read_tables(spark: SparkSession, output_uri: str, model_sha256: str | None, azure_credentials) -> dict:
     tables = {}
     for name, uri in zip(TABLES, (detections_uri(output_uri), errors_uri(output_uri))):
         frame = read_table(spark, uri, azure_credentials)
@@ -69,11 +70,20 @@ def _read_tables(spark: SparkSession, output_uri: str, model_sha256: str | None,
     return tables
 
 
-def _ranked_keys(tables: dict[str, DataFrame]) -> DataFrame:
-    """(path, run_id, table, rank) of every record; rank 1 is the path's current record."""
+def record_keys(tables: dict[str, DataFrame]) -> DataFrame:
+    """(path, run_id, modification_time, table) of every record of `tables` ({"detections": frame, ...})."""
     keys = None
     for name, frame in tables.items():
         part = frame.select("path", "run_id", "modification_time", F.lit(name).alias("table"))
         keys = part if keys is None else keys.unionByName(part)
+    return keys
+
+
+def ranked_keys(keys: DataFrame) -> DataFrame:
+    """Transform: record_keys rows + `rank`; rank 1 is the path's current record."""
     newest = Window.partitionBy("path").orderBy(F.col("run_id").desc(), F.col("modification_time").desc_nulls_last())
     return keys.withColumn("rank", F.row_number().over(newest))
+
+
+def _ranked_keys(tables: dict[str, DataFrame]) -> DataFrame:
+    return ranked_keys(record_keys(tables))

@@ -25,9 +25,9 @@ from pipelines.job_config import ConfigError, check_job_settings, local_path, re
 from pipelines.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
 from pipelines.openvino_runtime import RuntimeSettings
 from pipelines.output_paths import qualify_root
-from pipelines.progress import ProgressReporter
+from pipelines.progress import ProgressReporter, say
 from pipelines.image_inference import RESULT_SCHEMA, ImageInference
-from pipelines.incremental import table_counts
+from pipelines.table_index import counts_after_run
 from pipelines.results_writer import (TIMING_FIELDS, choose_writer, done_keys, failed_paths, write_coco_results,
                                       write_results, write_summary)
 from pipelines.run_lock import LockSettings, RunLock
@@ -79,18 +79,45 @@ def runtime_settings(spark: SparkSession, inference: dict) -> RuntimeSettings:
                                          streams=inference.get("openvino_streams") or None)
 
 
+BROADCAST_MAX_ROWS = 500_000        # run.broadcast_max_rows: done keys broadcast to every task up to this many rows
+ROWS_PER_SHUFFLE_PARTITION = 100_000
+
+
 def todo_listing(spark: SparkSession, listing: DataFrame, output_uri: str, manifest: ModelManifest,
-                 force: bool, azure_credentials=None) -> DataFrame:
-    """Images not yet recorded for this model (same path, size and modification time), unless `force`."""
+                 force: bool, azure_credentials=None, broadcast_max_rows: int = BROADCAST_MAX_ROWS) -> DataFrame:
+    """Images not yet recorded for this model (same path, size and modification time), unless `force`. The done
+    keys are counted (one column-pruned pass) and broadcast only up to `broadcast_max_rows`; beyond, a sort-merge
+    anti-join: neither the driver's nor an executor's memory grows with the history."""
     if force:
         return listing
     done = done_keys(spark, output_uri, manifest.model_sha256, azure_credentials)
     if done is None:
         return listing
+    return without_done(listing, done, broadcast=done.count() <= broadcast_max_rows)
+
+
+def without_done(listing: DataFrame, done: DataFrame, broadcast: bool) -> DataFrame:
+    """Transform: the listing rows whose (path, size, modification_time) is not in `done`; `done` broadcast, or both
+    sides shuffled and sorted (a merge hint: Spark must not broadcast it by its own size estimate)."""
     done = done.select(*[F.col(k).alias(f"done_{k}") for k in ("path", "size", "modification_time")])
     same = ((listing.path == done.done_path) & (listing.size == done.done_size)
             & listing.modification_time.eqNullSafe(done.done_modification_time))   # empty files have no mtime
-    return listing.join(F.broadcast(done), same, "left_anti")
+    return listing.join(F.broadcast(done) if broadcast else done.hint("merge"), same, "left_anti")
+
+
+def shuffle_partitions_for(rows: int) -> int:
+    """Partitions of every planning shuffle (sort, anti-join, counts) for a job of `rows` images: one per
+    ROWS_PER_SHUFFLE_PARTITION, so a 9-image run needs one task per shuffle, not Spark's 200."""
+    return max(1, -(-int(rows) // ROWS_PER_SHUFFLE_PARTITION))
+
+
+def size_shuffles(spark: SparkSession, rows: int, spark_config: dict) -> str | None:
+    """Set spark.sql.shuffle.partitions for this job unless its config sets it; return the previous value."""
+    if "spark.sql.shuffle.partitions" in (spark_config.get("conf") or {}):
+        return None
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions_for(rows)))
+    return previous
 
 
 def inference_task_class(family: str):
@@ -169,14 +196,19 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     ship_library(spark)
     inputs, run_cfg = config["input"], config["run"]
     # listed (the input path checked) before the lock: a missing input leaves no output directory behind
+    say(f"run {plan.run_id}: listing {plan.input_uri}")
     listing = src.list_images(spark, plan.input_uri, inputs["extensions"], inputs["recursive"], plan.reader,
                               plan.credentials).persist(StorageLevel.MEMORY_AND_DISK)
     lock = RunLock.acquire(plan.output_uri, plan.run_id, LockSettings.from_run_config(run_cfg), spark=spark,
                            azure_credentials=plan.credentials)
+    previous_shuffles = None
     try:
         n_inputs = listing.count()
-        todo = todo_listing(spark, listing, plan.output_uri, plan.manifest, run_cfg["force"], plan.credentials)
+        previous_shuffles = size_shuffles(spark, n_inputs, config["spark"])
+        todo = todo_listing(spark, listing, plan.output_uri, plan.manifest, run_cfg["force"], plan.credentials,
+                            int(run_cfg.get("broadcast_max_rows") or BROADCAST_MAX_ROWS))
         n_todo = todo.count()
+        say(f"{n_inputs} images, {n_todo} to do ({n_inputs - n_todo} already done for this model)")
         partitions = max(1, min(int(config["inference"]["partitions"] or spark.sparkContext.defaultParallelism),
                                 max(n_todo, 1)))
         settings = runtime_settings(spark, config["inference"])
@@ -201,6 +233,8 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
         return summary
     finally:
         lock.release()
+        if previous_shuffles is not None:
+            spark.conf.set("spark.sql.shuffle.partitions", previous_shuffles)
 
 
 def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
@@ -216,7 +250,7 @@ def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
         input_root=qualify_root(spark, plan.input_uri) if plan.reader == "spark" else plan.input_uri,
         masks=plan.config["output"]["masks"], score_threshold=plan.config["output"]["score_threshold"],
         max_image_pixels=int(inference["max_image_pixels"]), jpeg_draft=bool(inference.get("jpeg_draft", False)),
-        fetch_bytes=None if plan.reader == "spark" else _azure_fetcher(plan.credentials),
+        fetch_bytes=bytes_fetcher(plan),
         progress=progress.accumulator, azure_credentials=plan.credentials)
 
 
@@ -224,16 +258,13 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
               n_todo: int, n_inputs: int, partitions: int) -> dict:
     """Process the to-do images in waves of `run.commit_every`, each committed on its own (a killed driver loses
     at most one wave); return the summed aggregates."""
-    inputs, run_cfg = plan.config["input"], plan.config["run"]
+    run_cfg = plan.config["run"]
     totals = {"done": 0, "failed": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
     indexed = src.assign_partitions(todo, partitions).persist(StorageLevel.MEMORY_AND_DISK)
     wave_size = int(run_cfg.get("commit_every") or 0) or n_todo
     for number, first in enumerate(range(0, n_todo, wave_size)):
-        wave = indexed.where((F.col("idx") >= first) & (F.col("idx") < first + wave_size))
         count = min(wave_size, n_todo - first)
-        if plan.reader == "spark":
-            wave = src.with_content(spark, wave, count, plan.input_uri, inputs["extensions"], inputs["recursive"],
-                                    all_listed=(count == n_inputs))
+        wave = wave_images(spark, plan, indexed, first, count, n_inputs)
         name = f"{plan.run_id}-w{number:05d}"
         guard = CrashGuard(join_uri(plan.output_uri, MARKER_DIR, name), int(run_cfg.get("poison_attempts", 2)),
                            plan.credentials)
@@ -249,6 +280,18 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
             totals[key] += wave_totals.get(key, 0)
     indexed.unpersist()
     return totals
+
+
+def wave_images(spark: SparkSession, plan: JobPlan, indexed: DataFrame, first: int, count: int,
+                n_inputs: int) -> DataFrame:
+    """The images of one wave (rows idx in [first, first + count) of assign_partitions' output) as inference gets
+    them: paths the executors read themselves (local files, Azure), or with Spark's `content` (other schemes)."""
+    wave = indexed.where((F.col("idx") >= first) & (F.col("idx") < first + count))
+    if plan.reader == "spark" and not src.reads_on_executors(plan.input_uri):
+        inputs = plan.config["input"]
+        wave = src.with_content(spark, wave, count, plan.input_uri, inputs["extensions"], inputs["recursive"],
+                                all_listed=(count == n_inputs))
+    return wave
 
 
 def wave_results(images: DataFrame, task: ImageInference, plan: JobPlan, settings: RuntimeSettings) -> DataFrame:
@@ -279,7 +322,9 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
         "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
         "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
         "config": plan.config,
-        "table": table_counts(spark, plan.output_uri, manifest.model_sha256, plan.credentials),   # current rows
+        "table": counts_after_run(spark, plan.output_uri, manifest.model_sha256, plan.run_id,   # current rows
+                                  {"detections": int(totals["done"]), "errors": int(totals["failed"])},
+                                  plan.credentials),
     }
 
 
@@ -295,6 +340,13 @@ def render_report(output_uri: str) -> str | None:
     except OutputError as err:   # not a local output: the job's results stand, the report is for later
         logging.getLogger(__name__).warning("no report: %s (python -m pipelines.render --output DIR draws it)", err)
         return None
+
+
+def bytes_fetcher(plan: JobPlan):
+    """What the executors call to read an image's bytes by path, or None where Spark ships them (`content`)."""
+    if plan.reader != "spark":
+        return _azure_fetcher(plan.credentials)
+    return src.read_local_file if src.reads_on_executors(plan.input_uri) else None
 
 
 def _azure_fetcher(credentials):

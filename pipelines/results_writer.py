@@ -91,9 +91,11 @@ def upload_parquet_parts(frame: DataFrame, table_uri: str, file_prefix: str, azu
 def read_table(spark: SparkSession, table_uri: str, azure_credentials=None) -> DataFrame | None:
     """detections/ or errors/ as a DataFrame, from either writer; None when nothing was written yet."""
     if choose_writer(table_uri) == "spark":
+        if not hadoop_path_exists(spark, table_uri):   # a new output: asking Spark would log a Java stack trace
+            return None
         try:
             return spark.read.parquet(table_uri)
-        except Exception:  # noqa: BLE001  (no output yet: AnalysisException PATH_NOT_FOUND / empty dir)
+        except Exception:  # noqa: BLE001  (a directory without Parquet files yet, e.g. a killed first wave)
             return None
     import io
 
@@ -109,6 +111,13 @@ def read_table(spark: SparkSession, table_uri: str, azure_credentials=None) -> D
     return spark.createDataFrame(pa.concat_tables(tables).to_pandas())
 
 
+def hadoop_path_exists(spark: SparkSession, uri: str) -> bool:
+    """Whether `uri` exists, asked of the Hadoop FileSystem the driver's Spark reads it with (any scheme)."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+
+
 def failed_paths(spark: SparkSession, output_uri: str, run_id: str, limit: int = 10,
                  azure_credentials=None) -> list[str]:
     """The first `limit` paths (sorted) recorded in errors/ by run `run_id`."""
@@ -120,8 +129,8 @@ def failed_paths(spark: SparkSession, output_uri: str, run_id: str, limit: int =
 
 
 def done_keys(spark: SparkSession, output_uri: str, model_sha256: str, azure_credentials=None) -> DataFrame | None:
-    """(path, size, modification_time) of every image already recorded for this model, in detections/ or errors/.
-    None when nothing has been written yet."""
+    """(path, size, modification_time) of every record of this model in detections/ or errors/ (not deduplicated:
+    an anti-join needs no distinct, and skipping it saves a shuffle). None when nothing has been written yet."""
     frames = []
     for uri in (detections_uri(output_uri), errors_uri(output_uri)):
         frame = read_table(spark, uri, azure_credentials)
@@ -133,7 +142,7 @@ def done_keys(spark: SparkSession, output_uri: str, model_sha256: str, azure_cre
     keys = frames[0]
     for frame in frames[1:]:
         keys = keys.unionByName(frame)
-    return keys.distinct()
+    return keys
 
 
 def write_summary(output_uri: str, summary: dict, azure_credentials=None) -> None:

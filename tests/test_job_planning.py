@@ -1,0 +1,92 @@
+"""The job's own cost: shuffles sized to the job (a small run needs a handful of tasks), done keys broadcast only
+below their bound (sort-merge beyond), and no list of to-do paths on the driver for inputs the executors can read."""
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from pipelines import image_sources as src
+from pipelines.inference_job import bytes_fetcher, plan_job, run, todo_listing, wave_images
+from pipelines.model_manifest import load_manifest
+from tests.job_helpers import DEFAULT_MODEL_DIR, job_config
+from tests.test_incremental import write_image
+
+GROUP = "sparkseg-task-count"
+
+
+def completed_tasks(spark, group: str) -> list[int]:
+    """Per stage, the task attempts that ended in the jobs of `group`, from Spark's status tracker (no listener)."""
+    tracker = spark.sparkContext.statusTracker()
+    return [stage.numCompletedTasks for job_id in tracker.getJobIdsForGroup(group)
+            for stage in map(tracker.getStageInfo, tracker.getJobInfo(job_id).stageIds) if stage is not None]
+
+
+def test_a_small_run_needs_a_handful_of_tasks(spark, tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out"
+    for seed in range(3):
+        write_image(images / f"{seed}.jpg", seed)
+    context = spark.sparkContext
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    try:
+        for number, new in enumerate((3, 1)):   # a new output, then a resume with one new image
+            if number:
+                write_image(images / "new.jpg", 9)
+            context.setJobGroup(f"{GROUP}-{number}", "task count")
+            summary = run(spark, job_config(images, output))
+            assert summary["counts"]["done"] == new
+            tasks = completed_tasks(spark, f"{GROUP}-{number}")
+            # ~20 small stages (listing, resume, balancing, writes, counts) of at most a few tasks each; with Spark's
+            # 200 shuffle partitions one such run took ~700 tasks
+            assert max(tasks) <= 2 * context.defaultParallelism and sum(tasks) <= 60, \
+                f"run {number}: {sum(tasks)} tasks for {new} images: {tasks}"
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    assert spark.conf.get("spark.sql.shuffle.partitions") == before, "the job must give the session back as it was"
+
+
+def synthetic_done(spark, output: Path, sha256: str, rows: int) -> None:
+    """A detections/ table of `rows` records (path, size, modification_time, model_sha256, run_id): no images."""
+    mtime = dt.datetime(2026, 1, 1)
+    data = [(f"file:/data/{i:06d}.jpg", 1000 + i, mtime, sha256, "20260101T000000Z-done") for i in range(rows)]
+    spark.createDataFrame(data, "path string, size long, modification_time timestamp, model_sha256 string, "
+                                "run_id string").write.parquet(str(output / "detections"))
+
+
+def final_plan(frame) -> str:
+    frame.collect()   # with adaptive execution the plan is final only after it ran
+    return frame._jdf.queryExecution().executedPlan().toString()
+
+
+def test_done_keys_are_broadcast_only_below_the_bound(spark, tmp_path):
+    manifest = load_manifest(DEFAULT_MODEL_DIR)
+    synthetic_done(spark, tmp_path, manifest.model_sha256, rows=6)
+    mtime = dt.datetime(2026, 1, 1)
+    listing = spark.createDataFrame([(f"file:/data/{i:06d}.jpg", 1000 + i, mtime) for i in range(9)],
+                                    src.LISTING_SCHEMA)
+    for bound, join in ((5, "SortMergeJoin"), (6, "BroadcastHashJoin")):
+        todo = todo_listing(spark, listing, str(tmp_path), manifest, force=False, broadcast_max_rows=bound)
+        assert sorted(row.path[-10:] for row in todo.collect()) == ["000006.jpg", "000007.jpg", "000008.jpg"]
+        plan = final_plan(todo)
+        assert join in plan, plan
+        if join == "SortMergeJoin":
+            assert "Broadcast" not in plan, plan
+
+
+def test_a_partial_to_do_of_local_files_is_read_on_the_executors(spark, tmp_path):
+    """More to-do paths than the driver is allowed to hold (here: none at all): the wave's plan scans only the
+    input root (one path), ships no path list, and the executors read each file by its listed path."""
+    images = tmp_path / "im ages #1"
+    for seed in range(4):
+        write_image(images / f"{seed} %.jpg", seed)
+    plan = plan_job(job_config(images, tmp_path / "out"), "yolact")
+    listing = src.list_images(spark, plan.input_uri, [".jpg"])
+    indexed = src.assign_partitions(listing.where("path NOT LIKE '%0 \\%.jpg'"), 2)
+    wave = wave_images(spark, plan, indexed, first=0, count=3, n_inputs=4)
+    text = wave._jdf.queryExecution().executedPlan().toString()
+    assert "content" not in wave.columns and "LocalTableScan" not in text, text
+    assert text.count("InMemoryFileIndex(") == text.count("InMemoryFileIndex(1 paths)"), text
+    fetch = bytes_fetcher(plan)
+    assert fetch is src.read_local_file
+    for row in wave.collect():
+        name = row.path.rsplit("/", 1)[-1]
+        assert fetch(row.path) == (images / name).read_bytes()
