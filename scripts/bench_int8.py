@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -55,12 +57,18 @@ def cpu_info() -> dict:
 def benchmark_app(xml: Path, precision: str, streams: int, seconds: int) -> dict:
     command = [str(BENCHMARK_APP), "-m", str(xml), "-d", "CPU", "-hint", "none", "-nstreams", str(streams),
                "-nthreads", str(streams), "-infer_precision", precision, "-t", str(seconds)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 300)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     found = re.search(r"Throughput:\s+([\d.]+)\s*FPS", done.stdout)
     median = re.search(r"Median:\s+([\d.]+)\s*ms", done.stdout)
+    count = re.search(r"Count:\s+(\d+)\s*iterations", done.stdout)
     if done.returncode != 0 or not found:
         raise RuntimeError(f"benchmark_app failed (exit {done.returncode}): {done.stdout[-800:]}{done.stderr[-800:]}")
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {"images_per_s": float(found.group(1)), "median_ms": float(median.group(1)) if median else None,
+            # CPU seconds per inference (compile and warm-up included): robust to other jobs loading the machine
+            "cpu_ms_per_image": round(1000 * cpu / int(count.group(1)), 2) if count else None,
             "command": " ".join(["benchmark_app", *command[1:]])}
 
 
@@ -147,17 +155,18 @@ def main(argv: list[str] | None = None) -> int:
             rows += [("bf16", BUNDLED / "model.xml", "bf16"), ("int8 (bf16 rest)", int8_dir / "model.int8.xml",
                                                                "bf16")]
         bench = {}
-        for label, xml, precision in rows:
-            for n in (streams, 1):
+        for n in (streams, 1):          # f32 and INT8 back to back per stream count: the same machine load
+            for label, xml, precision in rows:
                 bench[(label, n)] = benchmark_app(xml, precision, n, args.seconds)
-                print(label, n, bench[(label, n)]["images_per_s"], flush=True)
+                print(label, n, bench[(label, n)]["images_per_s"], bench[(label, n)]["cpu_ms_per_image"], flush=True)
     write_report(Path(args.out), cpu, record, agree, ap, bench, args)
     print(f"wrote {args.out}")
     return 0
 
 
 def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, bench: dict, args) -> None:
-    f32 = {n: bench[("f32", n)]["images_per_s"] for (label, n) in bench if label == "f32"}
+    f32 = {n: bench[("f32", n)] for (label, n) in bench if label == "f32"}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [
         "# INT8 vs f32 (bundled default YOLACT)", "",
         f"- CPU: {cpu['model']}, {cpu['cpus']} cores available; instruction set: "
@@ -173,12 +182,18 @@ def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, ben
         "- There is no bundled detector: the detector's INT8 export is only tested (random-init factornet_small, "
         "gate in tests/test_export_int8.py); no detector numbers here.", "",
         "## benchmark_app (model only, `-hint none`, streams x 1 thread each)", "",
-        "| IR | inference precision | streams | img/s | median latency ms | vs f32 |", "|---|---|---|---|---|---|",
+        f"Load average at the end: {load:.1f} on {cpu['cpus']} cores (other jobs share this machine: img/s is "
+        "noisy; CPU ms per image, i.e. CPU time / inferences, is the steadier figure).", "",
+        "| IR | inference precision | streams | img/s | median latency ms | CPU ms/img | img/s vs f32 | "
+        "CPU time f32 / this |", "|---|---|---|---|---|---|---|---|",
     ]
     for (label, n), row in bench.items():
         precision = "bf16" if "bf16" in label else "f32"
+        cpu_ratio = (f"{f32[n]['cpu_ms_per_image'] / row['cpu_ms_per_image']:.2f}x"
+                     if row["cpu_ms_per_image"] and f32[n]["cpu_ms_per_image"] else "-")
         lines.append(f"| {'INT8' if label.startswith('int8') else 'FP16 weights'} | {precision} | {n} | "
-                     f"{row['images_per_s']:.1f} | {row['median_ms']} | {row['images_per_s'] / f32[n]:.2f}x |")
+                     f"{row['images_per_s']:.1f} | {row['median_ms']} | {row['cpu_ms_per_image']} | "
+                     f"{row['images_per_s'] / f32[n]['images_per_s']:.2f}x | {cpu_ratio} |")
     lines += ["", "Goal: INT8 >= 1.3x f32 on AVX2-only CPUs, >= 2.5x with AVX-512 VNNI or AMX.", "",
               f"## Detection agreement INT8 vs f32 ({args.val_images} held-out synthetic val images, seed {VAL_SEED})",
               "", "Matched by class and box IoU >= 0.5 (model_export.parity, the export gate's matcher); both IRs with "
