@@ -81,6 +81,12 @@ bench-executor: $(VENV)/.stamp-test
 bench-int8: $(VENV)/.stamp-test
 	$(PY) scripts/bench_int8.py $(BENCH_INT8_ARGS)
 
+# The job's planning without image files: synthetic listings and done tables of 10^5..10^7 rows, driver memory 1g,
+# first and incremental runs -> reports/planning.md (BENCH_PLANNING_ARGS="--sizes 100000,1000000")
+.PHONY: bench-planning
+bench-planning: $(VENV)/.stamp-test
+	$(PY) scripts/bench_planning.py $(BENCH_PLANNING_ARGS)
+
 # partitions x executor cores on a 2-worker standalone cluster, 200 bench images -> reports/sweep-cluster/
 sweep: $(VENV)/.stamp-test
 	$(PY) scripts/bench/images.py work/bench/images-200 200
