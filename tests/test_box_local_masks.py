@@ -15,7 +15,7 @@ from pipelines import yolact_postprocess as yp
 from pipelines.image_decode import decode_image
 from pipelines.image_inference import ExecutorModel, new_row
 from pipelines.inference_job import run
-from pipelines.mask_outputs import (LabelMapBuilder, encode_rle, encode_rle_box, read_label_map_png,
+from pipelines.mask_outputs import (LabelMapBuilder, encode_rle_box, read_label_map_png,
                                     rle_counts_box)
 from pipelines.model_manifest import load_manifest
 from pipelines.openvino_runtime import CompiledIR, RuntimeSettings

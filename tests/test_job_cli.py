@@ -12,7 +12,6 @@ from pathlib import Path
 
 from pipelines.spark_session import warn_unknown_spark_settings
 from tests.conftest import REPO, SAMPLES
-from tests.job_helpers import DEFAULT_MODEL_DIR
 
 # The job CLI in a fresh process, then whether that process ever started a JVM (py4j gateway).
 CLI_THEN_JVM_PROBE = ("import sys; from pipelines import job_cli; code = job_cli.main(sys.argv[1:]); "
