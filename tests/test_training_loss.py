@@ -138,3 +138,39 @@ def test_ranks_together_see_the_single_process_global_batch(dp_size):
     assert not np.array_equal(order, sampler.order(1))
     with pytest.raises(ValueError, match="cannot be shared"):
         sampler.micro_batches(0, 0, 0, 3)
+
+
+def test_model_loss_and_step_create_no_tensor_on_a_hard_coded_device():
+    """Model, matching, loss, backward and an optimizer step on CPU data with the default device set to "meta":
+    any tensor created without taking its device from the data lands on meta, and mixing it with the CPU
+    tensors fails (or `.item()` on it does). That is what breaks the step on a GPU (e.g. a crop grid built on the CPU
+    next to CUDA masks). Images with no object and with objects, more positives than masks_to_train."""
+    from model_export.models.yolact import Yolact, get_config
+    from pipelines.training.yolact_loss import num_positives
+
+    torch.manual_seed(0)
+    model = Yolact(get_config("yolact_r18_small", max_size=128))
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def targets(count: int, seed: int) -> Targets:
+        generator = torch.Generator().manual_seed(seed)
+        corner = torch.rand(count, 2, generator=generator) * 0.5
+        boxes = torch.cat([corner, corner + 0.3], dim=1)
+        masks = torch.zeros(count, 128, 128)
+        for index, (x1, y1, x2, y2) in enumerate((boxes * 128).long().tolist()):
+            masks[index, y1:y2, x1:x2] = 1
+        return Targets(boxes, torch.randint(0, 4, (count,), generator=generator), masks, seed)
+
+    batch = [targets(0, 1), targets(3, 2)]
+    loss = YolactLoss(LossConfig(masks_to_train=2), torch.from_numpy(model.priors(128)))
+    images = torch.rand(2, 3, 128, 128)
+    with torch.device("meta"):
+        outputs = model(images)
+        matches = loss.match(batch)
+        terms = Normalizer(num_positives(matches), len(batch)).apply(loss.sums(outputs, batch, matches))
+        optimizer.zero_grad()
+        sum(terms.values()).backward()
+        optimizer.step()
+    assert all(value.device.type == "cpu" and torch.isfinite(value) for value in terms.values())
+    assert all(p.device.type == "cpu" for p in model.parameters())

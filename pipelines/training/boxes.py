@@ -70,9 +70,9 @@ def match(truths: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, pos_
     """
     num_priors = priors.shape[0]
     if truths.shape[0] == 0:
-        zeros = torch.zeros(num_priors, dtype=torch.long)
-        return Match(conf=zeros, gt_index=zeros.clone(), loc=torch.zeros(num_priors, 4),
-                     gt_box=torch.zeros(num_priors, 4))
+        zeros = torch.zeros(num_priors, dtype=torch.long, device=priors.device)
+        return Match(conf=zeros, gt_index=zeros.clone(), loc=priors.new_zeros(num_priors, 4),
+                     gt_box=priors.new_zeros(num_priors, 4))
     overlaps = jaccard(truths, point_form(priors))          # [G, N]
     best_truth_overlap, best_truth_idx = overlaps.max(dim=0)
     for _ in range(truths.shape[0]):
@@ -96,8 +96,8 @@ def crop(masks: torch.Tensor, boxes: torch.Tensor, padding: int = 1) -> torch.Te
     h, w, _ = masks.shape
     x1, x2 = _sanitize(boxes[:, 0], boxes[:, 2], w, padding)
     y1, y2 = _sanitize(boxes[:, 1], boxes[:, 3], h, padding)
-    cols = torch.arange(w, dtype=x1.dtype)[None, :, None]
-    rows = torch.arange(h, dtype=y1.dtype)[:, None, None]
+    cols = torch.arange(w, dtype=x1.dtype, device=x1.device)[None, :, None]
+    rows = torch.arange(h, dtype=y1.dtype, device=y1.device)[:, None, None]
     keep = (cols >= x1) & (cols < x2) & (rows >= y1) & (rows < y2)
     return masks * keep.to(masks.dtype)
 

@@ -110,8 +110,10 @@ class YolactLoss:
             gt = downsample_masks(target.masks, (mask_h, mask_w))   # [G, Ph, Pw] 0/1
         total = positive.numel()
         if total > self.cfg.masks_to_train:
-            generator = torch.Generator().manual_seed(int(target.seed))
-            positive = positive[torch.randperm(total, generator=generator)[:self.cfg.masks_to_train]]
+            # the sample is drawn on the CPU whatever the device: the same positives on every device and rank
+            generator = torch.Generator(device="cpu").manual_seed(int(target.seed))
+            order = torch.randperm(total, generator=generator, device="cpu")
+            positive = positive[order[:self.cfg.masks_to_train].to(positive.device)]
         gt_index = m.gt_index[positive]
         boxes = m.gt_box[positive]                                 # [P, 4]
         mask_t = gt[gt_index].permute(1, 2, 0)                     # [Ph, Pw, P]
