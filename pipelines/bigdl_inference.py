@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pipelines.executor_cache import LazyModel
 from pipelines.image_decode import decode_image
 from pipelines.image_inference import (INSTANCES_TYPE, RESULT_COLUMNS, RESULT_SCHEMA, ImageInference,
-                                       crash_if_test_hook_matches, fail, load_executor_model, new_row, timed)
+                                       fail, load_executor_model, new_row, timed)
 
 DECODED_SCHEMA = (
     "path string, size long, modification_time timestamp, height int, width int, "
@@ -52,7 +52,6 @@ class DecodeForBigDL:
                     with timed(row, "preprocess"):
                         if guard is not None:
                             guard.check(record.path)
-                        crash_if_test_hook_matches(record.path)
                         rgb = decode_image(bytes(data), record.path, self.task.max_image_pixels)
                         height, width = int(rgb.shape[0]), int(rgb.shape[1])
                         # BigDL wraps `data` in an OpenCV Mat as it is: CV_8UC3 means BGR order.

@@ -133,7 +133,6 @@ class ImageInference:
                 with timed(row, "preprocess"):
                     if guard is not None:
                         guard.check(record.path)
-                    crash_if_test_hook_matches(record.path)
                     tensor, (row["width"], row["height"]) = self.decode_and_preprocess(bytes(data), record.path)
                     del data
                 pending.append((row, tensor))
@@ -196,17 +195,6 @@ class ImageInference:
             target = mask_output_path(self.output_uri, row["path"], self.input_root)
             write_bytes_atomic(target, labels.png(), azure_credentials=self.azure_credentials)
             row["mask_path"] = target
-
-TEST_CRASH_ENV = "SPARKSEG_TEST_CRASH_ON"
-
-
-def crash_if_test_hook_matches(path: str) -> None:
-    """Test-only hook: when SPARKSEG_TEST_CRASH_ON is set in the executor's environment and its value occurs in
-    `path`, the Python worker dies here as a decoder segfault would (tests of the poison-image guard)."""
-    needle = os.environ.get(TEST_CRASH_ENV)
-    if needle and needle in path:
-        os._exit(134)
-
 
 RESULT_COLUMNS = ["path", "status", "width", "height", "instances", "mask_path", "error_stage", "error_type",
                   "error_message", "size", "modification_time", "timings"]

@@ -23,6 +23,13 @@ from tests.job_helpers import job_config
 JOB = REPO / "jobs" / "infer_yolact.py"
 
 
+def CRASH_ON_DECODE(needle: str) -> dict:   # noqa: N802  (reads as a constant at the call site)
+    """The environment that makes every Python process of a job die in the image decoder for paths containing
+    `needle` (tests/crash_on_decode/sitecustomize.py): a poison image without a hook in production code."""
+    paths = [str(REPO / "tests" / "crash_on_decode"), os.environ.get("PYTHONPATH", "")]
+    return {"SPARKSEG_CRASH_ON": needle, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+
+
 def copies(directory: Path, count: int) -> list[str]:
     """`count` distinct small images (the samples, repeated under distinct names in two sub-directories)."""
     samples = sorted(p for p in (SAMPLES / "images").iterdir() if p.suffix in (".jpg", ".png"))
@@ -67,7 +74,7 @@ def test_poison_image_becomes_an_error_row_and_the_job_goes_on(spark, tmp_path):
     shutil.copy(SAMPLES / "images" / "chelsea.jpg", images / "poison.jpg")
     names.append("poison.jpg")
     job = start_job("--input", str(images), "--output", str(tmp_path / "out"), "--partitions", "2",
-                    "--master", "local[2,4]", env={"SPARKSEG_TEST_CRASH_ON": "/poison.jpg"})
+                    "--master", "local[2,4]", env=CRASH_ON_DECODE("/poison.jpg"))
     log = job.communicate(timeout=900)[0].decode(errors="replace")
     assert job.returncode == 0, log[-3000:]
     _, errors = assert_exactly_once(spark, tmp_path / "out", names)
