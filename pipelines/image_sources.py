@@ -90,7 +90,11 @@ def empty_files(spark: SparkSession, source: DataFrame, scanned: DataFrame) -> D
     (`file:/a/UPPER CASE.JPG`), the one every output uses: compare in that spelling (hadoop_path_column, the
     JVM-side twin of hadoop_path_string). The index's file list stays in the JVM: no Python list of every input."""
     jvm = spark.sparkContext._jvm
-    files = jvm.scala.collection.immutable.ArraySeq.unsafeWrapArray(source._jdf.inputFiles())   # a JVM String[]
+    files = source._jdf.inputFiles()   # a JVM String[], wrapped as the Seq createDataset takes, without a copy
+    if jvm.scala.util.Properties.versionNumberString().startswith("2.12"):   # Spark 3.5 (the BigDL env)
+        files = jvm.scala.Predef.genericWrapArray(files)
+    else:
+        files = jvm.scala.collection.immutable.ArraySeq.unsafeWrapArray(files)
     uris = DataFrame(spark._jsparkSession.createDataset(files, jvm.org.apache.spark.sql.Encoders.STRING()).toDF(),
                      spark)   # one column, "value"
     paths = uris.select(hadoop_path_column(F.col("value")).alias("path"))
