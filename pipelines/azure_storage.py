@@ -22,7 +22,7 @@ from typing import Callable, Iterable, NamedTuple, TypeVar
 from urllib.parse import quote, quote_plus, unquote
 
 from pipelines.errors import UsageError
-from pipelines.storage import AZURE_SCHEMES, has_extension, normalize_extensions
+from pipelines.uris import AZURE_SCHEMES, has_extension, normalize_extensions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -314,7 +314,7 @@ class AzureBlobStore:
         prefix = path.path.rstrip("/")
 
         def collect() -> list[BlobInfo]:
-            container = self._container(path)
+            container = self.container_client(path)
             found = []
             for blob in container.list_blobs(name_starts_with=prefix or None, include=["metadata"]):
                 name = blob.name
@@ -331,13 +331,14 @@ class AzureBlobStore:
     def read(self, uri: str) -> bytes:
         """The whole blob."""
         path = _blob_path(uri)
-        return self._call("read", uri, lambda: self._container(path).download_blob(path.path).readall())
+        return self._call("read", uri, lambda: self.container_client(path).download_blob(path.path).readall())
 
     def write(self, uri: str, data: bytes) -> None:
         """Upload `data` as blob `uri`, replacing it. Atomic: readers see the old or the new blob, never a part
         (small blobs are one Put Blob; large ones are staged blocks made visible by one Put Block List)."""
         path = _blob_path(uri)
-        self._call("write", uri, lambda: self._container(path).upload_blob(path.path, bytes(data), overwrite=True))
+        self._call("write", uri,
+                   lambda: self.container_client(path).upload_blob(path.path, bytes(data), overwrite=True))
 
     def exists(self, uri: str) -> bool:
         """True for an existing blob, a prefix with blobs under it, or (for a bare container URI) the container."""
@@ -345,7 +346,7 @@ class AzureBlobStore:
         prefix = path.path.rstrip("/")
 
         def check() -> bool:
-            container = self._container(path)
+            container = self.container_client(path)
             if not prefix:
                 return container.exists()
             if container.get_blob_client(prefix).exists():
@@ -356,10 +357,11 @@ class AzureBlobStore:
 
         return self._call("check", uri, check)
 
-    # ---- internals ----
-
-    def _container(self, path: BlobPath):
+    def container_client(self, path: BlobPath):
+        """The SDK's ContainerClient for `path`'s container (for conditional blob operations, e.g. the run lock)."""
         return self._service(path).get_container_client(path.container)
+
+    # ---- internals ----
 
     def _service(self, path: BlobPath):
         from azure.storage.blob import BlobServiceClient
@@ -408,7 +410,7 @@ class AzureBlobStore:
         try:
             return operation()
         except Exception as exc:  # noqa: BLE001 - every SDK error must be scrubbed
-            error = _translate_error(exc, action, uri, self.credentials)
+            error = translate_error(exc, action, uri, self.credentials)
         # Raised outside the except block: the original (and its request URLs, headers) is not kept as __context__.
         raise error
 
@@ -420,7 +422,7 @@ def _blob_path(uri: str) -> BlobPath:
     return path
 
 
-def _translate_error(exc: Exception, action: str, uri: str, creds: AzureCredentials) -> Exception:
+def translate_error(exc: Exception, action: str, uri: str, creds: AzureCredentials) -> Exception:
     from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
 
     detail = str(exc).split("\nContent:", 1)[0].strip()  # drop the XML body the service appends

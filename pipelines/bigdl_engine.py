@@ -149,6 +149,13 @@ def bigdl_spark_conf(master: str, conf: dict | None = None) -> dict[str, str]:
     return {key: str(value) for key, value in merged.items()}
 
 
+def bigdl_job_session(spark_config: dict) -> SparkSession:
+    """The bigdl engine's session for a job (the native engine's: pipelines.spark_session.job_session): BigDL's jars
+    and settings; fails on the driver, naming the install command, without BigDL."""
+    conf = {str(k): str(v) for k, v in (spark_config.get("conf") or {}).items()}
+    return bigdl_python_env(spark_config.get("master", "local[*]"), spark_config.get("app_name", "sparkseg"), conf)
+
+
 def bigdl_python_env(master: str = "local[2]", app_name: str = "sparkseg-bigdl", conf: dict | None = None,
                      log_path: str | None = None) -> SparkSession:
     """A SparkSession ready for BigDL: PYTHONHOME fix, BigDL's jars and settings, BigDL's engine initialised.

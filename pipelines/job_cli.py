@@ -84,7 +84,12 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     try:
         config = build_config(args, family)
         plan = plan_job(config, family)
-        spark = job_session(config["spark"], engine=plan.engine)
+        if plan.engine == "bigdl":
+            from pipelines.bigdl_engine import bigdl_job_session
+
+            spark = bigdl_job_session(config["spark"])
+        else:
+            spark = job_session(config["spark"])
     except SparkSegError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
@@ -112,7 +117,11 @@ def main_detector() -> int:
 
 def print_summary(summary: dict) -> None:
     counts = summary["counts"]
-    print(f"\nsparkseg: {counts['inputs']} images under {summary['input']}")
+    if counts.get("videos"):
+        print(f"\nsparkseg: {counts['inputs']} files ({counts['videos']} videos) under {summary['input']}; "
+              f"{counts['frames']} video frames done, {summary['frames_per_second']} frames/s")
+    else:
+        print(f"\nsparkseg: {counts['inputs']} images under {summary['input']}")
     print(f"  done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "
           f"(already done for this model), {counts['instances']} instances")
     print(f"  {summary['images_per_second']} images/s over {summary['wall_seconds']} s, {summary['partitions']} "

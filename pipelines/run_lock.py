@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -30,7 +30,9 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from pipelines.errors import OutputBusy, UsageError
-from pipelines.storage import is_azure, is_local, join_uri, to_local_path
+from pipelines.uris import join_uri, store_of, to_local_path
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = "_sparkseg.lock"
 
@@ -155,8 +157,7 @@ class RunLock:
                                f"it to finish; if that run is dead, rerun with --break-lock (or wait "
                                f"{settings.stale_after_s:.0f} s after its last heartbeat)")
             if store.delete(token):
-                print(f"sparkseg: broke the lock {store.uri} of {who} ({reason or 'forced by --break-lock'})",
-                      file=sys.stderr, flush=True)
+                log.warning("broke the lock %s of %s (%s)", store.uri, who, reason or "forced by --break-lock")
             # else it changed while we looked (a heartbeat, a release, another breaker): look again
         raise LockHeld(f"{store.uri}: could not take the lock in {attempts} attempts; another run keeps changing it")
 
@@ -170,8 +171,8 @@ class RunLock:
             still_ours = self.store.delete(self._token)
             self._token = None
         if not still_ours:
-            print(f"sparkseg: WARNING the lock {self.store.uri} was taken over by another run before this one "
-                  f"({self.info.run_id}) ended", file=sys.stderr, flush=True)
+            log.warning("the lock %s was taken over by another run before this one (%s) ended", self.store.uri,
+                        self.info.run_id)
 
     def heartbeat(self) -> bool:
         """Rewrite the heartbeat now; False (and `lost`) when the lock is no longer ours."""
@@ -182,8 +183,8 @@ class RunLock:
             token = self.store.replace(info.to_bytes(), self._token)
             if token is None:
                 self.lost, self._token = True, None
-                print(f"sparkseg: WARNING the lock {self.store.uri} was broken by another run; this run "
-                      f"({self.info.run_id}) may now overlap with it", file=sys.stderr, flush=True)
+                log.warning("the lock %s was broken by another run; this run (%s) may now overlap with it",
+                            self.store.uri, self.info.run_id)
                 return False
             self.info, self._token = info, token
             return True
@@ -194,8 +195,7 @@ class RunLock:
                 if not self.heartbeat():
                     return
             except Exception as err:  # noqa: BLE001 - a storage hiccup must not kill the run; the next beat retries
-                print(f"sparkseg: WARNING lock heartbeat failed ({type(err).__name__}: {err}); retrying",
-                      file=sys.stderr, flush=True)
+                log.warning("lock heartbeat failed (%s: %s); retrying", type(err).__name__, err)
 
     def __enter__(self) -> "RunLock":
         return self
@@ -237,9 +237,10 @@ def process_alive(pid: int, started: int | None = None) -> bool:
 def lock_store(output_uri: str, *, spark=None, azure_credentials=None) -> LockStore:
     """The store for `<output_uri>/_sparkseg.lock`, chosen like the results writer chooses how to write."""
     uri = join_uri(output_uri, LOCK_NAME)
-    if is_local(output_uri):
+    store = store_of(output_uri)
+    if store == "local":
         return LocalLockStore(to_local_path(uri))
-    if is_azure(output_uri) and output_uri.startswith(("az://", "abfs://")):
+    if store == "azure_sdk":
         return AzureLockStore(uri, azure_credentials)
     if spark is None:
         raise ValueError(f"{output_uri}: locking a Hadoop output needs the SparkSession (spark=...)")
@@ -316,7 +317,7 @@ class AzureLockStore:
         self._credentials = credentials if credentials is not None else AzureCredentials.from_env()
         self._store = AzureBlobStore(self._credentials)
         path = parse_blob_uri(uri)
-        self._blob = self._store._container(path).get_blob_client(path.path)
+        self._blob = self._store.container_client(path).get_blob_client(path.path)
 
     def create(self, data: bytes) -> str | None:
         from azure.core.exceptions import ResourceExistsError
@@ -361,14 +362,14 @@ class AzureLockStore:
         """Expected outcomes (exists, not found, modified) pass through; any other failure is scrubbed of secrets."""
         from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 
-        from pipelines.azure_storage import _translate_error
+        from pipelines.azure_storage import translate_error
 
         try:
             return operation()
         except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
             raise
         except Exception as exc:  # noqa: BLE001
-            error = _translate_error(exc, "lock", self.uri, self._credentials)
+            error = translate_error(exc, "lock", self.uri, self._credentials)
         raise error
 
 

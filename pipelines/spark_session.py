@@ -87,19 +87,15 @@ def ship_library(session: SparkSession) -> None:
     session.conf.set("spark.sparkseg.libraryShipped", "true")
 
 
-def job_session(spark_config: dict, engine: str = "native") -> SparkSession:
+def job_session(spark_config: dict) -> SparkSession:
     """The session for a job: under spark-submit (or Databricks) the existing master and settings win; run as a plain
-    `python jobs/...` script it starts `spark_config['master']` (local[*] by default). The bigdl engine gets a
-    session with BigDL's jars and settings (fails on the driver, naming the install command, without BigDL)."""
+    `python jobs/...` script it starts `spark_config['master']` (local[*] by default). (The bigdl engine's session:
+    pipelines.bigdl_engine.bigdl_job_session.)"""
     active = SparkSession.getActiveSession()
-    if active is not None and engine != "bigdl":
+    if active is not None:
         return active
     conf = {str(k): str(v) for k, v in (spark_config.get("conf") or {}).items()}
     level = str(spark_config.get("log_level") or DEFAULT_LOG_LEVEL).upper()
-    if engine == "bigdl":
-        from pipelines.bigdl_engine import bigdl_python_env
-
-        return bigdl_python_env(spark_config.get("master", "local[*]"), spark_config.get("app_name", "sparkseg"), conf)
     if os.environ.get("PYSPARK_GATEWAY_PORT"):   # launched by spark-submit: its master and conf win
         set_jvm_log_level(level)   # the JVM is up: quiet it before the SparkContext logs its start-up
         builder = SparkSession.builder.appName(spark_config.get("app_name", "sparkseg"))

@@ -1,13 +1,6 @@
-"""Where bytes live: URI helpers and driver/executor-side I/O that does not go through Spark.
-
-Three kinds of location are understood:
-- local: plain paths (`/data/x.jpg`, `data/x.jpg`) and `file:` URIs (`file:///data/x.jpg`, Spark's `file:/data/x.jpg`);
-- Azure Blob / ADLS Gen2: `az://container/path`, `abfs[s]://container@account.dfs.core.windows.net/path`
-  (`wasb[s]://` too), served by the Azure SDK in `pipelines.azure_storage` (credentials from the environment);
-- anything else fsspec knows (`hdfs://`, `s3://`, `gs://`, `memory://`, ...), through fsspec.
-
-Local paths follow Hadoop's convention: no percent-decoding (`file:/a b/x.jpg` is the file `/a b/x.jpg`), which is
-what Spark puts in the `path` column of `binaryFile` reads.
+"""Driver- and executor-side I/O of single files and listings that do not go through Spark (summaries, locks, table
+indexes, masks, manifests). One `FileStore` per store kind (local, Azure SDK, fsspec), chosen by `file_store(uri)` from
+the routing rule in `pipelines.uris` (which also holds the URI helpers re-exported here).
 """
 from __future__ import annotations
 
@@ -16,91 +9,28 @@ import os
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Iterable
-from urllib.parse import urlsplit
+from typing import Iterable, Protocol
 
-AZURE_SCHEMES = ("az", "abfs", "abfss", "wasb", "wasbs")
+from pipelines.uris import (AZURE_SCHEMES, has_extension, is_azure, is_hidden, is_local, join_uri,  # noqa: F401
+                            normalize_extensions, scheme_of, store_of, to_local_path)
+
 # fsspec schemes whose Hadoop (Spark) spelling differs.
 _SPARK_SCHEMES = {"s3": "s3a"}
-
-
-def scheme_of(uri: str | os.PathLike) -> str:
-    """Lower-case URI scheme, "" for a plain path (a Windows drive letter counts as a plain path)."""
-    text = os.fspath(uri)
-    scheme = urlsplit(text).scheme.lower()
-    return "" if len(scheme) <= 1 else scheme
-
-
-def is_local(uri: str | os.PathLike) -> bool:
-    """True for plain paths and `file:` URIs."""
-    return scheme_of(uri) in ("", "file")
-
-
-def is_azure(uri: str | os.PathLike) -> bool:
-    """True for `az://`, `abfs[s]://` and `wasb[s]://` URIs."""
-    return scheme_of(uri) in AZURE_SCHEMES
-
-
-def to_local_path(uri: str | os.PathLike) -> str:
-    """The filesystem path of a local URI: `file:///a/b`, `file:/a/b`, `file://localhost/a/b` and `/a/b` -> `/a/b`."""
-    text = os.fspath(uri)
-    if scheme_of(text) == "":
-        return text
-    if scheme_of(text) != "file":
-        raise ValueError(f"not a local path: {text!r}; only plain paths and file: URIs have a local path")
-    parts = urlsplit(text)
-    if parts.netloc not in ("", "localhost"):
-        raise ValueError(f"file URI {text!r} names host {parts.netloc!r}; use file:///absolute/path")
-    if not parts.path:
-        raise ValueError(f"file URI {text!r} has no path; use file:///absolute/path")
-    # urlsplit would cut the path at '?' or '#', which are legal in file names: take everything after the authority.
-    rest = text[len("file:"):]
-    if rest.startswith("//"):
-        rest = rest[2 + len(parts.netloc):]
-    return rest
-
-
-def join_uri(base: str | os.PathLike, *parts: str) -> str:
-    """`base` with `parts` appended by single slashes.
-
-    join_uri("az://c/out/", "masks", "a.png") -> "az://c/out/masks/a.png".
-
-    Plain local paths are joined the same way (`/` separators). A part may not be absolute or contain `..`.
-    """
-    text = os.fspath(base)
-    if not text:
-        raise ValueError("join_uri: base is empty; pass a directory path or URI")
-    pieces = []
-    for part in parts:
-        part = os.fspath(part)
-        if part.startswith("/") or scheme_of(part):
-            raise ValueError(f"join_uri: part {part!r} is absolute; pass a relative name")
-        if ".." in part.split("/"):
-            raise ValueError(f"join_uri: part {part!r} contains '..'; pass a name below the base")
-        pieces.extend(piece for piece in part.split("/") if piece)
-    if not pieces:
-        return text
-    root = text.rstrip("/")
-    if not root or root.endswith(":"):  # "/" or "memory://" or "file://"
-        root = text if text.endswith("/") else text + "/"
-        return root + "/".join(pieces)
-    return root + "/" + "/".join(pieces)
 
 
 def to_spark_uri(uri: str | os.PathLike, account: str | None = None) -> str:
     """The spelling of `uri` that Spark's (Hadoop's) file systems read.
 
-    Plain paths -> `file:///absolute/path`; `az://container/p` -> `abfss://container@<account>.dfs.core.windows.net/p`
-    (`account` or the environment's AZURE_STORAGE_ACCOUNT_NAME / connection string AccountName); `s3://` -> `s3a://`;
-    everything else unchanged. abfss:// needs the hadoop-azure jar on the cluster; without it, read with
-    `pipelines.azure_storage` instead.
+    Plain paths -> `file:/absolute/path` (user and symlinks resolved; Hadoop's spelling, not a URI: Spark reads
+    `file:/a b` as the directory "a b" and `file:///a%20b` as "a%20b"); `file:` URIs unchanged; `az://container/p` ->
+    `abfss://container@<account>.dfs.core.windows.net/p` (`account` or the environment's AZURE_STORAGE_ACCOUNT_NAME /
+    connection string AccountName); `s3://` -> `s3a://`; everything else unchanged. abfss:// needs the hadoop-azure
+    jar on the cluster; without it, read with `pipelines.azure_storage` instead.
     """
     text = os.fspath(uri)
     scheme = scheme_of(text)
     if scheme == "":
-        return "file://" + os.path.abspath(text)
-    if scheme == "file":
-        return "file://" + to_local_path(text)
+        return f"file:{Path(text).expanduser().resolve()}"
     if scheme == "az":
         from pipelines.azure_storage import account_name_from_env, parse_blob_uri
 
@@ -115,26 +45,24 @@ def to_spark_uri(uri: str | os.PathLike, account: str | None = None) -> str:
     return text
 
 
-def normalize_extensions(extensions: Iterable[str] | str | None) -> tuple[str, ...] | None:
-    """("JPG", ".png") -> (".jpg", ".png"); None means every file."""
-    if extensions is None:
-        return None
-    if isinstance(extensions, str):
-        extensions = [extensions]
-    normalized = tuple("." + ext.lower().lstrip(".") for ext in extensions if ext.strip("."))
-    if not normalized:
-        raise ValueError(f"extensions {extensions!r} is empty; pass e.g. ['.jpg', '.png'] or None for every file")
-    return normalized
+
+class FileStore(Protocol):
+    """What every store does with one file or one directory tree."""
+
+    def write_atomic(self, uri: str, data: bytes) -> None: ...
+    def read(self, uri: str) -> bytes: ...
+    def exists(self, uri: str) -> bool: ...
+    def list(self, uri: str, wanted: tuple[str, ...] | None) -> list[str]: ...
 
 
-def has_extension(name: str, extensions: tuple[str, ...] | None) -> bool:
-    """Case-insensitive suffix test; `extensions` as returned by normalize_extensions."""
-    return extensions is None or name.lower().endswith(extensions)
-
-
-def is_hidden(relative_path: str) -> bool:
-    """True when any component starts with '.' or '_' (Spark/Hadoop skip these: `_SUCCESS`, `.part.tmp`)."""
-    return any(part[:1] in (".", "_") for part in relative_path.split("/") if part)
+def file_store(uri: str, azure_credentials=None) -> FileStore:
+    """The store for single-file I/O on `uri`: local files, the Azure SDK (every Azure spelling: no fsspec backend
+    for Azure is installed), else fsspec."""
+    if store_of(uri) == "local":
+        return LocalFiles()
+    if is_azure(uri):
+        return AzureFiles(azure_credentials)
+    return FsspecFiles()
 
 
 def write_bytes_atomic(uri: str | os.PathLike, data: bytes, azure_credentials=None) -> None:
@@ -147,49 +75,19 @@ def write_bytes_atomic(uri: str | os.PathLike, data: bytes, azure_credentials=No
     text = os.fspath(uri)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"write_bytes_atomic({text!r}): data must be bytes, got {type(data).__name__}")
-    if is_local(text):
-        _write_local_atomic(Path(to_local_path(text)), bytes(data))
-    elif is_azure(text):
-        from pipelines.azure_storage import write_blob
-
-        write_blob(text, bytes(data), azure_credentials)
-    else:
-        fs, path = _fsspec(text)
-        parent, _, name = path.rstrip("/").rpartition("/")
-        temp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
-        fs.makedirs(parent, exist_ok=True)
-        fs.pipe_file(temp, bytes(data))
-        try:
-            fs.mv(temp, path)
-        except BaseException:
-            fs.rm(temp)
-            raise
+    file_store(text, azure_credentials).write_atomic(text, bytes(data))
 
 
 def read_bytes(uri: str | os.PathLike, azure_credentials=None) -> bytes:
     """The whole content of one file."""
     text = os.fspath(uri)
-    if is_local(text):
-        return Path(to_local_path(text)).read_bytes()
-    if is_azure(text):
-        from pipelines.azure_storage import read_blob
-
-        return read_blob(text, azure_credentials)
-    fs, path = _fsspec(text)
-    return fs.cat_file(path)
+    return file_store(text, azure_credentials).read(text)
 
 
 def exists(uri: str | os.PathLike, azure_credentials=None) -> bool:
     """True when `uri` is an existing file or directory (for Azure: a blob, or a prefix with blobs under it)."""
     text = os.fspath(uri)
-    if is_local(text):
-        return os.path.exists(to_local_path(text))
-    if is_azure(text):
-        from pipelines.azure_storage import blob_exists
-
-        return blob_exists(text, azure_credentials)
-    fs, path = _fsspec(text)
-    return fs.exists(path)
+    return file_store(text, azure_credentials).exists(text)
 
 
 def list_files(uri: str | os.PathLike, extensions: Iterable[str] | str | None = None,
@@ -200,26 +98,83 @@ def list_files(uri: str | os.PathLike, extensions: Iterable[str] | str | None = 
     of `uri` (plain path in, plain paths out; `file:` in, `file://` out). A file `uri` lists itself.
     """
     text = os.fspath(uri)
-    wanted = normalize_extensions(extensions)
-    if is_local(text):
-        return _list_local(text, wanted)
-    if is_azure(text):
+    return file_store(text, azure_credentials).list(text, normalize_extensions(extensions))
+
+
+class LocalFiles:
+    def write_atomic(self, uri: str, data: bytes) -> None:
+        _write_local_atomic(Path(to_local_path(uri)), data)
+
+    def read(self, uri: str) -> bytes:
+        return Path(to_local_path(uri)).read_bytes()
+
+    def exists(self, uri: str) -> bool:
+        return os.path.exists(to_local_path(uri))
+
+    def list(self, uri: str, wanted: tuple[str, ...] | None) -> list[str]:
+        return _list_local(uri, wanted)
+
+
+class AzureFiles:
+    def __init__(self, azure_credentials=None):
+        self.credentials = azure_credentials
+
+    def write_atomic(self, uri: str, data: bytes) -> None:
+        from pipelines.azure_storage import write_blob
+
+        write_blob(uri, data, self.credentials)
+
+    def read(self, uri: str) -> bytes:
+        from pipelines.azure_storage import read_blob
+
+        return read_blob(uri, self.credentials)
+
+    def exists(self, uri: str) -> bool:
+        from pipelines.azure_storage import blob_exists
+
+        return blob_exists(uri, self.credentials)
+
+    def list(self, uri: str, wanted: tuple[str, ...] | None) -> list[str]:
         from pipelines.azure_storage import list_blobs, parse_blob_uri
 
-        root = parse_blob_uri(text).path.rstrip("/")
+        root = parse_blob_uri(uri).path.rstrip("/")
         found = []
-        for blob in list_blobs(text, wanted, azure_credentials):
+        for blob in list_blobs(uri, wanted, self.credentials):
             name = parse_blob_uri(blob.uri).path
             if not is_hidden(name[len(root):] if name != root else name.rpartition("/")[2]):
                 found.append(blob.uri)
         return sorted(found)
-    fs, path = _fsspec(text)
-    root = path.rstrip("/")
-    if fs.isfile(root):
-        candidates = [root]
-    else:
-        candidates = [found for found in fs.find(root) if not is_hidden(found[len(root):])]
-    return sorted(fs.unstrip_protocol(found) for found in candidates if has_extension(found, wanted))
+
+
+class FsspecFiles:
+    def write_atomic(self, uri: str, data: bytes) -> None:
+        fs, path = _fsspec(uri)
+        parent, _, name = path.rstrip("/").rpartition("/")
+        temp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
+        fs.makedirs(parent, exist_ok=True)
+        fs.pipe_file(temp, data)
+        try:
+            fs.mv(temp, path)
+        except BaseException:
+            fs.rm(temp)
+            raise
+
+    def read(self, uri: str) -> bytes:
+        fs, path = _fsspec(uri)
+        return fs.cat_file(path)
+
+    def exists(self, uri: str) -> bool:
+        fs, path = _fsspec(uri)
+        return fs.exists(path)
+
+    def list(self, uri: str, wanted: tuple[str, ...] | None) -> list[str]:
+        fs, path = _fsspec(uri)
+        root = path.rstrip("/")
+        if fs.isfile(root):
+            candidates = [root]
+        else:
+            candidates = [found for found in fs.find(root) if not is_hidden(found[len(root):])]
+        return sorted(fs.unstrip_protocol(found) for found in candidates if has_extension(found, wanted))
 
 
 def _list_local(text: str, wanted: tuple[str, ...] | None) -> list[str]:

@@ -86,7 +86,14 @@ def test_next_run_processes_exactly_the_new_and_replaced_images(spark, tmp_path)
     assert not (output / LOCK_NAME).exists(), "a finished run must release the lock"
 
 
-def test_run_refuses_a_held_output_and_breaks_the_lock_on_request(spark, tmp_path, capfd):
+def taken_log(caplog) -> str:
+    """The warnings logged since the last call (the run lock reports through logging)."""
+    text = caplog.text
+    caplog.clear()
+    return text
+
+
+def test_run_refuses_a_held_output_and_breaks_the_lock_on_request(spark, tmp_path, caplog):
     images, output = tmp_path / "images", tmp_path / "out"
     write_image(images / "a.jpg", 1)
     holder = RunLock.acquire(str(output), "20990101T000000Z-holder")   # a live run: this process, fresh heartbeat
@@ -100,7 +107,7 @@ def test_run_refuses_a_held_output_and_breaks_the_lock_on_request(spark, tmp_pat
         config["run"]["break_lock"] = True
         summary = run(spark, config)
         assert summary["counts"]["done"] == 1
-        assert "broke the lock" in capfd.readouterr().err
+        assert "broke the lock" in taken_log(caplog)
         assert holder.heartbeat() is False and holder.lost   # the old holder learns it lost the lock
     finally:
         holder.release()
@@ -119,7 +126,7 @@ time.sleep(600)
 """
 
 
-def test_lock_of_a_killed_run_is_broken_by_the_next_run(tmp_path, capfd):
+def test_lock_of_a_killed_run_is_broken_by_the_next_run(tmp_path, caplog):
     output = tmp_path / "out"
     dying = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(output), str(REPO)], stdout=subprocess.PIPE,
                              text=True)
@@ -134,7 +141,7 @@ def test_lock_of_a_killed_run_is_broken_by_the_next_run(tmp_path, capfd):
     with RunLock.acquire(str(output), "next-run") as lock:
         assert LockInfo.parse((output / LOCK_NAME).read_bytes()).run_id == "next-run"
         assert lock.info.host == socket.gethostname() and lock.info.pid == os.getpid()
-    err = capfd.readouterr().err
+    err = taken_log(caplog)
     assert "broke the lock" in err and f"its process {dying.pid}" in err and "is gone" in err
     assert not (output / LOCK_NAME).exists()
 
@@ -145,7 +152,7 @@ def foreign_lock(run_id: str, heartbeat_age_s: float) -> bytes:
     return LockInfo(run_id, "another-host.example", 4242, None, beat, beat).to_bytes()
 
 
-def test_lock_from_another_host_is_stale_only_after_the_timeout(tmp_path, capfd):
+def test_lock_from_another_host_is_stale_only_after_the_timeout(tmp_path, caplog):
     output = tmp_path / "out"
     output.mkdir()
     settings = LockSettings(stale_after_s=600, heartbeat_s=30)
@@ -155,18 +162,18 @@ def test_lock_from_another_host_is_stale_only_after_the_timeout(tmp_path, capfd)
     assert LockInfo.parse((output / LOCK_NAME).read_bytes()).run_id == "remote-live"   # untouched
 
     RunLock.acquire(str(output), "mine", LockSettings(break_lock=True)).release()     # --break-lock
-    assert "forced by --break-lock" in capfd.readouterr().err
+    assert "forced by --break-lock" in taken_log(caplog)
 
     (output / LOCK_NAME).write_bytes(foreign_lock("remote-dead", heartbeat_age_s=3600))
     RunLock.acquire(str(output), "mine", settings).release()
-    assert "no heartbeat for 3600 s" in capfd.readouterr().err
+    assert "no heartbeat for 3600 s" in taken_log(caplog)
 
     (output / LOCK_NAME).write_bytes(b"")   # a lock being written right now (created, content not yet there)
     with pytest.raises(LockHeld, match="unreadable lock"):
         RunLock.acquire(str(output), "mine", settings)
 
 
-def test_heartbeat_keeps_the_lock_fresh_and_a_takeover_is_noticed(tmp_path, capfd):
+def test_heartbeat_keeps_the_lock_fresh_and_a_takeover_is_noticed(tmp_path, caplog):
     output = str(tmp_path / "out")
     first = RunLock.acquire(output, "first", LockSettings(stale_after_s=60, heartbeat_s=0.1))
     try:
@@ -180,7 +187,7 @@ def test_heartbeat_keeps_the_lock_fresh_and_a_takeover_is_noticed(tmp_path, capf
     assert LockInfo.parse(Path(output, LOCK_NAME).read_bytes()).run_id == "second", "release must not remove " \
                                                                                       "a lock that is not its own"
     second.release()
-    assert "was broken by another run" in capfd.readouterr().err
+    assert "was broken by another run" in taken_log(caplog)
 
 
 def test_local_store_operations_are_conditional(tmp_path):

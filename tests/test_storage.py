@@ -64,8 +64,10 @@ def test_join_uri_rejects_escaping_parts():
 
 def test_to_spark_uri(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert to_spark_uri("images") == f"file://{tmp_path}/images"
-    assert to_spark_uri("file:/data/x") == "file:///data/x"
+    # Hadoop's spelling (Spark's `path` column): `file:/abs`, never percent-encoded; file: URIs as given.
+    assert to_spark_uri("images") == f"file:{tmp_path.resolve()}/images"
+    assert to_spark_uri("a b%20c") == f"file:{tmp_path.resolve()}/a b%20c"
+    assert to_spark_uri("file:/data/x") == "file:/data/x"
     assert to_spark_uri("s3://bucket/k") == "s3a://bucket/k"
     assert to_spark_uri("hdfs://nn/data") == "hdfs://nn/data"
     assert to_spark_uri("abfss://c@acct.dfs.core.windows.net/p") == "abfss://c@acct.dfs.core.windows.net/p"
@@ -157,3 +159,13 @@ def test_normalize_extensions():
     assert storage.normalize_extensions(["JPG", ".Png"]) == (".jpg", ".png")
     assert storage.normalize_extensions(".jpg") == (".jpg",)
     assert storage.normalize_extensions(None) is None
+
+
+def test_one_routing_rule_for_every_store():
+    from pipelines.uris import store_of
+
+    routes = {"/data/x.jpg": "local", "data/x.jpg": "local", "file:/a b/x.jpg": "local", "file:///d": "local",
+              "az://c/p": "azure_sdk", "AZ://c/p": "azure_sdk", "abfs://c@a.dfs.core.windows.net/p": "azure_sdk",
+              "abfss://c@a.dfs.core.windows.net/p": "hadoop", "wasbs://c@a.blob.core.windows.net/p": "hadoop",
+              "hdfs://nn/data": "hadoop", "s3://bucket/k": "hadoop", "memory://x": "hadoop", "C:/data": "local"}
+    assert {uri: store_of(uri) for uri in routes} == routes
