@@ -84,16 +84,17 @@ def test_mask_loss_is_bce_inside_the_box_divided_by_the_box_area_in_proto_pixels
     target = Targets(boxes=box, labels=torch.tensor([0]), masks=gt_mask)
     priors = torch.tensor([[0.5, 0.375, 0.5, 0.25]])
     loss = YolactLoss(LossConfig(), priors)
-    m = loss.match([target])[0]
+    matches = loss.match([target])
+    m = matches[0]
     assert m.conf.tolist() == [1]
     proto = torch.zeros(proto_size, proto_size, 1)                 # every logit 0 -> p = 0.5 everywhere
     coeffs = torch.ones(1, 1)
-    per_mask = loss.mask_sum(proto, coeffs, target, m)
+    per_mask = loss.mask_sum(proto[None], coeffs[None], [target], matches)
     # crop window with 1 proto px padding: cols 1..6, rows 1..4 -> 6 x 4 = 24 pixels at p = 0.5, BCE ln 2 each
     assert float(per_mask) == pytest.approx(24 * math.log(2) / (4 * 2), rel=1e-5)
     outputs = {"loc": torch.zeros(1, 1, 4), "conf": torch.zeros(1, 1, 2), "mask": coeffs[None],
                "proto": proto[None], "segm": torch.zeros(1, 1, 4, 4)}
-    sums = loss.sums(outputs, [target], [m])
+    sums = loss.sums(outputs, [target], matches)
     assert float(sums["mask"]) == pytest.approx(6.125 * 24 * math.log(2) / 8, rel=1e-5)
     terms = Normalizer(num_positives=2, num_images=4).apply(sums)
     assert float(terms["mask"]) == pytest.approx(float(sums["mask"]) / 2)
@@ -108,12 +109,12 @@ def test_masks_to_train_samples_positives_and_rescales():
     coeffs = torch.zeros(6, 2)
     proto = torch.zeros(4, 4, 2)
     full = YolactLoss(LossConfig(masks_to_train=100), priors)
-    m = full.match([target])[0]
-    assert int(m.positive.sum()) == 6
+    matches = full.match([target])
+    assert int(matches.positive.sum()) == 6
     sampled = YolactLoss(LossConfig(masks_to_train=2), priors)
     # identical per-positive losses: the sampled sum scaled by 6/2 equals the full sum
-    assert float(sampled.mask_sum(proto, coeffs, target, m)) == pytest.approx(float(full.mask_sum(proto, coeffs,
-                                                                                                    target, m)))
+    assert float(sampled.mask_sum(proto[None], coeffs[None], [target], matches)) == pytest.approx(
+        float(full.mask_sum(proto[None], coeffs[None], [target], matches)))
 
 
 def test_encode_inverts_the_inference_decoder():

@@ -105,3 +105,109 @@ def crop(masks: torch.Tensor, boxes: torch.Tensor, padding: int = 1) -> torch.Te
 def _sanitize(a: torch.Tensor, b: torch.Tensor, size: int, padding: int) -> tuple[torch.Tensor, torch.Tensor]:
     a, b = a * size, b * size
     return torch.clamp(torch.min(a, b) - padding, min=0), torch.clamp(torch.max(a, b) + padding, max=size)
+
+
+# ------------------------------------------------------------------------------------------- batched (training)
+@dataclass
+class BatchMatch:
+    """Per-prior targets of a batch of B images (N priors), on the priors' device: conf [B, N] long (0 background,
+    -1 neutral, c + 1 class c), gt_index [B, N] long (the object of image b a prior is matched to), loc [B, N, 4]
+    encoded offsets, gt_box [B, N, 4] point form; zeros where an image has no object."""
+
+    conf: torch.Tensor
+    gt_index: torch.Tensor
+    loc: torch.Tensor
+    gt_box: torch.Tensor
+
+    @property
+    def positive(self) -> torch.Tensor:
+        return self.conf > 0
+
+    def __len__(self) -> int:
+        return int(self.conf.shape[0])
+
+    def __getitem__(self, i: int) -> Match:
+        return Match(self.conf[i], self.gt_index[i], self.loc[i], self.gt_box[i])
+
+
+def jaccard_batch(box_a: torch.Tensor, box_b: torch.Tensor) -> torch.Tensor:
+    """IoU of point-form boxes: [B, A, 4] x [N, 4] -> [B, A, N]."""
+    max_xy = torch.min(box_a[:, :, None, 2:], box_b[None, None, :, 2:])
+    min_xy = torch.max(box_a[:, :, None, :2], box_b[None, None, :, :2])
+    inter = torch.clamp(max_xy - min_xy, min=0).prod(dim=3)
+    area_a = ((box_a[..., 2] - box_a[..., 0]) * (box_a[..., 3] - box_a[..., 1]))[:, :, None]
+    area_b = ((box_b[:, 2] - box_b[:, 0]) * (box_b[:, 3] - box_b[:, 1]))[None, None, :]
+    return inter / (area_a + area_b - inter)
+
+
+def match_batch(truths: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, priors: torch.Tensor,
+                pos_thresh: float = 0.5, neg_thresh: float = 0.4) -> BatchMatch:
+    """``match`` for a padded batch, on the data's device: truths [B, G, 4] point form, labels [B, G], valid
+    [B, G] bool (real objects first, padding after), priors [N, 4] center-size. Same result as ``match`` per
+    image. The forced best-prior rule: when the objects' best priors are distinct (the usual case) each object
+    simply takes its own (what the greedy rule gives then); otherwise the greedy rule runs batched over images
+    (one iteration per object slot, no host round trip inside)."""
+    batch, slots = labels.shape
+    num_priors = priors.shape[0]
+    if slots == 0:
+        zeros = torch.zeros(batch, num_priors, dtype=torch.long, device=priors.device)
+        return BatchMatch(zeros, zeros.clone(), priors.new_zeros(batch, num_priors, 4),
+                          priors.new_zeros(batch, num_priors, 4))
+    overlaps = jaccard_batch(truths, point_form(priors)).masked_fill(~valid[:, :, None], -1.0)   # [B, G, N]
+    best_truth_overlap, best_truth_idx = overlaps.max(dim=1)                                     # [B, N]
+    best_prior_idx = overlaps.max(dim=2)[1]                                                      # [B, G]
+    slot_ids = torch.arange(slots, device=labels.device).expand(batch, slots)
+    claimed = torch.where(valid, best_prior_idx, num_priors + slot_ids)   # padding: distinct dummy priors
+    ordered = claimed.sort(dim=1)[0]
+    if bool((ordered[:, 1:] == ordered[:, :-1]).any()):
+        objects, claimed = _greedy_forced(overlaps, valid)
+    else:
+        objects = slot_ids
+    # scatter into N + G columns: padding slots land past the priors and are cut off
+    overlap_ext = torch.cat([best_truth_overlap, best_truth_overlap.new_zeros(batch, slots)], dim=1)
+    idx_ext = torch.cat([best_truth_idx, best_truth_idx.new_zeros(batch, slots)], dim=1)
+    overlap_ext.scatter_(1, claimed, 2.0)
+    idx_ext.scatter_(1, claimed, objects)
+    best_truth_overlap, best_truth_idx = overlap_ext[:, :num_priors], idx_ext[:, :num_priors]
+    conf = labels.gather(1, best_truth_idx).long() + 1
+    conf = torch.where(best_truth_overlap < pos_thresh, -1, conf)
+    conf = torch.where(best_truth_overlap < neg_thresh, 0, conf)
+    matched = truths.gather(1, best_truth_idx[:, :, None].expand(batch, num_priors, 4))          # [B, N, 4]
+    has_objects = valid.any(dim=1)[:, None]
+    conf = torch.where(has_objects, conf, 0)
+    loc = encode(matched.reshape(-1, 4), priors.repeat(batch, 1)).reshape(batch, num_priors, 4)
+    loc = torch.where(has_objects[:, :, None], loc, 0.0)
+    matched = torch.where(has_objects[:, :, None], matched, 0.0)
+    return BatchMatch(conf, torch.where(has_objects, best_truth_idx, 0), loc, matched)
+
+
+def _greedy_forced(overlaps: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's greedy forced matching, batched: overlaps [B, G, N] (padding rows -1) -> (object [B, G],
+    prior [B, G]) claimed at iteration t; iterations past an image's object count claim dummy column N + t."""
+    batch, slots, num_priors = overlaps.shape
+    overlaps = overlaps.clone()
+    counts = valid.sum(dim=1)
+    rows = torch.arange(batch, device=overlaps.device)
+    objects, priors_taken = [], []
+    for t in range(slots):
+        best_prior_overlap, best_prior_idx = overlaps.max(dim=2)        # [B, G]
+        j = best_prior_overlap.argmax(dim=1)                            # [B]
+        i = best_prior_idx[rows, j]                                     # [B]
+        active = counts > t
+        overlaps[rows, :, i] = torch.where(active[:, None], -1.0, overlaps[rows, :, i])
+        overlaps[rows, j, :] = torch.where(active[:, None], -1.0, overlaps[rows, j, :])
+        objects.append(torch.where(active, j, 0))
+        priors_taken.append(torch.where(active, i, num_priors + t))
+    return torch.stack(objects, dim=1), torch.stack(priors_taken, dim=1)
+
+
+def crop_batch(masks: torch.Tensor, boxes: torch.Tensor, padding: int = 1) -> torch.Tensor:
+    """``crop`` for a batch: masks [B, h, w, K], boxes [B, K, 4] relative point form."""
+    _, h, w, _ = masks.shape
+    x1, x2 = _sanitize(boxes[..., 0], boxes[..., 2], w, padding)        # [B, K]
+    y1, y2 = _sanitize(boxes[..., 1], boxes[..., 3], h, padding)
+    cols = torch.arange(w, dtype=x1.dtype, device=x1.device)[None, None, :, None]
+    rows = torch.arange(h, dtype=y1.dtype, device=y1.device)[None, :, None, None]
+    keep = ((cols >= x1[:, None, None]) & (cols < x2[:, None, None]) & (rows >= y1[:, None, None])
+            & (rows < y2[:, None, None]))
+    return masks * keep.to(masks.dtype)

@@ -16,6 +16,12 @@ semantic term by the number of images:
 Matching depends only on the targets and the priors, so it runs before the forward pass and the global
 normalizers (positives, images) can be summed across ranks first: every micro-batch then contributes its
 *sums*, and the step's loss is the same however the global batch is split.
+
+Everything runs batched on the data's device: targets are padded to the batch's largest object count
+(``PackedTargets``), matching is ``boxes.match_batch``, and the mask term assembles the kept positives of all
+images at once (padded to the largest kept count); no Python loop per image or object on the way (only the
+``masks_to_train`` draw, per image with more positives than that, is made on the CPU so that it is the same on
+every device). The loss is computed in float32 whatever autocast the forward pass ran under.
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pipelines.training.boxes import Match, center_size, crop, match
+from pipelines.training.boxes import BatchMatch, center_size, crop_batch, match_batch
 
 LOSS_KEYS = ("box", "conf", "mask", "semantic")
 
@@ -52,6 +58,76 @@ class Targets:
     seed: int = 0
 
 
+@dataclass
+class PackedTargets:
+    """Ground truth of B images padded to G objects (real objects first): boxes [B, G, 4] relative point form,
+    labels [B, G] (-1 padding), valid [B, G] bool, seeds (B ints). Masks either at the network input size
+    (``full_masks`` [B, G, S, S] float) or already downsampled and binarized to the sizes the loss needs
+    (``small_masks``: {(h, w): [B, G, h, w] uint8}, built in the input workers, far less to copy)."""
+
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    valid: torch.Tensor
+    seeds: list[int]
+    full_masks: torch.Tensor | None = None
+    small_masks: dict | None = None
+
+    @classmethod
+    def pack(cls, targets: list[Targets], mask_sizes: list[tuple[int, int]] | None = None) -> "PackedTargets":
+        """mask_sizes None: keep full masks; else downsample each image's masks to each size now (CPU side)."""
+        batch, slots = len(targets), max((int(t.labels.shape[0]) for t in targets), default=0)
+        first = targets[0].masks
+        device = first.device
+        boxes = torch.zeros(batch, slots, 4, dtype=torch.float32, device=device)
+        labels = torch.full((batch, slots), -1, dtype=torch.long, device=device)
+        for b, t in enumerate(targets):
+            count = int(t.labels.shape[0])
+            boxes[b, :count] = t.boxes
+            labels[b, :count] = t.labels
+        packed = cls(boxes, labels, labels >= 0, [int(t.seed) for t in targets])
+        if mask_sizes is None:
+            full = first.new_zeros((batch, slots, *first.shape[-2:]))
+            for b, t in enumerate(targets):
+                full[b, :t.masks.shape[0]] = t.masks
+            packed.full_masks = full
+        else:
+            packed.small_masks = {}
+            for size in mask_sizes:
+                small = torch.zeros(batch, slots, *size, dtype=torch.uint8, device=device)
+                for b, t in enumerate(targets):
+                    small[b, :t.masks.shape[0]] = downsample_masks(t.masks, size).to(torch.uint8)
+                packed.small_masks[tuple(size)] = small
+        return packed
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "PackedTargets":
+        def move(t):
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        small = {k: move(v) for k, v in self.small_masks.items()} if self.small_masks is not None else None
+        return PackedTargets(move(self.boxes), move(self.labels), move(self.valid), list(self.seeds),
+                             move(self.full_masks), small)
+
+    def pin_memory(self) -> "PackedTargets":
+        def pin(t):
+            return None if t is None else t.pin_memory()
+
+        small = {k: pin(v) for k, v in self.small_masks.items()} if self.small_masks is not None else None
+        return PackedTargets(pin(self.boxes), pin(self.labels), pin(self.valid), list(self.seeds),
+                             pin(self.full_masks), small)
+
+    def masks_at(self, size: tuple[int, int]) -> torch.Tensor:
+        """[B, G, h, w] float 0/1: the ground-truth masks downsampled to size (bilinear, > 0.5)."""
+        size = (int(size[0]), int(size[1]))
+        if self.small_masks is not None and size in self.small_masks:
+            return self.small_masks[size].float()
+        if self.full_masks is None:
+            raise ValueError(f"targets packed without masks at {size}: pack them with that size")
+        return downsample_masks_batch(self.full_masks, size)
+
+
 @dataclass(frozen=True)
 class Normalizer:
     """What the sums of a whole global batch are divided by: positives (box, conf, mask) and images (semantic)."""
@@ -65,75 +141,119 @@ class Normalizer:
         return {k: v / (images if k == "semantic" else positives) for k, v in sums.items()}
 
 
+def as_packed(targets) -> PackedTargets:
+    return targets if isinstance(targets, PackedTargets) else PackedTargets.pack(list(targets))
+
+
 class YolactLoss:
     """loss = YolactLoss(cfg, priors); matches = loss.match(targets); sums = loss.sums(outputs, targets, matches);
-    terms = Normalizer(num_positives(matches), len(targets)).apply(sums)."""
+    terms = Normalizer(num_positives(matches), len(targets)).apply(sums). targets: list[Targets] or
+    PackedTargets, on the device the loss runs on (the priors follow the targets' device)."""
 
     def __init__(self, cfg: LossConfig, priors: torch.Tensor):
         self.cfg = cfg
         self.priors = priors  # [N, 4] center-size
+        self._priors_on: dict[torch.device, torch.Tensor] = {}
 
-    def match(self, targets: list[Targets]) -> list[Match]:
-        return [match(t.boxes, t.labels, self.priors, self.cfg.pos_iou, self.cfg.neg_iou) for t in targets]
+    def priors_on(self, device: torch.device) -> torch.Tensor:
+        if self.priors.device == device:
+            return self.priors
+        if device not in self._priors_on:
+            self._priors_on[device] = self.priors.to(device)
+        return self._priors_on[device]
 
-    def sums(self, outputs: dict[str, torch.Tensor], targets: list[Targets],
-             matches: list[Match]) -> dict[str, torch.Tensor]:
+    def match(self, targets) -> BatchMatch:
+        packed = as_packed(targets)
+        return match_batch(packed.boxes, packed.labels, packed.valid, self.priors_on(packed.boxes.device),
+                           self.cfg.pos_iou, self.cfg.neg_iou)
+
+    def sums(self, outputs: dict[str, torch.Tensor], targets, matches: BatchMatch) -> dict[str, torch.Tensor]:
         """outputs: Yolact train-mode dict (loc [B, N, 4], conf [B, N, C] logits, mask [B, N, k], proto
-        [B, Ph, Pw, k], segm [B, C-1, h, w]) -> unnormalized sums {box, conf, mask, semantic}, scalars."""
-        conf_t = torch.stack([m.conf for m in matches])        # [B, N]
-        loc_t = torch.stack([m.loc for m in matches])          # [B, N, 4]
-        positive = conf_t > 0
-        box = F.smooth_l1_loss(outputs["loc"][positive], loc_t[positive], reduction="sum") * self.cfg.bbox_alpha
-        conf = self.conf_sum(outputs["conf"], conf_t) * self.cfg.conf_alpha
-        mask = outputs["proto"].new_zeros(())
-        semantic = outputs["segm"].new_zeros(())
-        for i, (target, m) in enumerate(zip(targets, matches)):
-            mask = mask + self.mask_sum(outputs["proto"][i], outputs["mask"][i], target, m)
-            semantic = semantic + self.semantic_sum(outputs["segm"][i], target)
-        return {"box": box, "conf": conf, "mask": mask * self.cfg.mask_alpha,
-                "semantic": semantic * self.cfg.semantic_alpha}
+        [B, Ph, Pw, k], segm [B, C-1, h, w]) -> unnormalized sums {box, conf, mask, semantic}, float32 scalars."""
+        packed = as_packed(targets)
+        with torch.autocast("cuda" if outputs["loc"].is_cuda else "cpu", enabled=False):
+            outputs = {k: v.float() for k, v in outputs.items()}
+            conf_t, loc_t = matches.conf, matches.loc
+            positive = conf_t > 0
+            box_each = F.smooth_l1_loss(outputs["loc"], loc_t, reduction="none").sum(dim=2)
+            box = torch.where(positive, box_each, 0.0).sum() * self.cfg.bbox_alpha
+            conf = self.conf_sum(outputs["conf"], conf_t) * self.cfg.conf_alpha
+            mask = self.mask_sum(outputs["proto"], outputs["mask"], packed, matches) * self.cfg.mask_alpha
+            semantic = self.semantic_sum(outputs["segm"], packed) * self.cfg.semantic_alpha
+        return {"box": box, "conf": conf, "mask": mask, "semantic": semantic}
 
     def conf_sum(self, conf: torch.Tensor, conf_t: torch.Tensor) -> torch.Tensor:
         """conf [B, N, C] logits, conf_t [B, N] -> cross entropy summed over positives and mined negatives."""
         negatives = hard_negatives(conf, conf_t, self.cfg.negpos_ratio)
         chosen = (conf_t > 0) | negatives
-        return F.cross_entropy(conf[chosen], conf_t[chosen], reduction="sum")
+        each = F.cross_entropy(conf.flatten(0, 1), conf_t.clamp(min=0).flatten(), reduction="none")
+        return torch.where(chosen.flatten(), each, 0.0).sum()
 
-    def mask_sum(self, proto: torch.Tensor, coeffs: torch.Tensor, target: Targets, m: Match) -> torch.Tensor:
-        """proto [Ph, Pw, k], coeffs [N, k] of one image -> sum over its (sampled) positives of the cropped BCE
-        divided by the matched box's area in proto pixels."""
-        positive = torch.nonzero(m.positive).squeeze(1)
-        if positive.numel() == 0:
-            return proto.new_zeros(())
-        mask_h, mask_w = proto.shape[:2]
+    def kept_positives(self, positive: torch.Tensor, seeds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """positive [B, N] -> (kept [B, N] bool: at most masks_to_train per image, a seeded draw; scale [B]
+        positives / kept). The draw is made on the CPU (the same positives on every device and rank)."""
+        counts = positive.sum(dim=1)
+        limit = self.cfg.masks_to_train
+        over = [(b, c) for b, c in enumerate(counts.tolist()) if c > limit]
+        kept = positive
+        if over:
+            rank = positive.long().cumsum(dim=1) - 1                                   # [B, N] order among positives
+            selected = torch.ones(positive.shape[0], int(counts.max()), dtype=torch.bool, device="cpu")
+            for b, count in over:
+                generator = torch.Generator(device="cpu").manual_seed(int(seeds[b]))
+                order = torch.randperm(count, generator=generator, device="cpu")
+                selected[b] = False
+                selected[b, order[:limit]] = True
+            selected = selected.to(positive.device)
+            kept = positive & selected.gather(1, rank.clamp(min=0))
+        scale = counts.float() / kept.sum(dim=1).clamp(min=1).float()
+        return kept, scale
+
+    def mask_sum(self, proto: torch.Tensor, coeffs: torch.Tensor, targets, matches: BatchMatch) -> torch.Tensor:
+        """proto [B, Ph, Pw, k], coeffs [B, N, k] -> sum over the (sampled) positives of every image of the cropped
+        BCE divided by the matched box's area in proto pixels. The kept positives are gathered into [B, K] slots
+        (K: the most any image keeps) and assembled with one batched matmul."""
+        packed = as_packed(targets)
+        batch, mask_h, mask_w, mask_dim = proto.shape
+        kept, scale = self.kept_positives(matches.positive, packed.seeds)
+        image_idx, prior_idx = torch.nonzero(kept, as_tuple=True)
+        if image_idx.numel() == 0:
+            return proto.sum() * 0.0
+        slot_of = kept.long().cumsum(dim=1) - 1
+        slot_idx = slot_of[image_idx, prior_idx]
+        slots = int(kept.sum(dim=1).max())
+        used = torch.zeros(batch, slots, dtype=torch.bool, device=proto.device)
+        used[image_idx, slot_idx] = True
+        chosen = coeffs.new_zeros(batch, slots, mask_dim)
+        chosen[image_idx, slot_idx] = coeffs[image_idx, prior_idx]
+        boxes = proto.new_tensor([0.0, 0.0, 1.0, 1.0]).repeat(batch, slots, 1)       # unused slots: whole image
+        boxes[image_idx, slot_idx] = matches.gt_box[image_idx, prior_idx]
+        gt_index = torch.zeros(batch, slots, dtype=torch.long, device=proto.device)
+        gt_index[image_idx, slot_idx] = matches.gt_index[image_idx, prior_idx]
         with torch.no_grad():
-            gt = downsample_masks(target.masks, (mask_h, mask_w))   # [G, Ph, Pw] 0/1
-        total = positive.numel()
-        if total > self.cfg.masks_to_train:
-            # the sample is drawn on the CPU whatever the device: the same positives on every device and rank
-            generator = torch.Generator(device="cpu").manual_seed(int(target.seed))
-            order = torch.randperm(total, generator=generator, device="cpu")
-            positive = positive[order[:self.cfg.masks_to_train].to(positive.device)]
-        gt_index = m.gt_index[positive]
-        boxes = m.gt_box[positive]                                 # [P, 4]
-        mask_t = gt[gt_index].permute(1, 2, 0)                     # [Ph, Pw, P]
-        pred = torch.sigmoid(proto @ coeffs[positive].t())         # [Ph, Pw, P]
-        pred = crop(pred, boxes)
-        bce = F.binary_cross_entropy(torch.clamp(pred, 0, 1), mask_t, reduction="none").sum(dim=(0, 1))
-        size = center_size(boxes)
-        per_mask = bce / (size[:, 2] * mask_w) / (size[:, 3] * mask_h)
-        return per_mask.sum() * (total / positive.numel())
+            gt = packed.masks_at((mask_h, mask_w))                                     # [B, G, Ph, Pw] 0/1
+            rows = torch.arange(batch, device=proto.device)[:, None]
+            mask_t = gt[rows, gt_index].permute(0, 2, 3, 1)                            # [B, Ph, Pw, K]
+        pred = torch.sigmoid(torch.bmm(proto.reshape(batch, mask_h * mask_w, mask_dim), chosen.transpose(1, 2)))
+        pred = crop_batch(pred.reshape(batch, mask_h, mask_w, slots), boxes)
+        bce = F.binary_cross_entropy(torch.clamp(pred, 0, 1), mask_t, reduction="none").sum(dim=(1, 2))  # [B, K]
+        size = center_size(boxes.reshape(-1, 4)).reshape(batch, slots, 4)
+        per_mask = bce / (size[..., 2] * mask_w) / (size[..., 3] * mask_h)
+        return (torch.where(used, per_mask, 0.0).sum(dim=1) * scale).sum()
 
     @staticmethod
-    def semantic_sum(segm: torch.Tensor, target: Targets) -> torch.Tensor:
-        """segm [C-1, h, w] logits of one image -> BCE-with-logits summed over pixels / (h * w)."""
-        classes, h, w = segm.shape
+    def semantic_sum(segm: torch.Tensor, targets) -> torch.Tensor:
+        """segm [B, C-1, h, w] logits -> BCE-with-logits summed over pixels / (h * w), summed over images; the
+        target of class c is the union of that class's downsampled masks."""
+        packed = as_packed(targets)
+        batch, classes, h, w = segm.shape
         with torch.no_grad():
-            segment_t = torch.zeros_like(segm)
-            if target.masks.shape[0]:
-                small = downsample_masks(target.masks, (h, w))
-                for obj, label in enumerate(target.labels.tolist()):
-                    segment_t[label] = torch.max(segment_t[label], small[obj])
+            segment_t = segm.new_zeros(batch, classes + 1, h * w)       # channel C-1 collects the padding
+            if packed.labels.shape[1]:
+                small = packed.masks_at((h, w)).reshape(batch, -1, h * w)
+                channel = torch.where(packed.valid, packed.labels, classes)
+                segment_t.scatter_reduce_(1, channel[:, :, None].expand(-1, -1, h * w), small, reduce="amax")
+            segment_t = segment_t[:, :classes].reshape(batch, classes, h, w)
         return F.binary_cross_entropy_with_logits(segm, segment_t, reduction="sum") / (h * w)
 
 
@@ -154,9 +274,20 @@ def downsample_masks(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor
     """[G, H, W] float masks -> [G, h, w] 0/1 float: bilinear (align_corners=False), then > 0.5."""
     if masks.shape[0] == 0:
         return masks.new_zeros((0, *size))
-    small = F.interpolate(masks[None], size=size, mode="bilinear", align_corners=False)[0]
+    small = F.interpolate(masks[None].float(), size=size, mode="bilinear", align_corners=False)[0]
     return small.gt(0.5).float()
 
 
-def num_positives(matches: list[Match]) -> int:
+def downsample_masks_batch(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """[B, G, H, W] -> [B, G, h, w] 0/1 float, as ``downsample_masks`` per image."""
+    if masks.shape[1] == 0:
+        return masks.new_zeros((masks.shape[0], 0, *size))
+    small = F.interpolate(masks.float(), size=size, mode="bilinear", align_corners=False)
+    return small.gt(0.5).float()
+
+
+def num_positives(matches) -> int:
+    """Positive priors of a BatchMatch (or a list of per-image matches)."""
+    if isinstance(matches, BatchMatch):
+        return int(matches.positive.sum())
     return int(sum(int(m.positive.sum()) for m in matches))
