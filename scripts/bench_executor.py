@@ -29,6 +29,7 @@ import os
 import platform
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +45,8 @@ from bench import images as bench_images  # noqa: E402
 
 log = logging.getLogger("bench_executor")
 BENCHMARK_APP = Path(sys.executable).with_name("benchmark_app")
+if not BENCHMARK_APP.exists():   # openvino installed outside the interpreter's env (pip --target): its script dir
+    BENCHMARK_APP = Path(shutil.which("benchmark_app") or BENCHMARK_APP)
 EXECUTOR_SIZES = ((640, 480), (1280, 960), (1920, 1080), (480, 640), (1024, 768), (1080, 1920), (800, 600),
                   (1600, 1200))   # (width, height), cycled: 480-1920 px
 STAGES = ("read", "preprocess", "infer", "postprocess", "write")
