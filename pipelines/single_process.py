@@ -18,7 +18,7 @@ def infer_files(model_dir: str | Path, paths: list[str | Path], output_uri: str,
     """Result rows (as the job's mapInPandas produces them) for local image files, in the given order.
     family: "yolact", "detector", ... (default: the manifest's model); masks, score_threshold: as output.masks
     and output.score_threshold of the job (default: RLE only, no PNG written)."""
-    from pipelines.inference_job import inference_task_class
+    from pipelines.inference_tasks import inference_task_class
 
     manifest = load_manifest(model_dir, verify=True)
     task = inference_task_class(family or manifest.model)(

@@ -105,7 +105,7 @@ def model_rows(args) -> list[tuple[str, Path]]:
 # ------------------------------------------------------------------------------------------------------ the task
 def make_task(manifest, variant: str, precision: str, conf_thresh: float | None, output: Path, image_dir: Path):
     """The executor function as the job builds it (make_task), 1 stream x 1 thread, every detection written."""
-    from pipelines.inference_job import inference_task_class
+    from pipelines.inference_tasks import inference_task_class
     from pipelines.openvino_runtime import RuntimeSettings
 
     if variant == "before":
