@@ -27,18 +27,13 @@ from pipelines.openvino_runtime import RuntimeSettings
 from pipelines.output_paths import qualify_root
 from pipelines.progress import ProgressReporter, say
 from pipelines.image_inference import RESULT_SCHEMA, ImageInference
+from pipelines.inference_tasks import inference_task_class
 from pipelines.table_index import counts_after_run
 from pipelines.results_writer import (TIMING_FIELDS, choose_writer, done_keys, failed_paths, write_coco_results,
                                       write_results, write_summary)
 from pipelines.run_lock import LockSettings, RunLock
 from pipelines.spark_session import ship_library
 from pipelines.storage import join_uri
-
-FAMILIES = {  # manifest "model" -> the ImageInference subclass that postprocesses its outputs
-    "yolact": ("pipelines.yolact_inference", "YolactInference"),
-    "detector": ("pipelines.detector_inference", "DetectorInference"),
-}
-
 
 class JobFailed(RunFailed):
     """The job ran but its outcome is not acceptable (e.g. too many errors); the summary was written."""
@@ -118,13 +113,6 @@ def size_shuffles(spark: SparkSession, rows: int, spark_config: dict) -> str | N
     previous = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions_for(rows)))
     return previous
-
-
-def inference_task_class(family: str):
-    import importlib
-
-    module, name = FAMILIES[family]
-    return getattr(importlib.import_module(module), name)
 
 
 @dataclass
