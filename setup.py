@@ -13,6 +13,7 @@ CORE = [
     "pyyaml>=6",
     "pycocotools>=2.0.7",
     "fsspec>=2023.1",
+    "av>=12,<19",   # PyAV (FFmpeg bundled in its wheels): video input, decoded on the executors (pipelines.video_decode)
 ]
 TORCH = ["torch>=2.4", "torchvision>=0.19"]
 EXTRAS = {

@@ -21,6 +21,8 @@ from pipelines.executor_cache import LazyModel
 from pipelines.image_decode import ImageDecodeError, decode_image, decode_image_reduced
 from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
 from pipelines.preprocess import preprocess_rgb
+from pipelines.video_decode import VideoDecodeError
+from pipelines.video_inference import is_segment, segment_rows
 
 STAGES = ("read", "preprocess", "infer", "postprocess", "write")
 INSTANCES_TYPE = ("array<struct<class_id:int, class_name:string, score:float, box:array<int>, "
@@ -30,6 +32,9 @@ RESULT_SCHEMA = (
     f"path string, status string, width int, height int, instances {INSTANCES_TYPE}, mask_path string, "
     "error_stage string, error_type string, error_message string, "
     "size long, modification_time timestamp, "
+    # video frames (null for images): the frame's 0-based index in presentation order, its presentation time, and
+    # the segment [segment_start, segment_end) it was decoded in (the unit of resume; pipelines.video_sources)
+    "frame_index int, timestamp_s double, segment_start int, segment_end int, "
     "timings struct<read_s:double, preprocess_s:double, infer_s:double, postprocess_s:double, write_s:double>"
 )
 MAX_MESSAGE = 2000
@@ -87,6 +92,8 @@ class ImageInference:
     progress: object = None        # a Spark accumulator of images processed, read by the driver's progress line
     azure_credentials: object = None   # for az:// outputs (never logged: its repr hides secrets)
     crash_guard: object = None     # pipelines.crash_guard.CrashGuard: poison images become errors, not job failures
+    video: object = None           # pipelines.video_sources.VideoSettings: frame sampling of video segment units
+    frames_per_batch: int = 8      # video frames per inference batch (inference.batch_size)
 
     def __post_init__(self) -> None:
         if self.masks not in MASK_OUTPUTS:
@@ -121,6 +128,9 @@ class ImageInference:
         rows, pending = [], []
         has_content = "content" in batch.columns
         for record in batch.itertuples(index=False):
+            if is_segment(record):
+                rows.extend(segment_rows(self, record, guard))
+                continue
             row = new_row(record)
             rows.append(row)
             try:
@@ -189,21 +199,26 @@ class ImageInference:
 
     def write_label_map(self, row: dict, labels) -> None:
         with timed(row, "write"):
-            from pipelines.output_paths import mask_output_path
+            from pipelines.output_paths import frame_mask_output_path, mask_output_path
             from pipelines.storage import write_bytes_atomic
 
-            target = mask_output_path(self.output_uri, row["path"], self.input_root)
+            if row["frame_index"] is None:
+                target = mask_output_path(self.output_uri, row["path"], self.input_root)
+            else:
+                target = frame_mask_output_path(self.output_uri, row["path"], self.input_root, row["frame_index"])
             write_bytes_atomic(target, labels.png(), azure_credentials=self.azure_credentials)
             row["mask_path"] = target
 
 RESULT_COLUMNS = ["path", "status", "width", "height", "instances", "mask_path", "error_stage", "error_type",
-                  "error_message", "size", "modification_time", "timings"]
+                  "error_message", "size", "modification_time", "frame_index", "timestamp_s", "segment_start",
+                  "segment_end", "timings"]
 
 
 def new_row(record) -> dict:
     return {"path": record.path, "status": "error", "width": None, "height": None, "instances": None,
             "mask_path": None, "error_stage": None, "error_type": None, "error_message": None,
             "size": getattr(record, "size", None), "modification_time": getattr(record, "modification_time", None),
+            "frame_index": None, "timestamp_s": None, "segment_start": None, "segment_end": None,
             "timings": {f"{s}_s": 0.0 for s in STAGES}, "_stage": None}
 
 
@@ -225,13 +240,13 @@ class timed:
 def fail(row: dict, err: BaseException, stage: str | None = None) -> None:
     row["status"] = "error"
     row["error_stage"] = stage or row.get("_stage") or "unknown"
-    if isinstance(err, ImageDecodeError):
+    if isinstance(err, (ImageDecodeError, VideoDecodeError)):
         row["error_stage"] = "decode"
-        row["error_type"] = f"ImageDecodeError.{err.reason}"
+        row["error_type"] = f"{type(err).__name__}.{err.reason}"
     else:
         row["error_type"] = type(err).__name__
     message = str(err) or type(err).__name__
-    if not isinstance(err, (ImageDecodeError, ValueError, OSError)):
+    if not isinstance(err, (ImageDecodeError, VideoDecodeError, ValueError, OSError)):
         message += " | " + "".join(traceback.format_exception_only(type(err), err)).strip()
     row["error_message"] = message[:MAX_MESSAGE]
     row["instances"] = None

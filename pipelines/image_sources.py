@@ -8,21 +8,19 @@ Two readers share one contract, a DataFrame with `path`, `size`, `modification_t
 """
 from __future__ import annotations
 
-from pathlib import Path
-from urllib.parse import unquote
-
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.errors import UsageError
+from pipelines.storage import to_spark_uri
+from pipelines.uris import hadoop_path_string, store_of  # noqa: F401 (re-exported)
 
 LISTING_SCHEMA = T.StructType([
     T.StructField("path", T.StringType(), False),
     T.StructField("size", T.LongType(), False),
     T.StructField("modification_time", T.TimestampType(), True),
 ])
-AZURE_SCHEMES = ("az://", "abfs://")
 BROADCAST_LISTING_MAX_ROWS = 1_000_000
 
 
@@ -35,15 +33,7 @@ def choose_reader(uri: str, reader: str = "auto") -> str:
         raise InputError(f"input.reader '{reader}': choose auto, spark or azure_sdk")
     if reader != "auto":
         return reader
-    return "azure_sdk" if uri.startswith(AZURE_SCHEMES) else "spark"
-
-
-def to_spark_uri(uri: str) -> str:
-    """Plain local paths become absolute `file:` paths, so executors resolve them the same way. Hadoop's spelling,
-    not a URI: Spark reads `file:/a b` as the directory "a b" and `file:///a%20b` as the directory "a%20b"."""
-    if "://" in uri or uri.startswith("file:"):
-        return uri
-    return f"file:{Path(uri).expanduser().resolve()}"
+    return "azure_sdk" if store_of(uri) == "azure_sdk" else "spark"
 
 
 def extension_glob(extensions: list[str]) -> str:
@@ -109,19 +99,14 @@ def hadoop_path_column(uri):
     return F.url_decode(F.regexp_replace(fixed, "[+]", "%2B"))
 
 
-def hadoop_path_string(uri: str) -> str:
-    """A file index URI (java.net.URI.toString: `file:///d/a%20b%25.jpg`) as Hadoop's Path.toString spells it, which
-    is the `path` column of Spark's file sources (`file:/d/a b%.jpg`)."""
-    return unquote(uri.replace("file:///", "file:/", 1))
-
-
-def assign_partitions(listing: DataFrame, partitions: int) -> DataFrame:
+def assign_partitions(listing: DataFrame, partitions: int, order: tuple[str, ...] = ("path",)) -> DataFrame:
     """Add `idx` (dense, in path order), `part` (idx mod partitions) and `part_key`, a value whose Spark hash
     lands in partition `part`, so that `balanced(df, partitions)` gives every partition the same number of images
     (+-1) whatever the directory layout and file sizes (Spark's own file splitting packs by bytes, and the paper's
-    NNImageReader left everything in one task)."""
+    NNImageReader left everything in one task). `order`: the columns idx follows (video segments: path, then
+    segment_start, so one video's segments land on consecutive partitions)."""
     spark = listing.sparkSession
-    indexed = listing.orderBy("path").rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1]))
+    indexed = listing.orderBy(*order).rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1]))
     with_idx = spark.createDataFrame(indexed, T.StructType(listing.schema.fields + [
         T.StructField("idx", T.LongType(), False)]))
     with_part = with_idx.withColumn("part", F.col("idx") % F.lit(partitions))
@@ -148,13 +133,18 @@ def reads_on_executors(uri: str) -> bool:
     return to_spark_uri(uri).startswith("file:")
 
 
-def read_local_file(path: str) -> bytes:
-    """The bytes of a listed `file:` path, read where the task runs. `path` is Hadoop's unescaped spelling, the
-    listing's (`file:/a b/c%.jpg` is the file "/a b/c%.jpg"), so it is not URL-decoded."""
+def local_file_path(path: str) -> str:
+    """The local file a listed `file:` path names. `path` is Hadoop's unescaped spelling, the listing's
+    (`file:/a b/c%.jpg` is the file "/a b/c%.jpg"), so it is not URL-decoded."""
     local = path[len("file:"):] if path.startswith("file:") else path
     if local.startswith("//"):   # file:///a (an authority-less URI) is /a
         local = local[2:]
-    with open(local, "rb") as handle:
+    return local
+
+
+def read_local_file(path: str) -> bytes:
+    """The bytes of a listed `file:` path, read where the task runs (see local_file_path)."""
+    with open(local_file_path(path), "rb") as handle:
         return handle.read()
 
 

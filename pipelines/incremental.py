@@ -29,9 +29,17 @@ def current_records(spark: SparkSession, output_uri: str, model_sha256: str | No
     tables = read_tables(spark, output_uri, model_sha256, azure_credentials)
     if not tables:
         return {}
-    current = _ranked_keys(tables).where("rank = 1").select("path", "run_id", "table")
-    return {name: frame.join(current.where(F.col("table") == name).drop("table"), ["path", "run_id"], "left_semi")
+    current = _ranked_keys(tables).where("rank = 1").select("path", "frame_index", "run_id", "table")
+    return {name: frame.join(current.where(F.col("table") == name).drop("table").alias("current"),
+                             same_record(frame, F.col("current.path"), F.col("current.frame_index"),
+                                         F.col("current.run_id")), "left_semi")
             for name, frame in tables.items()}
+
+
+def same_record(frame: DataFrame, path, frame_index, run_id=None):
+    """Join condition: `frame`'s record key equals (path, frame_index[, run_id]); frame_index is null for images."""
+    condition = (frame["path"] == path) & frame["frame_index"].eqNullSafe(frame_index)
+    return condition if run_id is None else condition & (frame["run_id"] == run_id)
 
 
 def current_detections(spark: SparkSession, output_uri: str, model_sha256: str | None = None,
@@ -71,17 +79,19 @@ def read_tables(spark: SparkSession, output_uri: str, model_sha256: str | None, 
 
 
 def record_keys(tables: dict[str, DataFrame]) -> DataFrame:
-    """(path, run_id, modification_time, table) of every record of `tables` ({"detections": frame, ...})."""
+    """(path, frame_index, run_id, modification_time, table) of every record of `tables` ({"detections": frame,
+    ...}); a record is an image (frame_index null) or one video frame (a video's error rows: the first frame not
+    decoded, or null for a video not readable at all)."""
     keys = None
     for name, frame in tables.items():
-        part = frame.select("path", "run_id", "modification_time", F.lit(name).alias("table"))
+        part = frame.select("path", "frame_index", "run_id", "modification_time", F.lit(name).alias("table"))
         keys = part if keys is None else keys.unionByName(part)
     return keys
 
 
 def ranked_keys(keys: DataFrame) -> DataFrame:
-    """Transform: record_keys rows + `rank`; rank 1 is the path's current record."""
-    newest = Window.partitionBy("path").orderBy(F.col("run_id").desc(), F.col("modification_time").desc_nulls_last())
+    """Transform: record_keys rows + `rank`; rank 1 is the current record of the image or video frame."""
+    newest = Window.partitionBy("path", "frame_index").orderBy(F.col("run_id").desc(), F.col("modification_time").desc_nulls_last())
     return keys.withColumn("rank", F.row_number().over(newest))
 
 

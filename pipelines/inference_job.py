@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from pipelines.errors import RunFailed
 from pipelines import image_sources as src
+from pipelines import video_sources as videos
 from pipelines.crash_guard import MARKER_DIR, CrashGuard
 from pipelines.job_config import ConfigError, check_job_settings, local_path, resolve_local
 from pipelines.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
@@ -29,8 +30,9 @@ from pipelines.progress import ProgressReporter, say
 from pipelines.image_inference import RESULT_SCHEMA, ImageInference
 from pipelines.inference_tasks import inference_task_class
 from pipelines.table_index import counts_after_run
-from pipelines.results_writer import (TIMING_FIELDS, choose_writer, done_keys, failed_paths, write_coco_results,
-                                      write_results, write_summary)
+from pipelines.coco_results import write_coco_results
+from pipelines.results_writer import (TIMING_FIELDS, choose_writer, done_keys, failed_paths, write_results,
+                                      write_summary)
 from pipelines.run_lock import LockSettings, RunLock
 from pipelines.spark_session import ship_library
 from pipelines.storage import join_uri
@@ -94,9 +96,12 @@ def todo_listing(spark: SparkSession, listing: DataFrame, output_uri: str, manif
 def without_done(listing: DataFrame, done: DataFrame, broadcast: bool) -> DataFrame:
     """Transform: the listing rows whose (path, size, modification_time) is not in `done`; `done` broadcast, or both
     sides shuffled and sorted (a merge hint: Spark must not broadcast it by its own size estimate)."""
-    done = done.select(*[F.col(k).alias(f"done_{k}") for k in ("path", "size", "modification_time")])
+    keys = ("path", "size", "modification_time", "segment_start")
+    done = done.select(*[F.col(k).alias(f"done_{k}") for k in keys])
     same = ((listing.path == done.done_path) & (listing.size == done.done_size)
             & listing.modification_time.eqNullSafe(done.done_modification_time))   # empty files have no mtime
+    if "segment_start" in listing.columns:   # work units (video_sources.UNIT_SCHEMA): a video is done per segment
+        same = same & listing.segment_start.eqNullSafe(done.done_segment_start)
     return listing.join(F.broadcast(done) if broadcast else done.hint("merge"), same, "left_anti")
 
 
@@ -185,7 +190,8 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     inputs, run_cfg = config["input"], config["run"]
     # listed (the input path checked) before the lock: a missing input leaves no output directory behind
     say(f"run {plan.run_id}: listing {plan.input_uri}")
-    listing = src.list_images(spark, plan.input_uri, inputs["extensions"], inputs["recursive"], plan.reader,
+    video = videos.VideoSettings.from_config(inputs.get("video"))
+    listing = src.list_images(spark, plan.input_uri, listed_extensions(config), inputs["recursive"], plan.reader,
                               plan.credentials).persist(StorageLevel.MEMORY_AND_DISK)
     lock = RunLock.acquire(plan.output_uri, plan.run_id, LockSettings.from_run_config(run_cfg), spark=spark,
                            azure_credentials=plan.credentials)
@@ -193,23 +199,36 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     try:
         n_inputs = listing.count()
         previous_shuffles = size_shuffles(spark, n_inputs, config["spark"])
-        todo = todo_listing(spark, listing, plan.output_uri, plan.manifest, run_cfg["force"], plan.credentials,
+        units, n_videos = work_units(spark, plan, listing, video)
+        n_units = units.count() if n_videos else n_inputs
+        todo = todo_listing(spark, units, plan.output_uri, plan.manifest, run_cfg["force"], plan.credentials,
                             int(run_cfg.get("broadcast_max_rows") or BROADCAST_MAX_ROWS))
         n_todo = todo.count()
-        say(f"{n_inputs} images, {n_todo} to do ({n_inputs - n_todo} already done for this model)")
+        if n_videos:
+            say(f"{n_inputs} files ({n_videos} videos in {n_units - n_inputs + n_videos} segments), {n_todo} images "
+                f"and segments to do ({n_units - n_todo} already done for this model)")
+        else:
+            say(f"{n_inputs} images, {n_todo} to do ({n_inputs - n_todo} already done for this model)")
         partitions = max(1, min(int(config["inference"]["partitions"] or spark.sparkContext.defaultParallelism),
                                 max(n_todo, 1)))
         settings = runtime_settings(spark, config["inference"])
-        progress = ProgressReporter(spark, n_todo, float(run_cfg.get("progress_interval_s", 5)))
-        totals = {"done": 0, "failed": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
+        if n_videos:   # progress counts result rows: images and video frames
+            todo_rows = todo.where(F.col("segment_start").isNull()).count() + videos.expected_frames(todo, video)
+            progress = ProgressReporter(spark, todo_rows, float(run_cfg.get("progress_interval_s", 5)),
+                                        unit="images+frames")
+        else:
+            progress = ProgressReporter(spark, n_todo, float(run_cfg.get("progress_interval_s", 5)))
+        totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
         if n_todo:
             task = make_task(spark, plan, settings, progress)
             with progress:
                 totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions)
         listing.unpersist()
+        units.unpersist()
         if config["output"].get("coco_results"):
             write_coco_results(spark, plan.output_uri, azure_credentials=plan.credentials)
-        summary = make_summary(spark, plan, settings, totals, n_inputs, n_todo, partitions, time.time() - started)
+        summary = make_summary(spark, plan, settings, totals, n_inputs, n_todo, partitions, time.time() - started,
+                               n_units=n_units, n_videos=n_videos)
         write_summary(plan.output_uri, summary, plan.credentials)
         if config["output"].get("overlays"):
             summary["report"] = render_report(plan.output_uri)
@@ -223,6 +242,29 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
         lock.release()
         if previous_shuffles is not None:
             spark.conf.set("spark.sql.shuffle.partitions", previous_shuffles)
+
+
+def listed_extensions(config: dict) -> list[str]:
+    """The file name extensions the job lists: input.extensions (images) and input.video.extensions."""
+    video = (config["input"].get("video") or {}).get("extensions", videos.VideoSettings.extensions)
+    return [*config["input"]["extensions"], *video]
+
+
+def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame,
+               video: videos.VideoSettings) -> tuple[DataFrame, int]:
+    """The listing as units of work (video_sources.UNIT_SCHEMA): its images, and its videos' segments from a scan
+    on the executors (persisted: each video is scanned once per run). Returns (units, number of videos)."""
+    is_video = videos.is_video(F.col("path"), video.extensions)
+    clips = listing.where(is_video)
+    n_videos = clips.count() if video.extensions else 0
+    if not n_videos:
+        return videos.image_units(listing), 0
+    if plan.reader == "spark" and not src.reads_on_executors(plan.input_uri):
+        clips = src.with_content(spark, clips, n_videos, plan.input_uri, list(video.extensions),
+                                 plan.config["input"]["recursive"], all_listed=False)
+    units = videos.image_units(listing.where(~is_video)).unionByName(
+        videos.video_units(clips, video, bytes_fetcher(plan)))
+    return units.persist(StorageLevel.MEMORY_AND_DISK), n_videos
 
 
 def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
@@ -239,7 +281,9 @@ def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
         masks=plan.config["output"]["masks"], score_threshold=plan.config["output"]["score_threshold"],
         max_image_pixels=int(inference["max_image_pixels"]), jpeg_draft=bool(inference.get("jpeg_draft", False)),
         fetch_bytes=bytes_fetcher(plan),
-        progress=progress.accumulator, azure_credentials=plan.credentials)
+        progress=progress.accumulator, azure_credentials=plan.credentials,
+        video=videos.VideoSettings.from_config(plan.config["input"].get("video")),
+        frames_per_batch=int(inference["batch_size"]))
 
 
 def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings: RuntimeSettings, todo: DataFrame,
@@ -247,8 +291,9 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
     """Process the to-do images in waves of `run.commit_every`, each committed on its own (a killed driver loses
     at most one wave); return the summed aggregates."""
     run_cfg = plan.config["run"]
-    totals = {"done": 0, "failed": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
-    indexed = src.assign_partitions(todo, partitions).persist(StorageLevel.MEMORY_AND_DISK)
+    totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
+    indexed = src.assign_partitions(todo, partitions, order=("path", "segment_start")).persist(
+        StorageLevel.MEMORY_AND_DISK)
     wave_size = int(run_cfg.get("commit_every") or 0) or n_todo
     for number, first in enumerate(range(0, n_todo, wave_size)):
         count = min(wave_size, n_todo - first)
@@ -277,8 +322,8 @@ def wave_images(spark: SparkSession, plan: JobPlan, indexed: DataFrame, first: i
     wave = indexed.where((F.col("idx") >= first) & (F.col("idx") < first + count))
     if plan.reader == "spark" and not src.reads_on_executors(plan.input_uri):
         inputs = plan.config["input"]
-        wave = src.with_content(spark, wave, count, plan.input_uri, inputs["extensions"], inputs["recursive"],
-                                all_listed=(count == n_inputs))
+        wave = src.with_content(spark, wave, count, plan.input_uri, listed_extensions(plan.config),
+                                inputs["recursive"], all_listed=(count == n_inputs))
     return wave
 
 
@@ -292,7 +337,10 @@ def wave_results(images: DataFrame, task: ImageInference, plan: JobPlan, setting
 
 
 def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, totals: dict, n_inputs: int,
-                 n_todo: int, partitions: int, elapsed: float) -> dict:
+                 n_todo: int, partitions: int, elapsed: float, n_units: int | None = None, n_videos: int = 0) -> dict:
+    """The run's summary. Counts: `inputs` files listed, `videos` of them videos, `units` images + video segments,
+    `skipped` units already done, `done`/`failed` result rows (images and video frames), `frames` of `done`."""
+    n_units = n_inputs if n_units is None else n_units
     manifest = plan.manifest
     processed = totals["done"] + totals["failed"]
     return {
@@ -301,12 +349,14 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
                   "trained": manifest.trained, "classes": manifest.class_names,
                   "note": manifest.data.get("note") if manifest.trained else "RANDOM WEIGHTS: this model is "
                   "untrained; its detections only show that the pipeline works, they mean nothing"},
-        "counts": {"inputs": n_inputs, "skipped": n_inputs - n_todo, "done": int(totals["done"]),
-                   "failed": int(totals["failed"]), "instances": int(totals["instances"])},
+        "counts": {"inputs": n_inputs, "videos": n_videos, "units": n_units, "skipped": n_units - n_todo,
+                   "done": int(totals["done"]), "failed": int(totals["failed"]), "frames": int(totals.get("frames", 0)),
+                   "instances": int(totals["instances"])},
         "failed_images": failed_paths(spark, plan.output_uri, plan.run_id, 10, plan.credentials)
         if totals["failed"] else [],   # the first 10 of this run (errors/ has them all)
         "partitions": partitions, "wall_seconds": round(elapsed, 3),
         "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
+        "frames_per_second": round(totals.get("frames", 0) / elapsed, 3) if totals.get("frames") else 0.0,
         "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
         "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
         "config": plan.config,

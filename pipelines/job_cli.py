@@ -22,14 +22,14 @@ OVERRIDES = {  # command-line flag -> config key
     "input": "input.uri", "output": "output.uri", "model": "model.dir", "partitions": "inference.partitions",
     "batch_size": "inference.batch_size", "precision": "inference.precision", "engine": "inference.engine",
     "reader": "input.reader", "master": "spark.master", "masks": "output.masks",
-    "score_threshold": "output.score_threshold",
+    "score_threshold": "output.score_threshold", "frame_stride": "input.video.frame_stride", "fps": "input.video.fps",
 }
 
 
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config (conf/*.yaml); default: the embedded conf/local.yaml")
-    parser.add_argument("--input", help="image URI: file://, hdfs://, abfss://, wasbs://, az://container/prefix")
+    parser.add_argument("--input", help="image/video URI: file://, hdfs://, abfss://, wasbs://, az://container/prefix")
     parser.add_argument("--output", help="output URI (detections/, masks/, errors/, summary.json)")
     parser.add_argument("--model", help="export directory with manifest.json")
     parser.add_argument("--partitions", type=int, help="number of partitions (images spread evenly by count)")
@@ -43,6 +43,10 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                              "none (boxes only)")
     parser.add_argument("--score-threshold", type=float, metavar="S",
                         help="write only instances scoring above S (default: the manifest's threshold)")
+    parser.add_argument("--frame-stride", type=int, metavar="N",
+                        help="videos: process every N-th frame (default 1: every frame)")
+    parser.add_argument("--fps", type=float, metavar="F",
+                        help="videos: process the first frame at or after every 1/F seconds (resample by timestamp)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting (repeatable), added to the config's spark.conf: "
                              "--conf spark.executor.cores=2")

@@ -95,6 +95,13 @@ def mask_output_path(output_root: str, input_uri: str, input_root: str) -> str:
     return f"{output_root.rstrip('/')}/{MASKS_DIR}/{relative_key(input_uri, input_root)}.png"
 
 
+def frame_mask_output_path(output_root: str, video_uri: str, input_root: str, frame_index: int) -> str:
+    """`<output_root>/masks/<relative_key>/<frame_index:06d>.png`: where a video frame's label-map PNG goes."""
+    if not output_root:
+        raise ValueError("output_root is empty: give the directory or URI where outputs should go")
+    return f"{output_root.rstrip('/')}/{MASKS_DIR}/{relative_key(video_uri, input_root)}/{int(frame_index):06d}.png"
+
+
 def encode_component(name: str, is_directory: bool = False) -> str:
     """One path component -> its safe, reversible, length-limited form (see the module docstring)."""
     encoded = [char if char in _SAFE_CHARS else _percent(char) for char in name]

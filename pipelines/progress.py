@@ -31,7 +31,9 @@ def duration(seconds: float) -> str:
 
 
 class ProgressReporter:
-    def __init__(self, spark: SparkSession, total: int, interval_s: float = 5.0, stream=None) -> None:
+    def __init__(self, spark: SparkSession, total: int, interval_s: float = 5.0, stream=None,
+                 unit: str = "images") -> None:
+        self.unit = unit   # what is counted: "images", or "images+frames" when the input holds videos
         self.accumulator = spark.sparkContext.accumulator(0)
         self._tracker = spark.sparkContext.statusTracker()
         self.total = total
@@ -54,7 +56,8 @@ class ProgressReporter:
         elapsed = max(time.time() - self._start, 1e-9)
         percent = 100.0 * done / self.total if self.total else 100.0
         rate = done / elapsed
-        text = f"{PREFIX} {done}/{self.total} images ({percent:.0f}%), {rate:.2f} images/s, {duration(elapsed)}"
+        text = (f"{PREFIX} {done}/{self.total} {self.unit} ({percent:.0f}%), {rate:.2f} {self.unit}/s, "
+                f"{duration(elapsed)}")
         if final:
             return text
         eta = duration((self.total - done) / rate) if done else "when the first task ends"

@@ -15,12 +15,16 @@ import json
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.storage import is_local, join_uri, to_local_path, write_bytes_atomic
+from pipelines.storage import join_uri, write_bytes_atomic
+from pipelines.uris import store_of
 
+# video frame columns (image_inference.RESULT_SCHEMA), null for images; tables written before they existed get them
+# as nulls when read (read_table), so old outputs stay readable and resumable
+FRAME_COLUMNS = {"frame_index": "int", "timestamp_s": "double", "segment_start": "int", "segment_end": "int"}
 DETECTION_COLUMNS = ["path", "width", "height", "instances", "mask_path", "size", "modification_time", "timings",
-                     "model_name", "model_sha256", "run_id"]
+                     "model_name", "model_sha256", "run_id", *FRAME_COLUMNS]
 ERROR_COLUMNS = ["path", "error_stage AS stage", "error_type", "error_message AS message", "size", "modification_time",
-                 "model_name", "model_sha256", "run_id"]
+                 "model_name", "model_sha256", "run_id", *FRAME_COLUMNS]
 TIMING_FIELDS = ["read_s", "preprocess_s", "infer_s", "postprocess_s", "write_s"]
 
 
@@ -33,7 +37,7 @@ def errors_uri(output_uri: str) -> str:
 
 
 def choose_writer(output_uri: str) -> str:
-    return "azure_sdk" if output_uri.startswith(("az://", "abfs://")) else "spark"
+    return "azure_sdk" if store_of(output_uri) == "azure_sdk" else "spark"
 
 
 def write_results(results: DataFrame, output_uri: str, file_prefix: str = "part", azure_credentials=None) -> dict:
@@ -50,6 +54,7 @@ def write_results(results: DataFrame, output_uri: str, file_prefix: str = "part"
     row = results.agg(
         F.sum(F.when(F.col("status") == "ok", 1).otherwise(0)).alias("done"),
         F.sum(F.when(F.col("status") == "error", 1).otherwise(0)).alias("failed"),
+        F.sum(F.when((F.col("status") == "ok") & F.col("frame_index").isNotNull(), 1).otherwise(0)).alias("frames"),
         F.sum(F.coalesce(F.size("instances"), F.lit(0))).alias("instances"),
         *[F.sum(f"timings.{name}").alias(name) for name in TIMING_FIELDS],
     ).first()
@@ -93,8 +98,8 @@ def read_table(spark: SparkSession, table_uri: str, azure_credentials=None) -> D
     if choose_writer(table_uri) == "spark":
         if not hadoop_path_exists(spark, table_uri):   # a new output: asking Spark would log a Java stack trace
             return None
-        try:
-            return spark.read.parquet(table_uri)
+        try:   # mergeSchema: files of runs before the frame columns have fewer columns
+            return with_frame_columns(spark.read.option("mergeSchema", "true").parquet(table_uri))
         except Exception:  # noqa: BLE001  (a directory without Parquet files yet, e.g. a killed first wave)
             return None
     import io
@@ -108,7 +113,15 @@ def read_table(spark: SparkSession, table_uri: str, azure_credentials=None) -> D
               for blob in list_blobs(table_uri, [".parquet"], azure_credentials)]
     if not tables:
         return None
-    return spark.createDataFrame(pa.concat_tables(tables).to_pandas())
+    return with_frame_columns(spark.createDataFrame(pa.concat_tables(tables, promote_options="default").to_pandas()))
+
+
+def with_frame_columns(table: DataFrame) -> DataFrame:
+    """A table read back, with FRAME_COLUMNS added as nulls where it predates them."""
+    for name, kind in FRAME_COLUMNS.items():
+        if name not in table.columns:
+            table = table.withColumn(name, F.lit(None).cast(kind))
+    return table
 
 
 def hadoop_path_exists(spark: SparkSession, uri: str) -> bool:
@@ -129,14 +142,16 @@ def failed_paths(spark: SparkSession, output_uri: str, run_id: str, limit: int =
 
 
 def done_keys(spark: SparkSession, output_uri: str, model_sha256: str, azure_credentials=None) -> DataFrame | None:
-    """(path, size, modification_time) of every record of this model in detections/ or errors/ (not deduplicated:
-    an anti-join needs no distinct, and skipping it saves a shuffle). None when nothing has been written yet."""
+    """(path, size, modification_time, segment_start) of every record of this model in detections/ or errors/ (not
+    deduplicated: an anti-join needs no distinct, and skipping it saves a shuffle; segment_start is null for images,
+    a video's records are per segment). None when nothing has been written yet."""
     frames = []
     for uri in (detections_uri(output_uri), errors_uri(output_uri)):
         frame = read_table(spark, uri, azure_credentials)
         if frame is None:
             continue
-        frames.append(frame.where(F.col("model_sha256") == model_sha256).select("path", "size", "modification_time"))
+        frames.append(frame.where(F.col("model_sha256") == model_sha256)
+                      .select("path", "size", "modification_time", "segment_start"))
     if not frames:
         return None
     keys = frames[0]
@@ -148,42 +163,3 @@ def done_keys(spark: SparkSession, output_uri: str, model_sha256: str, azure_cre
 def write_summary(output_uri: str, summary: dict, azure_credentials=None) -> None:
     data = (json.dumps(summary, indent=2, default=str) + "\n").encode()
     write_bytes_atomic(join_uri(output_uri, "summary.json"), data, azure_credentials=azure_credentials)
-
-
-def write_coco_results(spark: SparkSession, output_uri: str, image_ids: dict[str, int] | None = None,
-                       azure_credentials=None) -> int:
-    """coco_results.json (the COCO results format: [{image_id, category_id, bbox xywh, score, segmentation RLE}])
-    for pycocotools, streamed from detections/ row by row into a local temporary file, then moved into place:
-    the driver never holds all masks. image_id comes from `image_ids` (file name -> id, e.g. read from a COCO
-    ground-truth file) or the 1-based order of the paths; category_id is the 1-based class id."""
-    import os
-    import tempfile
-
-    from pipelines.incremental import current_detections   # the newest row per path (replaced images)
-
-    table = current_detections(spark, output_uri, azure_credentials=azure_credentials)
-    count = 0
-    handle = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8")
-    with handle:
-        handle.write("[")
-        rows = table.select("path", "instances").orderBy("path").toLocalIterator() if table is not None else []
-        for number, row in enumerate(rows, start=1):
-            name = row.path.rsplit("/", 1)[-1]
-            image_id = image_ids.get(name, number) if image_ids else number
-            for inst in row.instances or []:
-                x1, y1, x2, y2 = inst.box
-                result = {"image_id": image_id, "category_id": inst.class_id + 1, "score": round(float(inst.score), 5),
-                          "bbox": [x1, y1, x2 - x1, y2 - y1]}
-                if inst.mask is not None:
-                    result["segmentation"] = {"size": list(inst.mask.size), "counts": inst.mask.counts}
-                handle.write(("," if count else "") + "\n" + json.dumps(result))
-                count += 1
-        handle.write("\n]\n")
-    target = join_uri(output_uri, "coco_results.json")
-    if is_local(target):
-        os.replace(handle.name, to_local_path(target))
-    else:
-        with open(handle.name, "rb") as source:
-            write_bytes_atomic(target, source.read(), azure_credentials=azure_credentials)
-        os.unlink(handle.name)
-    return count

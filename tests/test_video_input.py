@@ -1,0 +1,180 @@
+"""Video input (issue 17): videos under --input beside images, split into segments spread over tasks, one
+detections/ row per processed frame, unreadable videos and tails as errors/ rows, resume per segment. The tests
+encode their own small videos with PyAV from synthetic road scenes (160x120)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipelines import image_sources as src
+from pipelines.datasets.synthetic_roads import RoadSceneConfig, render_scene
+from pipelines.inference_job import plan_job, run, work_units
+from pipelines.video_sources import VideoSettings
+from tests.job_helpers import job_config, read_rows
+from tests.test_faults import start_job, wait_for
+
+
+def road_frames(count: int, seed: int = 7, scenes: int = 10) -> list[np.ndarray]:
+    """`count` 160x120 RGB frames: a few synthetic road scenes, each slowly panning (every frame differs)."""
+    rng = np.random.default_rng(seed)
+    config = RoadSceneConfig(width=160, height=120, min_instances=2, max_instances=4)
+    images = [render_scene(rng, config).image for _ in range(scenes)]
+    per_scene = -(-count // scenes)
+    return [np.ascontiguousarray(np.roll(images[i // per_scene], 2 * (i % per_scene), axis=1)) for i in range(count)]
+
+
+def encode_video(path: Path, frames: list[np.ndarray], fps: int = 30, b_frames: int = 0, gop: int = 30,
+                 container_format: str | None = None) -> Path:
+    """H.264 (libx264) at `fps`, `b_frames` consecutive B-frames and a keyframe every `gop` frames."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w", format=container_format) as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames[0].shape[1], frames[0].shape[0], "yuv420p"
+        stream.options = {"bf": str(b_frames), "g": str(gop), "keyint_min": str(gop), "crf": "20",
+                          "preset": "veryfast"}
+        for rgb in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def decoded_frames(path: Path) -> list[np.ndarray]:
+    """Every frame of the video, decoded from the start by PyAV in presentation order (the reference)."""
+    with av.open(str(path)) as container:
+        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+
+
+def video_config(input_dir: Path, output_dir: Path, **video) -> dict:
+    config = job_config(input_dir, output_dir)
+    config["input"]["video"].update(video)
+    return config
+
+
+def frame_rows(spark, output: Path, name: str) -> list:
+    rows = [r for r in read_rows(spark, output, "detections") if r.path.endswith("/" + name)]
+    return sorted(rows, key=lambda r: r.frame_index)
+
+
+def instances(row) -> list[dict]:
+    return [inst.asDict(recursive=True) for inst in row.instances or []]
+
+
+@pytest.fixture(scope="module")
+def clip_10s(tmp_path_factory) -> Path:
+    """10 s at 30 frames/s: 300 frames."""
+    return encode_video(tmp_path_factory.mktemp("clip") / "videos" / "clip.mp4", road_frames(300))
+
+
+def test_stride_1_and_5_give_exact_frames_and_timestamps_and_detections_equal_to_images(spark, clip_10s, tmp_path):
+    every = run(spark, video_config(clip_10s.parent, tmp_path / "every"))
+    fifth = run(spark, video_config(clip_10s.parent, tmp_path / "fifth", frame_stride=5))
+    rows = frame_rows(spark, tmp_path / "every", "clip.mp4")
+    assert [r.frame_index for r in rows] == list(range(300))
+    assert [r.timestamp_s for r in rows] == pytest.approx([i / 30 for i in range(300)], abs=1e-9)
+    sampled = frame_rows(spark, tmp_path / "fifth", "clip.mp4")
+    assert [r.frame_index for r in sampled] == list(range(0, 300, 5))
+    assert [r.timestamp_s for r in sampled] == pytest.approx([i / 30 for i in range(0, 300, 5)], abs=1e-9)
+    assert every["counts"]["frames"] == 300 and fifth["counts"]["frames"] == 60 and every["counts"]["videos"] == 1
+    assert all((r.width, r.height, r.segment_start) == (160, 120, 0) for r in rows[:256])
+    assert (tmp_path / "every" / "masks" / "clip.mp4" / "000005.png").is_file()
+    assert sampled[1].mask_path.endswith("/masks/clip.mp4/000005.png")
+
+    # the same decoded frames as PNG images through the job: identical detections
+    images = tmp_path / "frames"
+    images.mkdir()
+    reference = decoded_frames(clip_10s)
+    for index in range(0, 300, 5):
+        Image.fromarray(reference[index]).save(images / f"{index:06d}.png")
+    run(spark, job_config(images, tmp_path / "images"))
+    by_image = {int(Path(r.path).stem): r for r in read_rows(spark, tmp_path / "images", "detections")}
+    assert sum(len(r.instances) for r in by_image.values()) > 0, "the model finds something in road scenes"
+    every_by_index = {r.frame_index: r for r in rows}
+    for row in sampled:
+        image_row = by_image[row.frame_index]
+        assert image_row.frame_index is None and image_row.timestamp_s is None
+        assert instances(row) == instances(image_row), f"frame {row.frame_index}"
+        assert instances(every_by_index[row.frame_index]) == instances(image_row), f"frame {row.frame_index}"
+
+
+def test_long_b_frame_video_is_split_over_tasks_without_missing_or_duplicate_frames(spark, tmp_path):
+    videos = tmp_path / "in"
+    clip = encode_video(videos / "long.mp4", road_frames(100, seed=3), b_frames=3, gop=12)
+    Image.fromarray(road_frames(1, seed=5)[0]).save(videos / "still.png")
+    config = video_config(videos, tmp_path / "out", segment_frames=16)   # 7 segments > 16 frames x 2 partitions
+
+    # the units the inference tasks get: the video's segments lie in both partitions
+    plan = plan_job(config, "yolact")
+    listing = src.list_images(spark, plan.input_uri, [".png", ".mp4"])
+    units, n_videos = work_units(spark, plan, listing, VideoSettings.from_config(config["input"]["video"]))
+    balanced = src.balanced(src.assign_partitions(units, 2, order=("path", "segment_start")), 2)
+    placed = balanced.rdd.mapPartitionsWithIndex(
+        lambda part, rows: [(part, row.segment_start) for row in rows if row.segment_start is not None]).collect()
+    assert n_videos == 1 and sorted(start for _, start in placed) == list(range(0, 100, 16))
+    assert {part for part, _ in placed} == {0, 1}, "the long video's segments go to several tasks"
+
+    summary = run(spark, config)
+    rows = frame_rows(spark, tmp_path / "out", "long.mp4")
+    assert [r.frame_index for r in rows] == list(range(100)), "every frame exactly once across segment boundaries"
+    assert sorted({r.segment_start for r in rows}) == list(range(0, 100, 16))
+    assert all(r.segment_start <= r.frame_index < r.segment_end for r in rows)
+    assert summary["counts"]["done"] == 101 and summary["counts"]["failed"] == 0   # 100 frames + the image
+    reference = decoded_frames(clip)
+    assert len(reference) == 100
+    image_rows = [r for r in read_rows(spark, tmp_path / "out", "detections") if r.path.endswith("still.png")]
+    assert len(image_rows) == 1 and image_rows[0].frame_index is None and image_rows[0].segment_start is None
+
+
+def test_truncated_empty_and_fake_videos_are_error_rows_and_readable_frames_are_kept(spark, tmp_path):
+    videos = tmp_path / "in"
+    whole = encode_video(tmp_path / "whole.mkv", road_frames(90, seed=11), container_format="matroska")
+    data = whole.read_bytes()
+    videos.mkdir()
+    (videos / "truncated.mkv").write_bytes(data[: len(data) * 6 // 10])
+    (videos / "empty.mp4").write_bytes(b"")
+    (videos / "notes.mp4").write_text("not a video, just text named .mp4\n")
+    summary = run(spark, video_config(videos, tmp_path / "out", segment_frames=32))   # returns: the job exits 0
+
+    kept = frame_rows(spark, tmp_path / "out", "truncated.mkv")
+    assert 0 < len(kept) < 90
+    assert [r.frame_index for r in kept] == list(range(len(kept)))
+    errors = {Path(r.path).name: r for r in read_rows(spark, tmp_path / "out", "errors")}
+    assert sorted(errors) == ["empty.mp4", "notes.mp4", "truncated.mkv"], "one errors/ row per broken video"
+    tail = errors["truncated.mkv"]
+    assert tail.error_type == "VideoDecodeError.truncated" and tail.frame_index == len(kept)
+    assert (tail.segment_start, tail.segment_end) == (len(kept), 90) and "truncated.mkv" in tail.message
+    assert errors["empty.mp4"].error_type == "VideoDecodeError.empty"
+    assert errors["notes.mp4"].error_type == "VideoDecodeError.unreadable"
+    assert errors["notes.mp4"].segment_start == 0 and errors["notes.mp4"].segment_end is None
+    assert summary["counts"]["frames"] == len(kept) and summary["counts"]["failed"] == 3
+
+
+def test_driver_killed_mid_video_resumes_with_every_frame_exactly_once(spark, tmp_path):
+    videos = tmp_path / "in"
+    encode_video(videos / "clip.mp4", road_frames(96, seed=13), b_frames=2, gop=10)
+    output = tmp_path / "out"
+    config = tmp_path / "waves.yaml"
+    config.write_text("input:\n  video:\n    segment_frames: 8\nrun:\n  commit_every: 2\n  progress_interval_s: 1\n")
+    args = ("--config", str(config), "--input", str(videos), "--output", str(output), "--partitions", "2",
+            "--master", "local[2,4]")
+    job = start_job(*args)
+    try:
+        wait_for(lambda: any((output / "detections").glob("part-*.parquet")), 600, "the first committed wave", job)
+        job.kill()      # SIGKILL: no cleanup, no shutdown hooks
+        job.wait()
+    finally:
+        job.kill()
+    committed = sorted({r.segment_start for r in read_rows(spark, output, "detections")})
+    assert 0 < len(committed) < 12
+    rerun = start_job(*args)
+    log = rerun.communicate(timeout=900)[0].decode(errors="replace")
+    assert rerun.returncode == 0, log[-3000:]
+    assert f"({len(committed)} already done for this model)" in log, log[-2000:]
+    rows = read_rows(spark, output, "detections")
+    assert sorted(r.frame_index for r in rows) == list(range(96)), "every frame exactly once"
+    assert not [p for p in output.rglob("*") if "_temporary" in str(p) or ".tmp" in p.name]
