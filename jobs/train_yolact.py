@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     from pipelines.spark_session import job_session
-    from pipelines.training.launcher import run_training
+    from pipelines.training.launcher import run_training, session_conf
 
-    spark = job_session({"master": cfg.spark.master, "app_name": cfg.spark.app_name, "conf": cfg.spark.conf})
+    spark = job_session({"master": cfg.spark.master, "app_name": cfg.spark.app_name, "conf": session_conf(cfg)})
     try:
         summary = run_training(spark, cfg)
     except (ValueError, FileNotFoundError) as err:

@@ -13,7 +13,7 @@ from pycocotools import mask as mask_utils
 
 from pipelines.image_decode import decode_image
 from pipelines.training.augment import AugmentConfig, Sample, augment, to_network_input
-from pipelines.training.yolact_loss import Targets
+from pipelines.training.yolact_loss import PackedTargets, Targets
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,20 @@ class InputSpec:
 @dataclass
 class MicroBatch:
     images: torch.Tensor        # [b, 3, S, S] normalized RGB
-    targets: list[Targets]
+    targets: list[Targets] | PackedTargets
     indices: list[int]          # global sample indices
-    matches: list | None = None # per image boxes.Match, set where the loss is computed
+    matches: object = None      # boxes.BatchMatch, set where the loss is computed
+
+    def pin_memory(self) -> "MicroBatch":
+        """Page-locked copies (DataLoader's pin_memory thread calls this) for asynchronous copies to a GPU."""
+        targets = self.targets.pin_memory() if isinstance(self.targets, PackedTargets) else self.targets
+        return MicroBatch(self.images.pin_memory(), targets, self.indices, self.matches)
+
+    def to(self, device: torch.device) -> "MicroBatch":
+        targets = (self.targets.to(device, non_blocking=True) if isinstance(self.targets, PackedTargets)
+                   else [Targets(t.boxes.to(device), t.labels.to(device), t.masks.to(device), t.seed)
+                         for t in self.targets])
+        return MicroBatch(self.images.to(device, non_blocking=True), targets, self.indices, self.matches)
 
 
 def row_to_sample(row: dict) -> Sample:
@@ -48,8 +59,10 @@ def sample_seed(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec, augment_cfg: AugmentConfig | None,
-                     seed: int, epoch: int) -> MicroBatch:
-    """augment_cfg None: no augmentation (validation)."""
+                     seed: int, epoch: int, mask_sizes: list[tuple[int, int]] | None = None) -> MicroBatch:
+    """augment_cfg None: no augmentation (validation). mask_sizes (the loss's proto and semantic sizes): targets
+    come packed with their masks already downsampled to those sizes (PackedTargets, uint8) instead of a list of
+    full-size float masks: the same loss, a fraction of the bytes to move between processes and to a GPU."""
     mean = np.asarray(spec.mean_rgb, dtype=np.float32)
     std = np.asarray(spec.std_rgb, dtype=np.float32)
     images, targets = [], []
@@ -63,4 +76,5 @@ def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec,
         image, boxes, labels, masks = to_network_input(sample, spec.size, mean, std, min_box, rng, photometric)
         images.append(image)
         targets.append(Targets(boxes=boxes, labels=labels, masks=masks, seed=int(rng.integers(2**31))))
-    return MicroBatch(images=torch.stack(images), targets=targets, indices=list(indices))
+    packed = PackedTargets.pack(targets, mask_sizes) if mask_sizes is not None else targets
+    return MicroBatch(images=torch.stack(images), targets=packed, indices=list(indices))

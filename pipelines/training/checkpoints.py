@@ -36,7 +36,9 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, tor
     loaded = 0
     for name, param in params.items():
         if name in state:
-            optimizer.state[param] = {k: v.clone() if torch.is_tensor(v) else v for k, v in state[name].items()}
+            # moments follow the parameter's device; scalar counters (Adam's step) stay where torch keeps them
+            optimizer.state[param] = {k: (v.to(param.device, copy=True) if v.dim() else v.clone())
+                                      if torch.is_tensor(v) else v for k, v in state[name].items()}
             loaded += 1
     return loaded
 

@@ -13,9 +13,11 @@ from pathlib import Path
 import yaml
 
 from pipelines.training.augment import AugmentConfig
+from pipelines.training.devices import parse_use_gpu
 from pipelines.training.yolact_loss import LossConfig
 
 STRATEGIES = ("local", "ddp", "pipeline", "hybrid")
+PRECISIONS = ("f32", "bf16")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "train_yolact.yaml"
 
 
@@ -39,6 +41,8 @@ class DataSection:
     val_fraction: float = 0.1
     split_seed: int = 0
     reprepare: bool = False
+    loader_workers: int = 0             # processes decoding + augmenting micro-batches (0: in the rank itself)
+    loader_prefetch: int = 2            # micro-batches each loader worker prepares ahead
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class DistributedSection:
     pipeline_stages: int = 2
     pipeline_split: list | None = None  # first block of each stage after the first; None: balance FLOPs
     omp_wait_policy: str | None = "passive"   # OMP_WAIT_POLICY of the ranks (None: leave the environment's)
+    use_gpu: str | bool = "auto"        # auto | true | false: one GPU per rank, NCCL (pipelines.training.devices)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class TrainSection:
     lr_gamma: float = 0.1
     seed: int = 0
     channels_last: bool = True
+    precision: str = "f32"              # f32 | bf16 (torch.autocast for the forward pass; the loss in float32)
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,14 @@ class TrainConfig:
             raise TrainConfigError(f"strategy pipeline needs num_processes == pipeline_stages ({d.pipeline_stages})")
         if d.strategy == "hybrid" and (d.num_processes % d.pipeline_stages or d.num_processes < 2 * d.pipeline_stages):
             raise TrainConfigError("strategy hybrid needs num_processes = data-parallel groups (>= 2) x pipeline_stages")
+        try:
+            parse_use_gpu(d.use_gpu)
+        except ValueError as err:
+            raise TrainConfigError(str(err)) from None
+        if t.precision not in PRECISIONS:
+            raise TrainConfigError(f"train.precision {t.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.data.loader_workers < 0 or self.data.loader_prefetch < 1:
+            raise TrainConfigError("data.loader_workers must be >= 0 and data.loader_prefetch >= 1")
         if t.optimizer not in ("adamw", "sgd"):
             raise TrainConfigError(f"train.optimizer {t.optimizer!r}: choose adamw or sgd")
         if self.model.batch_norm not in ("train", "frozen"):

@@ -57,19 +57,21 @@ def coco_results(outputs: dict[str, torch.Tensor], priors: np.ndarray, rows: lis
 
 def evaluate(model: torch.nn.Module, index, spec: EvalSpec, input_spec: InputSpec, loss: YolactLoss,
              post: dict) -> dict:
-    """model: a full Yolact (its train/eval mode is changed). Returns val loss terms and the AP report."""
+    """model: a full Yolact on any device (its train/eval mode is changed); the loss and the postprocess run on
+    the CPU. Returns val loss terms and the AP report."""
     ground_truth = load_ground_truth(storage.read_bytes(spec.annotations_uri))
     by_name = {c["name"]: c["id"] for c in ground_truth.dataset["categories"]}
     category_ids = [by_name.get(name, -1) for name in spec.class_names]
     count = len(index) if not spec.max_images else min(len(index), spec.max_images)
-    priors = loss.priors.numpy()
+    priors = loss.priors.cpu().numpy()
     sums = torch.zeros(len(LOSS_KEYS))
     positives, results = 0, []
     for start in range(0, count, spec.batch_size):
         indices = list(range(start, min(start + spec.batch_size, count)))
         rows = index.read(indices)
         mb = make_micro_batch(rows, indices, input_spec, None, 0, 0)
-        outputs = eval_outputs(model, mb.images)
+        device = next(model.parameters()).device
+        outputs = {k: v.float().cpu() for k, v in eval_outputs(model, mb.images.to(device)).items()}
         matches = loss.match(mb.targets)
         positives += num_positives(matches)
         with torch.no_grad():

@@ -1,6 +1,7 @@
 """Driver side of a training run: prepare the data once with Spark, launch the ranks with pyspark's
-TorchDistributor (gloo on CPU; local mode = processes on the driver machine, cluster mode = Spark barrier tasks on
-executors), then speed figures, plots, MLflow and RUN/summary.json.
+TorchDistributor (gloo on CPU, one GPU per rank and NCCL where ``distributed.use_gpu`` says so; local mode =
+processes on the driver machine, cluster mode = Spark barrier tasks on executors), then speed figures, plots,
+MLflow and RUN/summary.json.
 
     summary = run_training(spark, load_train_config("conf/train_yolact.yaml"))
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -17,9 +19,12 @@ from pyspark.sql import SparkSession
 from pipelines import storage
 from pipelines.training import tracking
 from pipelines.training.config import TrainConfig
+from pipelines.training.devices import (GpuUnavailableError, cuda_available, local_gpu_conf, parse_use_gpu,
+                                        resolve_use_gpu)
 from pipelines.training.prepare import PrepareSpec, prepare_training_data
 from pipelines.training.progress import DriverProgress
 
+LOG = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUMMARY_NAME = "summary.json"
 
@@ -64,10 +69,50 @@ def launch(spark: SparkSession, cfg: TrainConfig) -> dict:
         os.environ["OMP_WAIT_POLICY"] = cfg.distributed.omp_wait_policy.upper()
     if not cfg.distributed.local_mode:
         ship_packages(spark)
+    cfg = with_gpu_decision(spark, cfg)
+    use_gpu = cfg.distributed.use_gpu
+    LOG.info("training on %s (%d ranks)", "GPUs, NCCL" if use_gpu else "CPUs, gloo", cfg.distributed.num_processes)
     distributor = TorchDistributor(num_processes=cfg.distributed.num_processes,
-                                   local_mode=cfg.distributed.local_mode, use_gpu=False)
+                                   local_mode=cfg.distributed.local_mode, use_gpu=use_gpu)
     with DriverProgress(cfg.run_dir, enabled=cfg.tracking.progress_bar and cfg.distributed.local_mode):
         return distributor.run(train_worker, cfg.to_dict())
+
+
+def with_gpu_decision(spark: SparkSession, cfg: TrainConfig) -> TrainConfig:
+    """cfg with distributed.use_gpu resolved to True/False (what the ranks are told)."""
+    use_gpu = gpu_decision(spark, cfg)
+    return dataclasses.replace(cfg, distributed=dataclasses.replace(cfg.distributed, use_gpu=use_gpu))
+
+
+def gpu_decision(spark: SparkSession, cfg: TrainConfig) -> bool:
+    """distributed.use_gpu resolved on the driver (devices.resolve_use_gpu); in local mode the session must also
+    give the driver one GPU per rank (spark.driver.resource.gpu.*, see session_conf), or TorchDistributor cannot
+    hand them out."""
+    d = cfg.distributed
+    use_gpu = resolve_use_gpu(d.use_gpu, d.local_mode, spark.conf.get("spark.task.resource.gpu.amount", None))
+    if use_gpu and d.local_mode:
+        gpus = spark.sparkContext.resources.get("gpu")
+        if gpus is None or len(gpus.addresses) < d.num_processes:
+            if parse_use_gpu(d.use_gpu) == "auto":
+                LOG.warning("CUDA is visible but the Spark session gives the driver no GPUs "
+                            "(spark.driver.resource.gpu.amount): training on CPUs")
+                return False
+            raise GpuUnavailableError(
+                f"distributed.use_gpu with local_mode needs the session to own {d.num_processes} GPU(s): start it with "
+                + ", ".join(f"{k}={v}" for k, v in local_gpu_conf(d.num_processes).items())
+                + " (jobs/train_yolact.py does), or use_gpu: false")
+    return use_gpu
+
+
+def session_conf(cfg: TrainConfig) -> dict[str, str]:
+    """Spark settings of the job's session: the driver's GPUs (local mode, GPUs wanted and visible), then
+    spark.conf from the config (which wins)."""
+    d = cfg.distributed
+    wanted = parse_use_gpu(d.use_gpu)
+    gpus = {}
+    if d.local_mode and wanted is not False and cuda_available():
+        gpus = local_gpu_conf(d.num_processes)
+    return {**gpus, **{str(k): str(v) for k, v in cfg.spark.conf.items()}}
 
 
 def ship_packages(spark: SparkSession) -> None:
@@ -91,7 +136,7 @@ def run_training(spark: SparkSession, cfg: TrainConfig) -> dict:
     """Prepare, train, report. Returns the summary also written to RUN/summary.json."""
     from model_export.models.yolact import get_config
 
-    cfg = resolve_paths(cfg)
+    cfg = with_gpu_decision(spark, resolve_paths(cfg))      # a GPU that is not there fails before preparing
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     print(f"run directory: {cfg.run_dir} (checkpoints/, metrics.jsonl, summary.json, plots)", flush=True)
     class_names = get_config(cfg.model.config).class_names

@@ -20,7 +20,7 @@ def send_tensors(tensors: tuple[torch.Tensor, ...], dst: int) -> None:
     dist.send(torch.tensor([header_t.numel()], dtype=torch.int64), dst)
     dist.send(header_t, dst)
     for t in tensors:
-        dist.send(t.detach().float().contiguous(), dst)
+        dist.send(t.detach().float().cpu().contiguous(), dst)     # activations travel through gloo
 
 
 def recv_tensors(src: int) -> tuple[torch.Tensor, ...]:
@@ -47,12 +47,13 @@ def gpipe_step(stage, micro_inputs, loss_of, topo) -> list:
     loss_of(i, outputs) -> (scalar loss to backpropagate, anything to return), called on the last stage only.
     Returns the per-micro-batch values of loss_of on the last stage, [] elsewhere.
     """
+    device = next(stage.parameters()).device
     saved, results = [], []
     for i, given in enumerate(micro_inputs):
         if topo.first_stage:
             inputs = given
         else:
-            inputs = tuple(t.requires_grad_() for t in recv_tensors(topo.prev_rank))
+            inputs = tuple(t.to(device).requires_grad_() for t in recv_tensors(topo.prev_rank))
         outputs = stage(inputs)
         if topo.last_stage:
             loss, result = loss_of(i, outputs)
@@ -65,7 +66,7 @@ def gpipe_step(stage, micro_inputs, loss_of, topo) -> list:
         if topo.last_stage:
             outputs.backward()
         else:
-            grads = recv_tensors(topo.next_rank)
+            grads = tuple(g.to(device) for g in recv_tensors(topo.next_rank))
             torch.autograd.backward(outputs, grads)
         if not topo.first_stage:
             send_tensors(tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs),

@@ -28,8 +28,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines import storage
-from pipelines.datasets import coco_to_dataset, dataset_to_coco, split_train_val, to_coco_rle
-from pipelines.datasets.schema import Dataset, ImageRecord
+from pipelines.datasets import coco_to_dataset, dataset_to_coco, split_train_val
+from pipelines.datasets.schema import Dataset
+from pipelines.training.shard_rows import image_rows as _rows
 
 REPORT_NAME = "prepare_report.json"
 VAL_ANNOTATIONS_NAME = "val_annotations.json"
@@ -128,35 +129,6 @@ def _class_index(dataset: Dataset, spec: PrepareSpec) -> dict[int, int]:
         raise ValueError(f"{spec.annotations_uri}: categories {unknown} are not model classes {list(spec.class_names)}:"
                          " train with a config whose class_names include them (model.class_names)")
     return {c.id: wanted[c.name] for c in dataset.categories}
-
-
-def _rows(dataset: Dataset, split: str, class_of: dict[int, int], num_shards: int) -> list[tuple]:
-    rows = []
-    for position, image in enumerate(sorted(dataset.images, key=lambda im: im.id)):
-        labels, boxes, rles = _objects(image, class_of)
-        rows.append((int(image.id), image.file_name, split, position % num_shards, int(image.width),
-                     int(image.height), labels, boxes, rles))
-    return rows
-
-
-def _objects(image: ImageRecord, class_of: dict[int, int]) -> tuple[list[int], list[float], list[str]]:
-    labels, boxes, rles = [], [], []
-    for ann in image.annotations:
-        if ann.iscrowd:
-            continue
-        x1, y1, x2, y2 = (float(v) for v in ann.box)
-        if ann.segmentation is not None:
-            rle = to_coco_rle(ann.segmentation, image.height, image.width)
-        else:
-            from pycocotools import mask as mask_utils
-
-            rle = mask_utils.merge(mask_utils.frPyObjects([[x1, y1, x2, y1, x2, y2, x1, y2]], image.height,
-                                                          image.width))
-        labels.append(class_of[ann.category_id])
-        boxes.extend([x1, y1, x2, y2])
-        counts = rle["counts"]
-        rles.append(counts.decode("ascii") if isinstance(counts, bytes) else counts)
-    return labels, boxes, rles
 
 
 def _check_images(spark: SparkSession, annotated: DataFrame, images_uri: str) -> DataFrame:

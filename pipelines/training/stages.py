@@ -102,7 +102,7 @@ def block_flops(model: Yolact, input_size: int) -> list[float]:
     from torch.utils.flop_counter import FlopCounterMode
 
     blocks = yolact_blocks(model, input_size)
-    carry = (torch.zeros(1, 3, input_size, input_size),)
+    carry = (torch.zeros(1, 3, input_size, input_size, device=next(model.parameters()).device),)
     flops = []
     with torch.no_grad():
         for block in blocks:

@@ -36,7 +36,9 @@ class DataParallelRunner:
         if topo.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.module = DistributedDataParallel(model, broadcast_buffers=False)
+            device = next(model.parameters()).device
+            self.module = DistributedDataParallel(model, broadcast_buffers=False,
+                                                  device_ids=[device] if device.type == "cuda" else None)
         else:
             self.module = model
 
@@ -45,6 +47,7 @@ class DataParallelRunner:
 
     def run(self, micro_batches, normalizer: Normalizer) -> torch.Tensor:
         total = torch.zeros(len(LOSS_KEYS))
+        on_device = []
         for i, mb in enumerate(micro_batches):
             sync = i == len(micro_batches) - 1
             context = self.module.no_sync() if (self.topo.distributed and not sync) else nullcontext()
@@ -52,7 +55,8 @@ class DataParallelRunner:
                 outputs = self.module(_images(mb, self.channels_last))
                 terms = normalizer.apply(self.loss.sums(outputs, mb.targets, mb.matches))
                 (sum(terms.values()) * self.topo.dp_size).backward()
-            total += terms_tensor(terms)
+            on_device.append(terms_tensor(terms))
+        total += torch.stack(on_device).sum(dim=0).cpu()     # one copy from the device per step
         return all_reduce_sum(total, self.topo)
 
 
@@ -77,7 +81,7 @@ class PipelineRunner:
             return sum(terms.values()), terms_tensor(terms)
 
         for terms in gpipe_step(self.stage, inputs, loss_of, self.topo):
-            total += terms
+            total += terms.cpu()
         if self.topo.strategy == "hybrid":
             for _, param in self.named_parameters():
                 if param.grad is None:

@@ -5,13 +5,19 @@ sum the positives over all ranks (the global normalizer), run the strategy's for
 optimizer. Rank 0 writes ``RUN/metrics.jsonl`` and ``RUN/progress.json``, checkpoints every N steps and at each
 epoch end (resume continues from the last one), evaluates on the val split, keeps ``best.pt`` (val mask AP) and
 stops early when the AP stops improving. Returns the run summary on rank 0 (None elsewhere).
+
+Device: one GPU per rank when ``distributed.use_gpu`` says so (``devices``: NCCL for CUDA tensors, gloo for CPU
+ones), else the CPU. Micro-batches are built in ``data.loader_workers`` processes (``loader``) and copied to the
+device; the forward pass runs under ``train.precision`` (bf16 autocast or f32), the loss in float32.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -20,10 +26,11 @@ import torch.distributed as dist
 from model_export.models.checkpoint import load_for_finetune
 from model_export.models.yolact import Yolact, get_config
 from pipelines.training import checkpoints as ckpt
-from pipelines.training.batches import InputSpec, make_micro_batch
+from pipelines.training.batches import InputSpec
 from pipelines.training.config import TrainConfig
+from pipelines.training.devices import backend_for, configure_device, parse_use_gpu, rank_device
 from pipelines.training.evaluate import EvalSpec, evaluate
-from pipelines.training.prepare import VAL_ANNOTATIONS_NAME
+from pipelines.training.loader import LoaderSpec, micro_batch_stream
 from pipelines.training.sampler import GlobalBatchSampler
 from pipelines.training.shards import ShardIndex
 from pipelines.training.strategies import make_runner
@@ -31,6 +38,7 @@ from pipelines.training.topology import Topology, all_reduce_sum, make_topology
 from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, num_positives
 from pipelines import storage
 
+LOG = logging.getLogger(__name__)
 METRICS_NAME = "metrics.jsonl"
 PROGRESS_NAME = "progress.json"
 WARMUP_STEPS_EXCLUDED = 2      # steps left out of the images/s average (first-touch allocations, thread spin-up)
@@ -71,14 +79,25 @@ def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.
     return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
 
 
+def autocast_for(device: torch.device, precision: str):
+    """The forward pass's autocast context: bf16 -> torch.autocast(bfloat16); f32 -> none."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
 class TrainingSession:
-    def __init__(self, cfg: TrainConfig, topo: Topology):
+    def __init__(self, cfg: TrainConfig, topo: Topology, device: torch.device | None = None):
         self.cfg, self.topo = cfg, topo
+        self.device = device if device is not None else torch.device("cpu")
         self.run_dir = Path(cfg.run_dir)
         self.model = build_model(cfg)
         ycfg = self.model.cfg
         self.input_spec = InputSpec(ycfg.max_size, ycfg.mean, ycfg.std)
         self.loss = YolactLoss(cfg.loss, torch.from_numpy(self.model.priors()))
+        # the sizes the loss compares masks at: prototypes and the semantic head (P3)
+        self.mask_sizes = (tuple(self.model.proto_size()), tuple(self.model.feature_map_sizes()[0]))
+        self.model = self.model.to(self.device)
         if cfg.train.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         set_train_mode(self.model, cfg.model.batch_norm)
@@ -134,8 +153,9 @@ class TrainingSession:
         self.average_batch_norm_stats()
         mine = ({}, {})
         if self.topo.dp_rank == 0:
-            mine = ({k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()
-                     if self.runner.owns(k)}, ckpt.optimizer_state_by_name(self.optimizer, self.names))
+            # checkpoints hold CPU tensors whatever the device: they load and export anywhere
+            mine = ({k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()
+                     if self.runner.owns(k)}, _to_cpu(ckpt.optimizer_state_by_name(self.optimizer, self.names)))
         parts = [mine]
         if self.topo.distributed:
             parts = [None] * self.topo.world if self.topo.rank == 0 else None
@@ -167,11 +187,13 @@ class TrainingSession:
             ycfg = self.model.cfg
             post = {"conf_thresh": ycfg.conf_thresh, "nms_thresh": ycfg.nms_thresh, "top_k": ycfg.top_k,
                     "max_num_detections": ycfg.max_num_detections}
+            from pipelines.training.prepare import VAL_ANNOTATIONS_NAME   # prepare imports pyspark: only here
+
             spec = EvalSpec(storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME), ycfg.class_names,
                             tuple(self.cfg.eval.blob_classes), self.cfg.eval.max_images)
             started = time.time()
-            report = evaluate(model, ShardIndex.open(storage.join_uri(self.cfg.data.prepared, "val")), spec,
-                              self.input_spec, self.loss, post)
+            report = evaluate(model.to(self.device), ShardIndex.open(storage.join_uri(self.cfg.data.prepared, "val")),
+                              spec, self.input_spec, self.loss, post)
             report.update({"kind": "eval", "epoch": self.state["epoch"], "step": self.state["step"],
                            "eval_seconds": round(time.time() - started, 2)})
             if report["mask_ap"] > self.state["best_ap"] + self.cfg.eval.min_delta:
@@ -200,10 +222,19 @@ class TrainingSession:
         temp.write_text(json.dumps(values))
         os.replace(temp, path)
 
-    def train_step(self, rows: dict, epoch: int, step_in_epoch: int) -> torch.Tensor:
-        micro = self.sampler.micro_batches(epoch, step_in_epoch, self.topo.dp_rank, self.topo.dp_size)
-        batches = [make_micro_batch(rows, idx, self.input_spec, self.cfg.augment, self.cfg.train.seed, epoch)
-                   for idx in micro]
+    def loader_spec(self, epoch: int) -> LoaderSpec:
+        d = self.cfg.data
+        return LoaderSpec(self.input_spec, self.cfg.augment, self.cfg.train.seed, epoch, self.mask_sizes,
+                          d.loader_workers, d.loader_prefetch, pin_memory=self.device.type == "cuda")
+
+    def epoch_micro_batches(self, epoch: int, first: int, last: int) -> list[list[list[int]]]:
+        """Per step from first to last (excluded): this rank's micro-batches (global sample indices)."""
+        return [self.sampler.micro_batches(epoch, step, self.topo.dp_rank, self.topo.dp_size)
+                for step in range(first, last)]
+
+    def train_step(self, batches: list) -> torch.Tensor:
+        """batches: this rank's micro-batches of the step (batches.MicroBatch, on the CPU) -> the loss terms."""
+        batches = [mb.to(self.device) for mb in batches]
         positives = 0
         if self.topo.last_stage:
             for mb in batches:
@@ -214,7 +245,8 @@ class TrainingSession:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.cfg, self.state["step"], self.total_steps)
         self.optimizer.zero_grad(set_to_none=True)
-        terms = self.runner.run(batches, normalizer)
+        with autocast_for(self.device, self.cfg.train.precision):
+            terms = self.runner.run(batches, normalizer)
         if math.isfinite(float(terms.sum())):
             self.optimizer.step()
         else:
@@ -228,14 +260,14 @@ class TrainingSession:
         while self.state["epoch"] < self.cfg.train.epochs and not self.state["stopped_early"] \
                 and self.state["step"] < self.total_steps:
             epoch, first = self.state["epoch"], self.state["step_in_epoch"]
-            needed = self.sampler.epoch_indices(epoch, self.topo.dp_rank, self.topo.dp_size, first)
+            last = min(steps_per_epoch, first + self.total_steps - self.state["step"])
+            per_step = self.epoch_micro_batches(epoch, first, last)
             epoch_started = time.time()
-            rows = self.train_index.read(needed)
-            for step_in_epoch in range(first, steps_per_epoch):
-                if self.state["step"] >= self.total_steps:
-                    break
-                started = time.time()
-                terms = self.train_step(rows, epoch, step_in_epoch)
+            rows = self.train_index.read([i for step in per_step for mb in step for i in mb])
+            stream = micro_batch_stream(rows, [mb for step in per_step for mb in step], self.loader_spec(epoch))
+            started = time.time()
+            for step_in_epoch, micro in zip(range(first, last), per_step):
+                terms = self.train_step([next(stream) for _ in micro])
                 seconds = time.time() - started
                 self.state["step"] += 1
                 self.state["step_in_epoch"] = step_in_epoch + 1
@@ -255,6 +287,8 @@ class TrainingSession:
                 every = self.cfg.checkpoint.every_steps
                 if every and self.state["step"] % every == 0 and self.state["step_in_epoch"] < steps_per_epoch:
                     self.checkpoint()
+                started = time.time()       # a step's time includes waiting for its micro-batches
+            stream.close()                  # stops the loader's workers
             epoch_done = self.state["step_in_epoch"] >= steps_per_epoch
             epoch_seconds.append(round(time.time() - epoch_started, 3))
             if epoch_done:
@@ -274,21 +308,30 @@ class TrainingSession:
         if self.topo.rank != 0:
             return None
         return {"strategy": self.topo.strategy, "world": self.topo.world, "stages": self.topo.stages,
-                "threads_per_process": torch.get_num_threads(), "state": dict(self.state),
+                "threads_per_process": torch.get_num_threads(), "device": str(self.device),
+                "precision": self.cfg.train.precision, "state": dict(self.state),
                 "total_steps": self.total_steps, "steps_per_epoch": steps_per_epoch,
                 "images_per_second": round(timed_images / timed_seconds, 3) if timed_seconds else None,
                 "epoch_seconds": epoch_seconds}
+
+
+def _to_cpu(state: dict) -> dict:
+    return {name: {k: v.to("cpu", copy=True) if torch.is_tensor(v) else v for k, v in values.items()}
+            for name, values in state.items()}
 
 
 def train_worker(config: dict) -> dict | None:
     """Entry point of every TorchDistributor process (env RANK, WORLD_SIZE, MASTER_ADDR/PORT set by torchrun)."""
     cfg = TrainConfig.from_dict(config)
     torch.set_num_threads(cfg.distributed.threads_per_process)
+    use_gpu = parse_use_gpu(cfg.distributed.use_gpu)
+    device = rank_device(torch.cuda.is_available() if use_gpu == "auto" else use_gpu)
+    configure_device(device)
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend_for(device))
     try:
         topo = make_topology(cfg.distributed.strategy, cfg.distributed.pipeline_stages)
-        return TrainingSession(cfg, topo).run()
+        return TrainingSession(cfg, topo, device).run()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,112 @@
+"""The parallel input pipeline and the device plumbing, without Spark: shards written in plain Python, micro-batches
+built by worker processes equal the ones built in the rank (seeded per image), targets packed at the loss's mask
+sizes give the loss of full-size targets, a training step runs with workers and bf16 autocast, and use_gpu: true
+without CUDA is a usage error."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
+from pipelines.training.augment import AugmentConfig
+from pipelines.training.batches import InputSpec, make_micro_batch
+from pipelines.training.loader import LoaderSpec, micro_batch_stream
+from pipelines.training.shard_rows import write_plain_shards
+from pipelines.training.shards import ShardIndex
+from pipelines.training.yolact_loss import LossConfig, Normalizer, YolactLoss, num_positives
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC = InputSpec(64, (123.68, 116.78, 103.94), (58.40, 57.12, 57.38))
+MASK_SIZES = ((16, 16), (8, 8))
+
+
+@pytest.fixture(scope="module")
+def plain_shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plain_shards")
+    dataset = generate_road_dataset(root / "roads", 8, 7, RoadSceneConfig(width=96, height=72, formats=("coco",)))
+    count = write_plain_shards(dataset, root / "roads" / "images", root / "prepared",
+                               tuple(c.name for c in dataset.categories), num_shards=2)
+    return root / "prepared", count
+
+
+def test_workers_build_the_same_micro_batches_as_the_rank(plain_shards):
+    prepared, count = plain_shards
+    index = ShardIndex.open(str(prepared / "train"))
+    assert len(index) == count and count >= 6
+    rows = index.read(range(count))
+    micro = [[0, 5], [3, 1], [2, 4]]
+    spec = LoaderSpec(SPEC, AugmentConfig(expand=True), seed=3, epoch=1, mask_sizes=MASK_SIZES)
+    here = list(micro_batch_stream(rows, micro, spec))
+    workers = list(micro_batch_stream(rows, micro, LoaderSpec(**{**spec.__dict__, "workers": 2, "prefetch": 1})))
+    assert [mb.indices for mb in workers] == micro
+    for a, b in zip(here, workers):
+        assert torch.equal(a.images, b.images)
+        assert torch.equal(a.targets.boxes, b.targets.boxes) and torch.equal(a.targets.labels, b.targets.labels)
+        assert a.targets.seeds == b.targets.seeds
+        for size in MASK_SIZES:
+            assert torch.equal(a.targets.small_masks[size], b.targets.small_masks[size])
+
+
+def test_packed_small_masks_give_the_loss_of_full_size_masks(plain_shards):
+    prepared, count = plain_shards
+    rows = ShardIndex.open(str(prepared / "train")).read(range(count))
+    full = make_micro_batch(rows, [0, 1, 2], SPEC, AugmentConfig(), seed=1, epoch=0)
+    packed = make_micro_batch(rows, [0, 1, 2], SPEC, AugmentConfig(), seed=1, epoch=0, mask_sizes=list(MASK_SIZES))
+    assert torch.equal(full.images, packed.images)
+    generator = torch.Generator().manual_seed(0)
+    priors = torch.cat([torch.rand(200, 2, generator=generator), 0.1 + 0.4 * torch.rand(200, 2, generator=generator)],
+                       dim=1)
+    outputs = {"loc": torch.randn(3, 200, 4, generator=generator), "conf": torch.randn(3, 200, 5, generator=generator),
+               "mask": torch.randn(3, 200, 4, generator=generator),
+               "proto": torch.randn(3, 16, 16, 4, generator=generator),
+               "segm": torch.randn(3, 4, 8, 8, generator=generator)}
+    loss = YolactLoss(LossConfig(), priors)
+    terms = []
+    for targets in (full.targets, packed.targets):
+        matches = loss.match(targets)
+        assert num_positives(matches) > 0
+        terms.append(Normalizer(num_positives(matches), 3).apply(loss.sums(outputs, targets, matches)))
+    for key in terms[0]:
+        assert float(terms[1][key]) == pytest.approx(float(terms[0][key]), rel=1e-6), key
+
+
+def test_training_steps_with_loader_workers_and_bf16(plain_shards, tmp_path):
+    """The rank's loop (TrainingSession) over plain shards, 2 loader workers, bf16 autocast on the CPU."""
+    from pipelines.training.config import TrainConfig
+    from pipelines.training.topology import make_topology
+    from pipelines.training.trainer import TrainingSession
+
+    prepared, _ = plain_shards
+    cfg = TrainConfig.from_dict({
+        "run_dir": str(tmp_path / "run"), "data": {"prepared": str(prepared), "loader_workers": 2},
+        "model": {"max_size": 64}, "distributed": {"threads_per_process": 1, "use_gpu": False},
+        "train": {"epochs": 1, "max_steps": 2, "global_batch": 4, "micro_batch": 2, "precision": "bf16"},
+        "checkpoint": {"every_steps": 0}, "eval": {"every_epochs": 0}})
+    session = TrainingSession(cfg, make_topology("local", 1))
+    assert session.mask_sizes == ((16, 16), (8, 8))
+    summary = session.run()
+    assert summary["state"]["step"] == 2 and summary["precision"] == "bf16" and summary["device"] == "cpu"
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "step_00000002.pt", weights_only=True)
+    assert all(v.device.type == "cpu" for v in checkpoint["model"].values())
+
+
+def test_use_gpu_true_without_cuda_is_a_usage_error():
+    """A process that sees no CUDA device (CUDA_VISIBLE_DEVICES empty): resolve_use_gpu(True) and rank_device(True)
+    raise GpuUnavailableError, a UsageError (exit 2 in the job)."""
+    code = ("from pipelines.errors import UsageError\n"
+            "from pipelines.training.devices import GpuUnavailableError, rank_device, resolve_use_gpu\n"
+            "assert issubclass(GpuUnavailableError, UsageError)\n"
+            "assert resolve_use_gpu('auto', True) is False and resolve_use_gpu(False, True) is False\n"
+            "assert resolve_use_gpu('auto', False, '1') is True and resolve_use_gpu('auto', False, None) is False\n"
+            "for call in (lambda: resolve_use_gpu(True, True), lambda: rank_device(True)):\n"
+            "    try:\n        call()\n    except GpuUnavailableError as err:\n        print('refused:', err)\n"
+            "    else:\n        raise SystemExit('no error')\n")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("refused:") == 2 and "use_gpu" in result.stdout
