@@ -70,7 +70,7 @@ bench: $(VENV)/.stamp-test
 
 # The job's executor function (P processes x 1 thread, masks written) vs benchmark_app (P streams x 1 thread), the
 # previous per-image code beside the current one -> reports/executor.md, .json. Options: BENCH_EXECUTOR_ARGS="--r50
-# --detector --processes 16 --precisions f32,bf16" (python scripts/bench_executor.py --help)
+# --detector --int8 --processes 16 --precisions f32,bf16" (python scripts/bench_executor.py --help)
 .PHONY: bench-executor
 bench-executor: $(VENV)/.stamp-test
 	$(PY) scripts/bench_executor.py $(BENCH_EXECUTOR_ARGS)

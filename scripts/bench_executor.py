@@ -27,9 +27,7 @@ import logging
 import multiprocessing as mp
 import os
 import platform
-import re
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -42,11 +40,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 import numpy as np  # noqa: E402
 
 from bench import images as bench_images  # noqa: E402
+from bench.benchmark_app import run_benchmark_app  # noqa: E402
 
 log = logging.getLogger("bench_executor")
-BENCHMARK_APP = Path(sys.executable).with_name("benchmark_app")
-if not BENCHMARK_APP.exists():   # openvino installed outside the interpreter's env (pip --target): its script dir
-    BENCHMARK_APP = Path(shutil.which("benchmark_app") or BENCHMARK_APP)
 EXECUTOR_SIZES = ((640, 480), (1280, 960), (1920, 1080), (480, 640), (1024, 768), (1080, 1920), (800, 600),
                   (1600, 1200))   # (width, height), cycled: 480-1920 px
 STAGES = ("read", "preprocess", "infer", "postprocess", "write")
@@ -204,22 +200,6 @@ def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeo
             "errors": sum((r["errors"] for r in got), [])[:3]}
 
 
-def benchmark_app(xml: Path, precision: str, processes: int, seconds: int) -> dict:
-    command = [str(BENCHMARK_APP), "-m", str(xml), "-d", "CPU", "-hint", "none", "-nstreams", str(processes),
-               "-nthreads", str(processes), "-infer_precision", precision, "-t", str(seconds)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 300)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    found = re.search(r"Throughput:\s+([\d.]+)\s*FPS", done.stdout)
-    count = re.search(r"Count:\s+(\d+)\s*iterations", done.stdout)
-    if done.returncode != 0 or not found:
-        raise RuntimeError(f"benchmark_app failed (exit {done.returncode}): {done.stdout[-800:]}{done.stderr[-800:]}")
-    return {"images_per_s": float(found.group(1)), "command": " ".join(command[1:]).replace(str(REPO) + "/", ""),
-            # CPU seconds per inference, compile and warm-up included (a few % high): load-robust, unlike img/s
-            "cpu_s_per_image": round(cpu / int(count.group(1)), 5) if count else None}
-
-
 def calibrate_conf(manifest, paths: list[Path], precision: str, target: float) -> tuple[float | None, float]:
     """The manifest's conf_thresh, or the first lower step giving >= target detections per image (8 images)."""
     from pipelines import yolact_postprocess as yp
@@ -349,6 +329,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="images for models with an input over 400 px (R50 550; default 32)")
     parser.add_argument("--batch-size", type=int, default=8, help="images per pandas batch (the job's default)")
     parser.add_argument("--seconds", type=int, default=15, help="benchmark_app duration (-t)")
+    parser.add_argument("--int8", action="store_true",
+                        help="also an INT8 copy of the bundled model (NNCF, scripts/bench/int8_model.py); on a machine "
+                             "without NNCF make it there and pass it with --model")
     parser.add_argument("--no-before", action="store_true", help="skip the previous code's row")
     parser.add_argument("--no-boxes-only", action="store_true", help="skip the output.masks none row")
     parser.add_argument("--no-draft", action="store_true", help="skip the inference.jpeg_draft row")
@@ -357,6 +340,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before an executor run is abandoned")
     args = parser.parse_args(argv)
     args.model = args.model or [str(REPO / "samples" / "models" / "yolact_default")]
+    if args.int8:
+        from bench.int8_model import BUNDLED, CALIBRATION_SEED, make_int8_model, synthetic_calibration
+
+        int8_dir, _ = make_int8_model(BUNDLED, Path(args.work_dir) / "yolact_default_int8", synthetic_calibration(64),
+                                      f"synthetic roads, seed {CALIBRATION_SEED}")
+        args.model.append(str(int8_dir))
     args.precisions = [p for p in args.precisions.split(",") if p]
     if any(p not in ("f32", "bf16") for p in args.precisions) or args.processes < 1 or args.images < 1:
         parser.error("--precisions takes f32 and/or bf16; --processes and --images must be >= 1")
@@ -386,7 +375,7 @@ def main(argv=None) -> int:
                 conf, mean = calibrate_conf(manifest, paths, precision, target=90)
                 row.update(conf_thresh=conf, calibration_detections=mean)
                 log.info("%s %s: benchmark_app, %d streams x 1 thread", name, precision, args.processes)
-                row["benchmark_app"] = benchmark_app(manifest.path("ir_xml"), precision, args.processes,
+                row["benchmark_app"] = run_benchmark_app(manifest.path("ir_xml"), precision, args.processes,
                                                      args.seconds)
                 log.info("  %s img/s", row["benchmark_app"]["images_per_s"])
                 row["variants"] = {}
@@ -408,7 +397,7 @@ def main(argv=None) -> int:
                              result["detections_per_image"], result["stage_s_per_image"])
                     row["variants"][variant] = result
                 # again after the executor runs: the ceiling is the mean, and the spread shows load drift
-                again = benchmark_app(manifest.path("ir_xml"), precision, args.processes, args.seconds)
+                again = run_benchmark_app(manifest.path("ir_xml"), precision, args.processes, args.seconds)
                 first = row["benchmark_app"]["images_per_s"]
                 cpus = [c for c in (row["benchmark_app"]["cpu_s_per_image"], again["cpu_s_per_image"]) if c]
                 row["benchmark_app"].update(first_images_per_s=first, last_images_per_s=again["images_per_s"],

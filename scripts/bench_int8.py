@@ -18,9 +18,6 @@ import json
 import os
 import platform
 import re
-import resource
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,17 +27,17 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
+from bench.benchmark_app import run_benchmark_app  # noqa: E402
+from bench.int8_model import BUNDLED, CALIBRATION_SEED, make_int8_model  # noqa: E402
 from model_export import quantize  # noqa: E402
 from model_export.parity import detection_agreement  # noqa: E402
 from model_export.yolact_export import INT8_GATE_SCORE  # noqa: E402
 from pipelines import yolact_postprocess as yp  # noqa: E402
-from pipelines.model_manifest import load_manifest, write_manifest  # noqa: E402
+from pipelines.model_manifest import load_manifest  # noqa: E402
 from pipelines.openvino_runtime import CompiledIR, RuntimeSettings, cpu_count  # noqa: E402
 
-BENCHMARK_APP = Path(sys.executable).with_name("benchmark_app")
-BUNDLED = REPO / "samples" / "models" / "yolact_default"
-CALIBRATION_SEED = 777         # training used seed 1, the val split 20261122
 VAL_SEED = 20261122
 ISA_FLAGS = ("amx_int8", "amx_bf16", "avx512_vnni", "avx512_bf16", "avx512f", "avx_vnni", "avx2")
 ROAD_GROUPS = {"blobs": ("pothole", "patch", "puddle"), "crack": ("crack",)}
@@ -52,46 +49,6 @@ def cpu_info() -> dict:
     model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
     return {"model": model.group(1).strip() if model else platform.processor(), "cpus": cpu_count(),
             "flags": [f for f in ISA_FLAGS if f in flags], "bf16": bool({"amx_bf16", "avx512_bf16"} & flags)}
-
-
-def benchmark_app(xml: Path, precision: str, streams: int, seconds: int) -> dict:
-    command = [str(BENCHMARK_APP), "-m", str(xml), "-d", "CPU", "-hint", "none", "-nstreams", str(streams),
-               "-nthreads", str(streams), "-infer_precision", precision, "-t", str(seconds)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 300)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    found = re.search(r"Throughput:\s+([\d.]+)\s*FPS", done.stdout)
-    median = re.search(r"Median:\s+([\d.]+)\s*ms", done.stdout)
-    count = re.search(r"Count:\s+(\d+)\s*iterations", done.stdout)
-    if done.returncode != 0 or not found:
-        raise RuntimeError(f"benchmark_app failed (exit {done.returncode}): {done.stdout[-800:]}{done.stderr[-800:]}")
-    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    return {"images_per_s": float(found.group(1)), "median_ms": float(median.group(1)) if median else None,
-            # CPU seconds per inference (compile and warm-up included): robust to other jobs loading the machine
-            "cpu_ms_per_image": round(1000 * cpu / int(count.group(1)), 2) if count else None,
-            "command": " ".join(["benchmark_app", *command[1:]])}
-
-
-def make_int8_model(work: Path, calibration: list, count: int) -> tuple[Path, dict]:
-    """A copy of the bundled export with an INT8 IR and the manifest `--precision int8` writes (no gate here: the
-    bench reports the numbers)."""
-    model_dir = work / "yolact_default_int8"
-    shutil.copytree(BUNDLED, model_dir)
-    manifest = load_manifest(BUNDLED)
-    tensors = [quantize.preprocess_rgb(rgb, manifest.input) for _, _, rgb in calibration[:count]]
-    start = time.perf_counter()
-    record = quantize.quantize_ir(model_dir / "model.xml", model_dir / quantize.INT8_FILES["ir_xml"], tensors,
-                                  manifest.input["name"], [])
-    record["seconds"] = round(time.perf_counter() - start, 1)
-    record["calibration"] = {"count": len(tensors), "sha256": quantize.image_set_sha256(calibration[:count]),
-                             "directory": f"synthetic roads, seed {CALIBRATION_SEED}"}
-    data = {k: v for k, v in manifest.data.items() if k not in ("format_version", "sha256")}
-    files = {role: rel for role, rel in data["files"].items() if (model_dir / rel).is_file()}   # no ONNX bundled
-    files["ir_xml_fp16"], files["ir_bin_fp16"] = files["ir_xml"], files["ir_bin"]
-    files["ir_xml"], files["ir_bin"] = quantize.INT8_FILES["ir_xml"], quantize.INT8_FILES["ir_bin"]
-    data.update(files=files, weights_precision="int8", quantization=record)
-    write_manifest(model_dir, data)
-    return model_dir, record
 
 
 def agreement(f32_dir: Path, int8_dir: Path, images: list) -> dict:
@@ -146,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         generate_road_dataset(work / "val", args.val_images, VAL_SEED, RoadSceneConfig(formats=("coco",)))
         calibration, _ = quantize.decode_all(sorted((work / "calibration" / "images").iterdir()))
         val_images, _ = quantize.decode_all(sorted((work / "val" / "images").iterdir()))
-        int8_dir, record = make_int8_model(work, calibration, args.calibration_count)
+        int8_dir, record = make_int8_model(BUNDLED, work / "yolact_default_int8", calibration[:args.calibration_count],
+                                           f"synthetic roads, seed {CALIBRATION_SEED}")
         agree = agreement(BUNDLED, int8_dir, val_images)
         ap = {"f32": mask_ap(BUNDLED, work / "val"), "int8": mask_ap(int8_dir, work / "val")}
         streams = cpu["cpus"]
@@ -157,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = {}
         for n in (streams, 1):          # f32 and INT8 back to back per stream count: the same machine load
             for label, xml, precision in rows:
-                bench[(label, n)] = benchmark_app(xml, precision, n, args.seconds)
+                bench[(label, n)] = run_benchmark_app(xml, precision, n, args.seconds)
                 print(label, n, bench[(label, n)]["images_per_s"], bench[(label, n)]["cpu_ms_per_image"], flush=True)
     write_report(Path(args.out), cpu, record, agree, ap, bench, args)
     print(f"wrote {args.out}")
