@@ -13,7 +13,6 @@ import pandas as pd
 
 from pipelines.preprocess import preprocess_rgb
 from pipelines.video_decode import VideoDecodeError, decode_segment
-from pipelines.video_sources import time_base, video_source
 
 
 def is_segment(record) -> bool:
@@ -46,6 +45,8 @@ def segment_rows(task, record, guard=None) -> list[dict]:
     try:
         if guard is not None:
             guard.check(record.path)
+        from pipelines.video_sources import time_base, video_source   # Spark-side module: images need none of it
+
         base = time_base(record)
         previous = None
         if record.previous_pts is not None and not pd.isna(record.previous_pts):
