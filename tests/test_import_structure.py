@@ -101,3 +101,25 @@ def test_azure_sdk_routing_is_spelled_once():
                if '"az://", "abfs://"' in path.read_text(encoding="utf-8")
                or "('az://', 'abfs://')" in path.read_text(encoding="utf-8")]
     assert spelled == []
+
+
+EXECUTOR_MODULES = ("pipelines.image_inference", "pipelines.yolact_inference", "pipelines.detector_inference",
+                    "pipelines.video_inference", "pipelines.inference_tasks", "pipelines.mask_outputs")
+
+
+def test_executor_task_imports_neither_torch_nor_pyspark():
+    """Executors never need torch; the task itself needs no pyspark either (one-process runs, benches)."""
+    import subprocess
+    import sys
+
+    code = ("import builtins, sys\n"
+            "real = builtins.__import__\n"
+            "def refuse(name, *args, **kwargs):\n"
+            "    if name.split('.')[0] in ('torch', 'pyspark', 'torchvision'):\n"
+            "        raise ImportError(f'the executor task imported {name}')\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = refuse\n"
+            f"for module in {EXECUTOR_MODULES!r}:\n"
+            "    __import__(module)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
