@@ -1,7 +1,7 @@
 """The parallel input pipeline and the device plumbing, without Spark: shards written in plain Python, micro-batches
 built by worker processes equal the ones built in the rank (seeded per image), targets packed at the loss's mask
-sizes give the loss of full-size targets, a training step runs with workers and bf16 autocast, and use_gpu: true
-without CUDA is a usage error."""
+sizes give the loss of full-size targets, the colour distortion applied batched in torch equals the numpy one, a
+training step runs with workers and bf16 autocast, and use_gpu: true without CUDA is a usage error."""
 from __future__ import annotations
 
 import os
@@ -9,10 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
+from pipelines.training import photometric
 from pipelines.training.augment import AugmentConfig
 from pipelines.training.batches import InputSpec, make_micro_batch
 from pipelines.training.loader import LoaderSpec, micro_batch_stream
@@ -57,7 +59,9 @@ def test_packed_small_masks_give_the_loss_of_full_size_masks(plain_shards):
     rows = ShardIndex.open(str(prepared / "train")).read(range(count))
     full = make_micro_batch(rows, [0, 1, 2], SPEC, AugmentConfig(), seed=1, epoch=0)
     packed = make_micro_batch(rows, [0, 1, 2], SPEC, AugmentConfig(), seed=1, epoch=0, mask_sizes=list(MASK_SIZES))
-    assert torch.equal(full.images, packed.images)
+    finished = packed.finish_images(SPEC)           # colour draws applied in torch, batched: numpy's within float error
+    assert packed.colour.shape == (3, 5) and finished.colour is None
+    torch.testing.assert_close(finished.images, full.images, rtol=0, atol=1e-3)
     generator = torch.Generator().manual_seed(0)
     priors = torch.cat([torch.rand(200, 2, generator=generator), 0.1 + 0.4 * torch.rand(200, 2, generator=generator)],
                        dim=1)
@@ -73,6 +77,21 @@ def test_packed_small_masks_give_the_loss_of_full_size_masks(plain_shards):
         terms.append(Normalizer(num_positives(matches), 3).apply(loss.sums(outputs, targets, matches)))
     for key in terms[0]:
         assert float(terms[1][key]) == pytest.approx(float(terms[0][key]), rel=1e-6), key
+
+
+def test_batched_torch_colour_distortion_equals_the_numpy_one():
+    """Every draw combination (brightness, contrast before/after, saturation, hue with wrap-around) on random
+    images, including saturated and black pixels: torch batched == numpy per image within float error."""
+    rng = np.random.default_rng(5)
+    images = rng.uniform(0, 255, (24, 9, 11, 3)).astype(np.float32)
+    images[:, 0, 0] = 0.0
+    images[:, 0, 1] = 255.0
+    images[:, 1, :, :] = images[:, 1, :, :1]           # grey rows: zero spread
+    draws = [photometric.draw(rng) for _ in range(len(images))]
+    assert {d.contrast_first for d in draws} == {True, False} and any(d.hue == 0 for d in draws)
+    expected = np.stack([photometric.apply_numpy(image, d) for image, d in zip(images, draws)])
+    got = photometric.apply_torch(torch.from_numpy(images).permute(0, 3, 1, 2), photometric.draws_tensor(draws))
+    np.testing.assert_allclose(got.permute(0, 2, 3, 1).numpy(), expected, rtol=0, atol=2e-3)
 
 
 def test_training_steps_with_loader_workers_and_bf16(plain_shards, tmp_path):

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipelines.training import photometric
+
 CROP_MODES = (None, 0.1, 0.3, 0.7, 0.9, -1.0)   # None: whole image; the min-IoU values are never enforced (the
 #                                                 reference's check is a known no-op, kept there on purpose)
 CROP_TRIES = 50
@@ -63,19 +65,24 @@ def augment(sample: Sample, rng: np.random.Generator, cfg: AugmentConfig, mean_r
     return Sample(image, masks, boxes, labels)
 
 
-def to_network_input(sample: Sample, size: int, mean_rgb: np.ndarray, std_rgb: np.ndarray, min_box_px: float,
-                     rng: np.random.Generator | None = None, photometric: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def to_network_input(sample: Sample, size: int, mean_rgb: np.ndarray | None, std_rgb: np.ndarray | None,
+                     min_box_px: float, rng: np.random.Generator | None = None, distort: bool = False,
+                     deferred: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Resize to size x size (bilinear, align_corners=False, no antialias, like the inference preprocess), distort
-    colours (``photometric``, draws from ``rng``) and normalize. Returns image [3, S, S], boxes [G, 4] relative
-    x1y1x2y2, labels [G], masks [G, S, S]; objects whose resized box is thinner than min_box_px are dropped."""
+    colours (``distort``, draws from ``rng``) and normalize. Returns image [3, S, S], boxes [G, 4] relative
+    x1y1x2y2, labels [G], masks [G, S, S]; objects whose resized box is thinner than min_box_px are dropped.
+    deferred (a list): the colour draws are appended to it instead of applied, and the image is returned resized
+    but neither distorted nor normalized (``batches.finish_images`` does both later, batched, on the device)."""
     height, width = sample.image.shape[:2]
     image = torch.from_numpy(np.ascontiguousarray(sample.image, dtype=np.float32)).permute(2, 0, 1)[None]
     image = F.interpolate(image, size=(size, size), mode="bilinear", align_corners=False)[0]
-    if photometric:
-        distorted = photometric_distort(image.permute(1, 2, 0).numpy(), rng)
-        image = torch.from_numpy(np.ascontiguousarray(distorted)).permute(2, 0, 1)
-    image = (image - torch.from_numpy(mean_rgb)[:, None, None]) / torch.from_numpy(std_rgb)[:, None, None]
+    if deferred is not None:
+        deferred.append(photometric.draw(rng) if distort else photometric.PhotometricDraw())
+    else:
+        if distort:
+            distorted = photometric_distort(image.permute(1, 2, 0).numpy(), rng)
+            image = torch.from_numpy(np.ascontiguousarray(distorted)).permute(2, 0, 1)
+        image = (image - torch.from_numpy(mean_rgb)[:, None, None]) / torch.from_numpy(std_rgb)[:, None, None]
     boxes = torch.from_numpy(np.asarray(sample.boxes, dtype=np.float32).reshape(-1, 4).copy())
     boxes[:, 0::2] /= width
     boxes[:, 1::2] /= height
@@ -93,56 +100,11 @@ def to_network_input(sample: Sample, size: int, mean_rgb: np.ndarray, std_rgb: n
 
 # ------------------------------------------------------------------------------------------------ photometric
 def photometric_distort(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Brightness +-32 (p 0.5); then contrast x[0.5, 1.5] (p 0.5) either before or after saturation x[0.5, 1.5]
-    (p 0.5) and hue +-18 degrees (p 0.5), as the reference. Values are clipped to 0..255 before HSV."""
-    if rng.integers(2):
-        image = image + rng.uniform(-32, 32)
-    contrast_first = rng.integers(2) == 1
-    if contrast_first:
-        image = _random_contrast(image, rng)
-    hsv = rgb_to_hsv(np.clip(image, 0, 255))
-    if rng.integers(2):
-        hsv[..., 1] *= rng.uniform(0.5, 1.5)
-    if rng.integers(2):
-        hsv[..., 0] = np.mod(hsv[..., 0] + rng.uniform(-18.0, 18.0), 360.0)
-    image = hsv_to_rgb(hsv)
-    if not contrast_first:
-        image = _random_contrast(image, rng)
-    return image.astype(np.float32)
+    """[H, W, 3] float RGB 0-255 -> distorted float32 (pipelines.training.photometric: draws, then applies them)."""
+    return photometric.apply_numpy(image, photometric.draw(rng))
 
 
-def _random_contrast(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    return image * rng.uniform(0.5, 1.5) if rng.integers(2) else image
-
-
-def rgb_to_hsv(rgb: np.ndarray) -> np.ndarray:
-    """[..., 3] RGB 0-255 -> [..., 3] (hue degrees 0-360, saturation 0-1, value 0-255)."""
-    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
-    value = rgb.max(axis=-1)
-    spread = value - rgb.min(axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        saturation = np.where(value > 0, spread / value, 0.0)
-        safe = np.where(spread > 0, spread, 1.0)
-        hue = np.where(value == r, (g - b) / safe, np.where(value == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
-    hue = np.mod(hue * 60.0, 360.0)
-    hue = np.where(spread > 0, hue, 0.0)
-    return np.stack([hue, saturation, value], axis=-1).astype(np.float32)
-
-
-def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
-    """Inverse of rgb_to_hsv (saturation is clipped to 0..1)."""
-    hue, saturation, value = hsv[..., 0], np.clip(hsv[..., 1], 0, 1), hsv[..., 2]
-    sector = hue / 60.0
-    chroma = value * saturation
-    x = chroma * (1 - np.abs(np.mod(sector, 2) - 1))
-    zero = np.zeros_like(value)
-    index = np.floor(sector).astype(np.int64) % 6
-    choices_r = [chroma, x, zero, zero, x, chroma]
-    choices_g = [x, chroma, chroma, x, zero, zero]
-    choices_b = [zero, zero, x, chroma, chroma, x]
-    r, g, b = (np.choose(index, c) for c in (choices_r, choices_g, choices_b))
-    m = value - chroma
-    return np.stack([r + m, g + m, b + m], axis=-1).astype(np.float32)
+rgb_to_hsv, hsv_to_rgb = photometric.rgb_to_hsv, photometric.hsv_to_rgb
 
 
 # ------------------------------------------------------------------------------------------------- geometric

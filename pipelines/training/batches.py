@@ -12,6 +12,7 @@ import torch
 from pycocotools import mask as mask_utils
 
 from pipelines.image_decode import decode_image
+from pipelines.training import photometric
 from pipelines.training.augment import AugmentConfig, Sample, augment, to_network_input
 from pipelines.training.yolact_loss import PackedTargets, Targets
 
@@ -31,17 +32,29 @@ class MicroBatch:
     targets: list[Targets] | PackedTargets
     indices: list[int]          # global sample indices
     matches: object = None      # boxes.BatchMatch, set where the loss is computed
+    colour: torch.Tensor | None = None  # [b, 5] photometric draws: images are resized RGB 0-255, not yet
+    #                                     distorted nor normalized (finish_images does both where they run)
 
     def pin_memory(self) -> "MicroBatch":
         """Page-locked copies (DataLoader's pin_memory thread calls this) for asynchronous copies to a GPU."""
         targets = self.targets.pin_memory() if isinstance(self.targets, PackedTargets) else self.targets
-        return MicroBatch(self.images.pin_memory(), targets, self.indices, self.matches)
+        return MicroBatch(self.images.pin_memory(), targets, self.indices, self.matches, self.colour)
 
     def to(self, device: torch.device) -> "MicroBatch":
         targets = (self.targets.to(device, non_blocking=True) if isinstance(self.targets, PackedTargets)
                    else [Targets(t.boxes.to(device), t.labels.to(device), t.masks.to(device), t.seed)
                          for t in self.targets])
-        return MicroBatch(self.images.to(device, non_blocking=True), targets, self.indices, self.matches)
+        colour = self.colour.to(device) if self.colour is not None else None
+        return MicroBatch(self.images.to(device, non_blocking=True), targets, self.indices, self.matches, colour)
+
+    def finish_images(self, spec: "InputSpec") -> "MicroBatch":
+        """Apply the deferred colour distortion and normalization (batched, on the images' device)."""
+        if self.colour is None:
+            return self
+        images = photometric.apply_torch(self.images, self.colour.to(self.images.device))
+        mean = images.new_tensor(spec.mean_rgb)[None, :, None, None]
+        std = images.new_tensor(spec.std_rgb)[None, :, None, None]
+        return MicroBatch((images - mean) / std, self.targets, self.indices, self.matches)
 
 
 def row_to_sample(row: dict) -> Sample:
@@ -60,21 +73,26 @@ def sample_seed(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec, augment_cfg: AugmentConfig | None,
                      seed: int, epoch: int, mask_sizes: list[tuple[int, int]] | None = None) -> MicroBatch:
-    """augment_cfg None: no augmentation (validation). mask_sizes (the loss's proto and semantic sizes): targets
-    come packed with their masks already downsampled to those sizes (PackedTargets, uint8) instead of a list of
-    full-size float masks: the same loss, a fraction of the bytes to move between processes and to a GPU."""
+    """augment_cfg None: no augmentation (validation). mask_sizes (the loss's proto and semantic sizes): the input
+    workers' form: targets come packed with their masks already downsampled to those sizes (PackedTargets, uint8)
+    instead of a list of full-size float masks (the same loss, a fraction of the bytes to move between processes
+    and to a GPU), and the colour distortion and normalization are left to ``MicroBatch.finish_images`` (the same
+    draws, applied batched where the model runs)."""
     mean = np.asarray(spec.mean_rgb, dtype=np.float32)
     std = np.asarray(spec.std_rgb, dtype=np.float32)
     images, targets = [], []
+    deferred = [] if mask_sizes is not None else None
     for index in indices:
         sample = row_to_sample(rows[index])
         rng = sample_seed(seed, epoch, index)
         if augment_cfg is not None:
             sample = augment(sample, rng, augment_cfg, mean)
         min_box = augment_cfg.min_box_px if augment_cfg is not None else 0.0
-        photometric = augment_cfg is not None and augment_cfg.photometric
-        image, boxes, labels, masks = to_network_input(sample, spec.size, mean, std, min_box, rng, photometric)
+        distort = augment_cfg is not None and augment_cfg.photometric
+        image, boxes, labels, masks = to_network_input(sample, spec.size, mean, std, min_box, rng, distort, deferred)
         images.append(image)
         targets.append(Targets(boxes=boxes, labels=labels, masks=masks, seed=int(rng.integers(2**31))))
-    packed = PackedTargets.pack(targets, mask_sizes) if mask_sizes is not None else targets
-    return MicroBatch(images=torch.stack(images), targets=packed, indices=list(indices))
+    if mask_sizes is None:
+        return MicroBatch(images=torch.stack(images), targets=targets, indices=list(indices))
+    return MicroBatch(images=torch.stack(images), targets=PackedTargets.pack(targets, mask_sizes),
+                      indices=list(indices), colour=photometric.draws_tensor(deferred))

@@ -234,7 +234,7 @@ class TrainingSession:
 
     def train_step(self, batches: list) -> torch.Tensor:
         """batches: this rank's micro-batches of the step (batches.MicroBatch, on the CPU) -> the loss terms."""
-        batches = [mb.to(self.device) for mb in batches]
+        batches = [mb.to(self.device).finish_images(self.input_spec) for mb in batches]
         positives = 0
         if self.topo.last_stage:
             for mb in batches:
