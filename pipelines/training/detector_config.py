@@ -1,0 +1,124 @@
+"""The detector's training configuration: conf/train_detector.yaml (documented in place) as plain dataclasses.
+
+    cfg = load_detector_train_config("conf/train_detector.yaml", overrides={"distributed.strategy": "ddp"})
+
+Same sections as YOLACT's (`pipelines.training.config`: spark, data, distributed, train, checkpoint, eval,
+tracking) except `model` (a FactorNet Faster R-CNN config) and `augment` (geometric only: the model gets 0-1 RGB,
+torchvision normalizes). Strategies: local and ddp (the detector has no pipeline split). `device`: auto (CUDA when
+visible), cpu or cuda. The config travels to every rank as a dict (``to_dict``) and is rebuilt with ``from_dict``.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pipelines.errors import UsageError
+from pipelines.training.augment import AugmentConfig
+from pipelines.training.config import (CheckpointSection, DataSection, DistributedSection, EvalSection,
+                                       SparkSection, TrackingSection, TrainConfigError, TrainSection, _build)
+
+DETECTOR_STRATEGIES = ("local", "ddp")
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_DETECTOR_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "train_detector.yaml"
+
+
+class DetectorConfigError(TrainConfigError, UsageError):
+    """A bad detector training config: the message names the key and what to do (exit 2)."""
+
+
+@dataclass(frozen=True)
+class DetectorModelSection:
+    config: str = "factornet_small"     # model_export.models.factornet_detector.DETECTOR_CONFIGS
+    init: str | None = None             # a detector checkpoint / state_dict to start from (all keys must fit)
+
+
+@dataclass(frozen=True)
+class DetectorAugmentSection:
+    """Geometric augmentation (`pipelines.training.augment`); boxes only."""
+
+    expand: bool = False
+    expand_max_ratio: float = 2.0
+    sample_crop: bool = False
+    mirror: bool = True
+    min_box_px: float = 2.0
+
+    def as_augment_config(self) -> AugmentConfig:
+        return AugmentConfig(photometric=False, expand=self.expand, expand_max_ratio=self.expand_max_ratio,
+                             sample_crop=self.sample_crop, mirror=self.mirror, min_box_px=self.min_box_px)
+
+
+@dataclass(frozen=True)
+class DetectorTrainConfig:
+    run_dir: str = "output/training/detector_run"
+    device: str = "auto"
+    spark: SparkSection = field(default_factory=lambda: SparkSection(app_name="sparkseg-train-detector"))
+    data: DataSection = field(default_factory=lambda: DataSection(prepared="output/training/detector_prepared"))
+    model: DetectorModelSection = field(default_factory=DetectorModelSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
+    train: TrainSection = field(default_factory=lambda: TrainSection(channels_last=False))
+    augment: DetectorAugmentSection = field(default_factory=DetectorAugmentSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    tracking: TrackingSection = field(default_factory=lambda: TrackingSection(
+        experiment="sparkseg-train-detector"))
+
+    def __post_init__(self):
+        d, t = self.distributed, self.train
+        if d.strategy not in DETECTOR_STRATEGIES:
+            raise DetectorConfigError(
+                f"distributed.strategy {d.strategy!r}: the detector trains with {' or '.join(DETECTOR_STRATEGIES)} "
+                "(pipeline and hybrid split YOLACT only); pass --strategy local or --strategy ddp")
+        if self.device not in DEVICES:
+            raise DetectorConfigError(f"device {self.device!r}: choose one of {', '.join(DEVICES)}")
+        if d.num_processes < 1 or d.threads_per_process < 1:
+            raise DetectorConfigError("distributed.num_processes and threads_per_process must be >= 1")
+        if d.strategy == "local" and d.num_processes != 1:
+            raise DetectorConfigError("strategy local runs 1 process (use threads_per_process for more threads, "
+                                      "or --strategy ddp for more processes)")
+        if t.optimizer not in ("adamw", "sgd"):
+            raise DetectorConfigError(f"train.optimizer {t.optimizer!r}: choose adamw or sgd")
+        if t.global_batch % t.micro_batch:
+            raise DetectorConfigError(f"train.global_batch {t.global_batch} must be a multiple of train.micro_batch "
+                                      f"{t.micro_batch}")
+        if (t.global_batch // t.micro_batch) % d.num_processes:
+            raise DetectorConfigError(f"{t.global_batch // t.micro_batch} micro-batches per step cannot be split "
+                                      f"over {d.num_processes} processes: adjust train.global_batch/micro_batch")
+        from model_export.models.factornet_detector import DETECTOR_CONFIGS
+
+        if self.model.config not in DETECTOR_CONFIGS:
+            raise DetectorConfigError(f"model.config {self.model.config!r}: choose one of "
+                                      f"{', '.join(sorted(DETECTOR_CONFIGS))}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DetectorTrainConfig":
+        try:
+            return _build(cls, data, "")
+        except DetectorConfigError:
+            raise
+        except TrainConfigError as err:
+            raise DetectorConfigError(str(err)) from None
+
+
+def load_detector_train_config(path: str | Path | None = None, overrides: dict | None = None) -> DetectorTrainConfig:
+    """conf/train_detector.yaml (or `path`) with dotted `overrides` applied ({"train.epochs": 2})."""
+    path = Path(path) if path else DEFAULT_DETECTOR_CONFIG
+    if not path.is_file():
+        raise DetectorConfigError(f"{path}: no such training config (see conf/train_detector.yaml)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise DetectorConfigError(f"{path}: not valid YAML: {err}") from None
+    data = copy.deepcopy(data)
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return DetectorTrainConfig.from_dict(data)

@@ -1,0 +1,321 @@
+"""The per-rank training loop of the detector (FactorNet Faster R-CNN): ``detector_train_worker(config_dict)``,
+run by TorchDistributor in every process (or directly, in one process, without Spark: ``__main__`` below).
+
+Each step: this rank's micro-batches of the global batch (``GlobalBatchSampler``, as YOLACT), forward in train
+mode (torchvision's loss dict), backward with gradient accumulation (DDP all-reduces on the last micro-batch),
+optimizer step. Rank 0 writes RUN/metrics.jsonl and RUN/progress.json, checkpoints every N steps and at each epoch
+end (resume continues from the newest), evaluates box AP on the val split and keeps best.pt (val box AP).
+
+Without Spark (one machine, e.g. a GPU box with no Java; data read straight from a COCO folder, no val split):
+    python -m pipelines.training.detector_trainer --config conf/train_detector.yaml --device cuda \
+        --set data.images=DIR --set data.annotations=FILE --set run_dir=RUN
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from model_export.models.factornet_detector import FactorNetDetector, get_detector_config
+from pipelines import storage
+from pipelines.training import checkpoints as ckpt
+from pipelines.training.detector_config import DetectorTrainConfig, load_detector_train_config
+from pipelines.training.detector_evaluate import DetectorEvalSpec, evaluate_detector
+from pipelines.training.detector_sources import CocoFolderIndex
+from pipelines.training.detector_step import LOSS_KEYS, detector_step, make_detector_batch
+from pipelines.training.sampler import GlobalBatchSampler
+from pipelines.training.shards import ShardIndex
+
+log = logging.getLogger(__name__)
+# Same names and meaning as pipelines.training.trainer / prepare (not imported: they import pyspark, and this
+# module also runs without Spark).
+VAL_ANNOTATIONS_NAME = "val_annotations.json"
+METRICS_NAME = "metrics.jsonl"
+PROGRESS_NAME = "progress.json"
+WARMUP_STEPS_EXCLUDED = 2      # steps left out of the images/s average
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto: CUDA when visible; a CUDA rank takes GPU LOCAL_RANK (TorchDistributor / torchrun set it)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device cuda: no CUDA device is visible to this process; use device: cpu or auto")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def build_detector(cfg: DetectorTrainConfig) -> FactorNetDetector:
+    """The config's detector, identically initialized on every rank (seeded), optionally from a checkpoint."""
+    torch.manual_seed(cfg.train.seed)
+    model = FactorNetDetector(get_detector_config(cfg.model.config))
+    if cfg.model.init:
+        from model_export.detector_export import load_detector_checkpoint
+
+        load_detector_checkpoint(model, cfg.model.init)
+    return model
+
+
+def learning_rate(cfg: DetectorTrainConfig, step: int, total_steps: int) -> float:
+    """Linear warmup from warmup_init_lr, then lr times lr_gamma per passed milestone (fractions of the steps)."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.warmup_init_lr + (t.lr - t.warmup_init_lr) * step / max(t.warmup_steps, 1)
+    passed = sum(1 for m in t.lr_milestones if step >= float(m) * total_steps)
+    return t.lr * t.lr_gamma ** passed
+
+
+def make_optimizer(cfg: DetectorTrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    t = cfg.train
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+
+
+class DetectorTrainingSession:
+    def __init__(self, cfg: DetectorTrainConfig, device: torch.device, train_index, val_index=None):
+        self.cfg, self.device = cfg, device
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.run_dir = Path(cfg.run_dir)
+        self.model = build_detector(cfg).to(device)
+        self.input_size = tuple(self.model.cfg.input_size)
+        self.model.train()
+        self.ddp = None
+        if self.world > 1:
+            ids = [device.index] if device.type == "cuda" else None
+            self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        self.names = {id(p): n for n, p in self.params.items()}
+        self.optimizer = make_optimizer(cfg, list(self.params.values()))
+        self.train_index, self.val_index = train_index, val_index
+        self.sampler = GlobalBatchSampler(len(train_index), cfg.train.global_batch, cfg.train.micro_batch,
+                                          cfg.train.seed)
+        self.sampler.check_data_parallel(self.world)
+        steps = self.sampler.steps_per_epoch * cfg.train.epochs
+        self.total_steps = min(steps, cfg.train.max_steps) if cfg.train.max_steps else steps
+        self.state = {"step": 0, "epoch": 0, "step_in_epoch": 0, "best_ap": -1.0, "best_epoch": -1, "bad_evals": 0,
+                      "stopped_early": False, "skipped_steps": 0}
+
+    # ----------------------------------------------------------------------------------------------- resume
+    def resume(self) -> None:
+        path = ckpt.latest_checkpoint(self.run_dir) if self.cfg.checkpoint.resume else None
+        if path is None:
+            if self.rank == 0:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                (self.run_dir / METRICS_NAME).write_text("")
+            return
+        payload = ckpt.load_checkpoint(path)
+        self.model.load_state_dict(payload["model"])
+        ckpt.load_optimizer_state(self.optimizer, self.params,
+                                  {n: {k: v.to(self.device) if torch.is_tensor(v) and v.dim() else v
+                                       for k, v in s.items()} for n, s in payload["optimizer"].items()})
+        self.state.update(payload["state"])
+        if self.rank == 0:
+            path_metrics = self.run_dir / METRICS_NAME
+            lines = path_metrics.read_text().splitlines() if path_metrics.exists() else []
+            kept = [line for line in lines if json.loads(line).get("step", 0) <= self.state["step"]]
+            path_metrics.write_text("".join(line + "\n" for line in kept))
+            print(f"resumed from {path} at step {self.state['step']} (epoch {self.state['epoch']})", flush=True)
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def payload(self) -> dict | None:
+        """Rank 0's checkpoint dict (CPU tensors: loads anywhere); replicas' batch-norm statistics averaged."""
+        if self.world > 1:
+            for buffer in self.model.buffers():
+                if buffer.is_floating_point():
+                    dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+                    buffer /= self.world
+        if self.rank != 0:
+            return None
+        model_state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        optimizer_state = {n: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()}
+                           for n, s in ckpt.optimizer_state_by_name(self.optimizer, self.names).items()}
+        return {"model": model_state, "optimizer": optimizer_state, "state": dict(self.state),
+                "config": self.cfg.to_dict(), "detector_config": self.model.cfg.name}
+
+    def checkpoint(self) -> dict | None:
+        payload = self.payload()
+        if payload is not None:
+            ckpt.save_step_checkpoint(self.run_dir, payload, self.cfg.checkpoint.keep_last)
+        return payload
+
+    # ------------------------------------------------------------------------------------------------- eval
+    def evaluate(self, payload: dict | None) -> dict | None:
+        report = None
+        if self.rank == 0 and self.val_index is not None:
+            spec = DetectorEvalSpec(storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME),
+                                    tuple(self.model.cfg.class_names), tuple(self.cfg.eval.blob_classes),
+                                    self.cfg.eval.max_images)
+            started = time.time()
+            report = evaluate_detector(self.model, self.val_index, spec, self.input_size, self.device)
+            self.model.train()
+            report.update({"kind": "eval", "epoch": self.state["epoch"], "step": self.state["step"],
+                           "eval_seconds": round(time.time() - started, 2)})
+            if report["box_ap"] > self.state["best_ap"] + self.cfg.eval.min_delta:
+                self.state.update(best_ap=report["box_ap"], best_epoch=self.state["epoch"], bad_evals=0)
+                ckpt.save_checkpoint(ckpt.checkpoint_dir(self.run_dir) / ckpt.BEST_NAME,
+                                     {**payload, "state": dict(self.state), "eval": report})
+            else:
+                self.state["bad_evals"] += 1
+            patience = self.cfg.eval.early_stopping_patience
+            self.state["stopped_early"] = bool(patience and self.state["bad_evals"] >= patience)
+            self._log(report)
+        if self.world > 1:
+            shared = [{k: self.state[k] for k in ("best_ap", "best_epoch", "bad_evals", "stopped_early")}]
+            dist.broadcast_object_list(shared, src=0)
+            self.state.update(shared[0])
+        return report
+
+    # ------------------------------------------------------------------------------------------------- train
+    def _log(self, record: dict) -> None:
+        with (self.run_dir / METRICS_NAME).open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def _progress(self, **values) -> None:
+        path = self.run_dir / PROGRESS_NAME
+        temp = path.with_name(".progress.tmp")
+        temp.write_text(json.dumps(values))
+        os.replace(temp, path)
+
+    def train_step(self, rows: dict, epoch: int, step_in_epoch: int) -> torch.Tensor:
+        micro = self.sampler.micro_batches(epoch, step_in_epoch, self.rank, self.world)
+        augment_cfg = self.cfg.augment.as_augment_config()
+        batches = [make_detector_batch(rows, idx, self.input_size, augment_cfg, self.cfg.train.seed, epoch)
+                   for idx in micro]
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.cfg, self.state["step"], self.total_steps)
+        self.optimizer.zero_grad(set_to_none=True)
+        terms = detector_step(self.ddp or self.model, batches, self.rank * len(micro),
+                              self.sampler.micro_batches_per_step, self.cfg.train.seed, self.state["step"],
+                              self.device)
+        if self.world > 1:
+            dist.all_reduce(terms, op=dist.ReduceOp.SUM)
+        if math.isfinite(float(terms.sum())):
+            self.optimizer.step()
+        else:
+            self.state["skipped_steps"] += 1
+        return terms
+
+    def run(self) -> dict | None:
+        self.resume()
+        steps_per_epoch = self.sampler.steps_per_epoch
+        timed_images, timed_seconds, epoch_seconds = 0, 0.0, []
+        while self.state["epoch"] < self.cfg.train.epochs and not self.state["stopped_early"] \
+                and self.state["step"] < self.total_steps:
+            epoch, first = self.state["epoch"], self.state["step_in_epoch"]
+            epoch_started = time.time()
+            rows = self.train_index.read(self.sampler.epoch_indices(epoch, self.rank, self.world, first))
+            for step_in_epoch in range(first, steps_per_epoch):
+                if self.state["step"] >= self.total_steps:
+                    break
+                started = time.time()
+                terms = self.train_step(rows, epoch, step_in_epoch)
+                seconds = time.time() - started
+                self.state["step"] += 1
+                self.state["step_in_epoch"] = step_in_epoch + 1
+                if self.state["step"] > WARMUP_STEPS_EXCLUDED:
+                    timed_images += self.cfg.train.global_batch
+                    timed_seconds += seconds
+                if self.rank == 0:
+                    record = {"kind": "step", "step": self.state["step"], "epoch": epoch,
+                              "lr": self.optimizer.param_groups[0]["lr"], "loss": float(terms.sum()),
+                              **{k: float(v) for k, v in zip(LOSS_KEYS, terms)}, "step_seconds": round(seconds, 4),
+                              "images_per_second": round(self.cfg.train.global_batch / seconds, 3)}
+                    self._log(record)
+                    self._progress(epoch=epoch, epochs=self.cfg.train.epochs, step_in_epoch=step_in_epoch + 1,
+                                   steps_per_epoch=steps_per_epoch, loss=record["loss"],
+                                   images_per_second=record["images_per_second"])
+                every = self.cfg.checkpoint.every_steps
+                if every and self.state["step"] % every == 0 and self.state["step_in_epoch"] < steps_per_epoch:
+                    self.checkpoint()
+            epoch_done = self.state["step_in_epoch"] >= steps_per_epoch
+            epoch_seconds.append(round(time.time() - epoch_started, 3))
+            if epoch_done:
+                self.state.update(epoch=epoch + 1, step_in_epoch=0)
+            last = self.state["epoch"] >= self.cfg.train.epochs or self.state["step"] >= self.total_steps
+            every = self.cfg.eval.every_epochs
+            evaluate_now = every > 0 and (last or (epoch_done and self.state["epoch"] % every == 0))
+            if self.rank == 0:
+                self._log({"kind": "epoch", "epoch": epoch, "step": self.state["step"],
+                           "epoch_seconds": epoch_seconds[-1]})
+            payload = self.checkpoint()
+            if evaluate_now:
+                self.evaluate(payload)
+                if payload is not None:
+                    payload["state"] = dict(self.state)
+                    ckpt.save_step_checkpoint(self.run_dir, payload, self.cfg.checkpoint.keep_last)
+        if self.rank != 0:
+            return None
+        return {"strategy": self.cfg.distributed.strategy, "world": self.world, "stages": 1,
+                "device": str(self.device), "threads_per_process": torch.get_num_threads(),
+                "state": dict(self.state), "total_steps": self.total_steps, "steps_per_epoch": steps_per_epoch,
+                "images_per_second": round(timed_images / timed_seconds, 3) if timed_seconds else None,
+                "epoch_seconds": epoch_seconds}
+
+
+def detector_train_worker(config: dict) -> dict | None:
+    """Entry point of every TorchDistributor process: ranks read the prepared shards (train and val)."""
+    cfg = DetectorTrainConfig.from_dict(config)
+    torch.set_num_threads(cfg.distributed.threads_per_process)
+    device = resolve_device(cfg.device)
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        train = ShardIndex.open(storage.join_uri(cfg.data.prepared, "train"))
+        val = ShardIndex.open(storage.join_uri(cfg.data.prepared, "val"))
+        return DetectorTrainingSession(cfg, device, train, val).run()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def train_from_folder(cfg: DetectorTrainConfig) -> dict:
+    """One process, no Spark: every annotated image of data.images / data.annotations trains; no val split
+    (evaluate the export with jobs/infer_detector.py and pipelines.evaluate)."""
+    torch.set_num_threads(cfg.distributed.threads_per_process)
+    if cfg.distributed.strategy != "local":
+        raise SystemExit("error: training from a folder runs strategy local (one process); use "
+                         "jobs/train_detector.py for ddp")
+    class_names = get_detector_config(cfg.model.config).class_names
+    index = CocoFolderIndex.open(cfg.data.images, cfg.data.annotations, tuple(class_names))
+    return DetectorTrainingSession(cfg, resolve_device(cfg.device), index, None).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML (default conf/train_detector.yaml)")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    import yaml
+
+    overrides = {}
+    for item in args.set:
+        if "=" not in item:
+            raise SystemExit(f"error: --set {item!r}: write KEY=VALUE, e.g. train.epochs=3")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = yaml.safe_load(value)
+    if args.device:
+        overrides["device"] = args.device
+    overrides["eval.every_epochs"] = 0
+    cfg = load_detector_train_config(args.config, overrides)
+    started = time.time()
+    summary = train_from_folder(cfg)
+    summary["wall_seconds"] = round(time.time() - started, 1)
+    (Path(cfg.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
