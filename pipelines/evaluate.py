@@ -64,7 +64,9 @@ def coco_ap(ground_truth: COCO, results: list[dict], iou_type: str, category_ids
     if not results:
         return {"ap": 0.0, "ap50": 0.0, "ap75": 0.0}
     with contextlib.redirect_stdout(io.StringIO()):
-        detections = ground_truth.loadRes(results)
+        # loadRes adds keys to the dicts it gets (a polygon 'segmentation' to box results): give it copies, so that
+        # box-only results stay box-only for the next call (recall_at, per-class AP).
+        detections = ground_truth.loadRes([dict(r) for r in results])
         evaluator = COCOeval(ground_truth, detections, iou_type)
         if category_ids is not None:
             evaluator.params.catIds = category_ids
