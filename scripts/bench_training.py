@@ -7,6 +7,10 @@ gloo). Writes OUT/training_report.json and OUT/training_report.md.
 
 Strategies (processes x threads): local 1x2; ddp 2x1; pipeline 2 stages, 4 micro-batches (2x1); hybrid
 2 replicas x 2 stages (4x1, oversubscribed on a 2-core machine: reported as measured).
+
+With --device cuda|cpu it measures the training step on one device instead, without Spark or Java: full step
+(real shards, augmentation on) vs the model-only ceiling, per model and precision (scripts/bench_training_step.py,
+see its --help).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
 STRATEGIES = [  # name, overrides
     ("local", {"distributed.strategy": "local", "distributed.num_processes": 1, "distributed.threads_per_process": 2}),
@@ -45,6 +50,11 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--device" or a.startswith("--device=") for a in argv):
+        import bench_training_step   # the training step on one device, no Spark (scripts/bench_training_step.py)
+
+        return bench_training_step.main(argv)
     args = parse_args(argv)
     from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
     from pipelines.spark_session import local_session

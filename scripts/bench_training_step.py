@@ -1,0 +1,268 @@
+"""Training-step benchmark without Spark or Java (`scripts/bench_training.py --device cuda|cpu` runs this):
+images/s of the full training step (the rank's TrainingSession.train_step: prepared Parquet shards decoded and
+augmented by the loader workers, matching, YOLACT loss, backward, optimizer step) against the model-only ceiling
+(forward + backward of the same model with a trivial loss on a batch already on the device), measured in the same
+run, per model and precision. Also: the loader alone (images/s its workers deliver) and the full step on batches
+already on the device (the step without input). Writes OUT/training_<device>.json and .md.
+
+    python scripts/bench_training.py --device cuda                      # R50 550 b32 and r18_small 352 b64, f32+bf16
+    python scripts/bench_training.py --device cpu --models yolact_r18_small:64:4 --steps 2 --warmup 1 --images 8
+
+The data: synthetic road images (pipelines.datasets.synthetic_roads, 640x480) written as shards with the plain
+Python writer (pipelines.training.shard_rows), read through pipelines.training.shards as a rank does.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+LOG = logging.getLogger("bench_training_step")
+DEFAULT_MODELS = "yolact_resnet50:550:32,yolact_r18_small:352:64"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    parser.add_argument("--models", default=DEFAULT_MODELS, help="config:input_size:batch, comma-separated")
+    parser.add_argument("--precisions", default="f32,bf16")
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per measurement")
+    parser.add_argument("--warmup", type=int, default=6, help="untimed steps first (cuDNN autotuning, workers)")
+    parser.add_argument("--images", type=int, default=256, help="synthetic training images (reused across steps)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="loader workers (default: cores - 2, at most 14, on cuda; 1 on cpu)")
+    parser.add_argument("--prefetch", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of the training process")
+    parser.add_argument("--data", default=None, help="where the synthetic data and shards go (default: a temp dir)")
+    parser.add_argument("--out", default=str(REPO / "reports"), help="report directory")
+    return parser.parse_args(argv)
+
+
+def machine(device) -> dict:
+    import torch
+
+    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpus": os.cpu_count(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    flags, model = set(), None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model is None:
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    info["cpu"] = model
+    info["cpu_isa"] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=torch.cuda.get_device_name(device), gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+    return info
+
+
+def prepare_data(root: Path, count: int) -> tuple[Path, int]:
+    from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
+    from pipelines.training.shard_rows import write_plain_shards
+
+    prepared = root / "prepared"
+    marker = prepared / f"_rows_{count}"
+    if marker.exists():
+        return prepared, int(marker.read_text())
+    started = time.time()
+    dataset = generate_road_dataset(root / "roads", count, 4242, RoadSceneConfig(formats=("coco",)))
+    rows = write_plain_shards(dataset, root / "roads" / "images", prepared, tuple(c.name for c in dataset.categories),
+                              num_shards=4)
+    marker.write_text(str(rows))
+    LOG.info("data: %d synthetic images -> %d shard rows in %.1f s", count, rows, time.time() - started)
+    return prepared, rows
+
+
+def synchronize(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def ceiling(session, batch: int, size: int, steps: int, warmup: int) -> float:
+    """images/s of forward + backward with a trivial loss (sum of every output's mean), input already on the device."""
+    import torch
+
+    from pipelines.training.trainer import autocast_for
+
+    model, device = session.model, session.device
+    images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    started = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            synchronize(device)
+            started = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        with autocast_for(device, session.cfg.train.precision):
+            outputs = model(images)
+            loss = sum(v.float().mean() for v in outputs.values())
+        loss.backward()
+    synchronize(device)
+    return steps * batch / (time.perf_counter() - started)
+
+
+def micro_batch_plan(rows: int, batch: int, steps: int, seed: int) -> list[list[int]]:
+    import numpy as np
+
+    order = np.concatenate([np.random.default_rng([seed, k]).permutation(rows) for k in range(steps * batch // rows + 1)])
+    return [order[i * batch:(i + 1) * batch].tolist() for i in range(steps)]
+
+
+def full_step(session, rows: dict, plan: list[list[int]], warmup: int) -> float:
+    """images/s of train_step fed by the loader (its workers' decode + augmentation included)."""
+    from pipelines.training.loader import micro_batch_stream
+
+    stream = micro_batch_stream(rows, plan, session.loader_spec(0))
+    started = 0.0
+    for step in range(len(plan)):
+        if step == warmup:
+            synchronize(session.device)
+            started = time.perf_counter()
+        session.train_step([next(stream)])
+    synchronize(session.device)
+    stream.close()
+    timed = plan[warmup:]
+    return sum(len(mb) for mb in timed) / (time.perf_counter() - started)
+
+
+def step_without_input(session, rows: dict, plan: list[list[int]], warmup: int, steps: int) -> float:
+    """images/s of train_step on two micro-batches made beforehand (no input pipeline in the time)."""
+    from pipelines.training.loader import micro_batch_stream
+
+    cached = list(micro_batch_stream(rows, plan[:2], session.loader_spec(0)))
+    started = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            synchronize(session.device)
+            started = time.perf_counter()
+        session.train_step([cached[step % 2]])
+    synchronize(session.device)
+    return steps * len(plan[0]) / (time.perf_counter() - started)
+
+
+def loader_only(session, rows: dict, plan: list[list[int]]) -> float:
+    """images/s the loader workers deliver alone (first micro-batch excluded: worker start)."""
+    from pipelines.training.loader import micro_batch_stream
+
+    stream = micro_batch_stream(rows, plan, session.loader_spec(1))
+    next(stream)
+    started = time.perf_counter()
+    count = sum(len(mb.indices) for mb in stream)
+    return count / (time.perf_counter() - started)
+
+
+def measure(args, device, prepared: Path, rows: dict, config: str, size: int, batch: int, precision: str,
+            workers: int) -> dict:
+    import torch
+
+    from pipelines.training.config import load_train_config
+    from pipelines.training.topology import make_topology
+    from pipelines.training.trainer import TrainingSession
+
+    run_dir = Path(tempfile.mkdtemp(prefix="bench-step-"))
+    cfg = load_train_config(None, {
+        "run_dir": str(run_dir), "data.prepared": str(prepared), "data.loader_workers": workers,
+        "data.loader_prefetch": args.prefetch, "model.config": config, "model.max_size": size,
+        "distributed.use_gpu": device.type == "cuda", "train.global_batch": batch, "train.micro_batch": batch,
+        "train.precision": precision, "train.optimizer": "sgd", "train.lr": 1e-4, "train.warmup_steps": 0,
+        "checkpoint.every_steps": 0, "eval.every_epochs": 0})
+    session = TrainingSession(cfg, make_topology("local", 1), device)
+    plan = micro_batch_plan(len(rows), batch, args.warmup + args.steps, seed=len(rows))
+    result = {"model": config, "input_size": size, "batch": batch, "precision": precision, "loader_workers": workers,
+              "channels_last": cfg.train.channels_last, "augment": cfg.augment.__dict__}
+    result["ceiling_images_per_s"] = round(ceiling(session, batch, size, args.steps, args.warmup), 1)
+    result["full_step_images_per_s"] = round(full_step(session, rows, plan, args.warmup), 1)
+    result["step_without_input_images_per_s"] = round(
+        step_without_input(session, rows, plan, args.warmup, args.steps), 1)
+    result["loader_only_images_per_s"] = round(loader_only(session, rows, plan[:args.steps]), 1)
+    result["ratio_full_to_ceiling"] = round(result["full_step_images_per_s"] / result["ceiling_images_per_s"], 3)
+    if device.type == "cuda":
+        result["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 1)
+        torch.cuda.reset_peak_memory_stats(device)
+    del session
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    LOG.info("%s", json.dumps(result))
+    return result
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    where = m.get("gpu") or f"CPU {m.get('cpu')}"
+    lines = [f"# Training step vs model-only ceiling on {where}", "",
+             f"torch {m['torch']}, CUDA {m.get('cuda')}, cuDNN {m.get('cudnn')}; CPU {m.get('cpu')} "
+             f"({m['cpus']} cores, ISA {', '.join(m['cpu_isa']) or '?'}, torch CPU capability "
+             f"{m['torch_cpu_capability']}); {m['platform']}", "",
+             f"Command: `{report['command']}`", "",
+             f"{report['steps']} timed steps after {report['warmup']} warm-up steps per figure; "
+             f"{report['images']} synthetic 640x480 road images in Parquet shards, augmentation on "
+             "(photometric, random crop, mirror: conf/train_yolact.yaml's defaults); SGD.", "",
+             "- ceiling: forward + backward with a trivial loss (sum of the outputs' means), batch already on the device;",
+             "- full step: TrainingSession.train_step fed by the loader workers (decode, augmentation, targets), "
+             "matching, YOLACT loss, backward, optimizer step;",
+             "- step without input: the same step on two micro-batches made beforehand;",
+             "- loader only: what the loader workers deliver with nothing else running.", "",
+             "| model | input | batch | precision | loader workers | ceiling img/s | full step img/s | full / ceiling |"
+             " step without input img/s | loader only img/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        lines.append(f"| {r['model']} | {r['input_size']} | {r['batch']} | {r['precision']} | {r['loader_workers']} | "
+                     f"{r['ceiling_images_per_s']} | {r['full_step_images_per_s']} | {r['ratio_full_to_ceiling']} | "
+                     f"{r['step_without_input_images_per_s']} | {r['loader_only_images_per_s']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[bench] %(message)s")
+    args = parse_args(argv)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        LOG.error("--device cuda but torch sees no CUDA device")
+        return 2
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+    cores = os.cpu_count() or 2
+    workers = args.workers if args.workers is not None else (min(14, max(cores - 2, 1)) if args.device == "cuda"
+                                                             else 1)
+    torch.set_num_threads(args.threads or (2 if args.device == "cuda" else max(cores - workers, 1)))
+    data_root = Path(args.data) if args.data else Path(tempfile.mkdtemp(prefix="bench-step-data-"))
+    prepared, count = prepare_data(data_root, args.images)
+    from pipelines.training.shards import ShardIndex
+
+    rows = ShardIndex.open(str(prepared / "train")).read(range(count))
+    report = {"machine": machine(device), "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
+              "steps": args.steps, "warmup": args.warmup, "images": args.images, "results": []}
+    LOG.info("machine: %s", json.dumps(report["machine"]))
+    for spec in args.models.split(","):
+        config, size, batch = spec.split(":")
+        for precision in args.precisions.split(","):
+            report["results"].append(measure(args, device, prepared, rows, config, int(size), int(batch), precision,
+                                             workers))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "training_gpu" if device.type == "cuda" else "training_cpu_step"
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / f"{name}.md").write_text(markdown(report))
+    print(markdown(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
