@@ -29,17 +29,26 @@ def current_records(spark: SparkSession, output_uri: str, model_sha256: str | No
     tables = read_tables(spark, output_uri, model_sha256, azure_credentials)
     if not tables:
         return {}
-    current = _ranked_keys(tables).where("rank = 1").select("path", "frame_index", "run_id", "table")
-    return {name: frame.join(current.where(F.col("table") == name).drop("table").alias("current"),
-                             same_record(frame, F.col("current.path"), F.col("current.frame_index"),
-                                         F.col("current.run_id")), "left_semi")
+    current = renamed_keys(_ranked_keys(tables).where("rank = 1"), "current_", with_run=True)
+    return {name: frame.join(current.where(F.col("table") == name).drop("table"),
+                             same_record("current_", with_run=True), "left_semi")
             for name, frame in tables.items()}
 
 
-def same_record(frame: DataFrame, path, frame_index, run_id=None):
-    """Join condition: `frame`'s record key equals (path, frame_index[, run_id]); frame_index is null for images."""
-    condition = (frame["path"] == path) & frame["frame_index"].eqNullSafe(frame_index)
-    return condition if run_id is None else condition & (frame["run_id"] == run_id)
+def renamed_keys(keys: DataFrame, prefix: str, with_run: bool = False) -> DataFrame:
+    """Record keys (path, frame_index[, run_id], and `table` where present) with the key columns renamed
+    <prefix><name>, to join back onto the tables they come from (no ambiguous self-join)."""
+    names = ("path", "frame_index", "run_id") if with_run else ("path", "frame_index")
+    extra = ["table"] if "table" in keys.columns else []
+    return keys.select(*[F.col(name).alias(prefix + name) for name in names], *extra)
+
+
+def same_record(prefix: str, with_run: bool = False):
+    """Join condition: a record's key (path, frame_index[, run_id]; frame_index null for images) equals the
+    renamed_keys columns <prefix>path, <prefix>frame_index[, <prefix>run_id]."""
+    condition = ((F.col("path") == F.col(prefix + "path"))
+                 & F.col("frame_index").eqNullSafe(F.col(prefix + "frame_index")))
+    return condition & (F.col("run_id") == F.col(prefix + "run_id")) if with_run else condition
 
 
 def current_detections(spark: SparkSession, output_uri: str, model_sha256: str | None = None,
@@ -91,7 +100,8 @@ def record_keys(tables: dict[str, DataFrame]) -> DataFrame:
 
 def ranked_keys(keys: DataFrame) -> DataFrame:
     """Transform: record_keys rows + `rank`; rank 1 is the current record of the image or video frame."""
-    newest = Window.partitionBy("path", "frame_index").orderBy(F.col("run_id").desc(), F.col("modification_time").desc_nulls_last())
+    newest = Window.partitionBy("path", "frame_index").orderBy(F.col("run_id").desc(),
+                                                               F.col("modification_time").desc_nulls_last())
     return keys.withColumn("rank", F.row_number().over(newest))
 
 

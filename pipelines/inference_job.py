@@ -96,12 +96,13 @@ def todo_listing(spark: SparkSession, listing: DataFrame, output_uri: str, manif
 def without_done(listing: DataFrame, done: DataFrame, broadcast: bool) -> DataFrame:
     """Transform: the listing rows whose (path, size, modification_time) is not in `done`; `done` broadcast, or both
     sides shuffled and sorted (a merge hint: Spark must not broadcast it by its own size estimate)."""
-    keys = ("path", "size", "modification_time", "segment_start")
+    keys = ("path", "size", "modification_time", "segment_start", "segment_end")
     done = done.select(*[F.col(k).alias(f"done_{k}") for k in keys])
     same = ((listing.path == done.done_path) & (listing.size == done.done_size)
             & listing.modification_time.eqNullSafe(done.done_modification_time))   # empty files have no mtime
     if "segment_start" in listing.columns:   # work units (video_sources.UNIT_SCHEMA): a video is done per segment
-        same = same & listing.segment_start.eqNullSafe(done.done_segment_start)
+        same = (same & listing.segment_start.eqNullSafe(done.done_segment_start)
+                & listing.segment_end.eqNullSafe(done.done_segment_end))
     return listing.join(F.broadcast(done) if broadcast else done.hint("merge"), same, "left_anti")
 
 
@@ -259,6 +260,8 @@ def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame,
     n_videos = clips.count() if video.extensions else 0
     if not n_videos:
         return videos.image_units(listing), 0
+    if plan.engine != "native":
+        raise src.InputError(f"{plan.input_uri}: holds {n_videos} videos; video input needs inference.engine native")
     if plan.reader == "spark" and not src.reads_on_executors(plan.input_uri):
         clips = src.with_content(spark, clips, n_videos, plan.input_uri, list(video.extensions),
                                  plan.config["input"]["recursive"], all_listed=False)

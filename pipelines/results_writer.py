@@ -142,8 +142,8 @@ def failed_paths(spark: SparkSession, output_uri: str, run_id: str, limit: int =
 
 
 def done_keys(spark: SparkSession, output_uri: str, model_sha256: str, azure_credentials=None) -> DataFrame | None:
-    """(path, size, modification_time, segment_start) of every record of this model in detections/ or errors/ (not
-    deduplicated: an anti-join needs no distinct, and skipping it saves a shuffle; segment_start is null for images,
+    """(path, size, modification_time, segment_start, segment_end) of every record of this model in detections/ or
+    errors/ (not deduplicated: an anti-join needs no distinct, and skipping it saves a shuffle; segment_start is null for images,
     a video's records are per segment). None when nothing has been written yet."""
     frames = []
     for uri in (detections_uri(output_uri), errors_uri(output_uri)):
@@ -151,7 +151,7 @@ def done_keys(spark: SparkSession, output_uri: str, model_sha256: str, azure_cre
         if frame is None:
             continue
         frames.append(frame.where(F.col("model_sha256") == model_sha256)
-                      .select("path", "size", "modification_time", "segment_start"))
+                      .select("path", "size", "modification_time", "segment_start", "segment_end"))
     if not frames:
         return None
     keys = frames[0]

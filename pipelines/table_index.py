@@ -19,7 +19,8 @@ import logging
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.incremental import TABLES, ranked_keys, read_tables, record_keys, same_record, table_counts
+from pipelines.incremental import (TABLES, ranked_keys, read_tables, record_keys, renamed_keys, same_record,
+                                   table_counts)
 from pipelines.results_writer import detections_uri, errors_uri, read_table
 from pipelines.storage import exists, join_uri, read_bytes, write_bytes_atomic
 
@@ -81,10 +82,8 @@ def apply_run(spark: SparkSession, output_uri: str, model_sha256: str, run_id: s
               written: dict[str, int], azure_credentials=None) -> dict:
     """`counts` before run `run_id` -> after it: its paths' previous current records become superseded."""
     keys = record_keys(read_tables(spark, output_uri, model_sha256, azure_credentials))
-    this_run = keys.where(F.col("run_id") == run_id).select("path", "frame_index").alias("this_run")
-    earlier = keys.where(F.col("run_id") != run_id)
-    earlier = earlier.join(this_run, same_record(earlier, F.col("this_run.path"), F.col("this_run.frame_index")),
-                           "left_semi")
+    this_run = renamed_keys(keys.where(F.col("run_id") == run_id).drop("table"), "this_run_")
+    earlier = keys.where(F.col("run_id") != run_id).join(this_run, same_record("this_run_"), "left_semi")
     previous = {row.table: row["count"] for row in
                 ranked_keys(earlier).where("rank = 1").groupBy("table").count().collect()}
     before_det, before_err = previous.get("detections", 0), previous.get("errors", 0)

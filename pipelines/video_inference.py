@@ -44,7 +44,7 @@ def segment_rows(task, record, guard=None) -> list[dict]:
     rows, pending = [], []
     try:
         if guard is not None:
-            guard.check(record.path)
+            guard.check(f"{record.path}#segment={start}")   # a poison segment, not the whole video
         from pipelines.video_sources import time_base, video_source   # Spark-side module: images need none of it
 
         base = time_base(record)

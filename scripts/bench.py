@@ -4,6 +4,7 @@
     python scripts/bench.py --quick          # 24 images, benchmark_app 10 s
     python scripts/bench.py --images 50 --rows ceiling,openvino,spark_native --precisions bf16
     python scripts/bench.py --load           # also the load figure: 10,000 small images through the job
+    python scripts/bench.py --rows none --video-seconds 5   # only the video row: a 60 fps 1080p clip, frames/s
 
 Rows: benchmark_app on the IR (the ceiling), PyTorch eager, ONNX Runtime and OpenVINO in one process, the Spark
 job (native engine, local[2]), Spark's predict_batch_udf recipe with OpenVINO at default settings, the Spark job
@@ -72,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", default=",".join(ALL_ROWS),
                         help=f"comma-separated subset of {','.join(ALL_ROWS)}, or 'none'")
     parser.add_argument("--seconds", type=int, default=20, help="benchmark_app duration (-t)")
+    parser.add_argument("--video-seconds", type=float, default=0,
+                        help="also the video row: a clip this long (60 fps, 1080p) through the job (default 0: off)")
     parser.add_argument("--load", action="store_true", help="also the load figure (not in the default run)")
     parser.add_argument("--load-images", type=int, default=10_000, help="images for --load (default 10,000)")
     parser.add_argument("--load-model", default="samples/models/yolact_default",
@@ -193,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
                    "detections and PNG masks."]
     report.write_csv(results, out / "bench.csv")
     report.write_markdown(out / "bench.md", header, results, args.precisions, rows.ROW_NAMES, load)
+    if args.video_seconds:
+        from bench import video
+
+        log(f"video: a {args.video_seconds:g} s 60 fps 1080p clip through the job")
+        with open(out / "bench.md", "a", encoding="utf-8") as handle:
+            handle.write("\n".join(video.markdown(video.run_video(work, args.video_seconds))) + "\n")
     log(f"wrote {out / 'bench.md'} and {out / 'bench.csv'}")
     print((out / "bench.md").read_text(encoding="utf-8"))
     return 0
