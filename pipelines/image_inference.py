@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -18,26 +17,13 @@ import numpy as np
 import pandas as pd
 
 from pipelines.executor_cache import LazyModel
-from pipelines.image_decode import ImageDecodeError, decode_image, decode_image_reduced
+from pipelines.image_decode import decode_image, decode_image_reduced
 from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
 from pipelines.preprocess import preprocess_rgb
-from pipelines.video_decode import VideoDecodeError
+from pipelines.result_rows import (INSTANCES_TYPE, MAX_MESSAGE, RESULT_COLUMNS, RESULT_SCHEMA,  # noqa: F401
+                                   STAGES, fail, new_row, timed)   # (re-exported: the families and tests use them)
 from pipelines.video_inference import is_segment, segment_rows
 
-STAGES = ("read", "preprocess", "infer", "postprocess", "write")
-INSTANCES_TYPE = ("array<struct<class_id:int, class_name:string, score:float, box:array<int>, "
-                  "mask:struct<size:array<int>, counts:string>>>")
-# one schema for every family; `mask` is null for box-only models
-RESULT_SCHEMA = (
-    f"path string, status string, width int, height int, instances {INSTANCES_TYPE}, mask_path string, "
-    "error_stage string, error_type string, error_message string, "
-    "size long, modification_time timestamp, "
-    # video frames (null for images): the frame's 0-based index in presentation order, its presentation time, and
-    # the segment [segment_start, segment_end) it was decoded in (the unit of resume; pipelines.video_sources)
-    "frame_index int, timestamp_s double, segment_start int, segment_end int, "
-    "timings struct<read_s:double, preprocess_s:double, infer_s:double, postprocess_s:double, write_s:double>"
-)
-MAX_MESSAGE = 2000
 MASK_OUTPUTS = ("rle_and_png", "rle", "none")   # output.masks: RLE + PNG label map | RLE only | boxes only
 
 
@@ -208,45 +194,3 @@ class ImageInference:
                 target = frame_mask_output_path(self.output_uri, row["path"], self.input_root, row["frame_index"])
             write_bytes_atomic(target, labels.png(), azure_credentials=self.azure_credentials)
             row["mask_path"] = target
-
-RESULT_COLUMNS = ["path", "status", "width", "height", "instances", "mask_path", "error_stage", "error_type",
-                  "error_message", "size", "modification_time", "frame_index", "timestamp_s", "segment_start",
-                  "segment_end", "timings"]
-
-
-def new_row(record) -> dict:
-    return {"path": record.path, "status": "error", "width": None, "height": None, "instances": None,
-            "mask_path": None, "error_stage": None, "error_type": None, "error_message": None,
-            "size": getattr(record, "size", None), "modification_time": getattr(record, "modification_time", None),
-            "frame_index": None, "timestamp_s": None, "segment_start": None, "segment_end": None,
-            "timings": {f"{s}_s": 0.0 for s in STAGES}, "_stage": None}
-
-
-class timed:
-    """Context manager: adds the elapsed seconds to row['timings'] and records the stage for error rows."""
-
-    def __init__(self, row: dict, stage: str) -> None:
-        self.row, self.stage = row, stage
-
-    def __enter__(self):
-        self.row["_stage"] = self.stage
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.row["timings"][f"{self.stage}_s"] += time.perf_counter() - self.start
-        return False
-
-
-def fail(row: dict, err: BaseException, stage: str | None = None) -> None:
-    row["status"] = "error"
-    row["error_stage"] = stage or row.get("_stage") or "unknown"
-    if isinstance(err, (ImageDecodeError, VideoDecodeError)):
-        row["error_stage"] = "decode"
-        row["error_type"] = f"{type(err).__name__}.{err.reason}"
-    else:
-        row["error_type"] = type(err).__name__
-    message = str(err) or type(err).__name__
-    if not isinstance(err, (ImageDecodeError, VideoDecodeError, ValueError, OSError)):
-        message += " | " + "".join(traceback.format_exception_only(type(err), err)).strip()
-    row["error_message"] = message[:MAX_MESSAGE]
-    row["instances"] = None

@@ -12,6 +12,7 @@ import time
 import pandas as pd
 
 from pipelines.preprocess import preprocess_rgb
+from pipelines.result_rows import fail, new_row
 from pipelines.video_decode import VideoDecodeError, decode_segment
 
 
@@ -27,8 +28,6 @@ def segment_bounds(record) -> tuple[int, int | None]:
 
 def segment_rows(task, record, guard=None) -> list[dict]:
     """All result rows of one segment unit for `task` (an ImageInference)."""
-    from pipelines.image_inference import fail, new_row
-
     start, end = segment_bounds(record)
 
     def frame_row(frame_index: int | None) -> dict:
