@@ -33,6 +33,18 @@ class DetectorConfigError(TrainConfigError, UsageError):
 class DetectorModelSection:
     config: str = "factornet_small"     # model_export.models.factornet_detector.DETECTOR_CONFIGS
     init: str | None = None             # a detector checkpoint / state_dict to start from (all keys must fit)
+    input_size: list | None = None      # [height, width] (multiples of 32) instead of the config's; export with
+    #                                     the same --input-size
+
+    def detector_config(self):
+        """The model_export DetectorConfig this section names (with its input size override)."""
+        from model_export.models.factornet_detector import get_detector_config
+
+        overrides = {"input_size": tuple(int(v) for v in self.input_size)} if self.input_size else {}
+        try:
+            return get_detector_config(self.config, **overrides)
+        except (KeyError, ValueError) as err:
+            raise DetectorConfigError(f"model: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -86,11 +98,7 @@ class DetectorTrainConfig:
         if (t.global_batch // t.micro_batch) % d.num_processes:
             raise DetectorConfigError(f"{t.global_batch // t.micro_batch} micro-batches per step cannot be split "
                                       f"over {d.num_processes} processes: adjust train.global_batch/micro_batch")
-        from model_export.models.factornet_detector import DETECTOR_CONFIGS
-
-        if self.model.config not in DETECTOR_CONFIGS:
-            raise DetectorConfigError(f"model.config {self.model.config!r}: choose one of "
-                                      f"{', '.join(sorted(DETECTOR_CONFIGS))}")
+        self.model.detector_config()      # the model exists (config name, input size)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -57,7 +57,7 @@ def resolve_device(name: str) -> torch.device:
 def build_detector(cfg: DetectorTrainConfig) -> FactorNetDetector:
     """The config's detector, identically initialized on every rank (seeded), optionally from a checkpoint."""
     torch.manual_seed(cfg.train.seed)
-    model = FactorNetDetector(get_detector_config(cfg.model.config))
+    model = FactorNetDetector(cfg.model.detector_config())
     if cfg.model.init:
         from model_export.detector_export import load_detector_checkpoint
 
@@ -273,7 +273,14 @@ def detector_train_worker(config: dict) -> dict | None:
     try:
         train = ShardIndex.open(storage.join_uri(cfg.data.prepared, "train"))
         val = ShardIndex.open(storage.join_uri(cfg.data.prepared, "val"))
-        return DetectorTrainingSession(cfg, device, train, val).run()
+        summary = DetectorTrainingSession(cfg, device, train, val).run()
+        if dist.is_initialized():
+            # TorchDistributor's local mode keeps the return value of whichever rank writes it last: give every
+            # rank rank 0's summary.
+            shared = [summary]
+            dist.broadcast_object_list(shared, src=0)
+            summary = shared[0]
+        return summary
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

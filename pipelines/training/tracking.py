@@ -36,8 +36,11 @@ def speed_report(summary: dict, baseline: dict | None) -> dict:
     return report
 
 
-def plot_curves(metrics: list[dict], out_dir: str | Path) -> list[Path]:
-    """Train loss per step (and per term), val loss and val AP per evaluation -> PNG files."""
+YOLACT_LOSS_KEYS = ("box", "conf", "mask", "semantic")
+
+
+def plot_curves(metrics: list[dict], out_dir: str | Path, loss_keys: tuple[str, ...] = YOLACT_LOSS_KEYS) -> list[Path]:
+    """Train loss per step (and per term `loss_keys`), val loss and val AP per evaluation -> PNG files."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -51,9 +54,9 @@ def plot_curves(metrics: list[dict], out_dir: str | Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         xs = [m["step"] for m in steps]
         ax.plot(xs, [m["loss"] for m in steps], label="train loss", linewidth=1.2)
-        for key in ("box", "conf", "mask", "semantic"):
+        for key in loss_keys:
             ax.plot(xs, [m[key] for m in steps], label=f"train {key}", linewidth=0.6, alpha=0.7)
-        if evals:
+        if evals and "val_loss" in evals[0]:
             ax.plot([m["step"] for m in evals], [m["val_loss"] for m in evals], "o-", label="val loss")
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
@@ -67,7 +70,7 @@ def plot_curves(metrics: list[dict], out_dir: str | Path) -> list[Path]:
     if evals:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         xs = [m["epoch"] + 1 for m in evals]
-        for key in ("mask_ap", "box_ap", "mask_ap_blobs", "mask_ap_crack"):
+        for key in ("mask_ap", "box_ap", "mask_ap_blobs", "mask_ap_crack", "box_ap_blobs", "box_ap_crack"):
             if key in evals[0]:
                 ax.plot(xs, [m[key] for m in evals], "o-", label=key)
         ax.set_xlabel("epoch")
@@ -89,7 +92,8 @@ def _mlflow_uri(uri: str) -> str:
     return uri
 
 
-def log_to_mlflow(tracking: dict, params: dict, metrics: list[dict], summary: dict, artifacts: list[Path]) -> str:
+def log_to_mlflow(tracking: dict, params: dict, metrics: list[dict], summary: dict, artifacts: list[Path],
+                  loss_keys: tuple[str, ...] = YOLACT_LOSS_KEYS) -> str:
     """One MLflow run: params, step metrics, eval metrics, speed, artifacts. Returns the run id."""
     import mlflow
 
@@ -99,8 +103,8 @@ def log_to_mlflow(tracking: dict, params: dict, metrics: list[dict], summary: di
         mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
         for m in metrics:
             if m.get("kind") == "step":
-                mlflow.log_metrics({f"train_{k}": m[k] for k in ("loss", "box", "conf", "mask", "semantic", "lr",
-                                                                  "images_per_second")}, step=m["step"])
+                mlflow.log_metrics({f"train_{k}": m[k] for k in ("loss", *loss_keys, "lr", "images_per_second")},
+                                   step=m["step"])
             elif m.get("kind") == "eval":
                 mlflow.log_metrics({k: v for k, v in m.items() if isinstance(v, (int, float))
                                     and k not in ("step", "epoch", "kind")}, step=m["step"])

@@ -1,0 +1,98 @@
+"""jobs/train_detector.py on tiny synthetic roads (real local Spark, TorchDistributor, CPU): a local run trains,
+checkpoints and evaluates box AP with pycocotools; a ddp run killed after its first checkpoint resumes and
+reproduces the local run's losses (same global batch = the same training); other strategies are refused."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.errors import UsageError
+from pipelines.training.detector_config import load_detector_train_config
+from pipelines.training.detector_step import LOSS_KEYS
+from tests.fixtures_training import REPO, tiny_roads  # noqa: F401
+from tests.test_training_resume import run_job
+
+STEPS, EVERY = 6, 2
+
+
+def settings(data: Path, prepared: Path, run_dir: Path) -> dict:
+    """128x128 input, global batch 4 in micro-batches of 2 (11 train images: 2 steps an epoch), 1 thread a rank,
+    STEPS steps, box AP at the end."""
+    return {
+        "run_dir": str(run_dir), "device": "cpu", "data.images": str(data / "images"),
+        "data.annotations": str(data / "annotations.json"), "data.prepared": str(prepared), "data.num_shards": 2,
+        "data.val_fraction": 0.25, "model.input_size": [128, 128], "distributed.threads_per_process": 1,
+        "train.epochs": 5, "train.max_steps": STEPS, "train.global_batch": 4, "train.micro_batch": 2,
+        "train.warmup_steps": 2, "train.lr_milestones": [0.5], "checkpoint.every_steps": EVERY,
+        "eval.every_epochs": 3, "tracking.mlflow_uri": str(run_dir / "mlruns"), "tracking.progress_bar": False,
+    }
+
+
+def step_losses(run_dir: Path) -> dict[int, list[float]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {m["step"]: [m["loss"], *(m[k] for k in LOSS_KEYS)] for m in rows if m["kind"] == "step"}
+
+
+@pytest.fixture(scope="module")
+def local_run(spark, tiny_roads, tmp_path_factory):  # noqa: F811
+    from pipelines.training.detector_launcher import run_detector_training
+
+    root = tmp_path_factory.mktemp("detector_training")
+    cfg = load_detector_train_config(None, settings(tiny_roads, root / "prepared", root / "local"))
+    return root, run_detector_training(spark, cfg)
+
+
+def test_local_run_trains_checkpoints_and_evaluates_box_ap(local_run):
+    root, summary = local_run
+    run_dir = root / "local"
+    losses = step_losses(run_dir)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert np.isfinite(list(losses.values())).all()
+    assert summary["state"]["step"] == STEPS and summary["world"] == 1 and summary["device"] == "cpu"
+    evaluation = summary["last_eval"]
+    assert evaluation["val_images"] == summary["prepare"]["counts"]["val"]["ok"] > 0
+    for key in ("box_ap", "box_ap50", "box_ap_blobs", "box_ap_crack"):
+        assert 0.0 <= evaluation[key] <= 1.0
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert "best.pt" in checkpoints and f"step_{STEPS:08d}.pt" in checkpoints
+    assert summary["mlflow_run_id"] and (run_dir / "loss_curves.png").is_file()
+
+
+def job_command(data: Path, prepared: Path, run_dir: Path, *extra: str) -> list[str]:
+    command = [sys.executable, str(REPO / "jobs" / "train_detector.py"), *extra]
+    quiet = {"tracking.mlflow_uri": "", "tracking.plots": False}
+    for key, value in {**settings(data, prepared, run_dir), **quiet}.items():
+        command += ["--set", f"{key}={json.dumps(value) if isinstance(value, list) else value}"]
+    return command
+
+
+def test_killed_ddp_run_resumes_and_reproduces_the_local_losses(local_run, tiny_roads, tmp_path):  # noqa: F811
+    root, _ = local_run
+    killed = tmp_path / "ddp"
+    command = job_command(tiny_roads, root / "prepared", killed, "--strategy", "ddp", "--num-processes", "2")
+    first_checkpoint = killed / "checkpoints" / f"step_{EVERY:08d}.pt"
+    assert run_job(command, tmp_path / "killed.log", kill_when=first_checkpoint) == -signal.SIGKILL
+    assert run_job(command, tmp_path / "resumed.log") == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+    assert "resumed from" in (tmp_path / "resumed.log").read_text()
+    expected, got = step_losses(root / "local"), step_losses(killed)
+    assert sorted(got) == sorted(expected)
+    np.testing.assert_allclose([got[s] for s in sorted(got)], [expected[s] for s in sorted(expected)],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_pipeline_and_hybrid_strategies_are_refused_with_a_usage_error(capsys):
+    for strategy in ("pipeline", "hybrid"):
+        with pytest.raises(UsageError, match="local or ddp"):
+            load_detector_train_config(None, {"distributed.strategy": strategy})
+    sys.path.insert(0, str(REPO / "jobs"))
+    try:
+        from train_detector import main
+    finally:
+        sys.path.remove(str(REPO / "jobs"))
+    assert main(["--strategy", "hybrid"]) == 2
+    assert "pass --strategy local or --strategy ddp" in capsys.readouterr().err
