@@ -1,6 +1,6 @@
 """Training-step benchmark without Spark or Java (`scripts/bench_training.py --device cuda|cpu` runs this):
-images/s of the full training step (the rank's TrainingSession.train_step: prepared Parquet shards decoded and
-augmented by the loader workers, matching, YOLACT loss, backward, optimizer step) against the model-only ceiling
+images/s of the full training step (the rank's loop, TrainingSession.steps: prepared Parquet shards decoded and
+augmented by the loader workers, copied to the device, matching, YOLACT loss, backward, optimizer step) against the model-only ceiling
 (forward + backward of the same model with a trivial loss on a batch already on the device), measured in the same
 run, per model and precision. Also: the loader alone (images/s its workers deliver) and the full step on batches
 already on the device (the step without input). Writes OUT/training_<device>.json and .md.
@@ -14,6 +14,7 @@ Python writer (pipelines.training.shard_rows), read through pipelines.training.s
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -128,11 +129,10 @@ def full_step(session, rows: dict, plan: list[list[int]], warmup: int) -> float:
 
     stream = micro_batch_stream(rows, plan, session.loader_spec(0))
     started = 0.0
-    for step in range(len(plan)):
-        if step == warmup:
+    for step, _ in enumerate(session.steps(stream, [1] * len(plan))):
+        if step + 1 == warmup:
             synchronize(session.device)
             started = time.perf_counter()
-        session.train_step([next(stream)])
     synchronize(session.device)
     stream.close()
     timed = plan[warmup:]
@@ -143,13 +143,12 @@ def step_without_input(session, rows: dict, plan: list[list[int]], warmup: int, 
     """images/s of train_step on two micro-batches made beforehand (no input pipeline in the time)."""
     from pipelines.training.loader import micro_batch_stream
 
-    cached = list(micro_batch_stream(rows, plan[:2], session.loader_spec(0)))
+    cached = itertools.cycle(list(micro_batch_stream(rows, plan[:2], session.loader_spec(0))))
     started = 0.0
-    for step in range(warmup + steps):
-        if step == warmup:
+    for step, _ in enumerate(session.steps(cached, [1] * (warmup + steps))):
+        if step + 1 == warmup:
             synchronize(session.device)
             started = time.perf_counter()
-        session.train_step([cached[step % 2]])
     synchronize(session.device)
     return steps * len(plan[0]) / (time.perf_counter() - started)
 
@@ -212,7 +211,7 @@ def markdown(report: dict) -> str:
              f"{report['images']} synthetic 640x480 road images in Parquet shards, augmentation on "
              "(photometric, random crop, mirror: conf/train_yolact.yaml's defaults); SGD.", "",
              "- ceiling: forward + backward with a trivial loss (sum of the outputs' means), batch already on the device;",
-             "- full step: TrainingSession.train_step fed by the loader workers (decode, augmentation, targets), "
+             "- full step: the rank's loop (TrainingSession.steps) fed by the loader workers (decode, augmentation, targets), "
              "matching, YOLACT loss, backward, optimizer step;",
              "- step without input: the same step on two micro-batches made beforehand;",
              "- loader only: what the loader workers deliver with nothing else running.", "",

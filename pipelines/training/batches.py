@@ -47,6 +47,16 @@ class MicroBatch:
         colour = self.colour.to(device) if self.colour is not None else None
         return MicroBatch(self.images.to(device, non_blocking=True), targets, self.indices, self.matches, colour)
 
+    def record_stream(self, stream) -> None:
+        """Tell the CUDA allocator these tensors (copied on another stream) are used on `stream`."""
+        tensors = [self.images, self.colour]
+        if isinstance(self.targets, PackedTargets):
+            t = self.targets
+            tensors += [t.boxes, t.labels, t.valid, t.full_masks, *(t.small_masks or {}).values()]
+        for tensor in tensors:
+            if tensor is not None:
+                tensor.record_stream(stream)
+
     def finish_images(self, spec: "InputSpec") -> "MicroBatch":
         """Apply the deferred colour distortion and normalization (batched, on the images' device)."""
         if self.colour is None:

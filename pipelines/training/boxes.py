@@ -118,6 +118,7 @@ class BatchMatch:
     gt_index: torch.Tensor
     loc: torch.Tensor
     gt_box: torch.Tensor
+    slots: object = None        # yolact_loss.MaskSlots, set by YolactLoss.match
 
     @property
     def positive(self) -> torch.Tensor:

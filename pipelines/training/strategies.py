@@ -46,7 +46,8 @@ class DataParallelRunner:
         return True
 
     def run(self, micro_batches, normalizer: Normalizer) -> torch.Tensor:
-        total = torch.zeros(len(LOSS_KEYS))
+        """Forward + backward of this rank's micro-batches, launched; returns this rank's loss terms on the device
+        (no wait for the device: ``reduce`` them)."""
         on_device = []
         for i, mb in enumerate(micro_batches):
             sync = i == len(micro_batches) - 1
@@ -56,8 +57,11 @@ class DataParallelRunner:
                 terms = normalizer.apply(self.loss.sums(outputs, mb.targets, mb.matches))
                 (sum(terms.values()) * self.topo.dp_size).backward()
             on_device.append(terms_tensor(terms))
-        total += torch.stack(on_device).sum(dim=0).cpu()     # one copy from the device per step
-        return all_reduce_sum(total, self.topo)
+        return torch.stack(on_device).sum(dim=0)
+
+    def reduce(self, terms: torch.Tensor) -> torch.Tensor:
+        """The step's global loss terms on the CPU (summed over ranks); waits for the device."""
+        return all_reduce_sum(terms.cpu(), self.topo)
 
 
 class PipelineRunner:
@@ -91,6 +95,9 @@ class PipelineRunner:
 
     def named_parameters(self):
         return [(n, p) for n, p in self.model.named_parameters() if self.stage.owns(n)]
+
+    def reduce(self, terms: torch.Tensor) -> torch.Tensor:
+        return terms                # run already summed them over the ranks
 
 
 def _images(mb, channels_last: bool) -> torch.Tensor:

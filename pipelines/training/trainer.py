@@ -97,6 +97,7 @@ class TrainingSession:
         self.loss = YolactLoss(cfg.loss, torch.from_numpy(self.model.priors()))
         # the sizes the loss compares masks at: prototypes and the semantic head (P3)
         self.mask_sizes = (tuple(self.model.proto_size()), tuple(self.model.feature_map_sizes()[0]))
+        self.copy_stream = None         # CUDA: the side stream micro-batches are copied on
         self.model = self.model.to(self.device)
         if cfg.train.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -232,26 +233,63 @@ class TrainingSession:
         return [self.sampler.micro_batches(epoch, step, self.topo.dp_rank, self.topo.dp_size)
                 for step in range(first, last)]
 
-    def train_step(self, batches: list) -> torch.Tensor:
-        """batches: this rank's micro-batches of the step (batches.MicroBatch, on the CPU) -> the loss terms."""
-        batches = [mb.to(self.device).finish_images(self.input_spec) for mb in batches]
+    def to_device(self, batches: list) -> list:
+        """Micro-batches (on the CPU, pinned on a GPU rank) -> on this rank's device, colours distorted and
+        normalized. On CUDA the copies run on a side stream, so they overlap the step in flight; no host wait."""
+        if self.device.type != "cuda":
+            return [mb.to(self.device).finish_images(self.input_spec) for mb in batches]
+        if self.copy_stream is None:
+            self.copy_stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self.copy_stream):
+            moved = [mb.to(self.device) for mb in batches]
+        compute = torch.cuda.current_stream(self.device)
+        compute.wait_stream(self.copy_stream)
+        for mb in moved:
+            mb.record_stream(compute)
+        return [mb.finish_images(self.input_spec) for mb in moved]
+
+    def match_step(self, batches: list) -> Normalizer:
+        """Match the micro-batches where the loss is computed; the global normalizer (positives summed over ranks)."""
         positives = 0
         if self.topo.last_stage:
             for mb in batches:
                 mb.matches = self.loss.match(mb.targets)
                 positives += num_positives(mb.matches)
         positives = int(all_reduce_sum(torch.tensor([positives], dtype=torch.int64), self.topo))
-        normalizer = Normalizer(positives, self.cfg.train.global_batch)
+        return Normalizer(positives, self.cfg.train.global_batch)
+
+    def launch_step(self, batches: list, normalizer: Normalizer) -> torch.Tensor:
+        """Forward + backward of the step, launched (on a GPU it runs on while the host goes on)."""
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.cfg, self.state["step"], self.total_steps)
         self.optimizer.zero_grad(set_to_none=True)
         with autocast_for(self.device, self.cfg.train.precision):
-            terms = self.runner.run(batches, normalizer)
+            return self.runner.run(batches, normalizer)
+
+    def finish_step(self, launched: torch.Tensor) -> torch.Tensor:
+        """Wait for the step, sum its loss terms over the ranks, step the optimizer unless they are not finite."""
+        terms = self.runner.reduce(launched)
         if math.isfinite(float(terms.sum())):
             self.optimizer.step()
         else:
             self.state["skipped_steps"] += 1
         return terms
+
+    def train_step(self, batches: list) -> torch.Tensor:
+        """One step on this rank's micro-batches (batches.MicroBatch, on the CPU) -> the global loss terms."""
+        batches = self.to_device(batches)
+        return self.finish_step(self.launch_step(batches, self.match_step(batches)))
+
+    def steps(self, stream, micro_per_step: list[int]):
+        """Run len(micro_per_step) steps on micro-batches from stream; yields each step's loss terms. The next
+        step's micro-batches are fetched and sent to the device while this step's forward/backward runs."""
+        pending = self.to_device([next(stream) for _ in range(micro_per_step[0])]) if micro_per_step else None
+        for k in range(len(micro_per_step)):
+            launched = self.launch_step(pending, self.match_step(pending))
+            following = (self.to_device([next(stream) for _ in range(micro_per_step[k + 1])])
+                         if k + 1 < len(micro_per_step) else None)
+            yield self.finish_step(launched)
+            pending = following
 
     def run(self) -> dict | None:
         self.resume()
@@ -266,8 +304,7 @@ class TrainingSession:
             rows = self.train_index.read([i for step in per_step for mb in step for i in mb])
             stream = micro_batch_stream(rows, [mb for step in per_step for mb in step], self.loader_spec(epoch))
             started = time.time()
-            for step_in_epoch, micro in zip(range(first, last), per_step):
-                terms = self.train_step([next(stream) for _ in micro])
+            for step_in_epoch, terms in zip(range(first, last), self.steps(stream, [len(m) for m in per_step])):
                 seconds = time.time() - started
                 self.state["step"] += 1
                 self.state["step_in_epoch"] = step_in_epoch + 1

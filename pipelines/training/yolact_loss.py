@@ -128,6 +128,20 @@ class PackedTargets:
         return downsample_masks_batch(self.full_masks, size)
 
 
+@dataclass
+class MaskSlots:
+    """Where the kept positives (at most masks_to_train per image) go in the mask term's [B, count] slots:
+    image_idx, prior_idx, slot_idx [P] (P kept positives in the batch), count (the most any image keeps), scale [B]
+    (positives / kept of each image)."""
+
+    image_idx: torch.Tensor
+    prior_idx: torch.Tensor
+    slot_idx: torch.Tensor
+    count: int
+    scale: torch.Tensor
+    limit: int                  # the masks_to_train it was drawn for
+
+
 @dataclass(frozen=True)
 class Normalizer:
     """What the sums of a whole global batch are divided by: positives (box, conf, mask) and images (semantic)."""
@@ -163,9 +177,21 @@ class YolactLoss:
         return self._priors_on[device]
 
     def match(self, targets) -> BatchMatch:
+        """Per-prior targets, and the mask term's layout of kept positives (``MaskSlots``): everything that needs
+        the host (counts, the masks_to_train draw) happens here, before the forward pass, so ``sums`` never waits
+        for the device."""
         packed = as_packed(targets)
-        return match_batch(packed.boxes, packed.labels, packed.valid, self.priors_on(packed.boxes.device),
-                           self.cfg.pos_iou, self.cfg.neg_iou)
+        matches = match_batch(packed.boxes, packed.labels, packed.valid, self.priors_on(packed.boxes.device),
+                              self.cfg.pos_iou, self.cfg.neg_iou)
+        matches.slots = self.mask_slots(matches, packed.seeds)
+        return matches
+
+    def mask_slots(self, matches: BatchMatch, seeds: list[int]) -> "MaskSlots":
+        kept, scale = self.kept_positives(matches.positive, seeds)
+        image_idx, prior_idx = torch.nonzero(kept, as_tuple=True)
+        slot_idx = (kept.long().cumsum(dim=1) - 1)[image_idx, prior_idx]
+        count = int(kept.sum(dim=1).max()) if image_idx.numel() else 0
+        return MaskSlots(image_idx, prior_idx, slot_idx, count, scale, self.cfg.masks_to_train)
 
     def sums(self, outputs: dict[str, torch.Tensor], targets, matches: BatchMatch) -> dict[str, torch.Tensor]:
         """outputs: Yolact train-mode dict (loc [B, N, 4], conf [B, N, C] logits, mask [B, N, k], proto
@@ -215,13 +241,13 @@ class YolactLoss:
         (K: the most any image keeps) and assembled with one batched matmul."""
         packed = as_packed(targets)
         batch, mask_h, mask_w, mask_dim = proto.shape
-        kept, scale = self.kept_positives(matches.positive, packed.seeds)
-        image_idx, prior_idx = torch.nonzero(kept, as_tuple=True)
-        if image_idx.numel() == 0:
+        layout = matches.slots
+        if layout is None or layout.limit != self.cfg.masks_to_train:
+            layout = self.mask_slots(matches, packed.seeds)
+        image_idx, prior_idx, slot_idx, slots, scale = (layout.image_idx, layout.prior_idx, layout.slot_idx,
+                                                        layout.count, layout.scale)
+        if slots == 0:
             return proto.sum() * 0.0
-        slot_of = kept.long().cumsum(dim=1) - 1
-        slot_idx = slot_of[image_idx, prior_idx]
-        slots = int(kept.sum(dim=1).max())
         used = torch.zeros(batch, slots, dtype=torch.bool, device=proto.device)
         used[image_idx, slot_idx] = True
         chosen = coeffs.new_zeros(batch, slots, mask_dim)
