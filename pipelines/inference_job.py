@@ -198,9 +198,9 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
                            azure_credentials=plan.credentials)
     previous_shuffles = None
     try:
-        n_inputs = listing.count()
+        n_inputs, n_videos = count_inputs(listing, video)
         previous_shuffles = size_shuffles(spark, n_inputs, config["spark"])
-        units, n_videos = work_units(spark, plan, listing, video)
+        units = work_units(spark, plan, listing, video, n_videos)
         n_units = units.count() if n_videos else n_inputs
         todo = todo_listing(spark, units, plan.output_uri, plan.manifest, run_cfg["force"], plan.credentials,
                             int(run_cfg.get("broadcast_max_rows") or BROADCAST_MAX_ROWS))
@@ -251,15 +251,21 @@ def listed_extensions(config: dict) -> list[str]:
     return [*config["input"]["extensions"], *video]
 
 
-def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame,
-               video: videos.VideoSettings) -> tuple[DataFrame, int]:
-    """The listing as units of work (video_sources.UNIT_SCHEMA): its images, and its videos' segments from a scan
-    on the executors (persisted: each video is scanned once per run). Returns (units, number of videos)."""
+def count_inputs(listing: DataFrame, video: videos.VideoSettings) -> tuple[int, int]:
+    """(files listed, videos among them), in one pass."""
+    row = listing.agg(F.count(F.lit(1)).alias("files"), F.sum(F.when(
+        videos.is_video(F.col("path"), video.extensions), 1).otherwise(0)).alias("videos")).first()
+    return int(row["files"]), int(row["videos"] or 0)
+
+
+def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame, video: videos.VideoSettings,
+               n_videos: int) -> DataFrame:
+    """The listing as units of work (video_sources.UNIT_SCHEMA): its images, and its `n_videos` videos' segments
+    from a scan on the executors (persisted: each video is scanned once per run)."""
+    if not n_videos:
+        return videos.image_units(listing)
     is_video = videos.is_video(F.col("path"), video.extensions)
     clips = listing.where(is_video)
-    n_videos = clips.count() if video.extensions else 0
-    if not n_videos:
-        return videos.image_units(listing), 0
     if plan.engine != "native":
         raise src.InputError(f"{plan.input_uri}: holds {n_videos} videos; video input needs inference.engine native")
     if plan.reader == "spark" and not src.reads_on_executors(plan.input_uri):
@@ -267,7 +273,7 @@ def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame,
                                  plan.config["input"]["recursive"], all_listed=False)
     units = videos.image_units(listing.where(~is_video)).unionByName(
         videos.video_units(clips, video, bytes_fetcher(plan)))
-    return units.persist(StorageLevel.MEMORY_AND_DISK), n_videos
+    return units.persist(StorageLevel.MEMORY_AND_DISK)
 
 
 def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,

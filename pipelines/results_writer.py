@@ -98,8 +98,9 @@ def read_table(spark: SparkSession, table_uri: str, azure_credentials=None) -> D
     if choose_writer(table_uri) == "spark":
         if not hadoop_path_exists(spark, table_uri):   # a new output: asking Spark would log a Java stack trace
             return None
-        try:   # mergeSchema: files of runs before the frame columns have fewer columns
-            return with_frame_columns(spark.read.option("mergeSchema", "true").parquet(table_uri))
+        schema = table_schema(spark, table_uri)   # files of runs before the frame columns lack them: read as null
+        try:
+            return with_frame_columns((spark.read if schema is None else spark.read.schema(schema)).parquet(table_uri))
         except Exception:  # noqa: BLE001  (a directory without Parquet files yet, e.g. a killed first wave)
             return None
     import io
@@ -114,6 +115,19 @@ def read_table(spark: SparkSession, table_uri: str, azure_credentials=None) -> D
     if not tables:
         return None
     return with_frame_columns(spark.createDataFrame(pa.concat_tables(tables, promote_options="default").to_pandas()))
+
+
+def table_schema(spark: SparkSession, table_uri: str):
+    """The schema the job writes detections/ or errors/ with (from RESULT_SCHEMA; no Spark job), None for other
+    tables. Reading with it, Parquet files that lack a column give nulls, whichever file Spark would have sampled."""
+    from pipelines.result_rows import RESULT_SCHEMA
+
+    name = table_uri.rstrip("/").rsplit("/", 1)[-1]
+    columns = {"detections": DETECTION_COLUMNS, "errors": ERROR_COLUMNS}.get(name)
+    if columns is None:
+        return None
+    written = spark.createDataFrame([], f"{RESULT_SCHEMA}, model_name string, model_sha256 string, run_id string")
+    return written.selectExpr(*columns).schema
 
 
 def with_frame_columns(table: DataFrame) -> DataFrame:

@@ -69,8 +69,14 @@ def instances(row) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def clip_10s(tmp_path_factory) -> Path:
-    """10 s at 30 frames/s: 300 frames."""
-    return encode_video(tmp_path_factory.mktemp("clip") / "videos" / "clip.mp4", road_frames(300))
+    """10 s at 30 frames/s (300 frames), beside every 5th of its frames as decoded by PyAV, saved as PNG images
+    (frames/000005.png is frame 5): one input directory, so each run also processes the frames as images."""
+    clip = encode_video(tmp_path_factory.mktemp("clip") / "in" / "clip.mp4", road_frames(300))
+    (clip.parent / "frames").mkdir()
+    for index, rgb in enumerate(decoded_frames(clip)):
+        if index % 5 == 0:
+            Image.fromarray(rgb).save(clip.parent / "frames" / f"{index:06d}.png")
+    return clip
 
 
 def test_stride_1_and_5_give_exact_frames_and_timestamps_and_detections_equal_to_images(spark, clip_10s, tmp_path):
@@ -82,26 +88,22 @@ def test_stride_1_and_5_give_exact_frames_and_timestamps_and_detections_equal_to
     sampled = frame_rows(spark, tmp_path / "fifth", "clip.mp4")
     assert [r.frame_index for r in sampled] == list(range(0, 300, 5))
     assert [r.timestamp_s for r in sampled] == pytest.approx([i / 30 for i in range(0, 300, 5)], abs=1e-9)
-    assert every["counts"]["frames"] == 300 and fifth["counts"]["frames"] == 60 and every["counts"]["videos"] == 1
+    assert every["counts"]["frames"] == 300 and fifth["counts"]["frames"] == 60
+    assert every["counts"]["videos"] == 1 and every["counts"]["done"] == 360   # + the 60 PNG images
     assert all((r.width, r.height, r.segment_start) == (160, 120, 0) for r in rows[:256])
     assert (tmp_path / "every" / "masks" / "clip.mp4" / "000005.png").is_file()
     assert sampled[1].mask_path.endswith("/masks/clip.mp4/000005.png")
 
     # the same decoded frames as PNG images through the job: identical detections
-    images = tmp_path / "frames"
-    images.mkdir()
-    reference = decoded_frames(clip_10s)
-    for index in range(0, 300, 5):
-        Image.fromarray(reference[index]).save(images / f"{index:06d}.png")
-    run(spark, job_config(images, tmp_path / "images"))
-    by_image = {int(Path(r.path).stem): r for r in read_rows(spark, tmp_path / "images", "detections")}
-    assert sum(len(r.instances) for r in by_image.values()) > 0, "the model finds something in road scenes"
-    every_by_index = {r.frame_index: r for r in rows}
-    for row in sampled:
-        image_row = by_image[row.frame_index]
-        assert image_row.frame_index is None and image_row.timestamp_s is None
-        assert instances(row) == instances(image_row), f"frame {row.frame_index}"
-        assert instances(every_by_index[row.frame_index]) == instances(image_row), f"frame {row.frame_index}"
+    for output in ("every", "fifth"):
+        by_image = {int(Path(r.path).stem): r for r in read_rows(spark, tmp_path / output, "detections")
+                    if r.path.endswith(".png")}
+        assert sorted(by_image) == list(range(0, 300, 5))
+        assert sum(len(r.instances) for r in by_image.values()) > 0, "the model finds something in road scenes"
+        assert all(r.frame_index is None and r.timestamp_s is None for r in by_image.values())
+        frames = {r.frame_index: r for r in (rows if output == "every" else sampled)}
+        for index, image_row in by_image.items():
+            assert instances(frames[index]) == instances(image_row), f"{output}: frame {index}"
 
 
 def test_long_b_frame_video_is_split_over_tasks_without_missing_or_duplicate_frames(spark, tmp_path):
@@ -113,11 +115,12 @@ def test_long_b_frame_video_is_split_over_tasks_without_missing_or_duplicate_fra
     # the units the inference tasks get: the video's segments lie in both partitions
     plan = plan_job(config, "yolact")
     listing = src.list_images(spark, plan.input_uri, [".png", ".mp4"])
-    units, n_videos = work_units(spark, plan, listing, VideoSettings.from_config(config["input"]["video"]))
+    n_videos = 1
+    units = work_units(spark, plan, listing, VideoSettings.from_config(config["input"]["video"]), n_videos)
     balanced = src.balanced(src.assign_partitions(units, 2, order=("path", "segment_start")), 2)
     placed = balanced.rdd.mapPartitionsWithIndex(
         lambda part, rows: [(part, row.segment_start) for row in rows if row.segment_start is not None]).collect()
-    assert n_videos == 1 and sorted(start for _, start in placed) == list(range(0, 100, 16))
+    assert sorted(start for _, start in placed) == list(range(0, 100, 16))
     assert {part for part, _ in placed} == {0, 1}, "the long video's segments go to several tasks"
 
     summary = run(spark, config)
