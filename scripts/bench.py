@@ -4,7 +4,7 @@
     python scripts/bench.py --quick          # 24 images, benchmark_app 10 s
     python scripts/bench.py --images 50 --rows ceiling,openvino,spark_native --precisions bf16
     python scripts/bench.py --load           # also the load figure: 10,000 small images through the job
-    python scripts/bench.py --rows none --video-seconds 5   # only the video row: a 60 fps 1080p clip, frames/s
+    python scripts/bench.py --video-seconds 5  # also the video row: a 60 fps 1080p clip through the job, frames/s
 
 Rows: benchmark_app on the IR (the ceiling), PyTorch eager, ONNX Runtime and OpenVINO in one process, the Spark
 job (native engine, local[2]), Spark's predict_batch_udf recipe with OpenVINO at default settings, the Spark job

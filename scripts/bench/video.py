@@ -1,7 +1,7 @@
 """The bench's video row: a 60 frames/s 1080p H.264 clip through the job (frames/s), beside PyAV's decode-only rate.
 
-    python scripts/bench.py --rows none --video-seconds 5      # only this row (appended to reports/bench.md)
-    python -m scripts.bench.video --seconds 5                  # the same, printed
+    python -m scripts.bench.video --seconds 5     # this row alone -> reports/bench_video.md
+    python scripts/bench.py --video-seconds 5     # the whole bench, this row appended to reports/bench.md
 
 The clip: synthetic road scenes rendered at 1920x1080 and panned, encoded by libx264 (B-frames, keyframe every
 60 frames), cached under the work directory. The job runs in its own process (local[2], 2 partitions, f32,
@@ -11,6 +11,7 @@ frames/s counts the job's wall time from the summary (planning, scan, decode, in
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -102,5 +103,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--work-dir", default=str(REPO / "work" / "bench"))
+    parser.add_argument("--out", default=str(REPO / "reports" / "bench_video.md"))
     args = parser.parse_args()
-    print("\n".join(markdown(run_video(Path(args.work_dir), args.seconds))))
+    load = os.getloadavg()[0]
+    row = run_video(Path(args.work_dir), args.seconds)
+    text = "\n".join(["# sparkseg bench: video", "", f"{time.strftime('%Y-%m-%d %H:%M')}; {os.cpu_count()} cores; "
+                      f"load average (1 min) {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (a "
+                      "shared machine: a load above the core count slows the row)."] + markdown(row)) + "\n"
+    Path(args.out).write_text(text, encoding="utf-8")
+    print(text)
