@@ -19,8 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
 
 FLAGS = {"strategy": "distributed.strategy", "num_processes": "distributed.num_processes",
-         "threads": "distributed.threads_per_process", "run_dir": "run_dir", "epochs": "train.epochs",
-         "device": "device"}
+         "threads": "distributed.threads_per_process", "run_dir": "run_dir", "epochs": "train.epochs"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,7 +30,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="torch threads per rank")
     parser.add_argument("--run-dir", help="output / resume directory")
     parser.add_argument("--epochs", type=int)
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config key (YAML value), e.g. --set train.lr=0.002")
     return parser.parse_args(argv)
@@ -62,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     from pipelines.spark_session import job_session
     from pipelines.training.detector_launcher import run_detector_training
+    from pipelines.training.launcher import session_conf
 
-    spark = job_session({"master": cfg.spark.master, "app_name": cfg.spark.app_name, "conf": cfg.spark.conf})
+    spark = job_session({"master": cfg.spark.master, "app_name": cfg.spark.app_name, "conf": session_conf(cfg)})
     try:
         summary = run_detector_training(spark, cfg)
     except (ValueError, FileNotFoundError) as err:

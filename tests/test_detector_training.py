@@ -24,7 +24,7 @@ def settings(data: Path, prepared: Path, run_dir: Path) -> dict:
     """128x128 input, global batch 4 in micro-batches of 2 (11 train images: 2 steps an epoch), 1 thread a rank,
     STEPS steps, box AP at the end."""
     return {
-        "run_dir": str(run_dir), "device": "cpu", "data.images": str(data / "images"),
+        "run_dir": str(run_dir), "distributed.use_gpu": False, "data.images": str(data / "images"),
         "data.annotations": str(data / "annotations.json"), "data.prepared": str(prepared), "data.num_shards": 2,
         "data.val_fraction": 0.25, "model.input_size": [128, 128], "distributed.threads_per_process": 1,
         "train.epochs": 5, "train.max_steps": STEPS, "train.global_batch": 4, "train.micro_batch": 2,

@@ -4,8 +4,8 @@
 
 Same sections as YOLACT's (`pipelines.training.config`: spark, data, distributed, train, checkpoint, eval,
 tracking) except `model` (a FactorNet Faster R-CNN config) and `augment` (geometric only: the model gets 0-1 RGB,
-torchvision normalizes). Strategies: local and ddp (the detector has no pipeline split). `device`: auto (CUDA when
-visible), cpu or cuda. The config travels to every rank as a dict (``to_dict``) and is rebuilt with ``from_dict``.
+torchvision normalizes). Strategies: local and ddp (the detector has no pipeline split). GPUs as for YOLACT:
+`distributed.use_gpu` auto | true | false (`pipelines.training.devices`). The config travels to every rank as a dict (``to_dict``) and is rebuilt with ``from_dict``.
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from pathlib import Path
 import yaml
 
 from pipelines.errors import UsageError
+from pipelines.training.devices import parse_use_gpu
 from pipelines.training.augment import AugmentConfig
 from pipelines.training.config import (CheckpointSection, DataSection, DistributedSection, EvalSection,
                                        SparkSection, TrackingSection, TrainConfigError, TrainSection, _build)
 
 DETECTOR_STRATEGIES = ("local", "ddp")
-DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_DETECTOR_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "train_detector.yaml"
 
 
@@ -65,7 +65,6 @@ class DetectorAugmentSection:
 @dataclass(frozen=True)
 class DetectorTrainConfig:
     run_dir: str = "output/training/detector_run"
-    device: str = "auto"
     spark: SparkSection = field(default_factory=lambda: SparkSection(app_name="sparkseg-train-detector"))
     data: DataSection = field(default_factory=lambda: DataSection(prepared="output/training/detector_prepared"))
     model: DetectorModelSection = field(default_factory=DetectorModelSection)
@@ -83,8 +82,10 @@ class DetectorTrainConfig:
             raise DetectorConfigError(
                 f"distributed.strategy {d.strategy!r}: the detector trains with {' or '.join(DETECTOR_STRATEGIES)} "
                 "(pipeline and hybrid split YOLACT only); pass --strategy local or --strategy ddp")
-        if self.device not in DEVICES:
-            raise DetectorConfigError(f"device {self.device!r}: choose one of {', '.join(DEVICES)}")
+        try:
+            parse_use_gpu(d.use_gpu)
+        except ValueError as err:
+            raise DetectorConfigError(str(err)) from None
         if d.num_processes < 1 or d.threads_per_process < 1:
             raise DetectorConfigError("distributed.num_processes and threads_per_process must be >= 1")
         if d.strategy == "local" and d.num_processes != 1:

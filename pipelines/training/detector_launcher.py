@@ -18,25 +18,16 @@ from pyspark.sql import SparkSession
 from pipelines.training import tracking
 from pipelines.training.detector_config import DetectorTrainConfig
 from pipelines.training.detector_step import LOSS_KEYS
-from pipelines.training.launcher import REPO_ROOT, SUMMARY_NAME, prepare, resolve_paths, ship_packages
+from pipelines.training.launcher import (REPO_ROOT, SUMMARY_NAME, prepare, resolve_paths, ship_packages,
+                                         with_gpu_decision)
 from pipelines.training.progress import DriverProgress
 
 log = logging.getLogger(__name__)
 
 
-def uses_gpu(cfg: DetectorTrainConfig) -> bool:
-    """device cuda, or auto with CUDA visible on the driver: TorchDistributor(use_gpu=True), NCCL, a GPU a rank."""
-    if cfg.device == "cuda":
-        return True
-    if cfg.device == "auto":
-        import torch
-
-        return torch.cuda.is_available()
-    return False
-
-
 def launch_detector(spark: SparkSession, cfg: DetectorTrainConfig) -> dict:
-    """Run `detector_train_worker` on cfg.distributed.num_processes ranks; returns rank 0's summary."""
+    """Run `detector_train_worker` on cfg.distributed.num_processes ranks (cfg.distributed.use_gpu resolved by
+    `with_gpu_decision`: one GPU per rank, NCCL); returns rank 0's summary."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from pipelines.training.detector_trainer import detector_train_worker
@@ -48,14 +39,14 @@ def launch_detector(spark: SparkSession, cfg: DetectorTrainConfig) -> dict:
     if not cfg.distributed.local_mode:
         ship_packages(spark)
     distributor = TorchDistributor(num_processes=cfg.distributed.num_processes,
-                                   local_mode=cfg.distributed.local_mode, use_gpu=uses_gpu(cfg))
+                                   local_mode=cfg.distributed.local_mode, use_gpu=bool(cfg.distributed.use_gpu))
     with DriverProgress(cfg.run_dir, enabled=cfg.tracking.progress_bar and cfg.distributed.local_mode):
         return distributor.run(detector_train_worker, cfg.to_dict())
 
 
 def run_detector_training(spark: SparkSession, cfg: DetectorTrainConfig) -> dict:
     """Prepare, train, report. Returns the summary also written to RUN/summary.json."""
-    cfg = resolve_paths(cfg)
+    cfg = with_gpu_decision(spark, resolve_paths(cfg))      # a GPU that is not there fails before preparing
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     print(f"run directory: {cfg.run_dir} (checkpoints/, metrics.jsonl, summary.json, plots)", flush=True)
     class_names = cfg.model.detector_config().class_names
@@ -77,7 +68,7 @@ def run_detector_training(spark: SparkSession, cfg: DetectorTrainConfig) -> dict
     if cfg.tracking.mlflow_uri:
         params = {"strategy": cfg.distributed.strategy, "num_processes": cfg.distributed.num_processes,
                   "threads_per_process": cfg.distributed.threads_per_process, "model": cfg.model.config,
-                  "device": cfg.device, **{f"train.{k}": v for k, v in dataclasses.asdict(cfg.train).items()}}
+                  "use_gpu": cfg.distributed.use_gpu, **{f"train.{k}": v for k, v in dataclasses.asdict(cfg.train).items()}}
         summary["mlflow_run_id"] = tracking.log_to_mlflow(dataclasses.asdict(cfg.tracking), params, metrics,
                                                           summary, artifacts + [summary_path], LOSS_KEYS)
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")

@@ -31,6 +31,7 @@ from pipelines.training.detector_config import DetectorTrainConfig, load_detecto
 from pipelines.training.detector_evaluate import DetectorEvalSpec, evaluate_detector
 from pipelines.training.detector_sources import CocoFolderIndex
 from pipelines.training.detector_step import LOSS_KEYS, detector_step, make_detector_batch
+from pipelines.training.devices import backend_for, configure_device, rank_device, resolve_use_gpu
 from pipelines.training.sampler import GlobalBatchSampler
 from pipelines.training.shards import ShardIndex
 
@@ -41,17 +42,6 @@ VAL_ANNOTATIONS_NAME = "val_annotations.json"
 METRICS_NAME = "metrics.jsonl"
 PROGRESS_NAME = "progress.json"
 WARMUP_STEPS_EXCLUDED = 2      # steps left out of the images/s average
-
-
-def resolve_device(name: str) -> torch.device:
-    """auto: CUDA when visible; a CUDA rank takes GPU LOCAL_RANK (TorchDistributor / torchrun set it)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("device cuda: no CUDA device is visible to this process; use device: cpu or auto")
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    return torch.device("cpu")
 
 
 def build_detector(cfg: DetectorTrainConfig) -> FactorNetDetector:
@@ -267,9 +257,11 @@ def detector_train_worker(config: dict) -> dict | None:
     """Entry point of every TorchDistributor process: ranks read the prepared shards (train and val)."""
     cfg = DetectorTrainConfig.from_dict(config)
     torch.set_num_threads(cfg.distributed.threads_per_process)
-    device = resolve_device(cfg.device)
+    use_gpu = cfg.distributed.use_gpu          # resolved to True / False by the launcher
+    device = rank_device(torch.cuda.is_available() if use_gpu == "auto" else bool(use_gpu))
+    configure_device(device)
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend_for(device))
     try:
         train = ShardIndex.open(storage.join_uri(cfg.data.prepared, "train"))
         val = ShardIndex.open(storage.join_uri(cfg.data.prepared, "val"))
@@ -295,13 +287,15 @@ def train_from_folder(cfg: DetectorTrainConfig) -> dict:
                          "jobs/train_detector.py for ddp")
     class_names = get_detector_config(cfg.model.config).class_names
     index = CocoFolderIndex.open(cfg.data.images, cfg.data.annotations, tuple(class_names))
-    return DetectorTrainingSession(cfg, resolve_device(cfg.device), index, None).run()
+    device = rank_device(resolve_use_gpu(cfg.distributed.use_gpu, local_mode=True))
+    configure_device(device)
+    return DetectorTrainingSession(cfg, device, index, None).run()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML (default conf/train_detector.yaml)")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], help="sets distributed.use_gpu (auto/false/true)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     import yaml
@@ -313,11 +307,17 @@ def main(argv: list[str] | None = None) -> int:
         key, value = item.split("=", 1)
         overrides[key.strip()] = yaml.safe_load(value)
     if args.device:
-        overrides["device"] = args.device
+        overrides["distributed.use_gpu"] = {"auto": "auto", "cpu": False, "cuda": True}[args.device]
     overrides["eval.every_epochs"] = 0
-    cfg = load_detector_train_config(args.config, overrides)
+    from pipelines.errors import UsageError
+
     started = time.time()
-    summary = train_from_folder(cfg)
+    try:
+        cfg = load_detector_train_config(args.config, overrides)
+        summary = train_from_folder(cfg)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
     summary["wall_seconds"] = round(time.time() - started, 1)
     (Path(cfg.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
