@@ -33,7 +33,6 @@ import torch.nn.functional as F
 from pipelines.training.boxes import BatchMatch, center_size, crop_batch, match_batch
 
 LOSS_KEYS = ("box", "conf", "mask", "semantic")
-SLOT_ROUNDING = 16      # the mask term's per-image slots are padded to a multiple of this (unused slots masked)
 
 
 @dataclass(frozen=True)
@@ -132,8 +131,8 @@ class PackedTargets:
 @dataclass
 class MaskSlots:
     """Where the kept positives (at most masks_to_train per image) go in the mask term's [B, count] slots:
-    image_idx, prior_idx, slot_idx [P] (P kept positives in the batch), count (the most any image keeps, rounded up
-    to SLOT_ROUNDING), scale [B] (positives / kept of each image)."""
+    image_idx, prior_idx, slot_idx [P] (P kept positives in the batch), count (the most any image keeps), scale [B]
+    (positives / kept of each image)."""
 
     image_idx: torch.Tensor
     prior_idx: torch.Tensor
@@ -192,7 +191,6 @@ class YolactLoss:
         image_idx, prior_idx = torch.nonzero(kept, as_tuple=True)
         slot_idx = (kept.long().cumsum(dim=1) - 1)[image_idx, prior_idx]
         count = int(kept.sum(dim=1).max()) if image_idx.numel() else 0
-        count = -(-count // SLOT_ROUNDING) * SLOT_ROUNDING      # few distinct shapes: the allocator reuses blocks
         return MaskSlots(image_idx, prior_idx, slot_idx, count, scale, self.cfg.masks_to_train)
 
     def sums(self, outputs: dict[str, torch.Tensor], targets, matches: BatchMatch) -> dict[str, torch.Tensor]:
