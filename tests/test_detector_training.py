@@ -14,7 +14,7 @@ import pytest
 from pipelines.errors import UsageError
 from pipelines.training.detector_config import load_detector_train_config
 from pipelines.training.detector_step import LOSS_KEYS
-from tests.fixtures_training import REPO, tiny_roads  # noqa: F401
+from tests.fixtures_training import REPO, tiny_prepared, tiny_roads  # noqa: F401
 from tests.test_training_resume import run_job
 
 STEPS, EVERY = 6, 2
@@ -29,7 +29,7 @@ def settings(data: Path, prepared: Path, run_dir: Path) -> dict:
         "data.val_fraction": 0.25, "model.input_size": [128, 128], "distributed.threads_per_process": 1,
         "train.epochs": 5, "train.max_steps": STEPS, "train.global_batch": 4, "train.micro_batch": 2,
         "train.warmup_steps": 2, "train.lr_milestones": [0.5], "checkpoint.every_steps": EVERY,
-        "eval.every_epochs": 3, "tracking.mlflow_uri": str(run_dir / "mlruns"), "tracking.progress_bar": False,
+        "eval.every_epochs": 3, "tracking.mlflow_uri": str(run_dir / "mlruns"), "tracking.progress_bar": False, "tracking.plots": False,
     }
 
 
@@ -39,16 +39,17 @@ def step_losses(run_dir: Path) -> dict[int, list[float]]:
 
 
 @pytest.fixture(scope="module")
-def local_run(spark, tiny_roads, tmp_path_factory):  # noqa: F811
+def local_run(spark, tiny_roads, tiny_prepared, tmp_path_factory):  # noqa: F811
+    """The shards are YOLACT's training tests' (same classes, shards and split: prepared once per session)."""
     from pipelines.training.detector_launcher import run_detector_training
 
     root = tmp_path_factory.mktemp("detector_training")
-    cfg = load_detector_train_config(None, settings(tiny_roads, root / "prepared", root / "local"))
-    return root, run_detector_training(spark, cfg)
+    cfg = load_detector_train_config(None, settings(tiny_roads, tiny_prepared, root / "local"))
+    return root, tiny_prepared, run_detector_training(spark, cfg)
 
 
 def test_local_run_trains_checkpoints_and_evaluates_box_ap(local_run):
-    root, summary = local_run
+    root, _, summary = local_run
     run_dir = root / "local"
     losses = step_losses(run_dir)
     assert sorted(losses) == list(range(1, STEPS + 1))
@@ -60,7 +61,7 @@ def test_local_run_trains_checkpoints_and_evaluates_box_ap(local_run):
         assert 0.0 <= evaluation[key] <= 1.0
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert "best.pt" in checkpoints and f"step_{STEPS:08d}.pt" in checkpoints
-    assert summary["mlflow_run_id"] and (run_dir / "loss_curves.png").is_file()
+    assert summary["mlflow_run_id"] and (run_dir / "summary.json").is_file()
 
 
 def job_command(data: Path, prepared: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -75,13 +76,13 @@ def test_killed_ddp_run_resumes_and_reproduces_the_local_losses(spark, local_run
                                                                capfd):
     from pipelines.training.detector_launcher import run_detector_training
 
-    root, _ = local_run
+    root, prepared, _ = local_run
     killed = tmp_path / "ddp"
-    command = job_command(tiny_roads, root / "prepared", killed, "--strategy", "ddp", "--num-processes", "2")
+    command = job_command(tiny_roads, prepared, killed, "--strategy", "ddp", "--num-processes", "2")
     first_checkpoint = killed / "checkpoints" / f"step_{EVERY:08d}.pt"
     assert run_job(command, tmp_path / "killed.log", kill_when=first_checkpoint) == -signal.SIGKILL
     # the same run again (in this test session's Spark, no second JVM): it continues from the newest checkpoint
-    again = {**settings(tiny_roads, root / "prepared", killed), "tracking.mlflow_uri": "", "tracking.plots": False,
+    again = {**settings(tiny_roads, prepared, killed), "tracking.mlflow_uri": "", "tracking.plots": False,
              "distributed.strategy": "ddp", "distributed.num_processes": 2}
     summary = run_detector_training(spark, load_detector_train_config(None, again))
     assert summary["world"] == 2 and summary["state"]["step"] == STEPS
