@@ -14,11 +14,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from model_export.models.factornet_detector import IMAGENET_MEAN
 from pipelines.image_decode import decode_image
 from pipelines.training.augment import AugmentConfig, Sample, augment
 from pipelines.training.batches import sample_seed
 
 LOSS_KEYS = ("loss_classifier", "loss_box_reg", "loss_objectness", "loss_rpn_box_reg")
+EXPAND_FILL_RGB = np.float32(IMAGENET_MEAN) * 255.0     # the zoom-out canvas colour: the normalization's mean
 
 
 @dataclass
@@ -44,8 +46,7 @@ def _geometric(sample: Sample, rng: np.random.Generator, cfg: AugmentConfig) -> 
     """augment() on boxes only: the masks are given full-size empty views just for the geometry it applies."""
     height, width = sample.image.shape[:2]
     masks = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (len(sample.labels), height, width))
-    out = augment(Sample(sample.image, masks, sample.boxes, sample.labels), rng, cfg,
-                  np.float32([124.0, 116.0, 104.0]))
+    out = augment(Sample(sample.image, masks, sample.boxes, sample.labels), rng, cfg, EXPAND_FILL_RGB)
     return Sample(out.image, sample.masks[: len(out.labels)], out.boxes, out.labels)
 
 
