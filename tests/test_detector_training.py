@@ -104,3 +104,27 @@ def test_pipeline_and_hybrid_strategies_are_refused_with_a_usage_error(capsys):
         sys.path.remove(str(REPO / "jobs"))
     assert main(["--strategy", "hybrid"]) == 2
     assert "pass --strategy local or --strategy ddp" in capsys.readouterr().err
+
+
+def test_detector_inputs_are_seeded_scaled_and_bad_files_named(tiny_roads):  # noqa: F811
+    from model_export.models.factornet_detector import ROAD_DISTRESS_CLASSES
+    from pipelines.training.detector_config import DetectorAugmentSection
+    from pipelines.training.detector_sources import CocoFolderIndex
+    from pipelines.training.detector_step import make_detector_batch
+
+    index = CocoFolderIndex.open(tiny_roads / "images", tiny_roads / "annotations.json", ROAD_DISTRESS_CLASSES)
+    rows = index.read([0, 1])
+    plain = make_detector_batch(rows, [0, 1], (64, 128), None, 0, 0)
+    for target, row in zip(plain.targets, (rows[0], rows[1])):
+        boxes = np.float32(row["boxes"]).reshape(-1, 4) * np.float32([128 / 96, 64 / 72, 128 / 96, 64 / 72])
+        np.testing.assert_allclose(target["boxes"].numpy(), boxes, rtol=1e-6)
+        assert target["labels"].tolist() == [label + 1 for label in row["labels"]]    # 0 is the background
+    assert tuple(plain.images[0].shape) == (3, 64, 128) and 0.0 <= float(plain.images[0].min()) <= 1.0
+    augment = DetectorAugmentSection(expand=True, sample_crop=True).as_augment_config()
+    first, again = (make_detector_batch(rows, [0, 1], (64, 64), augment, 3, 1) for _ in range(2))
+    for a, b in zip(first.images + [t["boxes"] for t in first.targets],
+                    again.images + [t["boxes"] for t in again.targets]):
+        assert np.array_equal(a.numpy(), b.numpy())
+    missing = [i for i, row in enumerate(index.rows) if row["file_name"] == "missing_road.jpg"]
+    with pytest.raises(UsageError, match="missing_road.jpg: listed in the annotations but cannot be read"):
+        index.read(missing)

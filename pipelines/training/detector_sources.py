@@ -55,6 +55,11 @@ class CocoFolderIndex:
         out = {}
         for index in {int(i) for i in indices}:
             row = dict(self.rows[index])
-            row["image"] = Path(row["path"]).read_bytes()
+            try:
+                row["image"] = Path(row["path"]).read_bytes()
+            except OSError as err:
+                raise UsageError(f"{row['path']}: listed in the annotations but cannot be read ({err.strerror}): "
+                                 "fix or remove it, or train with jobs/train_detector.py (its preparation skips "
+                                 "such images)") from None
             out[index] = row
         return out
