@@ -7,7 +7,8 @@ nor the val split uses. Then, on a fresh synthetic val split (the one tests/fixt
 - benchmark_app throughput (model only): FP16-weights IR with f32 (and bf16) inference precision, INT8 IR;
 - detection agreement INT8 vs f32 (the export gate's matcher, model_export.parity), at the gate's score and all;
 - mask and box AP of both against the generator's masks (pipelines.evaluate, the one AP implementation).
-There is no bundled detector, so the detector has no row here (its INT8 gate is tested on random-init weights).
+The bundled detector (samples/models/detector_default) the same way, with the detector export's ignored scope:
+benchmark_app f32 vs INT8, detection agreement at its score threshold, box AP on the same val split.
 
     .venv/bin/python scripts/bench_int8.py [--seconds 15] [--calibration-count 64] [--val-images 40]
 """
@@ -31,6 +32,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench.benchmark_app import run_benchmark_app  # noqa: E402
 from bench.int8_model import BUNDLED, CALIBRATION_SEED, make_int8_model  # noqa: E402
+from model_export import detector_export  # noqa: E402
 from model_export import quantize  # noqa: E402
 from model_export.parity import detection_agreement  # noqa: E402
 from model_export.yolact_export import INT8_GATE_SCORE  # noqa: E402
@@ -39,6 +41,7 @@ from pipelines.model_manifest import load_manifest  # noqa: E402
 from pipelines.openvino_runtime import CompiledIR, RuntimeSettings, cpu_count  # noqa: E402
 
 VAL_SEED = 20261122
+DETECTOR = REPO / "samples" / "models" / "detector_default"
 ISA_FLAGS = ("amx_int8", "amx_bf16", "avx512_vnni", "avx512_bf16", "avx512f", "avx_vnni", "avx2")
 ROAD_GROUPS = {"blobs": ("pothole", "patch", "puddle"), "crack": ("crack",)}
 
@@ -73,7 +76,20 @@ def agreement(f32_dir: Path, int8_dir: Path, images: list) -> dict:
     return result
 
 
-def mask_ap(model_dir: Path, val: Path) -> dict:
+def detector_agreement(f32_dir: Path, int8_dir: Path, images: list) -> dict:
+    """The detector export's gate comparison (label + box IoU >= 0.5) on these images at the manifest's score
+    threshold, both IRs with the f32 hint."""
+    manifest = load_manifest(f32_dir)
+    score = float(manifest.postprocess["score_thresh"])
+    tensors = [quantize.preprocess_rgb(rgb, manifest.input) for _, _, rgb in images]
+    dets = {}
+    for name, model_dir in (("f32", f32_dir), ("int8", int8_dir)):
+        ir = CompiledIR(load_manifest(model_dir).path("ir_xml"), RuntimeSettings(precision="f32"))
+        dets[name] = [detector_export.valid_detections(ir.infer_one(x), score) for x in tensors]
+    return {"min_score": score, **detector_export.detection_agreement(dets["f32"], dets["int8"])}
+
+
+def mask_ap(model_dir: Path, val: Path, iou_types: tuple[str, ...] = ("bbox", "segm")) -> dict:
     from pipelines.evaluate import ap_report, load_ground_truth, results_from_rows
     from pipelines.single_process import infer_files
 
@@ -83,7 +99,7 @@ def mask_ap(model_dir: Path, val: Path) -> dict:
     paths = sorted((val / "images").iterdir())
     with tempfile.TemporaryDirectory() as out:
         rows = infer_files(model_dir, paths, out, str(val / "images"), RuntimeSettings(precision="f32"))
-    return ap_report(ground_truth, results_from_rows(rows, image_ids, category_ids), ROAD_GROUPS)
+    return ap_report(ground_truth, results_from_rows(rows, image_ids, category_ids), ROAD_GROUPS, iou_types)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,16 +133,60 @@ def main(argv: list[str] | None = None) -> int:
             for label, xml, precision in rows:
                 bench[(label, n)] = run_benchmark_app(xml, precision, n, args.seconds)
                 print(label, n, bench[(label, n)]["images_per_s"], bench[(label, n)]["cpu_ms_per_image"], flush=True)
-    write_report(Path(args.out), cpu, record, agree, ap, bench, args)
+        detector = bench_detector(work, calibration[:args.calibration_count], val_images, cpu, args)
+    write_report(Path(args.out), cpu, record, agree, ap, bench, args, detector)
     print(f"wrote {args.out}")
     return 0
 
 
-def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, bench: dict, args) -> None:
+def bench_detector(work: Path, calibration: list, val_images: list, cpu: dict, args) -> dict:
+    """The bundled detector: INT8 copy with the export's ignored scope, agreement, box AP, benchmark_app f32/INT8."""
+    int8_dir, record = make_int8_model(DETECTOR, work / "detector_default_int8", calibration,
+                                       f"synthetic roads, seed {CALIBRATION_SEED}", detector_export.INT8_IGNORED_SCOPE)
+    result = {"quantization": record, "agreement": detector_agreement(DETECTOR, int8_dir, val_images),
+              "ap": {"f32": mask_ap(DETECTOR, work / "val", ("bbox",)), "int8": mask_ap(int8_dir, work / "val",
+                                                                                      ("bbox",))},
+              "benchmark_app": {}}
+    for label, xml in (("f32", DETECTOR / "model.xml"), ("int8", int8_dir / "model.int8.xml")):
+        result["benchmark_app"][label] = run_benchmark_app(xml, "f32", cpu["cpus"], args.seconds)
+        print("detector", label, result["benchmark_app"][label]["images_per_s"], flush=True)
+    return result
+
+
+def detector_lines(detector: dict, args) -> list[str]:
+    agree, ap, bench, record = (detector[k] for k in ("agreement", "ap", "benchmark_app", "quantization"))
+    lines = ["", "## The bundled detector (samples/models/detector_default)", "",
+             f"INT8: NNCF {record['nncf']} PTQ of its FP16 IR on the same calibration images, the export's ignored "
+             f"scope ({', '.join(detector_export.INT8_IGNORED_SCOPE)}: RPN and RoI heads stay float), "
+             f"{record['fake_quantize_nodes']} FakeQuantize nodes.", "",
+             "| | f32 | INT8 | INT8 / f32 |", "|---|---|---|---|"]
+    f32, int8 = bench["f32"], bench["int8"]
+    lines.append(f"| benchmark_app img/s ({args_streams(bench)} streams) | {f32['images_per_s']:.1f} | "
+                 f"{int8['images_per_s']:.1f} | {int8['images_per_s'] / f32['images_per_s']:.2f}x |")
+    if f32["cpu_ms_per_image"] and int8["cpu_ms_per_image"]:
+        lines.append(f"| CPU ms per image | {f32['cpu_ms_per_image']} | {int8['cpu_ms_per_image']} | "
+                     f"{f32['cpu_ms_per_image'] / int8['cpu_ms_per_image']:.2f}x less |")
+    for key in ("box_ap", "box_ap50", "box_ap_blobs"):
+        if key in ap["f32"]:
+            a, b = ap["f32"][key], ap["int8"][key]
+            lines.append(f"| {key} | {100 * a:.2f} | {100 * b:.2f} | {100 * (b - a):+.2f} points |")
+    lines += ["", f"Detection agreement at score > {agree['min_score']:g} ({args.val_images} val images): f32 "
+              f"{agree['detections_ref']} dets, INT8 {agree['detections']}, matched {agree['matched_fraction']:.3f}, "
+              f"median box IoU {agree['box_iou_median']:.4f}.", "",
+              "Goal: box AP within 1.0 point of f32; detection agreement >= 0.95.", ""]
+    return lines
+
+
+def args_streams(bench: dict) -> str:
+    return bench["f32"]["command"].split("-nstreams ")[1].split()[0]
+
+
+def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, bench: dict, args,
+                 detector: dict) -> None:
     f32 = {n: bench[("f32", n)] for (label, n) in bench if label == "f32"}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [
-        "# INT8 vs f32 (bundled default YOLACT)", "",
+        "# INT8 vs f32 (the bundled YOLACT and detector)", "",
         f"- CPU: {cpu['model']}, {cpu['cpus']} cores available; instruction set: "
         f"{', '.join(cpu['flags']) or 'none of ' + ', '.join(ISA_FLAGS)} "
         f"(checked: {', '.join(ISA_FLAGS)}); bf16 rows: {'yes' if cpu['bf16'] else 'no (no AMX/AVX-512 BF16)'}",
@@ -137,8 +197,7 @@ def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, ben
         f" INT8: NNCF {record['nncf']} PTQ ({record['preset']} preset, fast bias correction) of its FP16 IR on "
         f"{record['calibration']['count']} synthetic road images (seed {CALIBRATION_SEED}), "
         f"{record['fake_quantize_nodes']} FakeQuantize nodes, no ignored scope, {record['seconds']} s.",
-        "- There is no bundled detector: the detector's INT8 export is only tested (random-init factornet_small, "
-        "gate in tests/test_export_int8.py); no detector numbers here.", "",
+        "",
         "## benchmark_app (model only, `-hint none`, streams x 1 thread each)", "",
         f"Load average at the end: {load:.1f} on {cpu['cpus']} cores (other jobs share this machine: img/s is "
         "noisy; CPU ms per image, i.e. CPU time / inferences, is the steadier figure).", "",
@@ -168,13 +227,15 @@ def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, ben
         if key in ap["f32"]:
             a, b = ap["f32"][key], ap["int8"][key]
             lines.append(f"| {key} | {100 * a:.2f} | {100 * b:.2f} | {100 * (b - a):+.2f} |")
-    lines += ["", "Goal: mask AP within 1.0 point of f32; detection agreement >= 0.95.", ""]
+    lines += ["", "Goal: mask AP within 1.0 point of f32; detection agreement >= 0.95."]
+    lines += detector_lines(detector, args)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines), encoding="utf-8")
     (path.with_suffix(".json")).write_text(json.dumps({"cpu": cpu, "quantization": record, "ap": ap,
                                                        "agreement": {str(k): v for k, v in agree.items()},
                                                        "benchmark_app": {f"{k[0]} x{k[1]}": v
-                                                                         for k, v in bench.items()}},
+                                                                         for k, v in bench.items()},
+                                                       "detector": detector},
                                                       indent=2) + "\n", encoding="utf-8")
 
 

@@ -22,9 +22,11 @@ BUNDLED = REPO / "samples" / "models" / "yolact_default"
 CALIBRATION_SEED = 777   # synthetic roads: neither training (seed 1) nor the val split (20261122) uses it
 
 
-def make_int8_model(source: Path, out: Path, calibration: list, calibration_note: str) -> tuple[Path, dict]:
+def make_int8_model(source: Path, out: Path, calibration: list, calibration_note: str,
+                    ignored_patterns: tuple[str, ...] = ()) -> tuple[Path, dict]:
     """Copy `source` to `out`, add model.int8.xml/.bin quantized on `calibration` ((name, size, rgb) as
-    quantize.decode_all gives) and the manifest `--precision int8` writes."""
+    quantize.decode_all gives; `ignored_patterns`: the family's ignored scope, e.g. the detector's) and the manifest
+    `--precision int8` writes."""
     from model_export import quantize
     from pipelines.model_manifest import load_manifest, write_manifest
 
@@ -35,7 +37,7 @@ def make_int8_model(source: Path, out: Path, calibration: list, calibration_note
     tensors = [quantize.preprocess_rgb(rgb, manifest.input) for _, _, rgb in calibration]
     start = time.perf_counter()
     record = quantize.quantize_ir(out / "model.xml", out / quantize.INT8_FILES["ir_xml"], tensors,
-                                  manifest.input["name"], [])
+                                  manifest.input["name"], list(ignored_patterns))
     record["seconds"] = round(time.perf_counter() - start, 1)
     record["calibration"] = {"count": len(tensors), "sha256": quantize.image_set_sha256(calibration),
                              "directory": calibration_note}
@@ -65,9 +67,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="where the INT8 copy goes (replaced)")
     parser.add_argument("--calibration-count", type=int, default=64)
     args = parser.parse_args(argv)
+    from model_export.detector_export import INT8_IGNORED_SCOPE
+    from pipelines.model_manifest import load_manifest
+
+    ignored = INT8_IGNORED_SCOPE if load_manifest(args.source).model == "detector" else ()   # as the export does
     calibration = synthetic_calibration(args.calibration_count)
     out, record = make_int8_model(Path(args.source), Path(args.out), calibration,
-                                  f"synthetic roads, seed {CALIBRATION_SEED}")
+                                  f"synthetic roads, seed {CALIBRATION_SEED}", ignored)
     print(f"{out}: {record['fake_quantize_nodes']} FakeQuantize nodes, {record['seconds']} s")
     return 0
 
