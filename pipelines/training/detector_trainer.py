@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,17 +29,15 @@ from pipelines.training.detector_config import DetectorTrainConfig, load_detecto
 from pipelines.training.detector_evaluate import DetectorEvalSpec, evaluate_detector
 from pipelines.training.detector_sources import CocoFolderIndex
 from pipelines.training.detector_step import LOSS_KEYS, detector_step, make_detector_batch
-from pipelines.training.devices import backend_for, configure_device, rank_device, resolve_use_gpu
+from pipelines.training.devices import configure_device, rank_device, resolve_use_gpu
+from pipelines.training.run_state import RankSessionBase, make_optimizer, new_run_state, rank_process
 from pipelines.training.sampler import GlobalBatchSampler
 from pipelines.training.shards import ShardIndex
 
 log = logging.getLogger(__name__)
-# Same names and meaning as pipelines.training.trainer / prepare (not imported: they import pyspark, and this
-# module also runs without Spark).
+# Same name and meaning as pipelines.training.prepare (not imported: it imports pyspark, and this module also runs
+# without Spark).
 VAL_ANNOTATIONS_NAME = "val_annotations.json"
-METRICS_NAME = "metrics.jsonl"
-PROGRESS_NAME = "progress.json"
-WARMUP_STEPS_EXCLUDED = 2      # steps left out of the images/s average
 
 
 def build_detector(cfg: DetectorTrainConfig) -> FactorNetDetector:
@@ -55,27 +51,15 @@ def build_detector(cfg: DetectorTrainConfig) -> FactorNetDetector:
     return model
 
 
-def learning_rate(cfg: DetectorTrainConfig, step: int, total_steps: int) -> float:
-    """Linear warmup from warmup_init_lr, then lr times lr_gamma per passed milestone (fractions of the steps)."""
-    t = cfg.train
-    if step < t.warmup_steps:
-        return t.warmup_init_lr + (t.lr - t.warmup_init_lr) * step / max(t.warmup_steps, 1)
-    passed = sum(1 for m in t.lr_milestones if step >= float(m) * total_steps)
-    return t.lr * t.lr_gamma ** passed
+class DetectorTrainingSession(RankSessionBase):
+    LOSS_KEYS = LOSS_KEYS
+    AP_KEY = "box_ap"
 
-
-def make_optimizer(cfg: DetectorTrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    t = cfg.train
-    if t.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
-
-
-class DetectorTrainingSession:
     def __init__(self, cfg: DetectorTrainConfig, device: torch.device, train_index, val_index=None):
         self.cfg, self.device = cfg, device
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.distributed = self.world > 1
         self.run_dir = Path(cfg.run_dir)
         self.model = build_detector(cfg).to(device)
         self.input_size = tuple(self.model.cfg.input_size)
@@ -93,31 +77,12 @@ class DetectorTrainingSession:
         self.sampler.check_data_parallel(self.world)
         steps = self.sampler.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(steps, cfg.train.max_steps) if cfg.train.max_steps else steps
-        self.state = {"step": 0, "epoch": 0, "step_in_epoch": 0, "best_ap": -1.0, "best_epoch": -1, "bad_evals": 0,
-                      "stopped_early": False, "skipped_steps": 0}
+        self.state = new_run_state()
 
-    # ----------------------------------------------------------------------------------------------- resume
-    def resume(self) -> None:
-        path = ckpt.latest_checkpoint(self.run_dir) if self.cfg.checkpoint.resume else None
-        if path is None:
-            if self.rank == 0:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                (self.run_dir / METRICS_NAME).write_text("")
-            return
-        payload = ckpt.load_checkpoint(path)
-        self.model.load_state_dict(payload["model"])
-        ckpt.load_optimizer_state(self.optimizer, self.params,
-                                  {n: {k: v.to(self.device) if torch.is_tensor(v) and v.dim() else v
-                                       for k, v in s.items()} for n, s in payload["optimizer"].items()})
-        self.state.update(payload["state"])
-        if self.rank == 0:
-            path_metrics = self.run_dir / METRICS_NAME
-            lines = path_metrics.read_text().splitlines() if path_metrics.exists() else []
-            kept = [line for line in lines if json.loads(line).get("step", 0) <= self.state["step"]]
-            path_metrics.write_text("".join(line + "\n" for line in kept))
-            print(f"resumed from {path} at step {self.state['step']} (epoch {self.state['epoch']})", flush=True)
+    def optimizer_state_to_load(self, state: dict) -> dict:
+        return {n: {k: v.to(self.device) if torch.is_tensor(v) and v.dim() else v for k, v in s.items()}
+                for n, s in state.items()}
 
-    # ----------------------------------------------------------------------------------------- checkpoints
     def payload(self) -> dict | None:
         """Rank 0's checkpoint dict (CPU tensors: loads anywhere); replicas' batch-norm statistics averaged."""
         if self.world > 1:
@@ -133,75 +98,35 @@ class DetectorTrainingSession:
         return {"model": model_state, "optimizer": optimizer_state, "state": dict(self.state),
                 "config": self.cfg.to_dict(), "detector_config": self.model.cfg.name}
 
-    def checkpoint(self) -> dict | None:
-        payload = self.payload()
-        if payload is not None:
-            ckpt.save_step_checkpoint(self.run_dir, payload, self.cfg.checkpoint.keep_last)
-        return payload
-
-    # ------------------------------------------------------------------------------------------------- eval
-    def evaluate(self, payload: dict | None) -> dict | None:
-        report = None
-        if self.rank == 0 and self.val_index is not None:
-            spec = DetectorEvalSpec(storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME),
-                                    tuple(self.model.cfg.class_names), tuple(self.cfg.eval.blob_classes),
-                                    self.cfg.eval.max_images)
-            started = time.time()
-            report = evaluate_detector(self.model, self.val_index, spec, self.input_size, self.device)
-            self.model.train()
-            report.update({"kind": "eval", "epoch": self.state["epoch"], "step": self.state["step"],
-                           "eval_seconds": round(time.time() - started, 2)})
-            if report["box_ap"] > self.state["best_ap"] + self.cfg.eval.min_delta:
-                self.state.update(best_ap=report["box_ap"], best_epoch=self.state["epoch"], bad_evals=0)
-                ckpt.save_checkpoint(ckpt.checkpoint_dir(self.run_dir) / ckpt.BEST_NAME,
-                                     {**payload, "state": dict(self.state), "eval": report})
-            else:
-                self.state["bad_evals"] += 1
-            patience = self.cfg.eval.early_stopping_patience
-            self.state["stopped_early"] = bool(patience and self.state["bad_evals"] >= patience)
-            self._log(report)
-        if self.world > 1:
-            shared = [{k: self.state[k] for k in ("best_ap", "best_epoch", "bad_evals", "stopped_early")}]
-            dist.broadcast_object_list(shared, src=0)
-            self.state.update(shared[0])
-        return report
-
-    # ------------------------------------------------------------------------------------------------- train
-    def _log(self, record: dict) -> None:
-        with (self.run_dir / METRICS_NAME).open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-
-    def _progress(self, **values) -> None:
-        path = self.run_dir / PROGRESS_NAME
-        temp = path.with_name(".progress.tmp")
-        temp.write_text(json.dumps(values))
-        os.replace(temp, path)
+    def val_report(self, payload: dict) -> dict | None:
+        if self.val_index is None:
+            return None
+        spec = DetectorEvalSpec(storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME),
+                                tuple(self.model.cfg.class_names), tuple(self.cfg.eval.blob_classes),
+                                self.cfg.eval.max_images)
+        started = time.time()
+        report = evaluate_detector(self.model, self.val_index, spec, self.input_size, self.device)
+        self.model.train()
+        return self.eval_record(report, started)
 
     def train_step(self, rows: dict, epoch: int, step_in_epoch: int) -> torch.Tensor:
         micro = self.sampler.micro_batches(epoch, step_in_epoch, self.rank, self.world)
         augment_cfg = self.cfg.augment.as_augment_config()
         batches = [make_detector_batch(rows, idx, self.input_size, augment_cfg, self.cfg.train.seed, epoch)
                    for idx in micro]
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.cfg, self.state["step"], self.total_steps)
+        self.set_learning_rate()
         self.optimizer.zero_grad(set_to_none=True)
         terms = detector_step(self.ddp or self.model, batches, self.rank * len(micro),
                               self.sampler.micro_batches_per_step, self.cfg.train.seed, self.state["step"],
                               self.device)
         if self.world > 1:
             dist.all_reduce(terms, op=dist.ReduceOp.SUM)
-        if math.isfinite(float(terms.sum())):
-            self.optimizer.step()
-        else:
-            self.state["skipped_steps"] += 1
-        return terms
+        return self.step_optimizer(terms)
 
     def run(self) -> dict | None:
-        self.resume()
+        self.start_run()
         steps_per_epoch = self.sampler.steps_per_epoch
-        timed_images, timed_seconds, epoch_seconds = 0, 0.0, []
-        while self.state["epoch"] < self.cfg.train.epochs and not self.state["stopped_early"] \
-                and self.state["step"] < self.total_steps:
+        while self.training():
             epoch, first = self.state["epoch"], self.state["step_in_epoch"]
             epoch_started = time.time()
             rows = self.train_index.read(self.sampler.epoch_indices(epoch, self.rank, self.world, first))
@@ -210,59 +135,18 @@ class DetectorTrainingSession:
                     break
                 started = time.time()
                 terms = self.train_step(rows, epoch, step_in_epoch)
-                seconds = time.time() - started
-                self.state["step"] += 1
-                self.state["step_in_epoch"] = step_in_epoch + 1
-                if self.state["step"] > WARMUP_STEPS_EXCLUDED:
-                    timed_images += self.cfg.train.global_batch
-                    timed_seconds += seconds
-                if self.rank == 0:
-                    record = {"kind": "step", "step": self.state["step"], "epoch": epoch,
-                              "lr": self.optimizer.param_groups[0]["lr"], "loss": float(terms.sum()),
-                              **{k: float(v) for k, v in zip(LOSS_KEYS, terms)}, "step_seconds": round(seconds, 4),
-                              "images_per_second": round(self.cfg.train.global_batch / seconds, 3)}
-                    self._log(record)
-                    self._progress(epoch=epoch, epochs=self.cfg.train.epochs, step_in_epoch=step_in_epoch + 1,
-                                   steps_per_epoch=steps_per_epoch, loss=record["loss"],
-                                   images_per_second=record["images_per_second"])
-                every = self.cfg.checkpoint.every_steps
-                if every and self.state["step"] % every == 0 and self.state["step_in_epoch"] < steps_per_epoch:
-                    self.checkpoint()
-            epoch_done = self.state["step_in_epoch"] >= steps_per_epoch
-            epoch_seconds.append(round(time.time() - epoch_started, 3))
-            if epoch_done:
-                self.state.update(epoch=epoch + 1, step_in_epoch=0)
-            last = self.state["epoch"] >= self.cfg.train.epochs or self.state["step"] >= self.total_steps
-            every = self.cfg.eval.every_epochs
-            evaluate_now = every > 0 and (last or (epoch_done and self.state["epoch"] % every == 0))
-            if self.rank == 0:
-                self._log({"kind": "epoch", "epoch": epoch, "step": self.state["step"],
-                           "epoch_seconds": epoch_seconds[-1]})
-            payload = self.checkpoint()
-            if evaluate_now:
-                self.evaluate(payload)
-                if payload is not None:
-                    payload["state"] = dict(self.state)
-                    ckpt.save_step_checkpoint(self.run_dir, payload, self.cfg.checkpoint.keep_last)
-        if self.rank != 0:
-            return None
-        return {"strategy": self.cfg.distributed.strategy, "world": self.world, "stages": 1,
-                "device": str(self.device), "threads_per_process": torch.get_num_threads(),
-                "state": dict(self.state), "total_steps": self.total_steps, "steps_per_epoch": steps_per_epoch,
-                "images_per_second": round(timed_images / timed_seconds, 3) if timed_seconds else None,
-                "epoch_seconds": epoch_seconds}
+                self.after_step(epoch, step_in_epoch, steps_per_epoch, terms, time.time() - started)
+            self.after_epoch(epoch, steps_per_epoch, epoch_started)
+        return self.summary({"strategy": self.cfg.distributed.strategy, "world": self.world, "stages": 1,
+                             "device": str(self.device), "threads_per_process": torch.get_num_threads()},
+                            steps_per_epoch)
 
 
 def detector_train_worker(config: dict) -> dict | None:
     """Entry point of every TorchDistributor process: ranks read the prepared shards (train and val)."""
     cfg = DetectorTrainConfig.from_dict(config)
-    torch.set_num_threads(cfg.distributed.threads_per_process)
-    use_gpu = cfg.distributed.use_gpu          # resolved to True / False by the launcher
-    device = rank_device(torch.cuda.is_available() if use_gpu == "auto" else bool(use_gpu))
-    configure_device(device)
-    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        dist.init_process_group(backend_for(device))
-    try:
+    # distributed.use_gpu: resolved to True / False by the launcher
+    with rank_process(cfg.distributed.threads_per_process, cfg.distributed.use_gpu) as device:
         train = ShardIndex.open(storage.join_uri(cfg.data.prepared, "train"))
         val = ShardIndex.open(storage.join_uri(cfg.data.prepared, "val"))
         summary = DetectorTrainingSession(cfg, device, train, val).run()
@@ -273,9 +157,6 @@ def detector_train_worker(config: dict) -> dict | None:
             dist.broadcast_object_list(shared, src=0)
             summary = shared[0]
         return summary
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def train_from_folder(cfg: DetectorTrainConfig) -> dict:

@@ -12,10 +12,7 @@ device; the forward pass runs under ``train.precision`` (bf16 autocast or f32), 
 """
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -28,9 +25,10 @@ from model_export.models.yolact import Yolact, get_config
 from pipelines.training import checkpoints as ckpt
 from pipelines.training.batches import InputSpec
 from pipelines.training.config import TrainConfig
-from pipelines.training.devices import backend_for, configure_device, parse_use_gpu, rank_device
+from pipelines.training.devices import parse_use_gpu
 from pipelines.training.evaluate import EvalSpec, evaluate
 from pipelines.training.loader import LoaderSpec, micro_batch_stream
+from pipelines.training.run_state import RankSessionBase, make_optimizer, new_run_state, rank_process
 from pipelines.training.sampler import GlobalBatchSampler
 from pipelines.training.shards import ShardIndex
 from pipelines.training.strategies import make_runner
@@ -39,9 +37,6 @@ from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, nu
 from pipelines import storage
 
 LOG = logging.getLogger(__name__)
-METRICS_NAME = "metrics.jsonl"
-PROGRESS_NAME = "progress.json"
-WARMUP_STEPS_EXCLUDED = 2      # steps left out of the images/s average (first-touch allocations, thread spin-up)
 
 
 def build_model(cfg: TrainConfig) -> Yolact:
@@ -64,21 +59,6 @@ def set_train_mode(model: torch.nn.Module, batch_norm: str) -> None:
                     param.requires_grad_(False)
 
 
-def learning_rate(cfg: TrainConfig, step: int, total_steps: int) -> float:
-    t = cfg.train
-    if step < t.warmup_steps:
-        return t.warmup_init_lr + (t.lr - t.warmup_init_lr) * step / max(t.warmup_steps, 1)
-    passed = sum(1 for m in t.lr_milestones if step >= float(m) * total_steps)
-    return t.lr * t.lr_gamma ** passed
-
-
-def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    t = cfg.train
-    if t.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
-
-
 def autocast_for(device: torch.device, precision: str):
     """The forward pass's autocast context: bf16 -> torch.autocast(bfloat16); f32 -> none."""
     if precision == "bf16":
@@ -86,9 +66,13 @@ def autocast_for(device: torch.device, precision: str):
     return nullcontext()
 
 
-class TrainingSession:
+class TrainingSession(RankSessionBase):
+    LOSS_KEYS = LOSS_KEYS
+    AP_KEY = "mask_ap"
+
     def __init__(self, cfg: TrainConfig, topo: Topology, device: torch.device | None = None):
         self.cfg, self.topo = cfg, topo
+        self.rank, self.distributed = topo.rank, topo.distributed
         self.device = device if device is not None else torch.device("cpu")
         self.run_dir = Path(cfg.run_dir)
         self.model = build_model(cfg)
@@ -113,30 +97,7 @@ class TrainingSession:
         self.sampler.check_data_parallel(topo.dp_size)
         steps = self.sampler.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(steps, cfg.train.max_steps) if cfg.train.max_steps else steps
-        self.state = {"step": 0, "epoch": 0, "step_in_epoch": 0, "best_ap": -1.0, "best_epoch": -1, "bad_evals": 0,
-                      "stopped_early": False, "skipped_steps": 0}
-
-    # ----------------------------------------------------------------------------------------------- resume
-    def resume(self) -> None:
-        path = ckpt.latest_checkpoint(self.run_dir) if self.cfg.checkpoint.resume else None
-        if path is None:
-            if self.topo.rank == 0:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                (self.run_dir / METRICS_NAME).write_text("")
-            return
-        payload = ckpt.load_checkpoint(path)
-        self.model.load_state_dict(payload["model"])
-        ckpt.load_optimizer_state(self.optimizer, self.params, payload["optimizer"])
-        self.state.update(payload["state"])
-        if self.topo.rank == 0:
-            self._truncate_metrics(self.state["step"])
-            print(f"resumed from {path} at step {self.state['step']} (epoch {self.state['epoch']})", flush=True)
-
-    def _truncate_metrics(self, step: int) -> None:
-        path = self.run_dir / METRICS_NAME
-        lines = path.read_text().splitlines() if path.exists() else []
-        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
-        path.write_text("".join(line + "\n" for line in kept))
+        self.state = new_run_state()
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def average_batch_norm_stats(self) -> None:
@@ -149,7 +110,7 @@ class TrainingSession:
                 dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=group)
                 buffer /= self.topo.dp_size
 
-    def gathered_payload(self) -> dict | None:
+    def payload(self) -> dict | None:
         """The full checkpoint dict on rank 0 (stages and replicas gathered), None elsewhere."""
         self.average_batch_norm_stats()
         mine = ({}, {})
@@ -172,57 +133,24 @@ class TrainingSession:
                 "config": self.cfg.to_dict(), "yolact_config": self.model.cfg.name,
                 "max_size": int(self.model.cfg.max_size)}
 
-    def checkpoint(self) -> dict | None:
-        payload = self.gathered_payload()
-        if payload is not None:
-            ckpt.save_step_checkpoint(self.run_dir, payload, self.cfg.checkpoint.keep_last)
-        return payload
-
     # ------------------------------------------------------------------------------------------------- eval
-    def evaluate(self, payload: dict | None) -> dict | None:
-        """Rank 0 evaluates the gathered model; every rank learns whether to stop early."""
-        report = None
-        if self.topo.rank == 0:
-            model = Yolact(self.model.cfg)
-            model.load_state_dict(payload["model"])
-            ycfg = self.model.cfg
-            post = {"conf_thresh": ycfg.conf_thresh, "nms_thresh": ycfg.nms_thresh, "top_k": ycfg.top_k,
-                    "max_num_detections": ycfg.max_num_detections}
-            from pipelines.training.prepare import VAL_ANNOTATIONS_NAME   # prepare imports pyspark: only here
+    def val_report(self, payload: dict) -> dict:
+        """The gathered model's eval report on the val split (rank 0)."""
+        model = Yolact(self.model.cfg)
+        model.load_state_dict(payload["model"])
+        ycfg = self.model.cfg
+        post = {"conf_thresh": ycfg.conf_thresh, "nms_thresh": ycfg.nms_thresh, "top_k": ycfg.top_k,
+                "max_num_detections": ycfg.max_num_detections}
+        from pipelines.training.prepare import VAL_ANNOTATIONS_NAME   # prepare imports pyspark: only here
 
-            spec = EvalSpec(storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME), ycfg.class_names,
-                            tuple(self.cfg.eval.blob_classes), self.cfg.eval.max_images)
-            started = time.time()
-            report = evaluate(model.to(self.device), ShardIndex.open(storage.join_uri(self.cfg.data.prepared, "val")),
-                              spec, self.input_spec, self.loss, post)
-            report.update({"kind": "eval", "epoch": self.state["epoch"], "step": self.state["step"],
-                           "eval_seconds": round(time.time() - started, 2)})
-            if report["mask_ap"] > self.state["best_ap"] + self.cfg.eval.min_delta:
-                self.state.update(best_ap=report["mask_ap"], best_epoch=self.state["epoch"], bad_evals=0)
-                ckpt.save_checkpoint(ckpt.checkpoint_dir(self.run_dir) / ckpt.BEST_NAME,
-                                     {**payload, "state": dict(self.state), "eval": report})
-            else:
-                self.state["bad_evals"] += 1
-            patience = self.cfg.eval.early_stopping_patience
-            self.state["stopped_early"] = bool(patience and self.state["bad_evals"] >= patience)
-            self._log(report)
-        if self.topo.distributed:
-            shared = [{k: self.state[k] for k in ("best_ap", "best_epoch", "bad_evals", "stopped_early")}]
-            dist.broadcast_object_list(shared, src=0)
-            self.state.update(shared[0])
-        return report
+        spec = EvalSpec(storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME), ycfg.class_names,
+                        tuple(self.cfg.eval.blob_classes), self.cfg.eval.max_images)
+        started = time.time()
+        report = evaluate(model.to(self.device), ShardIndex.open(storage.join_uri(self.cfg.data.prepared, "val")),
+                          spec, self.input_spec, self.loss, post)
+        return self.eval_record(report, started)
 
     # ------------------------------------------------------------------------------------------------- train
-    def _log(self, record: dict) -> None:
-        with (self.run_dir / METRICS_NAME).open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-
-    def _progress(self, **values) -> None:
-        path = self.run_dir / PROGRESS_NAME
-        temp = path.with_name(".progress.tmp")
-        temp.write_text(json.dumps(values))
-        os.replace(temp, path)
-
     def loader_spec(self, epoch: int) -> LoaderSpec:
         d = self.cfg.data
         return LoaderSpec(self.input_spec, self.cfg.augment, self.cfg.train.seed, epoch, self.mask_sizes,
@@ -260,20 +188,14 @@ class TrainingSession:
 
     def launch_step(self, batches: list, normalizer: Normalizer) -> torch.Tensor:
         """Forward + backward of the step, launched (on a GPU it runs on while the host goes on)."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.cfg, self.state["step"], self.total_steps)
+        self.set_learning_rate()
         self.optimizer.zero_grad(set_to_none=True)
         with autocast_for(self.device, self.cfg.train.precision):
             return self.runner.run(batches, normalizer)
 
     def finish_step(self, launched: torch.Tensor) -> torch.Tensor:
         """Wait for the step, sum its loss terms over the ranks, step the optimizer unless they are not finite."""
-        terms = self.runner.reduce(launched)
-        if math.isfinite(float(terms.sum())):
-            self.optimizer.step()
-        else:
-            self.state["skipped_steps"] += 1
-        return terms
+        return self.step_optimizer(self.runner.reduce(launched))
 
     def train_step(self, batches: list) -> torch.Tensor:
         """One step on this rank's micro-batches (batches.MicroBatch, on the CPU) -> the global loss terms."""
@@ -292,11 +214,9 @@ class TrainingSession:
             pending = following
 
     def run(self) -> dict | None:
-        self.resume()
+        self.start_run()
         steps_per_epoch = self.sampler.steps_per_epoch
-        timed_images, timed_seconds, epoch_seconds = 0, 0.0, []
-        while self.state["epoch"] < self.cfg.train.epochs and not self.state["stopped_early"] \
-                and self.state["step"] < self.total_steps:
+        while self.training():
             epoch, first = self.state["epoch"], self.state["step_in_epoch"]
             last = min(steps_per_epoch, first + self.total_steps - self.state["step"])
             per_step = self.epoch_micro_batches(epoch, first, last)
@@ -305,51 +225,13 @@ class TrainingSession:
             stream = micro_batch_stream(rows, [mb for step in per_step for mb in step], self.loader_spec(epoch))
             started = time.time()
             for step_in_epoch, terms in zip(range(first, last), self.steps(stream, [len(m) for m in per_step])):
-                seconds = time.time() - started
-                self.state["step"] += 1
-                self.state["step_in_epoch"] = step_in_epoch + 1
-                if self.state["step"] > WARMUP_STEPS_EXCLUDED:
-                    timed_images += self.cfg.train.global_batch
-                    timed_seconds += seconds
-                if self.topo.rank == 0:
-                    record = {"kind": "step", "step": self.state["step"], "epoch": epoch,
-                              "lr": self.optimizer.param_groups[0]["lr"] if self.optimizer.param_groups else 0.0,
-                              "loss": float(terms.sum()), **{k: float(v) for k, v in zip(LOSS_KEYS, terms)},
-                              "step_seconds": round(seconds, 4),
-                              "images_per_second": round(self.cfg.train.global_batch / seconds, 3)}
-                    self._log(record)
-                    self._progress(epoch=epoch, epochs=self.cfg.train.epochs, step_in_epoch=step_in_epoch + 1,
-                                   steps_per_epoch=steps_per_epoch, loss=record["loss"],
-                                   images_per_second=record["images_per_second"])
-                every = self.cfg.checkpoint.every_steps
-                if every and self.state["step"] % every == 0 and self.state["step_in_epoch"] < steps_per_epoch:
-                    self.checkpoint()
+                self.after_step(epoch, step_in_epoch, steps_per_epoch, terms, time.time() - started)
                 started = time.time()       # a step's time includes waiting for its micro-batches
             stream.close()                  # stops the loader's workers
-            epoch_done = self.state["step_in_epoch"] >= steps_per_epoch
-            epoch_seconds.append(round(time.time() - epoch_started, 3))
-            if epoch_done:
-                self.state.update(epoch=epoch + 1, step_in_epoch=0)
-            last = self.state["epoch"] >= self.cfg.train.epochs or self.state["step"] >= self.total_steps
-            every = self.cfg.eval.every_epochs       # 0: never evaluate
-            evaluate_now = every > 0 and (last or (epoch_done and self.state["epoch"] % every == 0))
-            if self.topo.rank == 0:
-                self._log({"kind": "epoch", "epoch": epoch, "step": self.state["step"],
-                           "epoch_seconds": epoch_seconds[-1]})
-            payload = self.checkpoint()
-            if evaluate_now:
-                self.evaluate(payload)
-                if payload is not None:     # the best/patience counters belong in the resumable state too
-                    payload["state"] = dict(self.state)
-                    ckpt.save_step_checkpoint(self.run_dir, payload, self.cfg.checkpoint.keep_last)
-        if self.topo.rank != 0:
-            return None
-        return {"strategy": self.topo.strategy, "world": self.topo.world, "stages": self.topo.stages,
-                "threads_per_process": torch.get_num_threads(), "device": str(self.device),
-                "precision": self.cfg.train.precision, "state": dict(self.state),
-                "total_steps": self.total_steps, "steps_per_epoch": steps_per_epoch,
-                "images_per_second": round(timed_images / timed_seconds, 3) if timed_seconds else None,
-                "epoch_seconds": epoch_seconds}
+            self.after_epoch(epoch, steps_per_epoch, epoch_started)
+        return self.summary({"strategy": self.topo.strategy, "world": self.topo.world, "stages": self.topo.stages,
+                             "threads_per_process": torch.get_num_threads(), "device": str(self.device),
+                             "precision": self.cfg.train.precision}, steps_per_epoch)
 
 
 def _to_cpu(state: dict) -> dict:
@@ -360,15 +242,6 @@ def _to_cpu(state: dict) -> dict:
 def train_worker(config: dict) -> dict | None:
     """Entry point of every TorchDistributor process (env RANK, WORLD_SIZE, MASTER_ADDR/PORT set by torchrun)."""
     cfg = TrainConfig.from_dict(config)
-    torch.set_num_threads(cfg.distributed.threads_per_process)
-    use_gpu = parse_use_gpu(cfg.distributed.use_gpu)
-    device = rank_device(torch.cuda.is_available() if use_gpu == "auto" else use_gpu)
-    configure_device(device)
-    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        dist.init_process_group(backend_for(device))
-    try:
+    with rank_process(cfg.distributed.threads_per_process, parse_use_gpu(cfg.distributed.use_gpu)) as device:
         topo = make_topology(cfg.distributed.strategy, cfg.distributed.pipeline_stages)
         return TrainingSession(cfg, topo, device).run()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()

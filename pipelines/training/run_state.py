@@ -1,0 +1,238 @@
+"""What the YOLACT and the detector training loops share: the run's bookkeeping on every rank.
+
+``RankSessionBase`` keeps the resumable state (step, epoch, best AP, early stopping), writes RUN/metrics.jsonl and
+RUN/progress.json on rank 0, resumes from the newest checkpoint, keeps best.pt, and counts the images/s and the
+epoch times of the summary. A subclass (``trainer.TrainingSession``, ``detector_trainer.DetectorTrainingSession``)
+builds the model, optimizer and sampler and sets ``rank``, ``distributed``, ``LOSS_KEYS`` and ``AP_KEY``; it
+supplies ``payload()`` (rank 0's checkpoint dict) and ``val_report(payload)`` (rank 0's raw eval report).
+
+``rank_process`` sets up (and tears down) one TorchDistributor process: threads, device, process group.
+
+Torch only (no pyspark): the detector trains without Spark too.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from pipelines.training import checkpoints as ckpt
+from pipelines.training.devices import backend_for, configure_device, rank_device
+
+METRICS_NAME = "metrics.jsonl"
+PROGRESS_NAME = "progress.json"
+WARMUP_STEPS_EXCLUDED = 2      # steps left out of the images/s average (first-touch allocations, thread spin-up)
+SHARED_EVAL_KEYS = ("best_ap", "best_epoch", "bad_evals", "stopped_early")
+
+
+def new_run_state() -> dict:
+    """The resumable state of a run before its first step."""
+    return {"step": 0, "epoch": 0, "step_in_epoch": 0, "best_ap": -1.0, "best_epoch": -1, "bad_evals": 0,
+            "stopped_early": False, "skipped_steps": 0}
+
+
+def learning_rate(cfg, step: int, total_steps: int) -> float:
+    """Linear warmup from warmup_init_lr, then lr times lr_gamma per passed milestone (fractions of the steps)."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.warmup_init_lr + (t.lr - t.warmup_init_lr) * step / max(t.warmup_steps, 1)
+    passed = sum(1 for m in t.lr_milestones if step >= float(m) * total_steps)
+    return t.lr * t.lr_gamma ** passed
+
+
+def make_optimizer(cfg, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    t = cfg.train
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+
+
+@contextmanager
+def rank_process(threads: int, use_gpu) -> Iterator[torch.device]:
+    """One TorchDistributor process: torch threads, this rank's device (use_gpu "auto" / True / False) and the
+    process group when torchrun's env says so; the group is destroyed on the way out."""
+    torch.set_num_threads(threads)
+    device = rank_device(torch.cuda.is_available() if use_gpu == "auto" else bool(use_gpu))
+    configure_device(device)
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        dist.init_process_group(backend_for(device))
+    try:
+        yield device
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RankSessionBase:
+    LOSS_KEYS: tuple = ()
+    AP_KEY = ""                 # the eval report's AP that decides best.pt and early stopping
+
+    cfg: object
+    run_dir: Path
+    rank: int
+    distributed: bool
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    params: dict
+    state: dict
+    total_steps: int
+
+    # ---------------------------------------------------------------------------------------------- metrics
+    def _log(self, record: dict) -> None:
+        with (self.run_dir / METRICS_NAME).open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def _progress(self, **values) -> None:
+        path = self.run_dir / PROGRESS_NAME
+        temp = path.with_name(".progress.tmp")
+        temp.write_text(json.dumps(values))
+        os.replace(temp, path)
+
+    def _truncate_metrics(self, step: int) -> None:
+        path = self.run_dir / METRICS_NAME
+        lines = path.read_text().splitlines() if path.exists() else []
+        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+    # ----------------------------------------------------------------------------------------------- resume
+    def optimizer_state_to_load(self, state: dict) -> dict:
+        """A checkpoint's optimizer state (by parameter name) as this session loads it."""
+        return state
+
+    def resume(self) -> None:
+        path = ckpt.latest_checkpoint(self.run_dir) if self.cfg.checkpoint.resume else None
+        if path is None:
+            if self.rank == 0:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                (self.run_dir / METRICS_NAME).write_text("")
+            return
+        payload = ckpt.load_checkpoint(path)
+        self.model.load_state_dict(payload["model"])
+        ckpt.load_optimizer_state(self.optimizer, self.params, self.optimizer_state_to_load(payload["optimizer"]))
+        self.state.update(payload["state"])
+        if self.rank == 0:
+            self._truncate_metrics(self.state["step"])
+            # stdout, not the log: TorchDistributor passes the ranks' stdout on (tests read this line)
+            print(f"resumed from {path} at step {self.state['step']} (epoch {self.state['epoch']})", flush=True)
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def payload(self) -> dict | None:
+        """Rank 0's checkpoint dict (CPU tensors), None elsewhere; every rank calls it."""
+        raise NotImplementedError
+
+    def checkpoint(self) -> dict | None:
+        payload = self.payload()
+        if payload is not None:
+            ckpt.save_step_checkpoint(self.run_dir, payload, self.cfg.checkpoint.keep_last)
+        return payload
+
+    # ------------------------------------------------------------------------------------------------- eval
+    def val_report(self, payload: dict) -> dict | None:
+        """Rank 0: the eval report of the checkpointed model (None: nothing to evaluate on)."""
+        raise NotImplementedError
+
+    def eval_record(self, report: dict, started: float) -> dict:
+        report.update({"kind": "eval", "epoch": self.state["epoch"], "step": self.state["step"],
+                       "eval_seconds": round(time.time() - started, 2)})
+        return report
+
+    def evaluate(self, payload: dict | None) -> dict | None:
+        """Rank 0 evaluates, keeps best.pt and counts the evals without progress; every rank learns whether to
+        stop early."""
+        report = self.val_report(payload) if self.rank == 0 else None
+        if report is not None:
+            if report[self.AP_KEY] > self.state["best_ap"] + self.cfg.eval.min_delta:
+                self.state.update(best_ap=report[self.AP_KEY], best_epoch=self.state["epoch"], bad_evals=0)
+                ckpt.save_checkpoint(ckpt.checkpoint_dir(self.run_dir) / ckpt.BEST_NAME,
+                                     {**payload, "state": dict(self.state), "eval": report})
+            else:
+                self.state["bad_evals"] += 1
+            patience = self.cfg.eval.early_stopping_patience
+            self.state["stopped_early"] = bool(patience and self.state["bad_evals"] >= patience)
+            self._log(report)
+        if self.distributed:
+            shared = [{k: self.state[k] for k in SHARED_EVAL_KEYS}]
+            dist.broadcast_object_list(shared, src=0)
+            self.state.update(shared[0])
+        return report
+
+    # ------------------------------------------------------------------------------------------------ steps
+    def set_learning_rate(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.cfg, self.state["step"], self.total_steps)
+
+    def step_optimizer(self, terms: torch.Tensor) -> torch.Tensor:
+        """Step the optimizer on the global loss terms unless they are not finite (then count a skipped step)."""
+        if math.isfinite(float(terms.sum())):
+            self.optimizer.step()
+        else:
+            self.state["skipped_steps"] += 1
+        return terms
+
+    # -------------------------------------------------------------------------------------------------- run
+    def start_run(self) -> None:
+        """Resume, and start the images/s and epoch-time counts of the summary."""
+        self.resume()
+        self.timed_images, self.timed_seconds, self.epoch_seconds = 0, 0.0, []
+
+    def training(self) -> bool:
+        """Whether another epoch runs: epochs left, no early stop, steps left."""
+        return self.state["epoch"] < self.cfg.train.epochs and not self.state["stopped_early"] \
+            and self.state["step"] < self.total_steps
+
+    def after_step(self, epoch: int, step_in_epoch: int, steps_per_epoch: int, terms: torch.Tensor,
+                   seconds: float) -> None:
+        """Count the step, write its metrics and progress (rank 0), checkpoint every checkpoint.every_steps."""
+        self.state["step"] += 1
+        self.state["step_in_epoch"] = step_in_epoch + 1
+        if self.state["step"] > WARMUP_STEPS_EXCLUDED:
+            self.timed_images += self.cfg.train.global_batch
+            self.timed_seconds += seconds
+        if self.rank == 0:
+            record = {"kind": "step", "step": self.state["step"], "epoch": epoch,
+                      "lr": self.optimizer.param_groups[0]["lr"] if self.optimizer.param_groups else 0.0,
+                      "loss": float(terms.sum()), **{k: float(v) for k, v in zip(self.LOSS_KEYS, terms)},
+                      "step_seconds": round(seconds, 4),
+                      "images_per_second": round(self.cfg.train.global_batch / seconds, 3)}
+            self._log(record)
+            self._progress(epoch=epoch, epochs=self.cfg.train.epochs, step_in_epoch=step_in_epoch + 1,
+                           steps_per_epoch=steps_per_epoch, loss=record["loss"],
+                           images_per_second=record["images_per_second"])
+        every = self.cfg.checkpoint.every_steps
+        if every and self.state["step"] % every == 0 and self.state["step_in_epoch"] < steps_per_epoch:
+            self.checkpoint()
+
+    def after_epoch(self, epoch: int, steps_per_epoch: int, epoch_started: float) -> None:
+        """Close the epoch: its time, the epoch record, a checkpoint, and the eval when it is due."""
+        epoch_done = self.state["step_in_epoch"] >= steps_per_epoch
+        self.epoch_seconds.append(round(time.time() - epoch_started, 3))
+        if epoch_done:
+            self.state.update(epoch=epoch + 1, step_in_epoch=0)
+        last = self.state["epoch"] >= self.cfg.train.epochs or self.state["step"] >= self.total_steps
+        every = self.cfg.eval.every_epochs       # 0: never evaluate
+        evaluate_now = every > 0 and (last or (epoch_done and self.state["epoch"] % every == 0))
+        if self.rank == 0:
+            self._log({"kind": "epoch", "epoch": epoch, "step": self.state["step"],
+                       "epoch_seconds": self.epoch_seconds[-1]})
+        payload = self.checkpoint()
+        if evaluate_now:
+            self.evaluate(payload)
+            if payload is not None:     # the best/patience counters belong in the resumable state too
+                payload["state"] = dict(self.state)
+                ckpt.save_step_checkpoint(self.run_dir, payload, self.cfg.checkpoint.keep_last)
+
+    def summary(self, head: dict, steps_per_epoch: int) -> dict | None:
+        """Rank 0: the run summary, head's entries first; None elsewhere."""
+        if self.rank != 0:
+            return None
+        return {**head, "state": dict(self.state), "total_steps": self.total_steps,
+                "steps_per_epoch": steps_per_epoch,
+                "images_per_second": round(self.timed_images / self.timed_seconds, 3) if self.timed_seconds else None,
+                "epoch_seconds": self.epoch_seconds}
