@@ -397,8 +397,8 @@ def bytes_fetcher(plan: JobPlan):
 
 
 def _azure_fetcher(credentials):
-    from functools import partial
+    """One AzureBlobStore per task (it travels with the task function; only the credentials are pickled): its SDK
+    client, made on the executor at the first read, serves every image of the task."""
+    from pipelines.azure_storage import AzureBlobStore
 
-    from pipelines.azure_storage import read_blob
-
-    return partial(read_blob, creds=credentials)
+    return AzureBlobStore(credentials).read

@@ -32,8 +32,8 @@ def test_job_reads_and_writes_azure_blob_storage(spark, azurite, monkeypatch, tm
     config["input"]["uri"] = f"az://{container}/landing"
     config["output"]["uri"] = f"az://{container}/out"
     summary = run(spark, config)
-    assert summary["counts"] == {"inputs": 4, "skipped": 0, "done": 3, "failed": 1,
-                                 "instances": summary["counts"]["instances"]}
+    assert summary["counts"] == {"inputs": 4, "skipped": 0, "done": 3, "failed": 1, "units": 4, "videos": 0,
+                                 "frames": 0, "instances": summary["counts"]["instances"]}
 
     blobs = {b.name: b for b in client.list_blobs(name_starts_with="out/")}
     detections = pa.concat_tables([pq.read_table(io.BytesIO(client.download_blob(n).readall()))
