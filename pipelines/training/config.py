@@ -196,15 +196,17 @@ def _build(kind, data: dict, where: str):
         raise TrainConfigError(f"{where or 'config'}: {err}") from None
 
 
-def load_train_config(path: str | Path | None = None, overrides: dict | None = None) -> TrainConfig:
-    """conf/train_yolact.yaml (or `path`) with dotted `overrides` applied ({"train.epochs": 2})."""
-    path = Path(path) if path else DEFAULT_CONFIG
+def read_config_data(path: str | Path | None, overrides: dict | None, default: Path,
+                     error: type[Exception] = TrainConfigError) -> dict:
+    """The YAML at `path` (default: `default`) as a dict with dotted `overrides` applied ({"train.epochs": 2});
+    a missing file or bad YAML raises `error`."""
+    path = Path(path) if path else default
     if not path.is_file():
-        raise TrainConfigError(f"{path}: no such training config (see conf/train_yolact.yaml)")
+        raise error(f"{path}: no such training config (see conf/{default.name})")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
-        raise TrainConfigError(f"{path}: not valid YAML: {err}") from None
+        raise error(f"{path}: not valid YAML: {err}") from None
     data = copy.deepcopy(data)
     for dotted, value in (overrides or {}).items():
         node = data
@@ -212,4 +214,9 @@ def load_train_config(path: str | Path | None = None, overrides: dict | None = N
         for key in parents:
             node = node.setdefault(key, {})
         node[leaf] = value
-    return TrainConfig.from_dict(data)
+    return data
+
+
+def load_train_config(path: str | Path | None = None, overrides: dict | None = None) -> TrainConfig:
+    """conf/train_yolact.yaml (or `path`) with dotted `overrides` applied ({"train.epochs": 2})."""
+    return TrainConfig.from_dict(read_config_data(path, overrides, DEFAULT_CONFIG))

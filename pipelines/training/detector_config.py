@@ -9,17 +9,15 @@ torchvision normalizes). Strategies: local and ddp (the detector has no pipeline
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import yaml
 
 from pipelines.errors import UsageError
 from pipelines.training.devices import parse_use_gpu
 from pipelines.training.augment import AugmentConfig
 from pipelines.training.config import (CheckpointSection, DataSection, DistributedSection, EvalSection,
-                                       SparkSection, TrackingSection, TrainConfigError, TrainSection, _build)
+                                       SparkSection, TrackingSection, TrainConfigError, TrainSection, _build,
+                                       read_config_data)
 
 DETECTOR_STRATEGIES = ("local", "ddp")
 DEFAULT_DETECTOR_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "train_detector.yaml"
@@ -116,18 +114,5 @@ class DetectorTrainConfig:
 
 def load_detector_train_config(path: str | Path | None = None, overrides: dict | None = None) -> DetectorTrainConfig:
     """conf/train_detector.yaml (or `path`) with dotted `overrides` applied ({"train.epochs": 2})."""
-    path = Path(path) if path else DEFAULT_DETECTOR_CONFIG
-    if not path.is_file():
-        raise DetectorConfigError(f"{path}: no such training config (see conf/train_detector.yaml)")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        raise DetectorConfigError(f"{path}: not valid YAML: {err}") from None
-    data = copy.deepcopy(data)
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return DetectorTrainConfig.from_dict(data)
+    return DetectorTrainConfig.from_dict(read_config_data(path, overrides, DEFAULT_DETECTOR_CONFIG,
+                                                          DetectorConfigError))
