@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 from pyspark.sql import SparkSession
 
@@ -57,9 +58,15 @@ def prepare(spark: SparkSession, cfg: TrainConfig, class_names: tuple[str, ...])
 
 def launch(spark: SparkSession, cfg: TrainConfig) -> dict:
     """Run `train_worker` on cfg.distributed.num_processes ranks; returns rank 0's summary."""
-    from pyspark.ml.torch.distributor import TorchDistributor
-
     from pipelines.training.trainer import train_worker
+
+    return run_ranks(spark, cfg, train_worker, decide_gpu=True)
+
+
+def run_ranks(spark: SparkSession, cfg, worker: Callable[[dict], dict | None], decide_gpu: bool = False) -> dict:
+    """Run worker(cfg.to_dict()) on cfg.distributed.num_processes TorchDistributor ranks (decide_gpu: resolve
+    distributed.use_gpu here first, else it is resolved already); returns rank 0's summary."""
+    from pyspark.ml.torch.distributor import TorchDistributor
 
     paths = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))   # ranks import pipelines, model_export
@@ -69,13 +76,14 @@ def launch(spark: SparkSession, cfg: TrainConfig) -> dict:
         os.environ["OMP_WAIT_POLICY"] = cfg.distributed.omp_wait_policy.upper()
     if not cfg.distributed.local_mode:
         ship_packages(spark)
-    cfg = with_gpu_decision(spark, cfg)
-    use_gpu = cfg.distributed.use_gpu
-    LOG.info("training on %s (%d ranks)", "GPUs, NCCL" if use_gpu else "CPUs, gloo", cfg.distributed.num_processes)
+    if decide_gpu:
+        cfg = with_gpu_decision(spark, cfg)
+        LOG.info("training on %s (%d ranks)", "GPUs, NCCL" if cfg.distributed.use_gpu else "CPUs, gloo",
+                 cfg.distributed.num_processes)
     distributor = TorchDistributor(num_processes=cfg.distributed.num_processes,
-                                   local_mode=cfg.distributed.local_mode, use_gpu=use_gpu)
+                                   local_mode=cfg.distributed.local_mode, use_gpu=bool(cfg.distributed.use_gpu))
     with DriverProgress(cfg.run_dir, enabled=cfg.tracking.progress_bar and cfg.distributed.local_mode):
-        return distributor.run(train_worker, cfg.to_dict())
+        return distributor.run(worker, cfg.to_dict())
 
 
 def with_gpu_decision(spark: SparkSession, cfg: TrainConfig) -> TrainConfig:
@@ -136,15 +144,31 @@ def run_training(spark: SparkSession, cfg: TrainConfig) -> dict:
     """Prepare, train, report. Returns the summary also written to RUN/summary.json."""
     from model_export.models.yolact import get_config
 
-    cfg = with_gpu_decision(spark, resolve_paths(cfg))      # a GPU that is not there fails before preparing
+    return train_and_report(spark, cfg, lambda c: get_config(c.model.config).class_names, launch, _mlflow_params,
+                            tracking.YOLACT_LOSS_KEYS)
+
+
+def _mlflow_params(cfg: TrainConfig) -> dict:
+    return {"strategy": cfg.distributed.strategy, "num_processes": cfg.distributed.num_processes,
+            "threads_per_process": cfg.distributed.threads_per_process,
+            "pipeline_stages": cfg.pipeline_stages, "model": cfg.model.config,
+            "max_size": cfg.model.max_size, **{f"train.{k}": v for k, v in dataclasses.asdict(cfg.train).items()}}
+
+
+def train_and_report(spark: SparkSession, cfg, class_names_of: Callable, launch_ranks: Callable,
+                     mlflow_params: Callable[..., dict], loss_keys: tuple[str, ...]) -> dict:
+    """Prepare the data, launch_ranks(spark, cfg), then speed, plots (loss_keys), MLflow (mlflow_params(cfg)) and
+    RUN/summary.json. cfg's paths and distributed.use_gpu are resolved first (a GPU that is not there fails before
+    preparing); class_names_of(cfg): the model's classes. Returns the summary."""
+    cfg = with_gpu_decision(spark, resolve_paths(cfg))
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     print(f"run directory: {cfg.run_dir} (checkpoints/, metrics.jsonl, summary.json, plots)", flush=True)
-    class_names = get_config(cfg.model.config).class_names
+    class_names = class_names_of(cfg)
     started = time.time()
     report = prepare(spark, cfg, class_names)
     print(f"data: {report.usable('train')} train / {report.usable('val')} val images usable; skipped "
           f"{report.skipped()} ({'reused' if report.reused else 'prepared'} {cfg.data.prepared})", flush=True)
-    summary = launch(spark, cfg)
+    summary = launch_ranks(spark, cfg)
     summary["prepare"] = {"counts": report.counts, "reused": report.reused}
     summary["wall_seconds"] = round(time.time() - started, 1)
     baseline = json.loads(Path(cfg.tracking.baseline).read_text()) if cfg.tracking.baseline else None
@@ -152,17 +176,12 @@ def run_training(spark: SparkSession, cfg: TrainConfig) -> dict:
     metrics = tracking.read_metrics(cfg.run_dir)
     evals = [m for m in metrics if m.get("kind") == "eval"]
     summary["last_eval"] = evals[-1] if evals else None
-    artifacts = tracking.plot_curves(metrics, cfg.run_dir) if cfg.tracking.plots else []
+    artifacts = tracking.plot_curves(metrics, cfg.run_dir, loss_keys) if cfg.tracking.plots else []
     summary_path = Path(cfg.run_dir) / SUMMARY_NAME
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.tracking.mlflow_uri:
-        params = {"strategy": cfg.distributed.strategy, "num_processes": cfg.distributed.num_processes,
-                  "threads_per_process": cfg.distributed.threads_per_process,
-                  "pipeline_stages": cfg.pipeline_stages, "model": cfg.model.config,
-                  "max_size": cfg.model.max_size, **{f"train.{k}": v for k, v in
-                                                     dataclasses.asdict(cfg.train).items()}}
-        summary["mlflow_run_id"] = tracking.log_to_mlflow(dataclasses.asdict(cfg.tracking), params, metrics,
-                                                          summary, artifacts + [summary_path])
+        summary["mlflow_run_id"] = tracking.log_to_mlflow(dataclasses.asdict(cfg.tracking), mlflow_params(cfg),
+                                                          metrics, summary, artifacts + [summary_path], loss_keys)
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
         store = tracking._mlflow_uri(cfg.tracking.mlflow_uri)
         print(f"MLflow: run {summary['mlflow_run_id']} in experiment '{cfg.tracking.experiment}' at {store} "
