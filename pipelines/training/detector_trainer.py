@@ -33,6 +33,7 @@ from pipelines.training.devices import configure_device, rank_device, resolve_us
 from pipelines.training.run_state import RankSessionBase, make_optimizer, new_run_state, rank_process
 from pipelines.training.sampler import GlobalBatchSampler
 from pipelines.training.shards import ShardIndex
+from pipelines.training.train_job import set_overrides
 
 log = logging.getLogger(__name__)
 # Same name and meaning as pipelines.training.prepare (not imported: it imports pyspark, and this module also runs
@@ -179,14 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], help="sets distributed.use_gpu (auto/false/true)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
-    import yaml
-
-    overrides = {}
-    for item in args.set:
-        if "=" not in item:
-            raise SystemExit(f"error: --set {item!r}: write KEY=VALUE, e.g. train.epochs=3")
-        key, value = item.split("=", 1)
-        overrides[key.strip()] = yaml.safe_load(value)
+    overrides = set_overrides(args.set)
     if args.device:
         overrides["distributed.use_gpu"] = {"auto": "auto", "cpu": False, "cuda": True}[args.device]
     overrides["eval.every_epochs"] = 0

@@ -1,0 +1,74 @@
+"""The command line the Spark training jobs share (jobs/train_yolact.py, jobs/train_detector.py): the same flags,
+``--set KEY=VALUE`` overrides, config errors as exit 2, a Spark session for the run, a short JSON summary.
+
+    args = parse_train_args(__doc__, "conf/train_yolact.yaml", argv, choices=[...])
+    return run_train_job(args, load_train_config, (TrainConfigError,), run_training, SUMMARY_KEYS)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Sequence
+
+FLAGS = {"strategy": "distributed.strategy", "num_processes": "distributed.num_processes",
+         "threads": "distributed.threads_per_process", "run_dir": "run_dir", "epochs": "train.epochs"}
+
+
+def parse_train_args(description: str, default_config: str, argv: list[str] | None = None,
+                     **strategy_option) -> argparse.Namespace:
+    """The jobs' flags; strategy_option: argparse keywords of --strategy (choices or help)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help=f"YAML (default {default_config})")
+    parser.add_argument("--strategy", **strategy_option)
+    parser.add_argument("--num-processes", type=int, help="ranks")
+    parser.add_argument("--threads", type=int, help="torch threads per rank")
+    parser.add_argument("--run-dir", help="output / resume directory")
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key (YAML value), e.g. --set train.lr=0.002")
+    return parser.parse_args(argv)
+
+
+def set_overrides(items: Sequence[str]) -> dict:
+    """--set KEY=VALUE items -> {dotted key: YAML value}; a malformed item exits with an error."""
+    import yaml
+
+    overrides = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"error: --set {item!r}: write KEY=VALUE, e.g. train.epochs=3")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = yaml.safe_load(value)
+    return overrides
+
+
+def overrides_from(args: argparse.Namespace) -> dict:
+    """The flags that were given, then the --set items, as dotted config overrides."""
+    overrides = {key: getattr(args, flag) for flag, key in FLAGS.items() if getattr(args, flag) is not None}
+    overrides.update(set_overrides(args.set))
+    return overrides
+
+
+def run_train_job(args: argparse.Namespace, load_config: Callable, config_errors: tuple[type, ...],
+                  run_training: Callable, summary_keys: Sequence[str]) -> int:
+    """Load the config (config_errors: exit code `exit_code`, else 2), run_training(spark, cfg) in a job session,
+    print the summary's summary_keys. Returns the exit code."""
+    try:
+        cfg = load_config(args.config, overrides_from(args))
+    except config_errors as err:
+        print(f"error: {err}", file=sys.stderr)
+        return getattr(err, "exit_code", 2)
+    from pipelines.spark_session import job_session
+    from pipelines.training.launcher import session_conf
+
+    spark = job_session({"master": cfg.spark.master, "app_name": cfg.spark.app_name, "conf": session_conf(cfg)})
+    try:
+        summary = run_training(spark, cfg)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    print(json.dumps({k: summary.get(k) for k in summary_keys}, indent=2))
+    return 0
