@@ -3,22 +3,15 @@ eval-mode detections on the prepared val split, at the original image size.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from pipelines import storage
 from pipelines.evaluate import ap_report, load_ground_truth, subset_ground_truth
 from pipelines.training.detector_step import make_detector_batch
+from pipelines.training.evaluate import EvalSpec
 
 
-@dataclass(frozen=True)
-class DetectorEvalSpec:
-    annotations_uri: str            # COCO ground truth of the val images (prepare's val_annotations.json)
-    class_names: tuple[str, ...]
-    blob_classes: tuple[str, ...] = ("pothole", "patch", "puddle")
-    max_images: int = 0
-    batch_size: int = 8
+DetectorEvalSpec = EvalSpec      # what to evaluate on: the same fields as YOLACT's validation
 
 
 def coco_box_results(detections: list[dict], rows: list[dict], input_size: tuple[int, int],
