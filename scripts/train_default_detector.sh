@@ -46,16 +46,11 @@ rm -rf "$OUT/export"
 $PY -m model_export detector --config factornet_small --weights "$CKPT" --out "$OUT/export"
 mkdir -p "$BUNDLE"
 for f in manifest.json model.xml model.bin parity.json; do cp "$OUT/export/$f" "$BUNDLE/$f"; done
-$PY - "$BUNDLE/manifest.json" <<'PYEOF'
-import json, sys
-path = sys.argv[1]
-data = json.load(open(path))
-data["note"] = ("Road-distress detector (FactorNet Faster R-CNN, factornet_small: pothole, crack, patch, puddle boxes) "
-                "trained only on SYNTHETIC top-down asphalt images (pipelines.datasets.synthetic_roads, 640x480, "
-                "320x320 network input). Meant for road surfaces like those; on other photos its detections are "
-                "meaningless. Cracks (thin lines) are found poorly.")
-open(path, "w").write(json.dumps(data, indent=2) + "\n")
-PYEOF
+$PY scripts/set_manifest_note.py "$BUNDLE/manifest.json" \
+  "Road-distress detector (FactorNet Faster R-CNN, factornet_small: pothole, crack, patch, puddle boxes) " \
+  "trained only on SYNTHETIC top-down asphalt images (pipelines.datasets.synthetic_roads, 640x480, " \
+  "320x320 network input). Meant for road surfaces like those; on other photos its detections are " \
+  "meaningless. Cracks (thin lines) are found poorly."
 
 # 4. Box AP on a fresh val split it never saw (seed 3), through the Spark job and pycocotools.
 if [ ! -f "$OUT/val/annotations.json" ]; then

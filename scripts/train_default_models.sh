@@ -34,14 +34,9 @@ $PY -m model_export yolact --config yolact_r18_small --input-size 256 \
 mkdir -p "$BUNDLE"
 for f in manifest.json model.xml model.bin priors.npy parity.json; do cp "$OUT/export/$f" "$BUNDLE/$f"; done
 # What the model is for, shown in every job summary and report (the manifest's optional "note").
-$PY - "$BUNDLE/manifest.json" <<'PYEOF'
-import json, sys
-path = sys.argv[1]
-data = json.load(open(path))
-data["note"] = ("Road-distress YOLACT (pothole, crack, patch, puddle) trained only on SYNTHETIC top-down asphalt images "
-                "(pipelines.datasets.synthetic_roads, 640x480, 256x256 network input). It is meant for road surfaces like "
-                "those (make demo, samples/images/synthetic_road_*.jpg); on other photos (people, animals, objects) its "
-                "detections are meaningless. Cracks are found poorly (low recall).")
-open(path, "w").write(json.dumps(data, indent=2) + "\n")
-PYEOF
+$PY scripts/set_manifest_note.py "$BUNDLE/manifest.json" \
+  "Road-distress YOLACT (pothole, crack, patch, puddle) trained only on SYNTHETIC top-down asphalt images " \
+  "(pipelines.datasets.synthetic_roads, 640x480, 256x256 network input). It is meant for road surfaces like " \
+  "those (make demo, samples/images/synthetic_road_*.jpg); on other photos (people, animals, objects) its " \
+  "detections are meaningless. Cracks are found poorly (low recall)."
 echo "bundled $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE"
