@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from pipelines.executor_cache import LazyModel
 from pipelines.image_decode import decode_image
+from pipelines.result_rows import FRAME_COLUMNS
 from pipelines.image_inference import (INSTANCES_TYPE, RESULT_COLUMNS, RESULT_SCHEMA, ImageInference,
                                        fail, load_executor_model, new_row, timed)
 
@@ -109,7 +110,8 @@ def bigdl_results(wave: DataFrame, task: ImageInference, manifest, precision: st
               .select("path", F.lit("error").alias("status"), "width", "height",
                       F.lit(None).cast(INSTANCES_TYPE).alias("instances"),
                       F.lit(None).cast("string").alias("mask_path"), "error_stage", "error_type", "error_message",
-                      "size", "modification_time", "timings"))
+                      "size", "modification_time",
+                      *[F.lit(None).cast(kind).alias(name) for name, kind in FRAME_COLUMNS.items()], "timings"))
     images = decoded.where("image IS NOT NULL").select("path", "size", "modification_time", "height", "width",
                                                        "timings", "image")
     height, width = manifest.input_size

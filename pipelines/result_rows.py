@@ -22,6 +22,7 @@ RESULT_SCHEMA = (
     "frame_index int, timestamp_s double, segment_start int, segment_end int, "
     "timings struct<read_s:double, preprocess_s:double, infer_s:double, postprocess_s:double, write_s:double>"
 )
+FRAME_COLUMNS = {"frame_index": "int", "timestamp_s": "double", "segment_start": "int", "segment_end": "int"}
 MAX_MESSAGE = 2000
 RESULT_COLUMNS = ["path", "status", "width", "height", "instances", "mask_path", "error_stage", "error_type",
                   "error_message", "size", "modification_time", "frame_index", "timestamp_s", "segment_start",

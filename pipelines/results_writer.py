@@ -16,16 +16,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.storage import join_uri, write_bytes_atomic
+from pipelines.result_rows import FRAME_COLUMNS, STAGES
 from pipelines.uris import store_of
 
-# video frame columns (image_inference.RESULT_SCHEMA), null for images; tables written before they existed get them
-# as nulls when read (read_table), so old outputs stay readable and resumable
-FRAME_COLUMNS = {"frame_index": "int", "timestamp_s": "double", "segment_start": "int", "segment_end": "int"}
+# The tables' columns, from result_rows.RESULT_SCHEMA. The video frame columns are null for images; tables written
+# before they existed get them as nulls when read (read_table), so old outputs stay readable and resumable.
 DETECTION_COLUMNS = ["path", "width", "height", "instances", "mask_path", "size", "modification_time", "timings",
                      "model_name", "model_sha256", "run_id", *FRAME_COLUMNS]
 ERROR_COLUMNS = ["path", "error_stage AS stage", "error_type", "error_message AS message", "size", "modification_time",
                  "model_name", "model_sha256", "run_id", *FRAME_COLUMNS]
-TIMING_FIELDS = ["read_s", "preprocess_s", "infer_s", "postprocess_s", "write_s"]
+TIMING_FIELDS = [f"{stage}_s" for stage in STAGES]
 
 
 def detections_uri(output_uri: str) -> str:
