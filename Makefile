@@ -6,6 +6,9 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 BIGDL_VENV ?= .venv-bigdl
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
+# Each suite's temporary files in this checkout: pytest prunes old runs under the shared /tmp/pytest-of-<user>, which
+# would delete the files of a suite still running from another checkout (two clones tested at once).
+PYTEST_TMP := $(CURDIR)/.pytest-tmp
 
 .PHONY: demo test test-main test-bigdl bench sweep bigdl-env azurite browser clean-venv env-archive bigdl-env-archive
 
@@ -59,10 +62,12 @@ test:
 	if [ $$status -ne 0 ]; then echo "make test: FAILED (see the suites above)"; fi; exit $$status
 
 test-main: $(VENV)/.stamp-test azurite browser
-	$(PY) -m pytest -m "not bigdl" --durations=25 tests
+	mkdir -p "$(PYTEST_TMP)"
+	$(PY) -m pytest -m "not bigdl" --durations=25 --basetemp="$(PYTEST_TMP)/main" tests
 
 test-bigdl: bigdl-env
-	PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl --durations=25 \
+	mkdir -p "$(PYTEST_TMP)"
+	PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl --durations=25 --basetemp="$(PYTEST_TMP)/bigdl" \
 		tests/test_bigdl_engine.py tests/test_bigdl_job.py
 
 bench: $(VENV)/.stamp-test
