@@ -4,6 +4,7 @@ reproduces the local run's losses (same global batch = the same training); other
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -45,7 +46,11 @@ def local_run(spark, tiny_roads, tiny_prepared, tmp_path_factory):  # noqa: F811
 
     root = tmp_path_factory.mktemp("detector_training")
     cfg = load_detector_train_config(None, settings(tiny_roads, tiny_prepared, root / "local"))
-    return root, tiny_prepared, run_detector_training(spark, cfg)
+    inherited = {name: os.environ.get(name) for name in ("PYTHONPATH", "OMP_WAIT_POLICY")}
+    summary = run_detector_training(spark, cfg)
+    assert {name: os.environ.get(name) for name in inherited} == inherited, \
+        "the launch must give the driver's environment back as it found it (later subprocesses inherit it)"
+    return root, tiny_prepared, summary
 
 
 def test_local_run_trains_checkpoints_and_evaluates_box_ap(local_run):

@@ -33,9 +33,11 @@ def installed(tmp_path_factory) -> Path:
                     "--wheel-dir", str(wheels), str(source)], check=True, capture_output=True, timeout=600)
     venv = base / "venv"
     subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    clean = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}   # a checkout on PYTHONPATH
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
                     "--no-deps", str(next(wheels.glob("sparkseg-*.whl")))], check=True, capture_output=True,
-                   timeout=600)
+                   timeout=600, env=clean)   # would make pip find sparkseg "already installed" (its egg-info)
+    assert list((venv / SITE).glob("pipelines")), "the wheel did not install"
     test_site = Path(sys.prefix) / SITE
     (venv / SITE / "zz_test_venv_dependencies.pth").write_text(f"{test_site}\n")
     shutil.rmtree(source)   # nothing may read the sources the wheel was built from

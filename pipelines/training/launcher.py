@@ -7,6 +7,7 @@ MLflow and RUN/summary.json.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -68,12 +69,6 @@ def run_ranks(spark: SparkSession, cfg, worker: Callable[[dict], dict | None], d
     distributed.use_gpu here first, else it is resolved already); returns rank 0's summary."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    paths = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))   # ranks import pipelines, model_export
-    if cfg.distributed.omp_wait_policy:
-        # OpenMP threads that spin at barriers stall each other when the cores are shared (measured here: 2 threads
-        # 4-6x slower than 1 under load); passive waiting avoids that. Read when the ranks start (inherited env).
-        os.environ["OMP_WAIT_POLICY"] = cfg.distributed.omp_wait_policy.upper()
     if not cfg.distributed.local_mode:
         ship_packages(spark)
     if decide_gpu:
@@ -82,8 +77,30 @@ def run_ranks(spark: SparkSession, cfg, worker: Callable[[dict], dict | None], d
                  cfg.distributed.num_processes)
     distributor = TorchDistributor(num_processes=cfg.distributed.num_processes,
                                    local_mode=cfg.distributed.local_mode, use_gpu=bool(cfg.distributed.use_gpu))
-    with DriverProgress(cfg.run_dir, enabled=cfg.tracking.progress_bar and cfg.distributed.local_mode):
+    with rank_environment(cfg), DriverProgress(cfg.run_dir,
+                                               enabled=cfg.tracking.progress_bar and cfg.distributed.local_mode):
         return distributor.run(worker, cfg.to_dict())
+
+
+@contextlib.contextmanager
+def rank_environment(cfg):
+    """The environment variables local-mode ranks inherit, set for the launch only: the driver's own environment is
+    restored afterwards (a notebook or a test session goes on with what it had)."""
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "OMP_WAIT_POLICY")}
+    paths = [str(REPO_ROOT)] + [p for p in (saved["PYTHONPATH"] or "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))   # ranks import pipelines, model_export
+    if cfg.distributed.omp_wait_policy:
+        # OpenMP threads that spin at barriers stall each other when the cores are shared (measured here: 2 threads
+        # 4-6x slower than 1 under load); passive waiting avoids that. Read when the ranks start (inherited env).
+        os.environ["OMP_WAIT_POLICY"] = cfg.distributed.omp_wait_policy.upper()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def with_gpu_decision(spark: SparkSession, cfg: TrainConfig) -> TrainConfig:
