@@ -25,6 +25,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipelines.bigdl_natives import installed_native_library_dir
 from pipelines.errors import UsageError
 from pipelines.job_config import ConfigError
 from pipelines.openvino_runtime import PRECISION_HINTS  # --precision f32|bf16|auto -> INFERENCE_PRECISION_HINT
@@ -96,12 +97,17 @@ def require_bigdl() -> None:
 def spark_submit_args() -> list[str]:
     """The spark-submit options that put BigDL's jars where the bigdl engine needs them when spark-submit starts the
     JVM (BigDL's documented recipe): shipped to executors (--jars, fetched into each executor's working directory,
-    hence the bare names on the executor classpath) and on the driver's classpath from its start."""
+    hence the bare names on the executor classpath) and on the driver's classpath from its start; and the env's
+    unpacked native libraries on the library path (pipelines.bigdl_natives)."""
     from bigdl.dllib.utils.engine import get_bigdl_jars
 
     jars = get_bigdl_jars()
-    return ["--jars", ",".join(jars), "--conf", "spark.driver.extraClassPath=" + ":".join(jars),
+    args = ["--jars", ",".join(jars), "--conf", "spark.driver.extraClassPath=" + ":".join(jars),
             "--conf", "spark.executor.extraClassPath=" + ":".join(os.path.basename(jar) for jar in jars)]
+    natives = installed_native_library_dir()
+    if natives:   # see pipelines.bigdl_natives
+        args += ["--driver-library-path", natives, "--conf", "spark.executor.extraLibraryPath=" + natives]
+    return args
 
 
 def bigdl_on_classpath(jvm) -> bool:
@@ -145,6 +151,9 @@ def bigdl_spark_conf(master: str, conf: dict | None = None) -> dict[str, str]:
         # a fresh worker forked by the daemon (each task re-imports openvino; Orca imports it per task anyway).
         "spark.python.worker.reuse": "false",
     })
+    natives = installed_native_library_dir()
+    if natives:   # MKL and OpenCV from the env, not extracted under /tmp by every JVM: see pipelines.bigdl_natives
+        merged.update({"spark.driver.extraLibraryPath": natives, "spark.executor.extraLibraryPath": natives})
     merged.update(conf or {})
     return {key: str(value) for key, value in merged.items()}
 

@@ -40,7 +40,7 @@ if ! "$PYTHON" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= 
     exit 1
 fi
 WANT="$(printf '%s\n' "$("$PYTHON" -c 'import sys; print(sys.version)')" \
-        "${RUNTIME_PINS[@]}" "${BIGDL_PINS[@]}" "${REPO_PINS[@]}")"
+        "${RUNTIME_PINS[@]}" "${BIGDL_PINS[@]}" "${REPO_PINS[@]}" "natives: lib/bigdl-native")"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$ENV_DIR/bin/python" ]; then
     echo "make_bigdl_env: $ENV_DIR is up to date ($(du -sh "$ENV_DIR" | cut -f1))"
@@ -71,6 +71,10 @@ else
     echo "make_bigdl_env: $REPO/README.md missing (setup.py needs it): adding $REPO to the env's path instead"
     "$ENV_DIR/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/sparkseg-repo.pth", "w").write(sys.argv[1] + "\n")' "$REPO"
 fi
+
+# MKL and OpenCV out of BigDL's jar into the env, once: the JVMs load them from there instead of extracting ~50 MB
+# under /tmp each time they start (pipelines/bigdl_natives.py says why).
+"$ENV_DIR/bin/python" -m pipelines.bigdl_natives
 
 # Smoke test: the imports the engine needs, on the driver.
 "$ENV_DIR/bin/python" -W ignore::FutureWarning - <<'EOF'

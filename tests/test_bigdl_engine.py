@@ -120,6 +120,23 @@ def test_bigdl_env_is_complete():
 
 
 @pytest.mark.bigdl
+def test_the_jvm_loads_mkl_and_opencv_from_the_env_not_from_copies_under_tmp(bigdl_spark):
+    """make bigdl-env unpacked BigDL's native libraries into the env (pipelines.bigdl_natives): the session's JVM,
+    which ran BigDL's Engine.init and OpenCV loader, has those files mapped and no copy of them from elsewhere."""
+    from pipelines.bigdl_natives import NATIVE_LIBRARIES, installed_native_library_dir
+
+    natives = installed_native_library_dir()
+    assert natives is not None
+    bigdl_spark.sparkContext._jvm.com.intel.analytics.bigdl.opencv.OpenCV.isOpenCVLoaded()
+    pid = bigdl_spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    mapped = {Path(line.split()[-1]) for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+              if len(line.split()) >= 6}
+    ours = {path for path in mapped if path.name in NATIVE_LIBRARIES}
+    assert {path.name for path in ours} == set(NATIVE_LIBRARIES)
+    assert {str(path.parent) for path in ours} == {natives}
+
+
+@pytest.mark.bigdl
 def test_python_workers_run_this_env_with_the_base_pythonhome(bigdl_spark, bigdl_log):
     def worker_facts(_):
         import numpy
