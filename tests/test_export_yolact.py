@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import onnx
 import pytest
@@ -16,7 +17,8 @@ def r50_export(tmp_path_factory):
     code = export_main(["yolact", "--config", "yolact_resnet50", "--random-init", "--out", str(out),
                         "--parity-count", "2"])
     assert code == 0
-    return out
+    yield out
+    shutil.rmtree(out, ignore_errors=True)   # ~300 MB of checkpoint, ONNX and IRs
 
 
 def test_resnet50_parity_meets_the_gate(r50_export):
