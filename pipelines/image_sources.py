@@ -100,17 +100,29 @@ def hadoop_path_column(uri):
 
 
 def assign_partitions(listing: DataFrame, partitions: int, order: tuple[str, ...] = ("path",)) -> DataFrame:
-    """Add `idx` (dense, in path order), `part` (idx mod partitions) and `part_key`, a value whose Spark hash
-    lands in partition `part`, so that `balanced(df, partitions)` gives every partition the same number of images
-    (+-1) whatever the directory layout and file sizes (Spark's own file splitting packs by bytes, and the paper's
-    NNImageReader left everything in one task). `order`: the columns idx follows (video segments: path, then
-    segment_start, so one video's segments land on consecutive partitions)."""
-    spark = listing.sparkSession
-    indexed = listing.orderBy(*order).rdd.zipWithIndex().map(lambda pair: (*pair[0], pair[1]))
-    with_idx = spark.createDataFrame(indexed, T.StructType(listing.schema.fields + [
-        T.StructField("idx", T.LongType(), False)]))
+    """Add `idx` (dense, 0..n-1), `part` (idx mod partitions) and `part_key`, a value whose Spark hash lands in
+    partition `part`, so that `balanced(df, partitions)` gives every partition the same number of images (+-1)
+    whatever the directory layout and file sizes (Spark's own file splitting packs by bytes, and the paper's
+    NNImageReader left everything in one task).
+
+    idx follows `listing`'s partitions, and `order` within each (video segments: path, then segment_start; a video's
+    segments are listed in one partition, so they get consecutive idx and land on consecutive partitions). All in the
+    JVM, in two passes (the rows per partition, then the index): no Python serialization of the listing, and only one
+    number per partition reaches the driver. Both passes must see the same partitions: persist an expensive
+    `listing` first (run_waves does)."""
+    local = listing.sortWithinPartitions(*order).select(
+        "*", F.spark_partition_id().alias("_partition"),
+        (F.monotonically_increasing_id() - F.shiftleft(F.spark_partition_id().cast("long"), 33)).alias("_row"))
+    # one task, no shuffle: spark_partition_id is evaluated below the coalesce, in the listing's own partitions
+    counts = dict(local.select("_partition").coalesce(1).groupBy("_partition").count().collect())
+    offsets, total = [], 0
+    for partition in range(max(counts, default=-1) + 1):
+        offsets.append(total)
+        total += counts.get(partition, 0)
+    offset = F.element_at(F.array(*[F.lit(value).cast("long") for value in offsets or [0]]), F.col("_partition") + 1)
+    with_idx = local.withColumn("idx", offset + F.col("_row")).drop("_partition", "_row")
     with_part = with_idx.withColumn("part", F.col("idx") % F.lit(partitions))
-    return with_part.join(F.broadcast(partition_keys(spark, partitions)), "part")
+    return with_part.join(F.broadcast(partition_keys(listing.sparkSession, partitions)), "part")
 
 
 def partition_keys(spark: SparkSession, partitions: int) -> DataFrame:

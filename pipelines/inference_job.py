@@ -301,8 +301,7 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
     at most one wave); return the summed aggregates."""
     run_cfg = plan.config["run"]
     totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
-    indexed = src.assign_partitions(todo, partitions, order=("path", "segment_start")).persist(
-        StorageLevel.MEMORY_AND_DISK)
+    todo, indexed = index_todo(todo, partitions)
     wave_size = int(run_cfg.get("commit_every") or 0) or n_todo
     for number, first in enumerate(range(0, n_todo, wave_size)):
         count = min(wave_size, n_todo - first)
@@ -320,8 +319,24 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
         results.unpersist()
         for key in totals:
             totals[key] += wave_totals.get(key, 0)
-    indexed.unpersist()
+    todo.unpersist()
     return totals
+
+
+def index_todo(todo: DataFrame, partitions: int) -> tuple[DataFrame, DataFrame]:
+    """The to-do, detached from the output table and persisted (unpersist it when the run is done), and its rows
+    with assign_partitions' dense `idx` and balancing key, computed from that one persisted copy."""
+    todo = without_table_lineage(todo).persist(StorageLevel.MEMORY_AND_DISK)
+    return todo, src.assign_partitions(todo, partitions, order=("path", "segment_start"))
+
+
+def without_table_lineage(df: DataFrame) -> DataFrame:
+    """`df` with a plan that no longer names the files it was read from (an RDD of its rows, all in the JVM). The
+    to-do is the listing minus the output's done rows; when a wave appends to the output, Spark re-caches every
+    cached plan that reads that path (recacheByPath), which would recompute a cached to-do without this wave's
+    images and shift the waves after it."""
+    spark = df.sparkSession
+    return DataFrame(spark._jsparkSession.createDataFrame(df._jdf.rdd(), df._jdf.schema()), spark)
 
 
 def wave_images(spark: SparkSession, plan: JobPlan, indexed: DataFrame, first: int, count: int,

@@ -78,9 +78,9 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from pipelines import image_sources as src
-    from pipelines.inference_job import BROADCAST_MAX_ROWS, size_shuffles, todo_listing
+    from pipelines.inference_job import BROADCAST_MAX_ROWS, index_todo, size_shuffles, todo_listing
     from pipelines.spark_session import local_session
+    from pipelines.video_sources import image_units
 
     spark = local_session("bench-planning", "local[2]", {"spark.driver.memory": driver_memory})
     output = work / str(size) / "out"
@@ -92,14 +92,14 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
         return {}
     manifest = SimpleNamespace(model_sha256=SHA)   # todo_listing reads only the model's hash
     start = time.perf_counter()
-    listed = listing(spark, 0, size + (NEW_IMAGES if scenario == "incremental" else 0))
+    listed = image_units(listing(spark, 0, size + (NEW_IMAGES if scenario == "incremental" else 0)))
     listed = listed.persist(StorageLevel.MEMORY_AND_DISK)
     n_inputs = listed.count()
     size_shuffles(spark, n_inputs, {})
     target = str(output) if scenario == "incremental" else str(work / "nothing-here")
     todo = todo_listing(spark, listed, target, manifest, False, None, BROADCAST_MAX_ROWS)
     n_todo = todo.count()
-    indexed = src.assign_partitions(todo, 2).persist(StorageLevel.MEMORY_AND_DISK)
+    todo, indexed = index_todo(todo, 2)
     n_indexed = indexed.count()
     seconds = time.perf_counter() - start
     result = {"size": size, "scenario": scenario, "inputs": n_inputs, "todo": n_todo, "indexed": n_indexed,

@@ -6,8 +6,9 @@ import datetime as dt
 from pathlib import Path
 
 from pipelines import image_sources as src
-from pipelines.inference_job import bytes_fetcher, plan_job, run, todo_listing, wave_images
+from pipelines.inference_job import bytes_fetcher, index_todo, plan_job, run, todo_listing, wave_images
 from pipelines.model_manifest import load_manifest
+from pipelines.video_sources import image_units
 from tests.job_helpers import DEFAULT_MODEL_DIR, job_config
 from tests.test_incremental import write_image
 
@@ -80,7 +81,7 @@ def test_a_partial_to_do_of_local_files_is_read_on_the_executors(spark, tmp_path
         write_image(images / f"{seed} %.jpg", seed)
     plan = plan_job(job_config(images, tmp_path / "out"), "yolact")
     listing = src.list_images(spark, plan.input_uri, [".jpg"])
-    indexed = src.assign_partitions(listing.where("path NOT LIKE '%0 \\%.jpg'"), 2)
+    _, indexed = index_todo(image_units(listing.where("path NOT LIKE '%0 \\%.jpg'")), 2)   # as run_waves does
     wave = wave_images(spark, plan, indexed, first=0, count=3, n_inputs=4)
     text = wave._jdf.queryExecution().executedPlan().toString()
     assert "content" not in wave.columns and "LocalTableScan" not in text, text
