@@ -326,7 +326,9 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
 def index_todo(todo: DataFrame, partitions: int) -> tuple[DataFrame, DataFrame]:
     """The to-do, detached from the output table and persisted (unpersist it when the run is done), and its rows
     with assign_partitions' dense `idx` and balancing key, computed from that one persisted copy."""
-    todo = without_table_lineage(todo).persist(StorageLevel.MEMORY_AND_DISK)
+    # on disk only: read back once per wave; MEMORY_AND_DISK pulled whole blocks of a 10^7-row to-do back into a 1 g
+    # driver's heap (OutOfMemoryError in BlockManager.maybeCacheDiskBytesInMemory, bench_planning)
+    todo = without_table_lineage(todo).persist(StorageLevel.DISK_ONLY)
     return todo, src.assign_partitions(todo, partitions, order=("path", "segment_start"))
 
 

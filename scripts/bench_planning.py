@@ -66,7 +66,8 @@ def listing(spark, first: int, count: int):
 
     from pipelines import image_sources as src
 
-    return (spark.range(first, first + count)
+    # a real listing of N files comes in many partitions (binaryFile packs ~32 files per split): one per 200,000 rows
+    return (spark.range(first, first + count, 1, max(2, count // 200_000))
             .select(F.format_string("file:/data/lake/%02d/%09d.jpg", F.col("id") % 100, F.col("id")).alias("path"),
                     (F.col("id") + 1000).alias("size"),
                     F.lit("2026-01-01 00:00:00").cast("timestamp").alias("modification_time"))
