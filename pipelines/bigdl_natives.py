@@ -33,9 +33,9 @@ NATIVE_LIBRARIES = {
 }
 
 
-def native_library_dir(env_prefix: str | os.PathLike | None = None) -> Path:
-    """Where the BigDL env at `env_prefix` (default: this interpreter's env) keeps the unpacked libraries."""
-    return Path(env_prefix or sys.prefix) / "lib" / "bigdl-native"
+def native_library_dir() -> Path:
+    """Where this interpreter's env keeps the unpacked libraries."""
+    return Path(sys.prefix) / "lib" / "bigdl-native"
 
 
 def installed_native_library_dir() -> str | None:
