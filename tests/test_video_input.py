@@ -3,6 +3,7 @@ detections/ row per processed frame, unreadable videos and tails as errors/ rows
 encode their own small videos with PyAV from synthetic road scenes (160x120)."""
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -14,6 +15,7 @@ from pipelines import image_sources as src
 from pipelines.datasets.synthetic_roads import RoadSceneConfig, render_scene
 from pipelines.incremental import current_detections
 from pipelines.inference_job import plan_job, run, work_units
+from pipelines.job_cli import build_config, parse_args
 from pipelines.results_writer import FRAME_COLUMNS, done_keys, read_table
 from pipelines.video_sources import VideoSettings
 from tests.job_helpers import job_config, read_rows
@@ -104,6 +106,49 @@ def test_stride_1_and_5_give_exact_frames_and_timestamps_and_detections_equal_to
         frames = {r.frame_index: r for r in (rows if output == "every" else sampled)}
         for index, image_row in by_image.items():
             assert instances(frames[index]) == instances(image_row), f"{output}: frame {index}"
+
+
+def first_frames_at_or_after(fps: Fraction, frame_times: list[Fraction], stride: int = 1) -> list[int]:
+    """The documented rule, applied to exact frame times: for every k >= 0, the first frame whose time is at or
+    after k/fps (once, however many k fall on it), kept only when its index is also a multiple of `stride`."""
+    chosen, k = [], 0
+    while k / fps <= frame_times[-1]:
+        first = next(i for i, t in enumerate(frame_times) if t >= k / fps)
+        if first not in chosen:
+            chosen.append(first)
+        k += 1
+    return [i for i in chosen if i % stride == 0]
+
+
+@pytest.fixture(scope="module")
+def clip_3s(tmp_path_factory) -> Path:
+    """3 s at 30 frames/s (90 frames: frame i at i/30 s), with B-frames (decode order != presentation order)."""
+    return encode_video(tmp_path_factory.mktemp("clip3") / "in" / "clip.mp4", road_frames(90, seed=17, scenes=3),
+                        b_frames=2, gop=15)
+
+
+@pytest.mark.parametrize("fps, stride, head", [
+    ("12", 1, [0, 3, 5, 8, 10, 13, 15, 18, 20, 23]),   # 1/12 s = 2.5 frames: every other boundary on a frame
+    ("9", 2, [0, 4, 10, 14, 20, 24, 30, 34, 40, 44]),  # 1/9 s = 3.33 frames (0, 4, 7, 10, 14, 17, ...), even only
+])
+def test_fps_keeps_the_first_frame_at_or_after_every_1_over_f_seconds(spark, clip_3s, tmp_path, fps, stride, head):
+    output = tmp_path / "out"
+    flags = ["--input", str(clip_3s.parent), "--output", str(output), "--fps", fps, "--frame-stride", str(stride)]
+    config = video_config(clip_3s.parent, output)
+    config["input"]["video"] = {**build_config(parse_args(flags))["input"]["video"], "segment_frames": 16}
+    assert (config["input"]["video"]["fps"], config["input"]["video"]["frame_stride"]) == (float(fps), stride)
+
+    times = [Fraction(i, 30) for i in range(90)]
+    expected = first_frames_at_or_after(Fraction(fps), times, stride)
+    assert expected[:10] == head, "the reference rule itself"
+    summary = run(spark, config)
+    rows = frame_rows(spark, output, "clip.mp4")
+    # segments of 16 frames: whether a segment's first frame (16, 32, 48, 64, 80; some kept, some not) is kept is
+    # decided from the frame before it, in the previous segment
+    assert [r.frame_index for r in rows] == expected
+    assert [r.timestamp_s for r in rows] == pytest.approx([float(times[i]) for i in expected], abs=1e-9)
+    assert all(r.segment_start <= r.frame_index < r.segment_end for r in rows)
+    assert summary["counts"]["frames"] == len(expected) and summary["counts"]["failed"] == 0
 
 
 def test_long_b_frame_video_is_split_over_tasks_without_missing_or_duplicate_frames(spark, tmp_path):
