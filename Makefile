@@ -10,6 +10,12 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # would delete the files of a suite still running from another checkout (two clones tested at once).
 PYTEST_TMP := $(CURDIR)/.pytest-tmp
 
+# The Spark driver JVM's class-data-sharing archive, once per env (~1 min; pipelines/jvm_class_archive.py): every JVM
+# a job starts maps it (~2x faster start-up on 2 cores, reports/startup.md).
+.PHONY: jvm-archive
+jvm-archive: $(VENV)/.stamp-infer
+	@$(PY) -m pipelines.jvm_class_archive build --if-missing > $(VENV)/jvm-archive.log || { cat $(VENV)/jvm-archive.log; exit 1; }
+
 .PHONY: demo test test-main test-bigdl bench sweep bigdl-env azurite browser clean-venv env-archive bigdl-env-archive
 
 $(PY):
@@ -29,7 +35,7 @@ $(VENV)/.stamp-test: setup.py constraints.txt | $(PY)
 # The bundled road-distress model on SYNTHETIC road images like those it was trained on (generated once; the first
 # two are samples/images/synthetic_road_*.jpg), evaluated against the generator's exact masks; ends with the report.
 DEMO_DATA := work/demo/roads
-demo: $(VENV)/.stamp-infer
+demo: $(VENV)/.stamp-infer jvm-archive
 	test -f $(DEMO_DATA)/annotations.json || $(PY) -m pipelines.datasets.synthetic_roads --out $(DEMO_DATA) \
 	    --count 8 --seed 90210 --size 640x480 --format coco
 	$(PY) jobs/infer_yolact.py --config conf/demo.yaml
@@ -61,7 +67,7 @@ test:
 	$(MAKE) --no-print-directory test-bigdl || status=1; \
 	if [ $$status -ne 0 ]; then echo "make test: FAILED (see the suites above)"; fi; exit $$status
 
-test-main: $(VENV)/.stamp-test azurite browser
+test-main: $(VENV)/.stamp-test azurite browser jvm-archive
 	mkdir -p "$(PYTEST_TMP)"
 	$(PY) -m pytest -m "not bigdl" --durations=25 --basetemp="$(PYTEST_TMP)/main" tests
 
@@ -88,6 +94,12 @@ bench-int8: $(VENV)/.stamp-test
 
 # The job's planning without image files: synthetic listings and done tables of 10^5..10^7 rows, driver memory 1g,
 # first and incremental runs -> reports/planning.md (BENCH_PLANNING_ARGS="--sizes 100000,1000000")
+# The job's own cost: first progress line and wall of `make demo`, overhead of a 200-image run, empty incremental
+# runs after 100 earlier runs; with and without the JVM class archive -> reports/startup.md, .json
+.PHONY: bench-startup
+bench-startup: $(VENV)/.stamp-test jvm-archive
+	$(PY) scripts/bench_startup.py $(BENCH_STARTUP_ARGS)
+
 .PHONY: bench-planning
 bench-planning: $(VENV)/.stamp-test
 	$(PY) scripts/bench_planning.py $(BENCH_PLANNING_ARGS)

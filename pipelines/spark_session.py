@@ -53,6 +53,18 @@ def quiet_jvm_options(conf: dict) -> dict:
     return {**conf, "spark.driver.extraJavaOptions": f"{options} {flag}".strip()}
 
 
+def class_archive_options(conf: dict) -> dict:
+    """`conf` with the driver JVM mapping this env's class archive (pipelines.jvm_class_archive) when it is built and
+    the caller chose no CDS flags of its own. Only effective when this process starts the JVM."""
+    from pipelines.jvm_class_archive import driver_java_options
+
+    options = conf.get("spark.driver.extraJavaOptions", "")
+    if "SharedArchiveFile" in options or "ArchiveClassesAtExit" in options or "-Xshare" in options:
+        return conf
+    flags = driver_java_options()
+    return {**conf, "spark.driver.extraJavaOptions": f"{options} {flags}".strip()} if flags else conf
+
+
 def local_session(app_name: str = "sparkseg", master: str = "local[*]", conf: dict | None = None,
                   log_level: str = "ERROR") -> SparkSession:
     """A local-mode session whose Python workers run this interpreter; Spark logs at `log_level` from the
@@ -62,7 +74,7 @@ def local_session(app_name: str = "sparkseg", master: str = "local[*]", conf: di
     builder = SparkSession.builder.appName(app_name).master(master)
     merged = {**DEFAULT_CONF, "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
               "spark.sql.shuffle.partitions": "4", "spark.log.level": log_level.upper(), **(conf or {})}
-    for key, value in quiet_jvm_options(merged).items():
+    for key, value in class_archive_options(quiet_jvm_options(merged)).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(merged["spark.log.level"])

@@ -1,0 +1,166 @@
+"""The job's own cost (issue 14's goals), each configuration run alternately in one session -> reports/startup.md, .json
+
+    .venv/bin/python scripts/bench_startup.py [--repeats 3] [--images 200] [--history-runs 100]
+
+Cases, each a plain `python jobs/infer_yolact.py` (local[*], the JVM started by the job) timed from the command:
+- demo: conf/demo.yaml on its 9 synthetic road images (`make demo` makes them): seconds to the first "n/N images"
+  progress line, wall seconds, lines printed;
+- 200 images (scripts/bench/images.py, 480-800 px JPEGs, the bundled model): wall, and overhead = wall minus the
+  model's stage seconds (summary.json, summed over tasks) divided by the cores that ran them in parallel;
+- empty incremental: the same 200-image job again with nothing new, on an output holding `--history-runs` earlier
+  runs (the first run's rows re-written as that many runs' Parquet files), twice: the first may rebuild the counts
+  index, the second is the steady state; and on an output holding one run.
+Configurations: `archive` = the driver JVM maps this env's class archive (pipelines.jvm_class_archive; built if
+missing), `no archive` = the JVM's own default (-Xshare:auto: the JDK's classes only). conf/demo.yaml's C1-only JIT
+flag applies to the demo in both. Medians over `--repeats`; the machine's CPU and instruction sets in the header.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench import images as bench_images  # noqa: E402
+from bench_planning import cpu_isa  # noqa: E402
+
+PROGRESS = re.compile(r"\[sparkseg\] \d+/\d+ images")
+CONFIGS = {"archive": [], "no archive": ["--conf", "spark.driver.extraJavaOptions=-Xshare:auto"]}
+DEMO_EXTRA = "-XX:TieredStopAtLevel=1"   # conf/demo.yaml's own setting, kept when the baseline replaces the option
+
+
+def run_job(args: list[str], timeout_s: float = 900) -> dict:
+    """One job as a subprocess: wall seconds, seconds to the first progress line, lines printed, summary.json."""
+    command = [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), *args]
+    started = time.monotonic()
+    first_progress, lines = None, []
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:   # ends when the job exits (its output pipe closes); the wait below is bounded
+            lines.append(line.rstrip("\n"))
+            if first_progress is None and PROGRESS.search(line):
+                first_progress = time.monotonic() - started
+        code = proc.wait(timeout=timeout_s)
+    wall = time.monotonic() - started
+    if code != 0:
+        raise SystemExit(f"error: {' '.join(command)} exited {code}:\n" + "\n".join(lines[-30:]))
+    output = Path(args[args.index("--output") + 1])
+    summary = json.loads((output / "summary.json").read_text())
+    return {"wall_s": wall, "first_progress_s": first_progress, "lines": len(lines), "summary": summary}
+
+
+def model_seconds(summary: dict) -> float:
+    """The model's work in the run (summed stage seconds over tasks) spread over the partitions run at once."""
+    parallel = max(1, min(int(summary["partitions"]), os.cpu_count() or 1))
+    return sum(summary["stage_seconds"].values()) / parallel
+
+
+def fake_history(output: Path, runs: int) -> None:
+    """Re-write detections/ of a one-run output as `runs` runs' files (its rows dealt out in order, run ids and file
+    names as the job makes them): the same images, recorded over many earlier runs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table_dir = output / "detections"
+    table = pq.read_table(table_dir)
+    for old in table_dir.glob("*.parquet"):
+        old.unlink()
+    per_run = -(-table.num_rows // runs)
+    for number in range(runs):
+        chunk = table.slice(number * per_run, per_run)
+        if chunk.num_rows == 0:
+            break
+        run_id = f"20260101T{number // 60:02d}{number % 60:02d}00Z-{number:08x}"
+        chunk = chunk.set_column(chunk.schema.get_field_index("run_id"), "run_id",
+                                 pa.array([run_id] * chunk.num_rows))
+        pq.write_table(chunk, table_dir / f"part-{run_id}-w00000-c000.snappy.parquet", coerce_timestamps="us")
+    (output / "_sparkseg_counts.json").unlink(missing_ok=True)
+
+
+def measure(args) -> list[dict]:
+    work = Path(args.work)
+    demo_conf = REPO / "conf" / "demo.yaml"
+    if not (REPO / "work" / "demo" / "roads" / "images").is_dir():
+        raise SystemExit("error: run `make demo` once first (it generates the demo images)")
+    images = bench_images.make_images(work / f"images-{args.images}", args.images)
+    rows = []
+    for repeat in range(args.repeats):
+        for name, extra in CONFIGS.items():
+            demo_extra = extra if not extra else ["--conf", f"spark.driver.extraJavaOptions=-Xshare:auto {DEMO_EXTRA}"]
+            out = work / "out"
+            shutil.rmtree(out, ignore_errors=True)
+            demo = run_job(["--config", str(demo_conf), "--output", str(out / "demo"), *demo_extra])
+            first = run_job(["--input", str(images), "--output", str(out / "many"), *extra])
+            once = run_job(["--input", str(images), "--output", str(out / "many"), *extra])
+            fake_history(out / "many", args.history_runs)
+            after_history = [run_job(["--input", str(images), "--output", str(out / "many"), *extra])
+                             for _ in range(2)]
+            row = {"config": name, "repeat": repeat,
+                   "demo_first_progress_s": demo["first_progress_s"], "demo_wall_s": demo["wall_s"],
+                   "demo_lines": demo["lines"], "demo_model_s": model_seconds(demo["summary"]),
+                   "images": args.images, "run_wall_s": first["wall_s"],
+                   "run_model_s": model_seconds(first["summary"]),
+                   "run_overhead_s": first["wall_s"] - model_seconds(first["summary"]),
+                   "empty_after_1_run_s": once["wall_s"],
+                   "empty_after_history_first_s": after_history[0]["wall_s"],
+                   "empty_after_history_s": after_history[1]["wall_s"], "history_runs": args.history_runs,
+                   "load_1min": os.getloadavg()[0]}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def report(rows: list[dict], args) -> str:
+    model, isa = cpu_isa()
+    fields = [("demo_first_progress_s", "demo: first progress line s"), ("demo_wall_s", "demo: wall s"),
+              ("demo_lines", "demo: lines printed"), ("run_wall_s", f"{args.images} images: wall s"),
+              ("run_model_s", f"{args.images} images: model s (stage s / parallel tasks)"),
+              ("run_overhead_s", f"{args.images} images: overhead s"),
+              ("empty_after_1_run_s", "empty incremental after 1 run: wall s"),
+              ("empty_after_history_first_s", f"empty incremental after {args.history_runs} runs, first: wall s"),
+              ("empty_after_history_s", f"empty incremental after {args.history_runs} runs, again: wall s")]
+    lines = ["# The job's own cost: start-up, small runs, empty incremental runs", "",
+             f"Machine: {os.cpu_count()} cores, {model}; instruction sets: {', '.join(isa) or 'none of AVX2+'}.",
+             f"Medians of {args.repeats} repeats, configurations alternated in one session "
+             f"(`python scripts/bench_startup.py --repeats {args.repeats} --images {args.images} "
+             f"--history-runs {args.history_runs}`).", "",
+             "| measure | " + " | ".join(CONFIGS) + " |", "|---|" + "---:|" * len(CONFIGS)]
+    for key, label in fields:
+        cells = [statistics.median(r[key] for r in rows if r["config"] == name) for name in CONFIGS]
+        lines.append(f"| {label} | " + " | ".join(f"{c:.1f}" if isinstance(c, float) else str(c) for c in cells) + " |")
+    loads = [r["load_1min"] for r in rows]
+    lines += ["", f"1-minute load average after each repeat: {min(loads):.1f}-{max(loads):.1f}."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--images", type=int, default=200)
+    parser.add_argument("--history-runs", type=int, default=100)
+    parser.add_argument("--work", default=str(REPO / "work" / "bench" / "startup"))
+    parser.add_argument("--reports", default=str(REPO / "reports"))
+    args = parser.parse_args()
+    subprocess.run([sys.executable, "-m", "pipelines.jvm_class_archive", "build", "--if-missing"], cwd=REPO,
+                   check=True, stdout=subprocess.DEVNULL)
+    rows = measure(args)
+    reports = Path(args.reports)
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / "startup.json").write_text(json.dumps(rows, indent=1) + "\n")
+    text = report(rows, args)
+    (reports / "startup.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
