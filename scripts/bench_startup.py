@@ -10,9 +10,10 @@ Cases, each a plain `python jobs/infer_yolact.py` (local[*], the JVM started by 
 - empty incremental: the same 200-image job again with nothing new, on an output holding `--history-runs` earlier
   runs (the first run's rows re-written as that many runs' Parquet files), twice: the first may rebuild the counts
   index, the second is the steady state; and on an output holding one run.
-Configurations: `archive` = the driver JVM maps this env's class archive (pipelines.jvm_class_archive; built if
-missing), `no archive` = the JVM's own default (-Xshare:auto: the JDK's classes only). conf/demo.yaml's C1-only JIT
-flag applies to the demo in both. Medians over `--repeats`; the machine's CPU and instruction sets in the header.
+Configurations of the driver JVM the job starts: `quick start` = the job's default (this env's class archive,
+pipelines.jvm_class_archive, built if missing; C1 JIT only), `archive, C2` = the archive with the default tiered JIT,
+`JVM defaults` = neither (the JDK's own class archive only). Medians over `--repeats`; the machine's CPU and
+instruction sets in the header.
 """
 from __future__ import annotations
 
@@ -35,8 +36,11 @@ from bench import images as bench_images  # noqa: E402
 from bench_planning import cpu_isa  # noqa: E402
 
 PROGRESS = re.compile(r"\[sparkseg\] \d+/\d+ images")
-CONFIGS = {"archive": [], "no archive": ["--conf", "spark.driver.extraJavaOptions=-Xshare:auto"]}
-DEMO_EXTRA = "-XX:TieredStopAtLevel=1"   # conf/demo.yaml's own setting, kept when the baseline replaces the option
+CONFIGS = {   # the driver JVM's flags: a caller's own CDS or JIT flags replace the job's (spark_session.quick_start_options)
+    "quick start": [],
+    "archive, C2": ["--conf", "spark.driver.extraJavaOptions=-XX:+TieredCompilation"],
+    "JVM defaults": ["--conf", "spark.driver.extraJavaOptions=-Xshare:auto -XX:+TieredCompilation"],
+}
 
 
 def run_job(args: list[str], timeout_s: float = 900) -> dict:
@@ -95,10 +99,9 @@ def measure(args) -> list[dict]:
     rows = []
     for repeat in range(args.repeats):
         for name, extra in CONFIGS.items():
-            demo_extra = extra if not extra else ["--conf", f"spark.driver.extraJavaOptions=-Xshare:auto {DEMO_EXTRA}"]
             out = work / "out"
             shutil.rmtree(out, ignore_errors=True)
-            demo = run_job(["--config", str(demo_conf), "--output", str(out / "demo"), *demo_extra])
+            demo = run_job(["--config", str(demo_conf), "--output", str(out / "demo"), *extra])
             first = run_job(["--input", str(images), "--output", str(out / "many"), *extra])
             once = run_job(["--input", str(images), "--output", str(out / "many"), *extra])
             fake_history(out / "many", args.history_runs)

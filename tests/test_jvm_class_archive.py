@@ -55,8 +55,9 @@ def test_an_archive_of_another_java_is_never_used(tmp_path, monkeypatch):
     assert jvm_class_archive.driver_java_options() == ""
 
 
-def test_callers_own_cds_flags_win():
-    from pipelines.spark_session import class_archive_options
+def test_callers_own_cds_and_jit_flags_win():
+    from pipelines.spark_session import QUICK_START_JIT, quick_start_options
 
-    conf = {"spark.driver.extraJavaOptions": "-Xshare:off"}
-    assert class_archive_options(conf) == conf
+    conf = {"spark.driver.extraJavaOptions": "-Xshare:off -XX:+TieredCompilation"}
+    assert quick_start_options(conf) == conf
+    assert QUICK_START_JIT in quick_start_options({})["spark.driver.extraJavaOptions"]
