@@ -153,7 +153,7 @@ def main() -> int:
     parser.add_argument("--work", default=str(REPO / "work" / "bench" / "startup"))
     parser.add_argument("--reports", default=str(REPO / "reports"))
     args = parser.parse_args()
-    subprocess.run([sys.executable, "-m", "pipelines.jvm_class_archive", "build", "--if-missing"], cwd=REPO,
+    subprocess.run([sys.executable, "-m", "pipelines.jvm_class_archive_build", "--if-missing"], cwd=REPO,
                    check=True, stdout=subprocess.DEVNULL)
     rows = measure(args)
     reports = Path(args.reports)

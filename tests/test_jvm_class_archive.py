@@ -25,7 +25,7 @@ print(json.dumps(sorted({line.split()[-1] for line in maps if len(line.split()) 
 
 
 def test_a_jvm_the_job_starts_maps_this_envs_class_archive():
-    build = subprocess.run([sys.executable, "-m", "pipelines.jvm_class_archive", "build", "--if-missing"], cwd=REPO,
+    build = subprocess.run([sys.executable, "-m", "pipelines.jvm_class_archive_build", "--if-missing"], cwd=REPO,
                            capture_output=True, text=True, timeout=900)
     assert build.returncode == 0, build.stderr[-3000:]
     archive = build.stdout.strip().splitlines()[-1]
