@@ -44,14 +44,12 @@ def segment_rows(task, record, guard=None) -> list[dict]:
     try:
         if guard is not None:
             guard.check(f"{record.path}#segment={start}")   # a poison segment, not the whole video
-        from pipelines.video_sources import time_base, video_source   # Spark-side module: images need none of it
+        # Spark-side module: images need none of it
+        from pipelines.video_sources import previous_timestamp_s, time_base, video_source
 
-        base = time_base(record)
-        previous = None
-        if record.previous_pts is not None and not pd.isna(record.previous_pts):
-            previous = float((int(record.previous_pts) - int(record.first_pts)) * base)
         frames = decode_segment(video_source(record, task.fetch_bytes), start, [int(p) for p in record.frame_pts],
-                                int(record.first_pts), base, task.video.keeps, previous)
+                                int(record.first_pts), time_base(record), task.video.keeps,
+                                previous_timestamp_s(record))
         while True:
             began = time.perf_counter()
             frame = next(frames, None)

@@ -157,9 +157,41 @@ def time_base(record) -> Fraction:
     return Fraction(int(record.time_base_num), int(record.time_base_den))
 
 
+def previous_timestamp_s(record) -> float | None:
+    """The presentation time of the frame before a unit's first (what fps sampling decides its first frame from)."""
+    if record.previous_pts is None or pd.isna(record.previous_pts):
+        return None
+    return float((int(record.previous_pts) - int(record.first_pts)) * time_base(record))
+
+
+def kept_frames(record, settings: VideoSettings) -> int:
+    """How many frames of a video unit settings.keeps: the decoder's rule, applied to the unit's frame timestamps."""
+    from pipelines.video_decode import timestamp_seconds
+
+    base, first, previous = time_base(record), int(record.first_pts), previous_timestamp_s(record)
+    kept = 0
+    for offset, pts in enumerate(record.frame_pts):
+        timestamp = timestamp_seconds(int(pts), first, base)
+        kept += settings.keeps(int(record.segment_start) + offset, timestamp, previous)
+        previous = timestamp
+    return kept
+
+
 def expected_frames(units: DataFrame, settings: VideoSettings) -> int:
-    """Frames the video units will process (every frame_stride-th; fps sampling keeps fewer): the progress total."""
-    frames = F.ceil((F.col("segment_end") - F.col("segment_start")) / F.lit(settings.frame_stride))
-    row = units.where(F.col("segment_error").isNull() & F.col("segment_start").isNotNull()).agg(
-        F.sum(frames).alias("frames")).first()
+    """Frames the video units will process: the progress total. Every frame_stride-th frame counted in the JVM; with
+    fps sampling, each unit's frames are counted on the executors by the decoder's own rule (kept_frames)."""
+    segments = units.where(F.col("segment_error").isNull() & F.col("segment_start").isNotNull())
+    if settings.fps is None:   # frame indices in [start, end) that are multiples of the stride
+        stride = F.lit(settings.frame_stride)
+        frames = F.ceil(F.col("segment_end") / stride) - F.ceil(F.col("segment_start") / stride)
+        row = segments.agg(F.sum(frames).alias("frames")).first()
+        return int(row["frames"] or 0)
+
+    def count(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for batch in batches:
+            yield pd.DataFrame({"frames": [sum(kept_frames(r, settings) for r in batch.itertuples())]})
+
+    row = (segments.select("segment_start", "frame_pts", "previous_pts", "first_pts", "time_base_num",
+                           "time_base_den").mapInPandas(count, "frames long").agg(F.sum("frames").alias("frames"))
+           .first())
     return int(row["frames"] or 0)

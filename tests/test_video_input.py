@@ -81,9 +81,13 @@ def clip_10s(tmp_path_factory) -> Path:
     return clip
 
 
-def test_stride_1_and_5_give_exact_frames_and_timestamps_and_detections_equal_to_images(spark, clip_10s, tmp_path):
+def test_stride_1_and_5_give_exact_frames_and_timestamps_and_detections_equal_to_images(spark, clip_10s, tmp_path,
+                                                                                         capsys):
     every = run(spark, video_config(clip_10s.parent, tmp_path / "every"))
+    capsys.readouterr()
     fifth = run(spark, video_config(clip_10s.parent, tmp_path / "fifth", frame_stride=5))
+    # the progress total is exact: segment [256, 300) holds 8 multiples of 5, not ceil(44 / 5) = 9
+    assert "[sparkseg] 120/120 images+frames (100%)" in capsys.readouterr().err
     rows = frame_rows(spark, tmp_path / "every", "clip.mp4")
     assert [r.frame_index for r in rows] == list(range(300))
     assert [r.timestamp_s for r in rows] == pytest.approx([i / 30 for i in range(300)], abs=1e-9)
@@ -131,7 +135,8 @@ def clip_3s(tmp_path_factory) -> Path:
     ("12", 1, [0, 3, 5, 8, 10, 13, 15, 18, 20, 23]),   # 1/12 s = 2.5 frames: every other boundary on a frame
     ("9", 2, [0, 4, 10, 14, 20, 24, 30, 34, 40, 44]),  # 1/9 s = 3.33 frames (0, 4, 7, 10, 14, 17, ...), even only
 ])
-def test_fps_keeps_the_first_frame_at_or_after_every_1_over_f_seconds(spark, clip_3s, tmp_path, fps, stride, head):
+def test_fps_keeps_the_first_frame_at_or_after_every_1_over_f_seconds(spark, clip_3s, tmp_path, fps, stride, head,
+                                                                      capsys):
     output = tmp_path / "out"
     flags = ["--input", str(clip_3s.parent), "--output", str(output), "--fps", fps, "--frame-stride", str(stride)]
     config = video_config(clip_3s.parent, output)
@@ -149,6 +154,7 @@ def test_fps_keeps_the_first_frame_at_or_after_every_1_over_f_seconds(spark, cli
     assert [r.timestamp_s for r in rows] == pytest.approx([float(times[i]) for i in expected], abs=1e-9)
     assert all(r.segment_start <= r.frame_index < r.segment_end for r in rows)
     assert summary["counts"]["frames"] == len(expected) and summary["counts"]["failed"] == 0
+    assert f"[sparkseg] {len(expected)}/{len(expected)} images+frames (100%)" in capsys.readouterr().err
 
 
 def test_long_b_frame_video_is_split_over_tasks_without_missing_or_duplicate_frames(spark, tmp_path):
