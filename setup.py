@@ -40,8 +40,8 @@ EXTRAS = {
     "report": ["matplotlib>=3.8"],
     # Sweeps and benchmarks (jobs/sweep.py, make bench): process memory sampling and plots.
     "sweep": ["psutil>=5.9", "matplotlib>=3.8"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.8", "venv-pack>=0.2", "psutil>=5.9",
-            "selenium>=4.20,<5"],   # selenium drives Debian's chromium (make browser) in the report page test
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "matplotlib>=3.8", "venv-pack>=0.2",
+            "psutil>=5.9", "selenium>=4.20,<5"],   # selenium drives Debian's chromium (make browser) in the report page test
 }
 
 setup(

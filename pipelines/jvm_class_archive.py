@@ -24,6 +24,9 @@ from pathlib import Path
 
 
 ARCHIVE_DIR = Path(sys.prefix) / "share" / "sparkseg"   # inside the venv: one archive per environment
+# C1 only: for JVMs whose own work is short (a local job's driver, a test cluster's daemons), where C2's compiler
+# threads would compete with the job for a small machine's cores
+QUICK_START_JIT = "-XX:TieredStopAtLevel=1"
 
 
 def java_binary() -> Path | None:

@@ -53,9 +53,6 @@ def quiet_jvm_options(conf: dict) -> dict:
     return {**conf, "spark.driver.extraJavaOptions": f"{options} {flag}".strip()}
 
 
-QUICK_START_JIT = "-XX:TieredStopAtLevel=1"
-
-
 def quick_start_options(conf: dict) -> dict:
     """`conf` with the driver JVM starting fast (only effective when this process starts the JVM):
     - it maps this env's class archive (pipelines.jvm_class_archive) when that is built, unless the caller chose CDS
@@ -64,7 +61,7 @@ def quick_start_options(conf: dict) -> dict:
       a short job for the cores (a 200-image run with nothing new: 21 s -> 13 s on 2 cores); a JVM this process
       starts is a local-mode one, whose JVM-side work (listing, Arrow, Parquet) is small beside the model's.
     Under spark-submit the JVM is up before this code runs: pass the flags with --driver-java-options (README)."""
-    from pipelines.jvm_class_archive import driver_java_options
+    from pipelines.jvm_class_archive import QUICK_START_JIT, driver_java_options
 
     options = conf.get("spark.driver.extraJavaOptions", "")
     flags = []

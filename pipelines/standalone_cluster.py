@@ -30,6 +30,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.jvm_class_archive import QUICK_START_JIT, driver_java_options
+
 HOST = "127.0.0.1"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -260,6 +262,8 @@ class StandaloneCluster:
         # A fixed port that is taken must fail loudly, not silently move to port+1 (we would poll the wrong one).
         # The REST submission server would bind the fixed port 6066: off, so that clusters can run side by side.
         extra = " -Dspark.port.maxRetries=0 -Dspark.master.rest.enabled=false"
+        # The daemons start like a local job's driver: this env's class archive (the same jars) and C1 only
+        extra += f" {driver_java_options()} {QUICK_START_JIT}"
         env[java_opts_key] = (env.get(java_opts_key, "") + extra).strip()
         return env
 

@@ -56,7 +56,8 @@ def test_an_archive_of_another_java_is_never_used(tmp_path, monkeypatch):
 
 
 def test_callers_own_cds_and_jit_flags_win():
-    from pipelines.spark_session import QUICK_START_JIT, quick_start_options
+    from pipelines.jvm_class_archive import QUICK_START_JIT
+    from pipelines.spark_session import quick_start_options
 
     conf = {"spark.driver.extraJavaOptions": "-Xshare:off -XX:+TieredCompilation"}
     assert quick_start_options(conf) == conf
