@@ -43,6 +43,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 PYTHON="${PYTHON:-python3}"
+# A checkout on PYTHONPATH would make the fresh env's pip find sparkseg "already installed" (the checkout's egg-info)
+# and pack an env without it, and the smoke test below import the checkout instead of the env.
+unset PYTHONPATH
 PACKER_PYTHON="${PACKER_PYTHON:-$REPO/.venv/bin/python}"
 case "$OUTPUT" in /*) ;; *) OUTPUT="$PWD/$OUTPUT" ;; esac
 
@@ -123,9 +126,9 @@ else
     ADD_PACKAGE=1
 fi
 
-# Smoke test: what an executor imports (SMOKE_IMPORTS overrides the list).
+# Smoke test: what an executor imports (SMOKE_IMPORTS overrides the list), from / (not the checkout's modules).
 # shellcheck disable=SC2086  (a list of module names)
-"$PREFIX/bin/python" -W ignore - ${SMOKE_IMPORTS:-numpy openvino pandas pyarrow PIL pycocotools pipelines} <<'EOF'
+(cd / && "$PREFIX/bin/python" -W ignore - ${SMOKE_IMPORTS:-numpy openvino pandas pyarrow PIL pycocotools pipelines}) <<'EOF'
 import importlib, sys
 
 versions = [f"{name} {getattr(importlib.import_module(name), '__version__', '')}".strip() for name in sys.argv[1:]]

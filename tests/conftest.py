@@ -15,6 +15,14 @@ SAMPLES = REPO / "samples"
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# pytest-xdist's workers prepend the checkout to PYTHONPATH: the processes a test starts must see the environment of
+# a plain `pytest` run (a job run "from another directory" must not import the checkout through it).
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("PYTHONPATH", "").startswith(os.getcwd()):
+    rest = os.environ["PYTHONPATH"][len(os.getcwd()):].removeprefix(os.pathsep)
+    if rest:
+        os.environ["PYTHONPATH"] = rest
+    else:
+        del os.environ["PYTHONPATH"]
 
 from tests.fixtures_azurite import azurite  # noqa: E402,F401  (session fixture)
 from tests.fixtures_standalone import standalone_cluster  # noqa: E402,F401  (session fixture)
@@ -33,3 +41,16 @@ def spark():
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+# The longest test files (minutes each on 2 cores: clusters, packed envs, killed runs), scheduled first: with
+# `-n 2 --dist loadfile` (make test-main) a long file started last would run alone at the end.
+LONG_FILES_FIRST = ("test_sweep.py", "test_deploy_archive.py", "test_faults.py", "test_video_input.py",
+                    "test_training_resume.py", "test_standalone_cluster.py", "test_installed_package.py",
+                    "test_training_strategies.py", "test_detector_training.py", "test_export_yolact.py",
+                    "test_table_index.py", "test_job_cli.py", "test_job_output.py", "test_incremental.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: index for index, name in enumerate(LONG_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: the rest keep their order
