@@ -69,7 +69,7 @@ test:
 
 # The main suite in TEST_WORKERS processes (pytest-xdist), one test file per process at a time (--dist loadfile: a
 # file's module fixtures are built once). Its tests wait on processes they start (JVMs, clusters, jobs) much of the
-# time: 2 workers on 2 cores took it from ~28 to ~N min.
+# time: 2 workers on 2 cores took it from ~28 to ~21 min.
 TEST_WORKERS ?= 2
 test-main: $(VENV)/.stamp-test azurite browser jvm-archive
 	mkdir -p "$(PYTEST_TMP)"

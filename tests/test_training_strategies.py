@@ -127,10 +127,12 @@ def pipeline_gradient_check(split):
 
 
 @pytest.mark.parametrize("split", [None, [2]])
-def test_pipeline_gradients_equal_the_unsplit_model(spark, split):
+def test_pipeline_gradients_equal_the_unsplit_model(spark, split, monkeypatch):
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
+    # for this test's ranks only: a PYTHONPATH left behind would reach every process later tests start (a cluster's
+    # executors importing the checkout instead of their own env)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     result = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(pipeline_gradient_check, split)
     assert result["params"] == result["expected"]
     assert min(result["stage_sizes"]) > 0
