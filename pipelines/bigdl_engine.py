@@ -20,7 +20,9 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -494,16 +496,34 @@ def nested_chw(flat_col: str, channels: int, height: int, width: int) -> Column:
                   f"h -> slice({_sql_name(flat_col)}, c * {plane} + h * {width} + 1, {width})))")
 
 
+class Predictions(NamedTuple):
+    """bigdl_predict's result: `frame`, the predictions; `persisted_input`, the nested input Orca read them from,
+    persisted for them: unpersist it once `frame` is consumed (written, collected)."""
+
+    frame: DataFrame
+    persisted_input: DataFrame
+
+
 def bigdl_predict(df: DataFrame, ir_xml_path: str | Path, input_col: str = "chw", batch_size: int = 1,
-                  precision: str = "f32") -> DataFrame:
+                  precision: str = "f32") -> Predictions:
     """Run an OpenVINO IR over `input_col` with Orca's Estimator.from_openvino (the IR is broadcast to executors).
 
     input_col: array<float> [C*H*W] as bigdl_preprocess gives it, matching the IR input [1, C, H, W].
-    Returns df's columns (except input_col) plus one array<float> column per IR output, named by the output's
-    tensor name and in the IR's output order, holding that output flattened (shape without the batch axis, C
-    order). batch_size: images per inference call; > 1 makes Orca reshape the IR's batch axis (the last batch is
-    padded by repeating its last image), so use 1 for IRs with batch-dependent constants (YOLACT's reshapes).
-    precision: f32 | bf16 | auto (OpenVINO's INFERENCE_PRECISION_HINT; auto: the device default, bf16 on AMX).
+    Returns Predictions: `frame` has df's columns (except input_col) plus one array<float> column per IR output,
+    named by the output's tensor name and in the IR's output order, holding that output flattened (shape without
+    the batch axis, C order). batch_size: images per inference call; > 1 makes Orca reshape the IR's batch axis
+    (the last batch is padded by repeating its last image), so use 1 for IRs with batch-dependent constants
+    (YOLACT's reshapes). precision: f32 | bf16 | auto (OpenVINO's INFERENCE_PRECISION_HINT; auto: the device
+    default, bf16 on AMX).
+
+    The nested input is persisted (MEMORY_AND_DISK; `Predictions.persisted_input`): Orca's DataFrame predict
+    zips the input's JVM rows with the Python workers' predictions computed from that same input, so each task
+    evaluates the input twice, on two threads (the task's and the Python feeder's), from one deserialized plan.
+    Shared mutable state in that plan then races: the lambda variables of nested_chw's transform(), and the one
+    reused Row -> UnsafeRow serializer of any createDataFrame(RDD[Row]) upstream (NNModel's output). Measured
+    before: a few images in 90 predicted from shifted input rows (raw outputs off by up to 3.8), a run stopped by
+    "column 'chw' has 1051287933 values", a path of binary garbage in a standalone-cluster run. Persisted, a
+    partition is computed once, under its block's write lock, and both readers get the cached copy.
     """
     require_bigdl()
     if precision not in PRECISION_HINTS:
@@ -540,9 +560,10 @@ def bigdl_predict(df: DataFrame, ir_xml_path: str | Path, input_col: str = "chw"
         F.lit(f" values, the IR {Path(ir_xml_path).name} needs {expected} ({channels}x{height}x{width}): "
               f"preprocess with size=({height}, {width})")))
     nested_col = f"__{input_col}_nested"
-    feed = df.withColumn(nested_col, F.when(F.size(input_col) == expected,
-                                            nested_chw(input_col, channels, height, width))
-                         .otherwise(size_error)).drop(input_col)
+    feed = (df.withColumn(nested_col, F.when(F.size(input_col) == expected,
+                                             nested_chw(input_col, channels, height, width))
+                          .otherwise(size_error)).drop(input_col)
+            .persist(StorageLevel.MEMORY_AND_DISK))
     config = {"CPU_THREADS_NUM": str(estimator.core_num), "CPU_BIND_THREAD": "HYBRID_AWARE"}  # Orca's defaults
     if PRECISION_HINTS[precision]:
         config["INFERENCE_PRECISION_HINT"] = PRECISION_HINTS[precision]
@@ -555,7 +576,7 @@ def bigdl_predict(df: DataFrame, ir_xml_path: str | Path, input_col: str = "chw"
         for _ in range(max(len(shape) - 1, 0)):
             column = F.flatten(column)
         results.append(column.alias(tensor_name))
-    return predicted.select(*keep, *results)
+    return Predictions(predicted.select(*keep, *results), feed)
 
 
 def _check_batch_reshape(ir_xml_path: str, batch_size: int) -> None:

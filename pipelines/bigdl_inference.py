@@ -15,6 +15,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame
+from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
 from pipelines.executor_cache import LazyModel
@@ -101,11 +102,14 @@ class PostprocessRaw:
             yield pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
-def bigdl_results(wave: DataFrame, task: ImageInference, manifest, precision: str) -> DataFrame:
-    """The wave's images through BigDL preprocessing and Orca's OpenVINO Estimator; RESULT_SCHEMA rows."""
+def bigdl_results(wave: DataFrame, task: ImageInference, manifest,
+                  precision: str) -> tuple[DataFrame, list[DataFrame]]:
+    """The wave's images through BigDL preprocessing and Orca's OpenVINO Estimator: (RESULT_SCHEMA rows, the
+    frames persisted for them: unpersist those once the rows are written). `decoded` feeds two branches (images,
+    error rows): persisted, each image is decoded once; bigdl_predict persists its own input (see there)."""
     from pipelines.bigdl_engine import bigdl_predict, bigdl_preprocess, ir_outputs
 
-    decoded = wave.mapInPandas(DecodeForBigDL(task), DECODED_SCHEMA).persist()
+    decoded = wave.mapInPandas(DecodeForBigDL(task), DECODED_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
     failed = (decoded.where("image IS NULL")
               .select("path", F.lit("error").alias("status"), "width", "height",
                       F.lit(None).cast(INSTANCES_TYPE).alias("instances"),
@@ -117,7 +121,7 @@ def bigdl_results(wave: DataFrame, task: ImageInference, manifest, precision: st
     height, width = manifest.input_size
     chw = bigdl_preprocess(images, (height, width), tuple(manifest.input["mean"]), tuple(manifest.input["std"]))
     xml = manifest.path("ir_xml")
-    raw = bigdl_predict(chw, xml, precision=precision)
+    raw, nested_input = bigdl_predict(chw, xml, precision=precision)
     shapes = {name: shape[1:] for name, _, shape in ir_outputs(xml)}
     done = raw.mapInPandas(PostprocessRaw(task, shapes), RESULT_SCHEMA)
-    return done.unionByName(failed)
+    return done.unionByName(failed), [decoded, nested_input]

@@ -309,14 +309,17 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
         name = f"{plan.run_id}-w{number:05d}"
         guard = CrashGuard(join_uri(plan.output_uri, MARKER_DIR, name), int(run_cfg.get("poison_attempts", 2)),
                            plan.credentials)
-        results = (wave_results(src.balanced(wave, min(partitions, count)), replace(task, crash_guard=guard),
-                                plan, settings)
+        results, intermediates = wave_results(src.balanced(wave, min(partitions, count)),
+                                              replace(task, crash_guard=guard), plan, settings)
+        results = (results
                    .withColumn("model_name", F.lit(plan.manifest.name))
                    .withColumn("model_sha256", F.lit(plan.manifest.model_sha256))
                    .withColumn("run_id", F.lit(plan.run_id))
                    .persist(StorageLevel.MEMORY_AND_DISK))
         wave_totals = write_results(results, plan.output_uri, f"part-{name}", plan.credentials)
         results.unpersist()
+        for frame in intermediates:
+            frame.unpersist()
         for key in totals:
             totals[key] += wave_totals.get(key, 0)
     todo.unpersist()
@@ -353,13 +356,15 @@ def wave_images(spark: SparkSession, plan: JobPlan, indexed: DataFrame, first: i
     return wave
 
 
-def wave_results(images: DataFrame, task: ImageInference, plan: JobPlan, settings: RuntimeSettings) -> DataFrame:
-    """Transform: images (with content or fetchable paths) -> RESULT_SCHEMA rows, by the plan's engine."""
+def wave_results(images: DataFrame, task: ImageInference, plan: JobPlan,
+                 settings: RuntimeSettings) -> tuple[DataFrame, list[DataFrame]]:
+    """Transform: images (with content or fetchable paths) -> (RESULT_SCHEMA rows, by the plan's engine; the
+    intermediate frames the engine persisted for them, to unpersist once the rows are written)."""
     if plan.engine == "bigdl":
         from pipelines.bigdl_inference import bigdl_results
 
         return bigdl_results(images, task, plan.manifest, settings.precision)
-    return images.mapInPandas(task, RESULT_SCHEMA)
+    return images.mapInPandas(task, RESULT_SCHEMA), []
 
 
 def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, totals: dict, n_inputs: int,
