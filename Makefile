@@ -10,11 +10,11 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # would delete the files of a suite still running from another checkout (two clones tested at once).
 PYTEST_TMP := $(CURDIR)/.pytest-tmp
 
-# The Spark driver JVM's class-data-sharing archive, once per env (~1 min; pipelines/jvm_class_archive_build.py): every JVM
+# The Spark driver JVM's class-data-sharing archive, once per env (~1 min; pipelines/spark/jvm_class_archive_build.py): every JVM
 # a job starts maps it (~2x faster start-up on 2 cores, reports/startup.md).
 .PHONY: jvm-archive
 jvm-archive: $(VENV)/.stamp-infer
-	@$(PY) -m pipelines.jvm_class_archive_build --if-missing > $(VENV)/jvm-archive.log || { cat $(VENV)/jvm-archive.log; exit 1; }
+	@$(PY) -m pipelines.spark.jvm_class_archive_build --if-missing > $(VENV)/jvm-archive.log || { cat $(VENV)/jvm-archive.log; exit 1; }
 
 .PHONY: demo test test-main test-bigdl bench sweep bigdl-env azurite browser clean-venv env-archive bigdl-env-archive
 
@@ -39,7 +39,7 @@ demo: $(VENV)/.stamp-infer jvm-archive
 	test -f $(DEMO_DATA)/annotations.json || $(PY) -m pipelines.datasets.synthetic_roads --out $(DEMO_DATA) \
 	    --count 8 --seed 90210 --size 640x480 --format coco
 	$(PY) jobs/infer_yolact.py --config conf/demo.yaml
-	$(PY) -m pipelines.evaluate --output output/demo --annotations $(DEMO_DATA)/annotations.json \
+	$(PY) -m pipelines.results.evaluate --output output/demo --annotations $(DEMO_DATA)/annotations.json \
 	    --group blobs=pothole,patch,puddle
 
 azurite:

@@ -13,7 +13,7 @@ CORE = [
     "pyyaml>=6",
     "pycocotools>=2.0.7",
     "fsspec>=2023.1",
-    "av>=12,<19",   # PyAV (FFmpeg bundled in its wheels): video input, decoded on the executors (pipelines.video_decode)
+    "av>=12,<19",   # PyAV (FFmpeg bundled in its wheels): video input, decoded on the executors (pipelines.ops.video_decode)
 ]
 TORCH = ["torch>=2.4", "torchvision>=0.19"]
 EXTRAS = {
@@ -36,7 +36,7 @@ EXTRAS = {
         "packaging",
         "filelock",
     ],
-    # The run report (python -m pipelines.render): per-class count and score plots. make demo installs it.
+    # The run report (python -m pipelines.report.render): per-class count and score plots. make demo installs it.
     "report": ["matplotlib>=3.8"],
     # Sweeps and benchmarks (jobs/sweep.py, make bench): process memory sampling and plots.
     "sweep": ["psutil>=5.9", "matplotlib>=3.8"],

@@ -5,7 +5,7 @@ The graph (`DetectorNetwork`) takes the normalized, resized image: torchvision's
 (bilinear resize to the fixed input size, then (x - mean) / std) is not in the graph but in our preprocessing, as
 the manifest's `input` spec says (mean/std on 0-255 RGB). Its outputs are a fixed number of rows (the config's
 box_detections_per_img; rows past the detections are zeros), boxes in network-input pixels; the job's
-postprocess (`pipelines.detector_inference`) drops the padding and scales boxes to the original image.
+postprocess (`pipelines.inference.detector_inference`) drops the padding and scales boxes to the original image.
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from model_export.models.checkpoint import CheckpointError, read_state_dict
 from model_export.models.factornet_detector import (DETECTOR_CONFIGS, DetectorNetwork, FactorNetDetector,
                                                     bias_box_predictor, get_detector_config)
 from model_export.parity import match_detections, raw_differences, runtime_outputs
-from pipelines.image_decode import decode_image
-from pipelines.model_manifest import write_manifest
-from pipelines.preprocess import preprocess_rgb
-from pipelines.yolact_postprocess import Detections
+from pipelines.ops.image_decode import decode_image
+from pipelines.inference.model_manifest import write_manifest
+from pipelines.ops.preprocess import preprocess_rgb
+from pipelines.ops.yolact_postprocess import Detections
 
 INPUT_NAME = "image"
 OUTPUT_NAMES = ["boxes", "scores", "labels"]

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pipelines import yolact_postprocess as yp
+from pipelines.ops import yolact_postprocess as yp
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def runtime_outputs(network, tensors: list[np.ndarray], onnx_path, ir_xml, input
     import openvino as ov
     import torch
 
-    from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
+    from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
 
     outputs: dict[str, list[dict]] = {"torch": []}
     with torch.no_grad():

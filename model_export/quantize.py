@@ -8,8 +8,8 @@ The manifest says `weights_precision: int8` and records the calibration set's si
 the ignored scope. When the gate fails, the files are left for inspection but no manifest.json is written (exit 3),
 like the f32 parity gate.
 
-Calibration images are decoded and preprocessed exactly as the job does (`pipelines.image_decode.decode_image`,
-`pipelines.preprocess.preprocess_rgb` with the manifest's input spec). The gate compares the INT8 IR with the
+Calibration images are decoded and preprocessed exactly as the job does (`pipelines.ops.image_decode.decode_image`,
+`pipelines.ops.preprocess.preprocess_rgb` with the manifest's input spec). The gate compares the INT8 IR with the
 FP16-weights IR, both run with OpenVINO's f32 precision hint, on held-out images: `--gate-images DIR`, or else the
 last images of the calibration directory (never used for calibration).
 """
@@ -27,8 +27,8 @@ import numpy as np
 
 from model_export.onnx_openvino import ParityFailed
 from pipelines.errors import UsageError
-from pipelines.image_decode import decode_image
-from pipelines.preprocess import preprocess_rgb
+from pipelines.ops.image_decode import decode_image
+from pipelines.ops.preprocess import preprocess_rgb
 
 INT8_FILES = {"ir_xml": "model.int8.xml", "ir_bin": "model.int8.bin", "int8_report": "int8.json"}
 DEFAULT_CALIBRATION_COUNT = 300
@@ -173,7 +173,7 @@ def run_int8(out: Path, files: dict, spec: dict, images: dict, args: argparse.Na
     """Quantize, gate, write int8.json. `agreement(f32 rows, int8 rows, sizes)` -> a dict with matched_fraction and
     `iou_key` (the family's detection comparison, model_export.parity's matcher). Returns the manifest fields to
     add (and updates `files`); raises Int8GateFailed when the gate fails."""
-    from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
+    from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
 
     gate = Int8Gate(min_matched=args.int8_min_matched, min_median_iou=args.int8_min_median_iou)
     patterns = [p.strip() for p in args.int8_ignored_scope.split(",") if p.strip()]

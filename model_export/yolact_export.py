@@ -13,10 +13,10 @@ from model_export import quantize
 from model_export.models.checkpoint import load_yolact_checkpoint
 from model_export.models.yolact import CONFIGS, Yolact, bias_class_logits, get_config
 from model_export.parity import ParityGate, detection_agreement, format_table, raw_differences, runtime_outputs
-from pipelines import yolact_postprocess as yp
-from pipelines.image_decode import decode_image
-from pipelines.model_manifest import write_manifest
-from pipelines.preprocess import preprocess_rgb
+from pipelines.ops import yolact_postprocess as yp
+from pipelines.ops.image_decode import decode_image
+from pipelines.inference.model_manifest import write_manifest
+from pipelines.ops.preprocess import preprocess_rgb
 
 INPUT_NAME = "image"
 OUTPUT_NAMES = ["loc", "conf", "mask", "proto"]

@@ -2,7 +2,7 @@
 # MAGIC %md
 # MAGIC # sparkseg: YOLACT inference (Databricks job)
 # MAGIC
-# MAGIC Runs the same library as `spark-submit jobs/infer_yolact.py`: `pipelines.inference_job.run(spark, config)`.
+# MAGIC Runs the same library as `spark-submit jobs/infer_yolact.py`: `pipelines.inference.inference_job.run(spark, config)`.
 # MAGIC Images in (`az://container/prefix` through the Azure SDK, or any path the cluster reads), detections, masks,
 # MAGIC errors and `summary.json` out. Incremental: each run processes only images not yet done for this model (new or
 # MAGIC replaced since), and a lock (`<output>/_sparkseg.lock`) keeps two runs on one output from overlapping.
@@ -48,8 +48,8 @@ REPO_ROOT = find_repo_root(Path(os.getcwd()).resolve())
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from pipelines.azure_storage import AzureCredentials  # noqa: E402
-from pipelines.inference_job import run  # noqa: E402
+from pipelines.io.azure_storage import AzureCredentials  # noqa: E402
+from pipelines.inference.inference_job import run  # noqa: E402
 from pipelines.job_config import load_config, set_path  # noqa: E402
 
 # COMMAND ----------

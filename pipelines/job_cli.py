@@ -82,14 +82,14 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     args = parse_args(argv, description)
     logging.basicConfig(level=logging.WARNING, format="sparkseg: %(levelname)s: %(message)s")
     from pipelines.errors import SparkSegError
-    from pipelines.inference_job import plan_job, run_plan
-    from pipelines.spark_session import job_session, warn_unknown_spark_settings
+    from pipelines.inference.inference_job import plan_job, run_plan
+    from pipelines.spark.spark_session import job_session, warn_unknown_spark_settings
 
     try:
         config = build_config(args, family)
         plan = plan_job(config, family)
         if plan.engine == "bigdl":
-            from pipelines.bigdl_engine import bigdl_job_session
+            from pipelines.engines.bigdl_engine import bigdl_job_session
 
             spark = bigdl_job_session(config["spark"])
         else:

@@ -101,8 +101,8 @@ def model_rows(args) -> list[tuple[str, Path]]:
 # ------------------------------------------------------------------------------------------------------ the task
 def make_task(manifest, variant: str, precision: str, conf_thresh: float | None, output: Path, image_dir: Path):
     """The executor function as the job builds it (make_task), 1 stream x 1 thread, every detection written."""
-    from pipelines.inference_tasks import inference_task_class
-    from pipelines.openvino_runtime import RuntimeSettings
+    from pipelines.inference.inference_tasks import inference_task_class
+    from pipelines.inference.openvino_runtime import RuntimeSettings
 
     if variant == "before":
         from bench.legacy_executor import LegacyDetectorInference, LegacyYolactInference
@@ -202,10 +202,10 @@ def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeo
 
 def calibrate_conf(manifest, paths: list[Path], precision: str, target: float) -> tuple[float | None, float]:
     """The manifest's conf_thresh, or the first lower step giving >= target detections per image (8 images)."""
-    from pipelines import yolact_postprocess as yp
-    from pipelines.image_decode import decode_image
-    from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
-    from pipelines.preprocess import preprocess_rgb
+    from pipelines.ops import yolact_postprocess as yp
+    from pipelines.ops.image_decode import decode_image
+    from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
+    from pipelines.ops.preprocess import preprocess_rgb
 
     if manifest.model != "yolact":
         return None, float("nan")
@@ -355,7 +355,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="[bench-executor %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     args = parse_args(argv)
-    from pipelines.model_manifest import load_manifest
+    from pipelines.inference.model_manifest import load_manifest
 
     facts = cpu_facts()
     log.info("%s, %s cores, %s; P = %d", facts["cpu"], facts["cores"], facts["best_isa"], args.processes)

@@ -6,7 +6,7 @@ calibration images decoded and preprocessed as the job does) on synthetic road i
 nor the val split uses. Then, on a fresh synthetic val split (the one tests/fixtures_evaluation.py uses):
 - benchmark_app throughput (model only): FP16-weights IR with f32 (and bf16) inference precision, INT8 IR;
 - detection agreement INT8 vs f32 (the export gate's matcher, model_export.parity), at the gate's score and all;
-- mask and box AP of both against the generator's masks (pipelines.evaluate, the one AP implementation).
+- mask and box AP of both against the generator's masks (pipelines.results.evaluate, the one AP implementation).
 The bundled detector (samples/models/detector_default) the same way, with the detector export's ignored scope:
 benchmark_app f32 vs INT8, detection agreement at its score threshold, box AP on the same val split.
 
@@ -36,9 +36,9 @@ from model_export import detector_export  # noqa: E402
 from model_export import quantize  # noqa: E402
 from model_export.parity import detection_agreement  # noqa: E402
 from model_export.yolact_export import INT8_GATE_SCORE  # noqa: E402
-from pipelines import yolact_postprocess as yp  # noqa: E402
-from pipelines.model_manifest import load_manifest  # noqa: E402
-from pipelines.openvino_runtime import CompiledIR, RuntimeSettings, cpu_count  # noqa: E402
+from pipelines.ops import yolact_postprocess as yp  # noqa: E402
+from pipelines.inference.model_manifest import load_manifest  # noqa: E402
+from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings, cpu_count  # noqa: E402
 
 VAL_SEED = 20261122
 DETECTOR = REPO / "samples" / "models" / "detector_default"
@@ -90,8 +90,8 @@ def detector_agreement(f32_dir: Path, int8_dir: Path, images: list) -> dict:
 
 
 def mask_ap(model_dir: Path, val: Path, iou_types: tuple[str, ...] = ("bbox", "segm")) -> dict:
-    from pipelines.evaluate import ap_report, load_ground_truth, results_from_rows
-    from pipelines.single_process import infer_files
+    from pipelines.results.evaluate import ap_report, load_ground_truth, results_from_rows
+    from pipelines.inference.single_process import infer_files
 
     ground_truth = load_ground_truth(val / "annotations.json")
     image_ids = {Path(im["file_name"]).name: im["id"] for im in ground_truth.dataset["images"]}
@@ -221,7 +221,7 @@ def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, ben
         lines.append(f"| {min_score:g}{' (gate)' if min_score == INT8_GATE_SCORE else ''} | {row['detections_ref']} | "
                      f"{row['detections']} | {row['matched_fraction']:.3f} | {row['box_iou_median']:.4f} | "
                      f"{row['mask_iou_median']:.4f} |")
-    lines += ["", "## AP against the generator's masks (pipelines.evaluate, all detections the job writes)", "",
+    lines += ["", "## AP against the generator's masks (pipelines.results.evaluate, all detections the job writes)", "",
               "| metric | f32 | INT8 | delta (points) |", "|---|---|---|---|"]
     for key in ("mask_ap", "mask_ap50", "mask_ap_blobs", "box_ap", "box_ap50"):
         if key in ap["f32"]:

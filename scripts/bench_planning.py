@@ -64,7 +64,7 @@ def jvm_pid() -> int | None:
 def listing(spark, first: int, count: int):
     from pyspark.sql import functions as F
 
-    from pipelines import image_sources as src
+    from pipelines.inference import image_sources as src
 
     # a real listing of N files comes in many partitions (binaryFile packs ~32 files per split): one per 200,000 rows
     return (spark.range(first, first + count, 1, max(2, count // 200_000))
@@ -79,9 +79,9 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from pipelines.inference_job import BROADCAST_MAX_ROWS, index_todo, size_shuffles, todo_listing
-    from pipelines.spark_session import local_session
-    from pipelines.video_sources import image_units
+    from pipelines.inference.inference_job import BROADCAST_MAX_ROWS, index_todo, size_shuffles, todo_listing
+    from pipelines.spark.spark_session import local_session
+    from pipelines.inference.video_sources import image_units
 
     spark = local_session("bench-planning", "local[2]", {"spark.driver.memory": driver_memory})
     output = work / str(size) / "out"

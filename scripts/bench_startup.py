@@ -11,7 +11,7 @@ Cases, each a plain `python jobs/infer_yolact.py` (local[*], the JVM started by 
   runs (the first run's rows re-written as that many runs' Parquet files), twice: the first may rebuild the counts
   index, the second is the steady state; and on an output holding one run.
 Configurations of the driver JVM the job starts: `quick start` = the job's default (this env's class archive,
-pipelines.jvm_class_archive, built if missing; C1 JIT only), `archive, C2` = the archive with the default tiered JIT,
+pipelines.spark.jvm_class_archive, built if missing; C1 JIT only), `archive, C2` = the archive with the default tiered JIT,
 `JVM defaults` = neither (the JDK's own class archive only). Medians over `--repeats`; the machine's CPU and
 instruction sets in the header.
 """
@@ -153,7 +153,7 @@ def main() -> int:
     parser.add_argument("--work", default=str(REPO / "work" / "bench" / "startup"))
     parser.add_argument("--reports", default=str(REPO / "reports"))
     args = parser.parse_args()
-    subprocess.run([sys.executable, "-m", "pipelines.jvm_class_archive_build", "--if-missing"], cwd=REPO,
+    subprocess.run([sys.executable, "-m", "pipelines.spark.jvm_class_archive_build", "--if-missing"], cwd=REPO,
                    check=True, stdout=subprocess.DEVNULL)
     rows = measure(args)
     reports = Path(args.reports)

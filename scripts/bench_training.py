@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         return bench_training_step.main(argv)
     args = parse_args(argv)
     from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
-    from pipelines.spark_session import local_session
+    from pipelines.spark.spark_session import local_session
 
     out = Path(args.out)
     data = out / "bench_roads"

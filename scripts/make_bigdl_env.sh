@@ -73,15 +73,15 @@ else
 fi
 
 # MKL and OpenCV out of BigDL's jar into the env, once: the JVMs load them from there instead of extracting ~50 MB
-# under /tmp each time they start (pipelines/bigdl_natives.py says why).
-"$ENV_DIR/bin/python" -m pipelines.bigdl_natives
+# under /tmp each time they start (pipelines/engines/bigdl_natives.py says why).
+"$ENV_DIR/bin/python" -m pipelines.engines.bigdl_natives
 
 # Smoke test: the imports the engine needs, on the driver.
 "$ENV_DIR/bin/python" -W ignore::FutureWarning - <<'EOF'
 import numpy, pyspark, openvino.inference_engine  # noqa: F401
 from bigdl.dllib.nnframes import NNModel  # noqa: F401
 from bigdl.orca.learn.openvino import Estimator  # noqa: F401
-import pipelines.bigdl_engine  # noqa: F401
+import pipelines.engines.bigdl_engine  # noqa: F401
 print(f"make_bigdl_env: numpy {numpy.__version__}, pyspark {pyspark.__version__}, BigDL + OpenVINO imports ok")
 EOF
 

@@ -31,7 +31,7 @@ from tests.fixtures_evaluation import bundled_val_run  # noqa: E402,F401  (sessi
 
 @pytest.fixture(scope="session")
 def spark():
-    from pipelines.spark_session import local_session
+    from pipelines.spark.spark_session import local_session
 
     session = local_session(app_name="sparkseg-tests", master="local[2,4]")
     yield session

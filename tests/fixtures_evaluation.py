@@ -27,7 +27,7 @@ class ValRun:
 @pytest.fixture(scope="session")
 def bundled_val_run(spark, tmp_path_factory) -> ValRun:
     from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
-    from pipelines.inference_job import run
+    from pipelines.inference.inference_job import run
     from pipelines.job_config import load_config
     from tests.conftest import SAMPLES
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.job_config import load_config
-from pipelines.openvino_runtime import RuntimeSettings
+from pipelines.inference.openvino_runtime import RuntimeSettings
 from tests.conftest import SAMPLES
 
 DEFAULT_MODEL_DIR = SAMPLES / "models" / "yolact_default"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pipelines.yolact_postprocess import VARIANCES
+from pipelines.ops.yolact_postprocess import VARIANCES
 
 
 def point_form(boxes: torch.Tensor) -> torch.Tensor:

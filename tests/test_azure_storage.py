@@ -1,4 +1,4 @@
-"""pipelines.azure_storage against Azurite: credentials from the environment only, listing, reads, atomic writes,
+"""pipelines.io.azure_storage against Azurite: credentials from the environment only, listing, reads, atomic writes,
 and secrets that never show in repr/str, exception messages, tracebacks or logs."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import traceback
 import pytest
 from PIL import Image
 
-from pipelines import storage
-from pipelines.azure_storage import (AzureBlobStore, AzureCredentials, BlobPath, blob_exists, list_blobs,
+from pipelines.io import storage
+from pipelines.io.azure_storage import (AzureBlobStore, AzureCredentials, BlobPath, blob_exists, list_blobs,
                                      parse_blob_uri, read_blob, write_blob)
 from tests.fixtures_azurite import ACCOUNT_KEY
 

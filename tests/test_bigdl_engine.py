@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.bigdl_engine import (CV_8UC3, BigDLNotInstalled, bigdl_predict, bigdl_preprocess, bigdl_python_env,
+from pipelines.engines.bigdl_engine import (CV_8UC3, BigDLNotInstalled, bigdl_predict, bigdl_preprocess, bigdl_python_env,
                                     ir_outputs, missing_bigdl_requirements, nnimage_reader_images, require_bigdl,
                                     to_image_schema)
 from tests.bigdl.fixtures import bigdl_log, bigdl_spark, tiny_ir, yolact_ir  # noqa: F401  (pytest fixtures)
@@ -39,7 +39,7 @@ def decode_with_pillow(path: Path) -> np.ndarray:
 
 
 def decoded_images_df(spark, images: dict[str, np.ndarray]):
-    """The columns pipelines.image_decode gives: path, height, width, rgb (H*W*3 RGB bytes)."""
+    """The columns pipelines.ops.image_decode gives: path, height, width, rgb (H*W*3 RGB bytes)."""
     rows = [(name, rgb.shape[0], rgb.shape[1], bytearray(rgb.tobytes())) for name, rgb in images.items()]
     return spark.createDataFrame(rows, "path string, height int, width int, rgb binary")
 
@@ -52,7 +52,7 @@ def random_images(shapes, seed=0) -> dict[str, np.ndarray]:
 
 def reference_chw(rgb: np.ndarray) -> np.ndarray:
     """Our numpy preprocessing (torch-style bilinear on float32), [3, SIZE, SIZE] RGB."""
-    from pipelines.preprocess import preprocess_rgb
+    from pipelines.ops.preprocess import preprocess_rgb
 
     return preprocess_rgb(rgb, {"shape": [1, 3, SIZE, SIZE], "mean": MEAN_RGB, "std": STD_RGB})
 
@@ -121,9 +121,9 @@ def test_bigdl_env_is_complete():
 
 @pytest.mark.bigdl
 def test_the_jvm_loads_mkl_and_opencv_from_the_env_not_from_copies_under_tmp(bigdl_spark):
-    """make bigdl-env unpacked BigDL's native libraries into the env (pipelines.bigdl_natives): the session's JVM,
+    """make bigdl-env unpacked BigDL's native libraries into the env (pipelines.engines.bigdl_natives): the session's JVM,
     which ran BigDL's Engine.init and OpenCV loader, has those files mapped and no copy of them from elsewhere."""
-    from pipelines.bigdl_natives import NATIVE_LIBRARIES, installed_native_library_dir
+    from pipelines.engines.bigdl_natives import NATIVE_LIBRARIES, installed_native_library_dir
 
     natives = installed_native_library_dir()
     assert natives is not None
@@ -231,7 +231,7 @@ def test_predict_on_many_rows_per_partition_equals_openvino_row_by_row(bigdl_spa
     OpenVINO on the tensor NNModel gives for it (collected by a job of its own)."""
     import openvino as ov
 
-    from pipelines.model_manifest import load_manifest
+    from pipelines.inference.model_manifest import load_manifest
     from tests.job_helpers import DEFAULT_MODEL_DIR
 
     manifest = load_manifest(DEFAULT_MODEL_DIR)
@@ -316,7 +316,7 @@ def test_inherited_pyspark_submit_args_survive_bigdls_classpath_insert(monkeypat
 
     from bigdl.dllib.utils.engine import get_bigdl_classpath
 
-    from pipelines.bigdl_engine import bigdl_init_spark_conf
+    from pipelines.engines.bigdl_engine import bigdl_init_spark_conf
 
     jars = get_bigdl_classpath()
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f" --driver-memory 2g --driver-class-path /opt/mine.jar:{jars} pyspark-shell ")

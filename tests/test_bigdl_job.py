@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.inference_job import run
-from pipelines.mask_outputs import decode_rle
-from pipelines.model_manifest import load_manifest
+from pipelines.inference.inference_job import run
+from pipelines.ops.mask_outputs import decode_rle
+from pipelines.inference.model_manifest import load_manifest
 from tests.bad_inputs import build_bad_input_corpus
 from tests.bigdl.fixtures import bigdl_log, bigdl_spark  # noqa: F401  (pytest fixtures)
 from tests.conftest import REPO, SAMPLES
@@ -109,7 +109,7 @@ def spark_submit(options: list[str], job_args: list[str], cwd: Path) -> subproce
 
 
 def bigdl_submit_options() -> list[str]:
-    done = subprocess.run([sys.executable, "-m", "pipelines.bigdl_engine", "--spark-submit-args"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "pipelines.engines.bigdl_engine", "--spark-submit-args"], cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=True)
     return shlex.split(done.stdout)
 
@@ -164,7 +164,7 @@ def test_spark_submit_local_equals_the_python_run(python_run, tmp_path):
 
 @pytest.mark.cluster
 def test_spark_submit_on_a_two_worker_standalone_cluster_equals_the_python_run(python_run, tmp_path):
-    from pipelines.standalone_cluster import ClusterConfig, StandaloneCluster
+    from pipelines.spark.standalone_cluster import ClusterConfig, StandaloneCluster
 
     images, expected = python_run
     with StandaloneCluster(ClusterConfig(workers=2, cores=1, memory="1g"), base_dir=tmp_path / "cluster") as cluster:

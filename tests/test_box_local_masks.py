@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from pycocotools import mask as coco_mask
 
-from pipelines import yolact_postprocess as yp
-from pipelines.image_decode import decode_image
-from pipelines.image_inference import ExecutorModel, new_row
-from pipelines.inference_job import run
-from pipelines.mask_outputs import (LabelMapBuilder, encode_rle_box, read_label_map_png,
+from pipelines.ops import yolact_postprocess as yp
+from pipelines.ops.image_decode import decode_image
+from pipelines.inference.image_inference import ExecutorModel, new_row
+from pipelines.inference.inference_job import run
+from pipelines.ops.mask_outputs import (LabelMapBuilder, encode_rle_box, read_label_map_png,
                                     rle_counts_box)
-from pipelines.model_manifest import load_manifest
-from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
-from pipelines.preprocess import preprocess_rgb
-from pipelines.yolact_inference import YolactInference
+from pipelines.inference.model_manifest import load_manifest
+from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
+from pipelines.ops.preprocess import preprocess_rgb
+from pipelines.inference.yolact_inference import YolactInference
 from tests import reference_postprocess as ref
 from tests.conftest import SAMPLES
 from tests.job_helpers import DEFAULT_MODEL_DIR, job_config, read_rows

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.standalone_cluster import spark_home
+from pipelines.spark.standalone_cluster import spark_home
 from tests.conftest import REPO, SAMPLES
 from tests.test_incremental import write_image
 
@@ -70,7 +70,7 @@ def test_archive_holds_the_package_and_inference_deps_but_not_torch_or_pyspark(e
         names = set(archive.getnames())
         python = archive.getmember("bin/python")
     assert python.issym() or python.isfile()
-    for module in ("pipelines/inference_job.py", "pipelines/run_lock.py", "openvino/__init__.py",
+    for module in ("pipelines/inference/inference_job.py", "pipelines/io/run_lock.py", "openvino/__init__.py",
                    "numpy/__init__.py", "pyarrow/__init__.py", "pandas/__init__.py", "PIL/__init__.py",
                    "pycocotools/mask.py", "azure/storage/blob/__init__.py"):
         assert f"{SITE}/{module}" in names, f"{module} missing from the archive"
@@ -149,7 +149,7 @@ def test_an_existing_venv_is_packed_with_this_checkouts_package_instead_of_its_e
         assert not [name for name in archive.getnames() if "__editable__" in name]
         archive.extractall(unpacked, filter="fully_trusted")
     clean_env = {"PATH": "/usr/bin:/bin"}
-    done = subprocess.run([str(unpacked / "bin" / "python"), "-c", "import pipelines.run_lock as m; print(m.__file__)"],
+    done = subprocess.run([str(unpacked / "bin" / "python"), "-c", "import pipelines.io.run_lock as m; print(m.__file__)"],
                           env=clean_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).resolve().is_relative_to(unpacked.resolve())

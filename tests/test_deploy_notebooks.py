@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.azure_storage import AzureCredentials
-from pipelines.inference_job import run
-from pipelines.mask_outputs import read_label_map_png
-from pipelines.run_lock import LOCK_NAME, LockHeld, RunLock
+from pipelines.io.azure_storage import AzureCredentials
+from pipelines.inference.inference_job import run
+from pipelines.ops.mask_outputs import read_label_map_png
+from pipelines.io.run_lock import LOCK_NAME, LockHeld, RunLock
 from tests.conftest import REPO, SAMPLES
 from tests.dbutils_standin import DbutilsStandIn, notebook_cells, run_notebook_source
 from tests.fixtures_azurite import ACCOUNT_KEY

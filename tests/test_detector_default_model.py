@@ -1,6 +1,6 @@
 """The bundled detector (samples/models/detector_default, scripts/train_default_detector.sh) is trained: through
 jobs/infer_detector.py on a few fresh synthetic road images (a seed training never used) it finds the blobs
-(pothole, patch, puddle) with well placed boxes (pycocotools, through pipelines.evaluate)."""
+(pothole, patch, puddle) with well placed boxes (pycocotools, through pipelines.results.evaluate)."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
-from pipelines.evaluate import evaluate_output
-from pipelines.model_manifest import load_manifest
+from pipelines.results.evaluate import evaluate_output
+from pipelines.inference.model_manifest import load_manifest
 from tests.conftest import REPO, SAMPLES
 
 MODEL_DIR = SAMPLES / "models" / "detector_default"

@@ -15,10 +15,10 @@ from model_export.detector_export import (build_model, detection_agreement, inpu
                                           synthetic_road_images, valid_detections)
 from model_export.models.checkpoint import CheckpointError
 from model_export.models.factornet_detector import DetectorNetwork, FactorNetDetector, get_detector_config
-from pipelines.model_manifest import load_manifest, write_manifest
-from pipelines.openvino_runtime import CompiledIR, RuntimeSettings
-from pipelines.preprocess import preprocess_rgb
-from pipelines.single_process import infer_files
+from pipelines.inference.model_manifest import load_manifest, write_manifest
+from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
+from pipelines.ops.preprocess import preprocess_rgb
+from pipelines.inference.single_process import infer_files
 from tests.fixtures_detector import DETECTOR_CONFIG, DETECTOR_SEED, detector_export, export_small_detector  # noqa: F401
 from tests.fixtures_detector import road_images  # noqa: F401
 
@@ -113,8 +113,8 @@ def test_exported_model_in_the_job_path_equals_torchvision_on_original_images(de
                                                                                tmp_path):
     """Decode -> our preprocessing -> IR -> DetectorInference (boxes in original pixels) against the torch
     model's own torchvision path (GeneralizedRCNNTransform resize + normalize, boxes scaled back)."""
-    from pipelines.image_decode import decode_image
-    from pipelines.yolact_postprocess import Detections
+    from pipelines.ops.image_decode import decode_image
+    from pipelines.ops.yolact_postprocess import Detections
 
     model = torch_model()
     paths = sorted(road_images.iterdir())

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.detector_inference import detector_instances
-from pipelines.image_sources import InputError
-from pipelines.inference_job import run
+from pipelines.inference.detector_inference import detector_instances
+from pipelines.inference.image_sources import InputError
+from pipelines.inference.inference_job import run
 from pipelines.job_config import load_config
-from pipelines.single_process import infer_files
+from pipelines.inference.single_process import infer_files
 from tests.bad_inputs import build_bad_input_corpus
 from tests.job_helpers import JOB_RUNTIME, job_config, read_rows
 from tests.conftest import REPO, SAMPLES

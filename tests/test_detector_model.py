@@ -54,7 +54,7 @@ def test_one_training_step_on_voc_annotations(tmp_path):
     """The detector trains on Pascal VOC annotated images: synthetic roads -> VOC XML -> targets -> losses."""
     from pipelines.datasets import read_voc_dir
     from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
-    from pipelines.image_decode import decode_image
+    from pipelines.ops.image_decode import decode_image
 
     cfg = get_detector_config("factornet_small")
     generate_road_dataset(tmp_path, 2, 5, RoadSceneConfig(width=160, height=120, formats=("voc",)))

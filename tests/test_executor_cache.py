@@ -1,8 +1,8 @@
 """The per-worker model cache: one load per key while it is in use, bounded by CAPACITY (least recently used out)."""
 from __future__ import annotations
 
-from pipelines import executor_cache
-from pipelines.executor_cache import CAPACITY, LazyModel, loaded_keys
+from pipelines.inference import executor_cache
+from pipelines.inference.executor_cache import CAPACITY, LazyModel, loaded_keys
 
 
 def test_each_key_loads_once_and_the_least_recently_used_is_evicted():

@@ -17,9 +17,9 @@ from model_export.cli import main as export_main
 from model_export.parity import mask_iou, match_detections
 from model_export.quantize import Int8Gate
 from model_export.yolact_export import INT8_GATE_SCORE
-from pipelines.mask_outputs import decode_rle
-from pipelines.model_manifest import load_manifest, write_manifest
-from pipelines.yolact_postprocess import Detections
+from pipelines.ops.mask_outputs import decode_rle
+from pipelines.inference.model_manifest import load_manifest, write_manifest
+from pipelines.ops.yolact_postprocess import Detections
 from tests.fixtures_detector import export_small_detector, road_images  # noqa: F401
 from tests.job_helpers import JOB_RUNTIME, job_config, read_rows
 
@@ -104,8 +104,8 @@ def job_agreement(spark, images: Path, int8_dir: Path, f32_dir: Path, tmp_path: 
     """Run the job on the INT8 export (f32 hint, precision as every job test) and the single-process reference on
     its FP16 view (same settings); matched fraction and median mask IoU of matched pairs (the gate's matcher,
     model_export.parity), and the f32 detection count."""
-    from pipelines.inference_job import run
-    from pipelines.single_process import infer_files
+    from pipelines.inference.inference_job import run
+    from pipelines.inference.single_process import infer_files
 
     summary = run(spark, job_config(images, tmp_path / "int8", int8_dir), family=family)
     assert summary["counts"]["failed"] == 0 and summary["counts"]["done"] == summary["counts"]["inputs"]

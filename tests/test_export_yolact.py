@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from model_export.cli import main as export_main
-from pipelines.model_manifest import load_manifest
+from pipelines.inference.model_manifest import load_manifest
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.inference_job import JobFailed, run
-from pipelines.results_writer import read_table
-from pipelines.standalone_cluster import ClusterConfig, StandaloneCluster
+from pipelines.inference.inference_job import JobFailed, run
+from pipelines.results.results_writer import read_table
+from pipelines.spark.standalone_cluster import ClusterConfig, StandaloneCluster
 from pipelines.sweeps.event_log import find_event_log, parse_event_log
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import DEFAULT_MODEL_DIR as MODEL_DIR

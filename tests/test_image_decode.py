@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.image_decode import REASONS, ImageDecodeError, decode_image, decode_image_reduced, image_size
+from pipelines.ops.image_decode import REASONS, ImageDecodeError, decode_image, decode_image_reduced, image_size
 from tests.bad_inputs import (CMYK_QUADRANTS, LARGE_NAME, PALETTE_COLORS, build_bad_input_corpus, exif_pattern,
                               gray16_pattern, png_header_only)
 

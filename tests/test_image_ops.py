@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipelines.image_ops import bilinear_axis, bilinear_row_blocks, resize_bilinear
+from pipelines.ops.image_ops import bilinear_axis, bilinear_row_blocks, resize_bilinear
 
 
 def torch_resize(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:

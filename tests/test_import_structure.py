@@ -92,19 +92,19 @@ def test_cycle_finder_finds_a_cycle():
 
 def test_uris_is_the_bottom_layer():
     modules = project_modules()
-    assert imported_modules("pipelines.uris", modules["pipelines.uris"], modules) == set()
+    assert imported_modules("pipelines.io.uris", modules["pipelines.io.uris"], modules) == set()
 
 
 def test_azure_sdk_routing_is_spelled_once():
-    """The rule "az:// and abfs:// go through the Azure SDK" lives in pipelines.uris.store_of alone."""
+    """The rule "az:// and abfs:// go through the Azure SDK" lives in pipelines.io.uris.store_of alone."""
     spelled = [path.relative_to(REPO).as_posix() for path in project_modules().values()
                if '"az://", "abfs://"' in path.read_text(encoding="utf-8")
                or "('az://', 'abfs://')" in path.read_text(encoding="utf-8")]
     assert spelled == []
 
 
-EXECUTOR_MODULES = ("pipelines.image_inference", "pipelines.yolact_inference", "pipelines.detector_inference",
-                    "pipelines.video_inference", "pipelines.inference_tasks", "pipelines.mask_outputs")
+EXECUTOR_MODULES = ("pipelines.inference.image_inference", "pipelines.inference.yolact_inference", "pipelines.inference.detector_inference",
+                    "pipelines.inference.video_inference", "pipelines.inference.inference_tasks", "pipelines.ops.mask_outputs")
 
 
 def test_executor_task_imports_neither_torch_nor_pyspark():

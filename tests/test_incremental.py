@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.incremental import current_detections, current_errors, table_counts
-from pipelines.inference_job import run
-from pipelines.run_lock import (LOCK_NAME, AzureLockStore, HadoopLockStore, LocalLockStore, LockHeld, LockInfo,
+from pipelines.results.incremental import current_detections, current_errors, table_counts
+from pipelines.inference.inference_job import run
+from pipelines.io.run_lock import (LOCK_NAME, AzureLockStore, HadoopLockStore, LocalLockStore, LockHeld, LockInfo,
                                 LockSettings, RunLock, lock_store)
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import job_config
@@ -119,7 +119,7 @@ def test_run_refuses_a_held_output_and_breaks_the_lock_on_request(spark, tmp_pat
 HOLD_LOCK = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
-from pipelines.run_lock import RunLock
+from pipelines.io.run_lock import RunLock
 RunLock.acquire(sys.argv[1], "run-that-dies")
 print("held", flush=True)
 time.sleep(600)
@@ -203,7 +203,7 @@ def test_local_store_operations_are_conditional(tmp_path):
 
 
 def test_azure_lock_blob_is_created_only_when_absent_and_changed_only_by_etag(azurite):
-    from pipelines.azure_storage import AzureCredentials
+    from pipelines.io.azure_storage import AzureCredentials
 
     credentials = AzureCredentials(connection_string=azurite.connection_string)
     output = f"az://{azurite.create_container()}/out"

@@ -9,8 +9,8 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.inference_job import run
-from pipelines.mask_outputs import read_label_map_png
+from pipelines.inference.inference_job import run
+from pipelines.ops.mask_outputs import read_label_map_png
 from tests.conftest import SAMPLES
 from tests.fixtures_azurite import ACCOUNT_KEY
 from tests.job_helpers import job_config

@@ -10,11 +10,11 @@ import pytest
 from pyspark.sql import functions as F
 
 from pipelines.job_config import ConfigError, load_config
-from pipelines.mask_outputs import decode_rle, read_label_map_png
-from pipelines.model_manifest import ModelManifestError, load_manifest
-from pipelines.openvino_runtime import RuntimeSettings
-from pipelines.single_process import infer_files
-from pipelines.inference_job import run
+from pipelines.ops.mask_outputs import decode_rle, read_label_map_png
+from pipelines.inference.model_manifest import ModelManifestError, load_manifest
+from pipelines.inference.openvino_runtime import RuntimeSettings
+from pipelines.inference.single_process import infer_files
+from pipelines.inference.inference_job import run
 from tests.bad_inputs import build_bad_input_corpus
 from tests.job_helpers import DEFAULT_MODEL_DIR, JOB_RUNTIME, job_config, read_rows
 from tests.conftest import SAMPLES
@@ -125,7 +125,7 @@ def test_bad_input_corpus_every_file_accounted_for(spark, tmp_path):
 
 
 def test_partitions_are_balanced_whatever_the_layout(spark, tmp_path):
-    from pipelines.image_sources import assign_partitions, balanced, list_images
+    from pipelines.inference.image_sources import assign_partitions, balanced, list_images
 
     rng = np.random.default_rng(0)
     for i in range(1000):   # uneven nesting and sizes: most files in one deep directory
@@ -161,8 +161,8 @@ def test_bad_model_directory_fails_before_any_task(spark, sample_images, tmp_pat
 
 
 def test_executors_without_the_driver_filesystem_get_the_model_from_spark_files(spark, tmp_path):
-    from pipelines.image_inference import load_executor_model
-    from pipelines.inference_job import ship_model
+    from pipelines.inference.image_inference import load_executor_model
+    from pipelines.inference.inference_job import ship_model
 
     manifest = load_manifest(MODEL_DIR)
     staged = Path(ship_model(spark, manifest))
@@ -178,7 +178,7 @@ def test_executors_without_the_driver_filesystem_get_the_model_from_spark_files(
 
 
 def test_executors_refuse_a_model_whose_files_changed(tmp_path):
-    from pipelines.image_inference import load_executor_model
+    from pipelines.inference.image_inference import load_executor_model
 
     copy = tmp_path / "model"
     shutil.copytree(MODEL_DIR, copy)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.inference_job import run
+from pipelines.inference.inference_job import run
 from tests.conftest import SAMPLES
 from tests.job_helpers import job_config, read_rows
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipelines.spark_session import warn_unknown_spark_settings
+from pipelines.spark.spark_session import warn_unknown_spark_settings
 from tests.conftest import REPO, SAMPLES
 
 # The job CLI in a fresh process, then whether that process ever started a JVM (py4j gateway).
@@ -65,7 +65,7 @@ def test_negative_partitions_are_refused(tmp_path):
 
 
 def test_settings_spark_does_not_know_are_warned_about(spark, caplog):
-    with caplog.at_level(logging.WARNING, logger="pipelines.spark_session"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.spark.spark_session"):
         unknown = warn_unknown_spark_settings(spark, {"spark.foo.bar": "1", "spark.executor.cores": "1",
                                                       "spark.sql.shuffle.partitions": "4",
                                                       "spark.hadoop.fs.s3a.endpoint": "x"})

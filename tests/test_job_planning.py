@@ -5,10 +5,10 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from pipelines import image_sources as src
-from pipelines.inference_job import bytes_fetcher, index_todo, plan_job, run, todo_listing, wave_images
-from pipelines.model_manifest import load_manifest
-from pipelines.video_sources import image_units
+from pipelines.inference import image_sources as src
+from pipelines.inference.inference_job import bytes_fetcher, index_todo, plan_job, run, todo_listing, wave_images
+from pipelines.inference.model_manifest import load_manifest
+from pipelines.inference.video_sources import image_units
 from tests.job_helpers import DEFAULT_MODEL_DIR, job_config
 from tests.test_incremental import write_image
 

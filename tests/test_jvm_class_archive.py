@@ -1,4 +1,4 @@
-"""The driver JVM's class-data-sharing archive (pipelines.jvm_class_archive): built once per env, mapped by every JVM
+"""The driver JVM's class-data-sharing archive (pipelines.spark.jvm_class_archive): built once per env, mapped by every JVM
 a job starts, never used when it belongs to another java or pyspark."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 MAPPED_BY_A_JOB_JVM = """
 import json, sys
 from pathlib import Path
-from pipelines.spark_session import local_session
+from pipelines.spark.spark_session import local_session
 spark = local_session("archive-check", "local[1]")
 pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
 maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
@@ -25,7 +25,7 @@ print(json.dumps(sorted({line.split()[-1] for line in maps if len(line.split()) 
 
 
 def test_a_jvm_the_job_starts_maps_this_envs_class_archive():
-    build = subprocess.run([sys.executable, "-m", "pipelines.jvm_class_archive_build", "--if-missing"], cwd=REPO,
+    build = subprocess.run([sys.executable, "-m", "pipelines.spark.jvm_class_archive_build", "--if-missing"], cwd=REPO,
                            capture_output=True, text=True, timeout=900)
     assert build.returncode == 0, build.stderr[-3000:]
     archive = build.stdout.strip().splitlines()[-1]
@@ -39,7 +39,7 @@ def test_a_jvm_the_job_starts_maps_this_envs_class_archive():
 def test_an_archive_of_another_java_is_never_used(tmp_path, monkeypatch):
     """The archive's name hashes the java binary (and pyspark's jars): another JDK finds no archive and the JVM starts
     with its defaults, instead of being handed a stale archive."""
-    from pipelines import jvm_class_archive
+    from pipelines.spark import jvm_class_archive
 
     real_java = jvm_class_archive.java_binary()
     assert real_java is not None
@@ -56,8 +56,8 @@ def test_an_archive_of_another_java_is_never_used(tmp_path, monkeypatch):
 
 
 def test_callers_own_cds_and_jit_flags_win():
-    from pipelines.jvm_class_archive import QUICK_START_JIT
-    from pipelines.spark_session import quick_start_options
+    from pipelines.spark.jvm_class_archive import QUICK_START_JIT
+    from pipelines.spark.spark_session import quick_start_options
 
     conf = {"spark.driver.extraJavaOptions": "-Xshare:off -XX:+TieredCompilation"}
     assert quick_start_options(conf) == conf

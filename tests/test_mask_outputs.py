@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 from pycocotools import mask as coco_mask
 
-from pipelines.mask_outputs import (LabelMapBuilder, decode_rle, encode_rle, label_map, label_map_png,
+from pipelines.ops.mask_outputs import (LabelMapBuilder, decode_rle, encode_rle, label_map, label_map_png,
                                     read_label_map_png, rle_area)
 
 

@@ -9,7 +9,7 @@ from urllib.parse import unquote_to_bytes
 
 import pytest
 
-from pipelines.output_paths import (EXTERNAL_DIR, MAX_COMPONENT_CHARS, encode_component, mask_output_path,
+from pipelines.io.output_paths import (EXTERNAL_DIR, MAX_COMPONENT_CHARS, encode_component, mask_output_path,
                                     qualify_root, relative_key)
 
 ROOT = "file:/data/in"

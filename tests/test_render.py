@@ -1,4 +1,4 @@
-"""pipelines.render draws what detections/ says: a hand-made detection's overlay paints exactly its mask's pixels,
+"""pipelines.report.render draws what detections/ says: a hand-made detection's overlay paints exactly its mask's pixels,
 overlaps go to the higher score, boxes and tags stay on the box; failed images are named (CLI summary, report)."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from pipelines import render
+from pipelines.report import render
 from pipelines.job_cli import print_summary
-from pipelines.mask_outputs import encode_rle
+from pipelines.ops.mask_outputs import encode_rle
 from pipelines.report import overlays as ov
 from pipelines.report.tables import read_output
 

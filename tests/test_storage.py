@@ -1,4 +1,4 @@
-"""pipelines.storage: URI helpers, atomic writes and listing on local disk and through fsspec (memory://)."""
+"""pipelines.io.storage: URI helpers, atomic writes and listing on local disk and through fsspec (memory://)."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,8 @@ import uuid
 import fsspec
 import pytest
 
-from pipelines import storage
-from pipelines.storage import (exists, is_local, join_uri, list_files, read_bytes, to_local_path, to_spark_uri,
+from pipelines.io import storage
+from pipelines.io.storage import (exists, is_local, join_uri, list_files, read_bytes, to_local_path, to_spark_uri,
                                write_bytes_atomic)
 
 
@@ -162,7 +162,7 @@ def test_normalize_extensions():
 
 
 def test_one_routing_rule_for_every_store():
-    from pipelines.uris import store_of
+    from pipelines.io.uris import store_of
 
     routes = {"/data/x.jpg": "local", "data/x.jpg": "local", "file:/a b/x.jpg": "local", "file:///d": "local",
               "az://c/p": "azure_sdk", "AZ://c/p": "azure_sdk", "abfs://c@a.dfs.core.windows.net/p": "azure_sdk",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from pipelines.incremental import table_counts
-from pipelines.inference_job import run
-from pipelines.table_index import INDEX_NAME
+from pipelines.results.incremental import table_counts
+from pipelines.inference.inference_job import run
+from pipelines.results.table_index import INDEX_NAME
 from tests.job_helpers import job_config
 from tests.test_incremental import write_image
 

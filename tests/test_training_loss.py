@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from pipelines.training.boxes import encode, jaccard, match, point_form
 from pipelines.training.sampler import GlobalBatchSampler
 from pipelines.training.yolact_loss import LossConfig, Normalizer, Targets, YolactLoss, hard_negatives
-from pipelines.yolact_postprocess import decode_boxes
+from pipelines.ops.yolact_postprocess import decode_boxes
 
 
 def square_prior(cx: float, cy: float, side: float) -> list[float]:

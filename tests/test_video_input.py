@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines import image_sources as src
+from pipelines.inference import image_sources as src
 from pipelines.datasets.synthetic_roads import RoadSceneConfig, render_scene
-from pipelines.incremental import current_detections
-from pipelines.inference_job import plan_job, run, work_units
+from pipelines.results.incremental import current_detections
+from pipelines.inference.inference_job import plan_job, run, work_units
 from pipelines.job_cli import build_config, parse_args
-from pipelines.results_writer import FRAME_COLUMNS, done_keys, read_table
-from pipelines.video_sources import VideoSettings
+from pipelines.results.results_writer import FRAME_COLUMNS, done_keys, read_table
+from pipelines.inference.video_sources import VideoSettings
 from tests.job_helpers import job_config, read_rows
 from tests.test_faults import start_job, wait_for
 

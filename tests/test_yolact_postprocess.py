@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from pipelines.image_ops import resize_bilinear
-from pipelines.yolact_postprocess import (
+from pipelines.ops.image_ops import resize_bilinear
+from pipelines.ops.yolact_postprocess import (
     Detections, assemble_masks, box_pixels, crop_masks, decode_boxes, detect, instance_masks, make_priors,
     mask_probabilities, postprocess,
 )

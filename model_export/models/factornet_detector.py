@@ -12,7 +12,7 @@ channels. Widths, depths and the input size come from a `DetectorConfig`; an FPN
 
 Preprocessing: torchvision's GeneralizedRCNNTransform is configured with `fixed_size` (a plain bilinear resize to
 the config's input size, aspect ratio not kept) and ImageNet mean/std on 0-1 RGB. The exported graph
-(`DetectorNetwork`) starts after it: resize and normalize are done by our preprocessing (`pipelines.preprocess`,
+(`DetectorNetwork`) starts after it: resize and normalize are done by our preprocessing (`pipelines.ops.preprocess`,
 from the manifest's input spec: mean/std times 255 on 0-255 RGB), and boxes come out in network-input pixels
 (the caller scales them to the original image).
 """

@@ -2,7 +2,7 @@
 
 Facts (layouts, key names, formulas) follow /work/shared/yolact/SPEC.md; the code is our own. The graph ends at the
 heads: `forward` returns raw per-prior outputs and Detect / mask assembly run outside, in numpy
-(`pipelines.yolact_postprocess`), for the Spark job and the PyTorch eval path alike.
+(`pipelines.ops.yolact_postprocess`), for the Spark job and the PyTorch eval path alike.
 
     cfg = get_config("yolact_resnet50")
     model = Yolact(cfg).eval()
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model_export.models.backbones import DarkNetBackbone, ResNetBackbone, stride2_size
-from pipelines.yolact_postprocess import make_priors
+from pipelines.ops.yolact_postprocess import make_priors
 
 COCO_CLASSES = (
     "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",

@@ -1,1 +1,1 @@
-"""Report helpers for pipelines.render: output tables without Spark, overlays, plots, the HTML page."""
+"""Report helpers for pipelines.report.render: output tables without Spark, overlays, plots, the HTML page."""

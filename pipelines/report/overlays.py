@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from pipelines.mask_outputs import decode_rle
+from pipelines.ops.mask_outputs import decode_rle
 
 # Distinct, saturated colours (instance k gets PALETTE[k % len]); tinted at ALPHA over the image.
 PALETTE = np.array([
@@ -86,9 +86,9 @@ def draw_overlay(image: np.ndarray, instances: list[dict] | None, score_threshol
 
 
 def load_rgb(path) -> np.ndarray:
-    """The image as the job decoded it (pipelines.image_decode: EXIF orientation applied, any mode -> RGB):
+    """The image as the job decoded it (pipelines.ops.image_decode: EXIF orientation applied, any mode -> RGB):
     uint8 RGB [H, W, 3], the pixels its masks refer to."""
-    from pipelines.image_decode import decode_image
+    from pipelines.ops.image_decode import decode_image
 
     with open(path, "rb") as handle:
         return decode_image(handle.read(), str(path), max_pixels=1 << 31)

@@ -102,7 +102,7 @@ def _overall_table(overall: dict) -> str:
 def evaluation_section(evaluation: dict | None) -> str:
     if not evaluation:
         return ("<p class=muted>Not evaluated. With COCO annotations of (some of) the input images: "
-                "<code>python -m pipelines.evaluate --output OUT --annotations COCO.json</code></p>")
+                "<code>python -m pipelines.results.evaluate --output OUT --annotations COCO.json</code></p>")
     overall = evaluation.get("overall", {})
     parts = [f"<p>{evaluation.get('images')} annotated images of <code>{escape(str(evaluation.get('annotations')))}"
              f"</code>, {evaluation.get('results')} detections (COCO AP@[.5:.95] with pycocotools).</p>",
@@ -131,7 +131,7 @@ def errors_section(errors: list[dict]) -> str:
 
 def gallery_section(index: dict | None) -> str:
     if not index or not index.get("images"):
-        return "<p class=muted>No overlays (python -m pipelines.render --output OUT draws them).</p>"
+        return "<p class=muted>No overlays (python -m pipelines.report.render --output OUT draws them).</p>"
     entries = index["images"]
     classes = sorted({c for e in entries for c in e["classes"]})
     buttons = "".join(f'<button type=button data-name="{escape(c)}" onclick="filterGallery(this.dataset.name)">'
@@ -158,7 +158,7 @@ def report_html(summary: dict | None, counts: dict, threshold: float, plots: lis
     title = f"sparkseg report: {summary.get('run_id') if summary else 'output'}"
     return f"""<!DOCTYPE html>
 <html lang=en><head><meta charset=utf-8><title>{escape(title)}</title><style>{STYLE}</style></head><body>
-<h1>{escape(title)}</h1><p class=muted>written {when} by python -m pipelines.render</p>
+<h1>{escape(title)}</h1><p class=muted>written {when} by python -m pipelines.report.render</p>
 <h2 id=summary>Run summary</h2>{summary_section(summary)}
 <h2 id=classes>Classes</h2>{classes_section(counts, threshold, plots)}
 <h2 id=evaluation>Evaluation against ground truth</h2>{evaluation_section(evaluation)}

@@ -1,7 +1,7 @@
 """A job's output read without Spark (pyarrow only): summary.json, and the CURRENT rows of detections/ and errors/.
 
 The current record of a path is the newest run's (run ids start with the UTC start time; ties go to the newer image
-modification time), the rule `pipelines.incremental` applies with Spark. A path whose current record is an error is
+modification time), the rule `pipelines.results.incremental` applies with Spark. A path whose current record is an error is
 in `errors` only. Only local outputs (a path or file:/) are read: download others first (`hdfs dfs -get`, `azcopy`).
 
     output = read_output("output")   # OutputTables: summary, detections and errors (lists of dicts, by path)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from pycocotools import mask as mask_utils
 
-from pipelines.image_decode import decode_image
+from pipelines.ops.image_decode import decode_image
 from pipelines.training import photometric
 from pipelines.training.augment import AugmentConfig, Sample, augment, to_network_input
 from pipelines.training.yolact_loss import PackedTargets, Targets

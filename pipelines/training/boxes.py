@@ -1,7 +1,7 @@
 """Box arithmetic and SSD prior matching in torch, for the YOLACT loss (facts: dbolya/yolact layers/box_utils.py).
 
 Boxes are relative to the network input: point form ``(x1, y1, x2, y2)`` or center-size ``(cx, cy, w, h)``.
-The numpy decode used at inference lives in ``pipelines.yolact_postprocess`` (VARIANCES are shared from there).
+The numpy decode used at inference lives in ``pipelines.ops.yolact_postprocess`` (VARIANCES are shared from there).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipelines.yolact_postprocess import VARIANCES
+from pipelines.ops.yolact_postprocess import VARIANCES
 
 
 def point_form(boxes: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,12 @@
-"""The detector's validation in PyTorch: COCO box AP (pycocotools, through `pipelines.evaluate`) of torchvision's
+"""The detector's validation in PyTorch: COCO box AP (pycocotools, through `pipelines.results.evaluate`) of torchvision's
 eval-mode detections on the prepared val split, at the original image size.
 """
 from __future__ import annotations
 
 import torch
 
-from pipelines import storage
-from pipelines.evaluate import ap_report, load_ground_truth, subset_ground_truth
+from pipelines.io import storage
+from pipelines.results.evaluate import ap_report, load_ground_truth, subset_ground_truth
 from pipelines.training.detector_step import make_detector_batch
 from pipelines.training.evaluate import EvalSpec
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from model_export.models.factornet_detector import IMAGENET_MEAN
-from pipelines.image_decode import decode_image
+from pipelines.ops.image_decode import decode_image
 from pipelines.training.augment import AugmentConfig, Sample, augment
 from pipelines.training.batches import sample_seed
 

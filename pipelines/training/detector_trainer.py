@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from model_export.models.factornet_detector import FactorNetDetector, get_detector_config
-from pipelines import storage
+from pipelines.io import storage
 from pipelines.training import checkpoints as ckpt
 from pipelines.training.detector_config import DetectorTrainConfig, load_detector_train_config
 from pipelines.training.detector_evaluate import DetectorEvalSpec, evaluate_detector
@@ -162,7 +162,7 @@ def detector_train_worker(config: dict) -> dict | None:
 
 def train_from_folder(cfg: DetectorTrainConfig) -> dict:
     """One process, no Spark: every annotated image of data.images / data.annotations trains; no val split
-    (evaluate the export with jobs/infer_detector.py and pipelines.evaluate)."""
+    (evaluate the export with jobs/infer_detector.py and pipelines.results.evaluate)."""
     torch.set_num_threads(cfg.distributed.threads_per_process)
     if cfg.distributed.strategy != "local":
         raise SystemExit("error: training from a folder runs strategy local (one process); use "

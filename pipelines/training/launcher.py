@@ -18,7 +18,7 @@ from typing import Callable
 
 from pyspark.sql import SparkSession
 
-from pipelines import storage
+from pipelines.io import storage
 from pipelines.training import tracking
 from pipelines.training.config import TrainConfig
 from pipelines.training.devices import (GpuUnavailableError, cuda_available, local_gpu_conf, parse_use_gpu,
@@ -145,7 +145,7 @@ def ship_packages(spark: SparkSession) -> None:
     import shutil
     import tempfile
 
-    from pipelines.spark_session import ship_library
+    from pipelines.spark.spark_session import ship_library
 
     ship_library(spark)
     if spark.conf.get("spark.sparkseg.modelExportShipped", "false") == "true":

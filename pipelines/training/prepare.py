@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines import storage
+from pipelines.io import storage
 from pipelines.datasets import coco_to_dataset, dataset_to_coco, split_train_val
 from pipelines.datasets.schema import Dataset
 from pipelines.training.shard_rows import image_rows as _rows
@@ -135,7 +135,7 @@ def _check_images(spark: SparkSession, annotated: DataFrame, images_uri: str) ->
     """Join the image bytes and give each row a skip reason (NULL when usable)."""
     root = storage.to_spark_uri(images_uri).rstrip("/")
     files = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(root)
-    from pipelines.output_paths import qualify_root
+    from pipelines.io.output_paths import qualify_root
 
     qualified = qualify_root(spark, root).rstrip("/") + "/"
     files = files.select(F.expr(f"substring(path, {len(qualified) + 1})").alias("file_name"),
@@ -145,7 +145,7 @@ def _check_images(spark: SparkSession, annotated: DataFrame, images_uri: str) ->
 
 
 def _classify_batches(batches):
-    from pipelines.image_decode import ImageDecodeError, decode_image
+    from pipelines.ops.image_decode import ImageDecodeError, decode_image
 
     for frame in batches:
         reasons, messages = [], []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.parquet as pq
 
-from pipelines import storage
+from pipelines.io import storage
 
 ROW_COLUMNS = ("image_id", "file_name", "width", "height", "image", "labels", "boxes", "rles")
 

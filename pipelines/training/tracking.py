@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from pipelines import storage
+from pipelines.io import storage
 
 CURVES_PNG = "loss_curves.png"
 AP_PNG = "val_ap.png"

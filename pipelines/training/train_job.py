@@ -59,7 +59,7 @@ def run_train_job(args: argparse.Namespace, load_config: Callable, config_errors
     except config_errors as err:
         print(f"error: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 2)
-    from pipelines.spark_session import job_session
+    from pipelines.spark.spark_session import job_session
     from pipelines.training.launcher import session_conf
 
     spark = job_session({"master": cfg.spark.master, "app_name": cfg.spark.app_name, "conf": session_conf(cfg)})

@@ -34,7 +34,7 @@ from pipelines.training.shards import ShardIndex
 from pipelines.training.strategies import make_runner
 from pipelines.training.topology import Topology, all_reduce_sum, make_topology
 from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, num_positives
-from pipelines import storage
+from pipelines.io import storage
 
 LOG = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ def make_int8_model(source: Path, out: Path, calibration: list, calibration_note
     quantize.decode_all gives; `ignored_patterns`: the family's ignored scope, e.g. the detector's) and the manifest
     `--precision int8` writes."""
     from model_export import quantize
-    from pipelines.model_manifest import load_manifest, write_manifest
+    from pipelines.inference.model_manifest import load_manifest, write_manifest
 
     if out.exists():
         shutil.rmtree(out)
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     parser.add_argument("--calibration-count", type=int, default=64)
     args = parser.parse_args(argv)
     from model_export.detector_export import INT8_IGNORED_SCOPE
-    from pipelines.model_manifest import load_manifest
+    from pipelines.inference.model_manifest import load_manifest
 
     ignored = INT8_IGNORED_SCOPE if load_manifest(args.source).model == "detector" else ()   # as the export does
     calibration = synthetic_calibration(args.calibration_count)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines import yolact_postprocess as yp
-from pipelines.detector_inference import DetectorInference
-from pipelines.image_decode import decode_image
-from pipelines.image_inference import ExecutorModel, timed
-from pipelines.yolact_inference import YolactInference
+from pipelines.ops import yolact_postprocess as yp
+from pipelines.inference.detector_inference import DetectorInference
+from pipelines.ops.image_decode import decode_image
+from pipelines.inference.image_inference import ExecutorModel, timed
+from pipelines.inference.yolact_inference import YolactInference
 from tests import reference_postprocess as ref
 
 

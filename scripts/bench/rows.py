@@ -30,7 +30,7 @@ ROW_NAMES = {
     "ceiling": "benchmark_app on the IR (ceiling, model only)",
     "torch": "PyTorch eager, one process (YOLACT Original)",
     "onnxruntime": "ONNX Runtime, one process",
-    "openvino": "OpenVINO, one process (pipelines/single_process.py)",
+    "openvino": "OpenVINO, one process (pipelines/inference/single_process.py)",
     "spark_native": "Spark job, native engine, local[2]",
     "spark_udf": "Spark predict_batch_udf + OpenVINO, default settings, local[2]",
     "bigdl": "Spark job, BigDL engine, local[2]",

@@ -1,6 +1,6 @@
 """One-process bench rows: the job's per-image code (read, decode + preprocess, infer, YOLACT postprocess with RLE
-masks; pipelines.yolact_inference) without Spark, with the inference done by PyTorch eager (the paper's "YOLACT
-Original": the model module run one image at a time), ONNX Runtime, or OpenVINO (pipelines/single_process.py).
+masks; pipelines.inference.yolact_inference) without Spark, with the inference done by PyTorch eager (the paper's "YOLACT
+Original": the model module run one image at a time), ONNX Runtime, or OpenVINO (pipelines/inference/single_process.py).
 
     python scripts/bench/single_process.py --engine torch|onnxruntime|openvino --precision f32|bf16 \
         --model EXPORT_DIR --images DIR [--threads 2] [--batch-size 8]
@@ -22,11 +22,11 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from pipelines.image_inference import ExecutorModel  # noqa: E402
-from pipelines.model_manifest import load_manifest  # noqa: E402
-from pipelines.openvino_runtime import RuntimeSettings  # noqa: E402
-from pipelines.single_process import infer_files  # noqa: E402
-from pipelines.yolact_inference import YolactInference  # noqa: E402
+from pipelines.inference.image_inference import ExecutorModel  # noqa: E402
+from pipelines.inference.model_manifest import load_manifest  # noqa: E402
+from pipelines.inference.openvino_runtime import RuntimeSettings  # noqa: E402
+from pipelines.inference.single_process import infer_files  # noqa: E402
+from pipelines.inference.yolact_inference import YolactInference  # noqa: E402
 
 
 NO_OUTPUT = "/nonexistent-sparkseg-bench-output"   # masks="rle": nothing is written
@@ -95,7 +95,7 @@ class FixedModelInference(YolactInference):
 def build_runner(engine: str, model_dir: str, precision: str, threads: int, streams: int, input_root: str):
     """(run(paths) -> result rows, settings). The model is loaded here, outside the timed loop."""
     manifest = load_manifest(model_dir, verify=True)
-    if engine == "openvino":   # exactly pipelines/single_process.py; its compiled model stays cached in-process
+    if engine == "openvino":   # exactly pipelines/inference/single_process.py; its compiled model stays cached in-process
         settings = RuntimeSettings(precision=precision, threads=threads, streams=streams)
 
         def run_openvino(paths: list[Path], batch_size: int) -> list[dict]:

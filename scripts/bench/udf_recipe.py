@@ -30,7 +30,7 @@ def run(model_dir, images, out, master, precision, batch_size):
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from pipelines.model_manifest import load_manifest
+    from pipelines.inference.model_manifest import load_manifest
 
     manifest = load_manifest(model_dir, verify=True)
     spec, post, classes = manifest.input, manifest.postprocess, tuple(manifest.class_names)
@@ -50,8 +50,8 @@ def run(model_dir, images, out, master, precision, batch_size):
 
     @F.pandas_udf("struct<width:int, height:int, tensor:array<float>>")
     def preprocess(content: pd.Series) -> pd.DataFrame:
-        from pipelines.image_decode import decode_image
-        from pipelines.preprocess import preprocess_rgb
+        from pipelines.ops.image_decode import decode_image
+        from pipelines.ops.preprocess import preprocess_rgb
 
         out = {"width": [], "height": [], "tensor": []}
         for data in content:
@@ -79,9 +79,9 @@ def run(model_dir, images, out, master, precision, batch_size):
 
     @F.pandas_udf("string")
     def postprocess(outputs: pd.DataFrame, widths: pd.Series, heights: pd.Series) -> pd.Series:
-        from pipelines.image_inference import ExecutorModel
-        from pipelines.openvino_runtime import RuntimeSettings
-        from pipelines.yolact_inference import YolactInference
+        from pipelines.inference.image_inference import ExecutorModel
+        from pipelines.inference.openvino_runtime import RuntimeSettings
+        from pipelines.inference.yolact_inference import YolactInference
 
         task = YolactInference(model_dir=model_dir, model_sha256="", class_names=classes, input_spec=spec,
                                postprocess=post, settings=RuntimeSettings(), output_uri="", input_root="",

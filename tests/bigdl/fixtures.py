@@ -16,7 +16,7 @@ def bigdl_log(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def bigdl_spark(bigdl_log):
-    from pipelines.bigdl_engine import bigdl_python_env
+    from pipelines.engines.bigdl_engine import bigdl_python_env
 
     session = bigdl_python_env(master="local[2]", app_name="sparkseg-bigdl-tests", log_path=str(bigdl_log))
     yield session

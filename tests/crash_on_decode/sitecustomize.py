@@ -10,7 +10,7 @@ import os
 
 _NEEDLE = os.environ.get("SPARKSEG_CRASH_ON")
 if _NEEDLE:
-    import pipelines.image_decode as _image_decode
+    import pipelines.ops.image_decode as _image_decode
 
     _real_decode_image = _image_decode.decode_image
 

@@ -1,0 +1,127 @@
+"""The bigdl engine as a transform with the native engine's contract: wave DataFrame in, RESULT_SCHEMA rows out,
+so the writers, resume and summary are shared.
+
+The paper's stages, with BigDL's own classes (pipelines.engines.bigdl_engine):
+  image bytes -> decode on executors (our decoder: EXIF, CMYK, 16-bit...; failures become error rows)
+  -> Spark image struct (BGR) -> DLlib ChainedPreprocessing through NNModel (resize, channel normalize, to tensor)
+  -> Orca Estimator.from_openvino predict (the IR broadcast to every worker)
+  -> the family's postprocess (the same numpy code as the native engine) -> masks written, rows out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark import StorageLevel
+from pyspark.sql import functions as F
+
+from pipelines.inference.executor_cache import LazyModel
+from pipelines.ops.image_decode import decode_image
+from pipelines.results.result_rows import FRAME_COLUMNS
+from pipelines.inference.image_inference import (INSTANCES_TYPE, RESULT_COLUMNS, RESULT_SCHEMA, ImageInference,
+                                       fail, load_executor_model, new_row, timed)
+
+DECODED_SCHEMA = (
+    "path string, size long, modification_time timestamp, height int, width int, "
+    "image struct<origin:string, height:int, width:int, nChannels:int, mode:int, data:binary>, "
+    "error_stage string, error_type string, error_message string, "
+    "timings struct<read_s:double, preprocess_s:double, infer_s:double, postprocess_s:double, write_s:double>"
+)
+CV_8UC3 = 16
+
+
+@dataclass(frozen=True)
+class DecodeForBigDL:
+    """mapInPandas: bytes -> Spark's image struct for BigDL's RowToImageFeature, or an error row."""
+
+    task: ImageInference
+
+    def __call__(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        guard = self.task.crash_guard.for_task() if self.task.crash_guard is not None else None
+        for batch in batches:
+            out = []
+            for record in batch.itertuples(index=False):
+                row = new_row(record)
+                row.update(image=None)
+                try:
+                    with timed(row, "read"):
+                        data = record.content if "content" in batch.columns else None
+                        if data is None and self.task.fetch_bytes is not None:
+                            data = self.task.fetch_bytes(record.path)
+                    with timed(row, "preprocess"):
+                        if guard is not None:
+                            guard.check(record.path)
+                        rgb = decode_image(bytes(data), record.path, self.task.max_image_pixels)
+                        height, width = int(rgb.shape[0]), int(rgb.shape[1])
+                        # BigDL wraps `data` in an OpenCV Mat as it is: CV_8UC3 means BGR order.
+                        row.update(height=height, width=width, image={
+                            "origin": record.path, "height": height, "width": width, "nChannels": 3,
+                            "mode": CV_8UC3, "data": np.ascontiguousarray(rgb[..., ::-1]).tobytes()})
+                except Exception as err:  # noqa: BLE001  (every failure becomes an error row)
+                    fail(row, err)
+                out.append(row)
+            yield pd.DataFrame(out, columns=DECODED_COLUMNS)
+        if guard is not None:
+            guard.done()
+
+
+DECODED_COLUMNS = ["path", "size", "modification_time", "height", "width", "image", "error_stage", "error_type",
+                   "error_message", "timings"]
+
+
+@dataclass(frozen=True)
+class PostprocessRaw:
+    """mapInPandas: the IR's flat outputs (one array<float> column per output) -> result rows."""
+
+    task: ImageInference
+    output_shapes: dict      # tensor name -> shape without the batch axis
+
+    def __call__(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        task = self.task
+        model = LazyModel((task.model_sha256, "arrays"),
+                          lambda: load_executor_model(task.model_dir, task.model_sha256, None))()
+        names = model.manifest.outputs
+        for batch in batches:
+            rows = []
+            for record in batch.itertuples(index=False):
+                row = new_row(record)
+                row.update(width=int(record.width), height=int(record.height), timings=dict(record.timings))
+                try:
+                    raw = {role: np.asarray(getattr(record, name), dtype=np.float32).reshape(self.output_shapes[name])
+                           for role, name in names.items()}
+                    task.postprocess_one(row, raw, model)
+                    row["status"] = "ok"
+                except Exception as err:  # noqa: BLE001
+                    fail(row, err, stage="postprocess")
+                rows.append(row)
+            if task.progress is not None:
+                task.progress.add(len(rows))
+            yield pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def bigdl_results(wave: DataFrame, task: ImageInference, manifest,
+                  precision: str) -> tuple[DataFrame, list[DataFrame]]:
+    """The wave's images through BigDL preprocessing and Orca's OpenVINO Estimator: (RESULT_SCHEMA rows, the
+    frames persisted for them: unpersist those once the rows are written). `decoded` feeds two branches (images,
+    error rows): persisted, each image is decoded once; bigdl_predict persists its own input (see there)."""
+    from pipelines.engines.bigdl_engine import bigdl_predict, bigdl_preprocess, ir_outputs
+
+    decoded = wave.mapInPandas(DecodeForBigDL(task), DECODED_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
+    failed = (decoded.where("image IS NULL")
+              .select("path", F.lit("error").alias("status"), "width", "height",
+                      F.lit(None).cast(INSTANCES_TYPE).alias("instances"),
+                      F.lit(None).cast("string").alias("mask_path"), "error_stage", "error_type", "error_message",
+                      "size", "modification_time",
+                      *[F.lit(None).cast(kind).alias(name) for name, kind in FRAME_COLUMNS.items()], "timings"))
+    images = decoded.where("image IS NOT NULL").select("path", "size", "modification_time", "height", "width",
+                                                       "timings", "image")
+    height, width = manifest.input_size
+    chw = bigdl_preprocess(images, (height, width), tuple(manifest.input["mean"]), tuple(manifest.input["std"]))
+    xml = manifest.path("ir_xml")
+    raw, nested_input = bigdl_predict(chw, xml, precision=precision)
+    shapes = {name: shape[1:] for name, _, shape in ir_outputs(xml)}
+    done = raw.mapInPandas(PostprocessRaw(task, shapes), RESULT_SCHEMA)
+    return done.unionByName(failed), [decoded, nested_input]

@@ -1,0 +1,72 @@
+"""Poison images: an image that crashes its Python worker (a decoder segfault, an abort in a native library) kills
+the whole task, and Spark's retries would crash on it again until the job fails. The guard makes the retries
+smarter.
+
+Before the risky per-image work a task records "in flight: <path>" in a marker for its (scope, partition, attempt)
+on shared storage, and clears it when the task ends normally. A retried task first reads the markers its earlier
+attempts left behind: an image that was in flight when `threshold` attempts died is not touched again and becomes
+an error row ("PoisonImage") instead, so the task, and the job, go on.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+from pipelines.io.storage import join_uri
+
+MARKER_DIR = "_sparkseg_attempts"
+
+
+class PoisonImage(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class CrashGuard:
+    """scope: a URI prefix unique to the run and wave, e.g. <output>/_sparkseg_attempts/<run>-w00001."""
+
+    scope: str
+    threshold: int = 2
+    azure_credentials: object = None
+
+    def for_task(self) -> "TaskCrashGuard":
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition, attempt = (context.partitionId(), context.attemptNumber()) if context else (0, 0)
+        return TaskCrashGuard(self, join_uri(self.scope, f"p{partition:05d}"), attempt)
+
+
+class TaskCrashGuard:
+    def __init__(self, guard: CrashGuard, directory: str, attempt: int) -> None:
+        self.guard = guard
+        self.marker = join_uri(directory, f"attempt-{attempt:03d}")
+        self.crashes = collections.Counter(self._read_earlier(directory, attempt))
+
+    def _read_earlier(self, directory: str, attempt: int) -> list[str]:
+        from pipelines.io.storage import exists, read_bytes
+
+        paths = []
+        for earlier in range(attempt):
+            uri = join_uri(directory, f"attempt-{earlier:03d}")
+            if exists(uri, azure_credentials=self.guard.azure_credentials):
+                text = read_bytes(uri, azure_credentials=self.guard.azure_credentials).decode()
+                paths.extend(line for line in text.splitlines() if line)
+        return paths
+
+    def check(self, path: str) -> None:
+        """Raise PoisonImage if `path` was in flight when `threshold` earlier attempts died; else mark it."""
+        crashes = self.crashes.get(path, 0)
+        if crashes >= self.guard.threshold:
+            raise PoisonImage(f"{path}: crashed its Python worker in {crashes} task attempts; skipped so the job can "
+                              "go on. Check the file (a decoder bug or a malicious image) and remove or re-encode it")
+        self._write(path)
+
+    def done(self) -> None:
+        """The task ends normally: nothing of it is in flight."""
+        self._write("")
+
+    def _write(self, text: str) -> None:
+        from pipelines.io.storage import write_bytes_atomic
+
+        write_bytes_atomic(self.marker, text.encode(), azure_credentials=self.guard.azure_credentials)

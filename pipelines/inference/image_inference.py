@@ -1,0 +1,196 @@
+"""Transform: DataFrame of images (path, size, modification_time, content?) -> DataFrame of results, one row per
+image, `status` "ok" (instances) or "error" (stage, type, message). Runs on executors with numpy, Pillow and
+OpenVINO only. Model families (YOLACT, the detector) subclass `ImageInference` and implement `postprocess_one`.
+
+Per image: read (content column, or fetched from Azure on the executor) -> decode -> preprocess -> infer (batched)
+-> postprocess -> (optional) PNG label map under masks/. A failure at any stage becomes an error row for that image;
+the rest of the batch goes on.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from pipelines.inference.executor_cache import LazyModel
+from pipelines.ops.image_decode import decode_image, decode_image_reduced
+from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
+from pipelines.ops.preprocess import preprocess_rgb
+from pipelines.results.result_rows import (INSTANCES_TYPE, MAX_MESSAGE, RESULT_COLUMNS, RESULT_SCHEMA,  # noqa: F401
+                                   STAGES, fail, new_row, timed)   # (re-exported: the families and tests use them)
+from pipelines.inference.video_inference import is_segment, segment_rows
+
+MASK_OUTPUTS = ("rle_and_png", "rle", "none")   # output.masks: RLE + PNG label map | RLE only | boxes only
+
+
+@dataclass
+class ExecutorModel:
+    """What an executor loads once per model hash: the verified manifest, the compiled IR and the model's extra
+    arrays (YOLACT's priors)."""
+
+    manifest: object
+    ir: CompiledIR | None          # None where another runtime runs the IR (the bigdl engine)
+    arrays: dict
+
+
+def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeSettings | None) -> ExecutorModel:
+    """Resolve the shipped model directory, verify every file against the manifest (again, on the executor) and
+    compile it (settings None: verify and load the arrays only)."""
+    from pipelines.inference.model_manifest import ModelManifestError, load_manifest
+
+    local_dir = model_dir
+    if not os.path.isdir(local_dir):
+        from pyspark import SparkFiles
+
+        local_dir = SparkFiles.get(os.path.basename(model_dir.rstrip("/")) + ".zip")   # unpacked by addArchive
+    manifest = load_manifest(local_dir, verify=True)
+    if manifest.model_sha256 != expected_sha256:
+        raise ModelManifestError(f"{local_dir}: manifest sha256 {manifest.model_sha256[:12]} differs from the "
+                                 f"driver's {expected_sha256[:12]}: the model changed while the job ran")
+    arrays = {"priors": np.load(manifest.path("priors"))} if "priors" in manifest.data["files"] else {}
+    ir = CompiledIR(manifest.path("ir_xml"), settings) if settings is not None else None
+    return ExecutorModel(manifest, ir, arrays)
+
+
+@dataclass(frozen=True)
+class ImageInference:
+    """The mapInPandas function. Small and picklable: the model itself is loaded on the executor, once per
+    Python worker, through LazyModel keyed by (model sha256, runtime settings)."""
+
+    model_dir: str                 # driver path; executors use SparkFiles.get(basename) when not shared
+    model_sha256: str
+    class_names: tuple[str, ...]
+    input_spec: dict
+    postprocess: dict
+    settings: RuntimeSettings
+    output_uri: str
+    input_root: str
+    masks: str = "rle_and_png"     # one of MASK_OUTPUTS (families without masks ignore it)
+    score_threshold: float | None = None   # instances scoring above it are written; None: the manifest's threshold
+    jpeg_draft: bool = False       # decode JPEGs at a reduced DCT scale when the network input is much smaller
+                                   # (faster; changes the model's input pixels, so off by default: see README)
+    max_image_pixels: int = 100_000_000
+    fetch_bytes: object = None     # callable(path) -> bytes for readers that don't ship `content` (Azure SDK)
+    progress: object = None        # a Spark accumulator of images processed, read by the driver's progress line
+    azure_credentials: object = None   # for az:// outputs (never logged: its repr hides secrets)
+    crash_guard: object = None     # pipelines.inference.crash_guard.CrashGuard: poison images become errors, not job failures
+    video: object = None           # pipelines.inference.video_sources.VideoSettings: frame sampling of video segment units
+    frames_per_batch: int = 8      # video frames per inference batch (inference.batch_size)
+
+    def __post_init__(self) -> None:
+        if self.masks not in MASK_OUTPUTS:
+            raise ValueError(f"output.masks {self.masks!r}: choose one of {', '.join(MASK_OUTPUTS)}")
+        if self.score_threshold is not None:
+            value = self.score_threshold
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"output.score_threshold {value!r}: give a number in [0, 1], or null for the "
+                                 "manifest's threshold")
+
+    def written_score_threshold(self, manifest_key: str) -> float:
+        """Instances with score > this are written: `score_threshold`, else the manifest's postprocess[key]."""
+        if self.score_threshold is not None:
+            return float(self.score_threshold)
+        return float(self.postprocess.get(manifest_key, 0.05))
+
+    def model(self) -> ExecutorModel:
+        return LazyModel((self.model_sha256, self.settings),
+                         lambda: load_executor_model(self.model_dir, self.model_sha256, self.settings))()
+
+    def __call__(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        guard = self.crash_guard.for_task() if self.crash_guard is not None else None
+        for batch in batches:
+            rows = self.process_batch(batch, guard)
+            if self.progress is not None:
+                self.progress.add(len(rows))
+            yield pd.DataFrame(rows, columns=RESULT_COLUMNS)
+        if guard is not None:
+            guard.done()
+
+    def process_batch(self, batch: pd.DataFrame, guard=None) -> list[dict]:
+        rows, pending = [], []
+        has_content = "content" in batch.columns
+        for record in batch.itertuples(index=False):
+            if is_segment(record):
+                rows.extend(segment_rows(self, record, guard))
+                continue
+            row = new_row(record)
+            rows.append(row)
+            try:
+                with timed(row, "read"):
+                    data = record.content if has_content else None
+                    if data is None and self.fetch_bytes is not None:
+                        data = self.fetch_bytes(record.path)
+                    if data is None:
+                        raise FileNotFoundError(f"{record.path}: no bytes could be read")
+                with timed(row, "preprocess"):
+                    if guard is not None:
+                        guard.check(record.path)
+                    tensor, (row["width"], row["height"]) = self.decode_and_preprocess(bytes(data), record.path)
+                    del data
+                pending.append((row, tensor))
+            except Exception as err:  # noqa: BLE001  (every failure becomes an error row)
+                fail(row, err)
+        if pending:
+            self.infer_and_postprocess(pending)
+        return rows
+
+    def decode_and_preprocess(self, data: bytes, path: str) -> tuple[np.ndarray, tuple[int, int]]:
+        """Encoded bytes -> (network input [3, S_h, S_w] float32, the image's (width, height) in pixels)."""
+        if self.jpeg_draft:
+            _, _, in_height, in_width = self.input_spec["shape"]
+            rgb, size = decode_image_reduced(data, path, (int(in_width), int(in_height)), self.max_image_pixels)
+            return preprocess_rgb(rgb, self.input_spec), size
+        rgb = decode_image(data, path, self.max_image_pixels)
+        return preprocess_rgb(rgb, self.input_spec), (int(rgb.shape[1]), int(rgb.shape[0]))
+
+    def infer_and_postprocess(self, pending: list[tuple[dict, np.ndarray]]) -> None:
+        try:
+            model = self.model()
+        except Exception as err:  # noqa: BLE001
+            for row, _ in pending:
+                fail(row, err, stage="infer")
+            return
+        start = time.perf_counter()
+        try:
+            outputs = model.ir.infer(np.stack([tensor for _, tensor in pending]))
+        except Exception:  # noqa: BLE001  (isolate the image that breaks the batch)
+            outputs = None
+        per_image = (time.perf_counter() - start) / len(pending)
+        names = model.manifest.outputs
+        for index, (row, tensor) in enumerate(pending):
+            try:
+                with timed(row, "infer"):
+                    if outputs is None:
+                        single = model.ir.infer(tensor[None])
+                        raw = {role: single[name][0] for role, name in names.items()}
+                    else:
+                        raw = {role: outputs[name][index] for role, name in names.items()}
+                        row["timings"]["infer_s"] += per_image
+            except Exception as err:  # noqa: BLE001
+                fail(row, err)
+                continue
+            try:
+                self.postprocess_one(row, raw, model)
+                row["status"] = "ok"
+            except Exception as err:  # noqa: BLE001
+                fail(row, err)
+
+    def postprocess_one(self, row: dict, raw: dict, model: ExecutorModel) -> None:
+        """Fill row['instances'] (and masks) from one image's raw outputs {role: array without batch axis}."""
+        raise NotImplementedError
+
+    def write_label_map(self, row: dict, labels) -> None:
+        with timed(row, "write"):
+            from pipelines.io.output_paths import frame_mask_output_path, mask_output_path
+            from pipelines.io.storage import write_bytes_atomic
+
+            if row["frame_index"] is None:
+                target = mask_output_path(self.output_uri, row["path"], self.input_root)
+            else:
+                target = frame_mask_output_path(self.output_uri, row["path"], self.input_root, row["frame_index"])
+            write_bytes_atomic(target, labels.png(), azure_credentials=self.azure_credentials)
+            row["mask_path"] = target

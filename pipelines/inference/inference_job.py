@@ -1,0 +1,426 @@
+"""The batch-inference job as a recipe: config -> read -> transform -> write, for every model family.
+
+`run(spark, config, family)` is what `jobs/infer_yolact.py`, `jobs/infer_detector.py`, the Databricks notebook and
+the sweeps call. The family picks the executor-side postprocess; everything else is shared.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.errors import RunFailed
+from pipelines.inference import image_sources as src
+from pipelines.inference import video_sources as videos
+from pipelines.inference.crash_guard import MARKER_DIR, CrashGuard
+from pipelines.job_config import ConfigError, check_job_settings, local_path, resolve_local
+from pipelines.inference.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
+from pipelines.inference.openvino_runtime import RuntimeSettings
+from pipelines.io.output_paths import qualify_root
+from pipelines.inference.progress import ProgressReporter, say
+from pipelines.inference.image_inference import RESULT_SCHEMA, ImageInference
+from pipelines.inference.inference_tasks import inference_task_class
+from pipelines.results.table_index import counts_after_run
+from pipelines.results.coco_results import write_coco_results
+from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, done_keys, failed_paths, write_results,
+                                      write_summary)
+from pipelines.io.run_lock import LockSettings, RunLock
+from pipelines.spark.spark_session import ship_library
+from pipelines.io.storage import join_uri
+
+class JobFailed(RunFailed):
+    """The job ran but its outcome is not acceptable (e.g. too many errors); the summary was written."""
+
+
+def ship_model(spark: SparkSession, manifest: ModelManifest) -> str:
+    """Send the files inference needs to every executor once, as a zip archive named by the model's hash
+    (SparkContext.addArchive: Spark copies and unpacks it on each executor; directories can't be added with
+    addFile outside local mode). Returns the driver-side staging directory: executors that share the driver's
+    filesystem read it directly, the others use SparkFiles.get(<name>.zip)."""
+    name = f"sparkseg-model-{manifest.model_sha256[:16]}"
+    staged = Path(tempfile.gettempdir()) / name
+    archive = staged.with_suffix(".zip")
+    if not (staged / MANIFEST_NAME).is_file() or not archive.is_file():
+        tmp = Path(tempfile.mkdtemp(prefix=name + "."))
+        files = manifest.data["files"]   # a detector has no priors
+        for rel in [files[role] for role in INFERENCE_ROLES if role in files] + [MANIFEST_NAME]:
+            shutil.copy2(manifest.root / rel, tmp / rel)
+        tmp_archive = shutil.make_archive(str(tmp), "zip", root_dir=tmp)
+        try:
+            os.replace(tmp_archive, archive)
+            if staged.exists():
+                shutil.rmtree(staged, ignore_errors=True)
+            os.replace(tmp, staged)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)   # another job staged it first
+    already = spark.conf.get("spark.sparkseg.shippedModels", "")
+    if name not in already.split(","):
+        spark.sparkContext.addArchive(str(archive))
+        spark.conf.set("spark.sparkseg.shippedModels", f"{already},{name}")
+    return str(staged)
+
+
+def runtime_settings(spark: SparkSession, inference: dict) -> RuntimeSettings:
+    task_cpus = int(spark.sparkContext.getConf().get("spark.task.cpus", "1"))
+    return RuntimeSettings.for_task_cpus(task_cpus, precision=inference["precision"],
+                                         threads=inference.get("openvino_threads") or None,
+                                         streams=inference.get("openvino_streams") or None)
+
+
+BROADCAST_MAX_ROWS = 500_000        # run.broadcast_max_rows: done keys broadcast to every task up to this many rows
+ROWS_PER_SHUFFLE_PARTITION = 100_000
+
+
+def todo_listing(spark: SparkSession, listing: DataFrame, output_uri: str, manifest: ModelManifest,
+                 force: bool, azure_credentials=None, broadcast_max_rows: int = BROADCAST_MAX_ROWS) -> DataFrame:
+    """Images not yet recorded for this model (same path, size and modification time), unless `force`. The done
+    keys are counted (one column-pruned pass) and broadcast only up to `broadcast_max_rows`; beyond, a sort-merge
+    anti-join: neither the driver's nor an executor's memory grows with the history."""
+    if force:
+        return listing
+    done = done_keys(spark, output_uri, manifest.model_sha256, azure_credentials)
+    if done is None:
+        return listing
+    return without_done(listing, done, broadcast=done.count() <= broadcast_max_rows)
+
+
+def without_done(listing: DataFrame, done: DataFrame, broadcast: bool) -> DataFrame:
+    """Transform: the listing rows whose (path, size, modification_time) is not in `done`; `done` broadcast, or both
+    sides shuffled and sorted (a merge hint: Spark must not broadcast it by its own size estimate)."""
+    keys = ("path", "size", "modification_time", "segment_start", "segment_end")
+    done = done.select(*[F.col(k).alias(f"done_{k}") for k in keys])
+    same = ((listing.path == done.done_path) & (listing.size == done.done_size)
+            & listing.modification_time.eqNullSafe(done.done_modification_time))   # empty files have no mtime
+    if "segment_start" in listing.columns:   # work units (video_sources.UNIT_SCHEMA): a video is done per segment
+        same = (same & listing.segment_start.eqNullSafe(done.done_segment_start)
+                & listing.segment_end.eqNullSafe(done.done_segment_end))
+    return listing.join(F.broadcast(done) if broadcast else done.hint("merge"), same, "left_anti")
+
+
+def shuffle_partitions_for(rows: int) -> int:
+    """Partitions of every planning shuffle (sort, anti-join, counts) for a job of `rows` images: one per
+    ROWS_PER_SHUFFLE_PARTITION, so a 9-image run needs one task per shuffle, not Spark's 200."""
+    return max(1, -(-int(rows) // ROWS_PER_SHUFFLE_PARTITION))
+
+
+def size_shuffles(spark: SparkSession, rows: int, spark_config: dict) -> str | None:
+    """Set spark.sql.shuffle.partitions for this job unless its config sets it; return the previous value."""
+    if "spark.sql.shuffle.partitions" in (spark_config.get("conf") or {}):
+        return None
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions_for(rows)))
+    return previous
+
+
+@dataclass
+class JobPlan:
+    """What the driver resolved before any Spark task: where from, where to, which model, how."""
+
+    config: dict
+    family: str
+    input_uri: str
+    output_uri: str
+    manifest: ModelManifest
+    engine: str
+    reader: str
+    credentials: object
+    run_id: str = field(default_factory=lambda: f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-"
+                                                f"{uuid.uuid4().hex[:8]}")
+    started: float = field(default_factory=time.time)   # the summary's wall time counts from here
+
+
+def plan_job(config: dict, family: str, azure_credentials=None) -> JobPlan:
+    """Resolve URIs, check the settings, the local input and output, verify the model and the engine, find
+    credentials: everything that can fail on bad input, in pure Python, before any JVM or Spark task."""
+    check_job_settings(config)
+    inputs, out_cfg = config["input"], config["output"]
+    input_uri = resolve_local(inputs["uri"])
+    output_uri = out_cfg["uri"] if "://" in out_cfg["uri"] else str(Path(out_cfg["uri"]).expanduser().resolve())
+    check_local_paths(input_uri, output_uri)
+    manifest = load_manifest(resolve_local(config["model"]["dir"]), verify=True)
+    if manifest.model != family:
+        raise src.InputError(f"{manifest.root}: a '{manifest.model}' model; this job needs a {family} export "
+                             f"(python -m model_export {family} ...)")
+    engine = config["inference"].get("engine", "native")
+    if engine == "bigdl":
+        from pipelines.engines.bigdl_engine import require_bigdl
+
+        require_bigdl()
+    elif engine != "native":
+        raise ConfigError(f"inference.engine '{engine}': choose native or bigdl")
+    reader = src.choose_reader(input_uri, inputs.get("reader", "auto"))
+    credentials = azure_credentials
+    if credentials is None and (reader == "azure_sdk" or choose_writer(output_uri) == "azure_sdk"):
+        from pipelines.io.azure_storage import AzureCredentials
+
+        credentials = AzureCredentials.from_env()
+    return JobPlan(config, family, input_uri, output_uri, manifest, engine, reader, credentials)
+
+
+def check_local_paths(input_uri: str, output_uri: str) -> None:
+    """A local --input must exist; a local --output must be a directory or not exist yet (other schemes are
+    checked by their store when the job lists and locks them)."""
+    source, target = local_path(input_uri), local_path(output_uri)
+    if source is not None and not source.exists():
+        raise src.InputError(f"{input_uri}: input path does not exist: check --input")
+    if target is not None and target.exists() and not target.is_dir():
+        raise src.InputError(f"{output_uri}: --output names an existing file; give a directory (new or a previous "
+                             "run's output)")
+
+
+def run(spark: SparkSession, config: dict, family: str = "yolact", azure_credentials=None) -> dict:
+    """Run the job for a `family` model; return the summary (also written to <output>/summary.json).
+    `azure_credentials` (e.g. from a Databricks secret scope) replace the environment's. See run_plan."""
+    return run_plan(spark, plan_job(config, family, azure_credentials))
+
+
+def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
+    """Run a planned job. Holds the output's lock (pipelines.io.run_lock) from after the listing to the end; raises
+    LockHeld when another run holds it, JobFailed when the errors exceed run.max_error_fraction."""
+    started, config = plan.started, plan.config
+    ship_library(spark)
+    inputs, run_cfg = config["input"], config["run"]
+    # listed (the input path checked) before the lock: a missing input leaves no output directory behind
+    say(f"run {plan.run_id}: listing {plan.input_uri}")
+    video = videos.VideoSettings.from_config(inputs.get("video"))
+    listing = src.list_images(spark, plan.input_uri, listed_extensions(config), inputs["recursive"], plan.reader,
+                              plan.credentials).persist(StorageLevel.MEMORY_AND_DISK)
+    lock = RunLock.acquire(plan.output_uri, plan.run_id, LockSettings.from_run_config(run_cfg), spark=spark,
+                           azure_credentials=plan.credentials)
+    previous_shuffles = None
+    try:
+        n_inputs, n_videos = count_inputs(listing, video)
+        previous_shuffles = size_shuffles(spark, n_inputs, config["spark"])
+        units = work_units(spark, plan, listing, video, n_videos)
+        n_units = units.count() if n_videos else n_inputs
+        todo = todo_listing(spark, units, plan.output_uri, plan.manifest, run_cfg["force"], plan.credentials,
+                            int(run_cfg.get("broadcast_max_rows") or BROADCAST_MAX_ROWS))
+        n_todo = todo.count()
+        if n_videos:
+            say(f"{n_inputs} files ({n_videos} videos in {n_units - n_inputs + n_videos} segments), {n_todo} images "
+                f"and segments to do ({n_units - n_todo} already done for this model)")
+        else:
+            say(f"{n_inputs} images, {n_todo} to do ({n_inputs - n_todo} already done for this model)")
+        partitions = max(1, min(int(config["inference"]["partitions"] or spark.sparkContext.defaultParallelism),
+                                max(n_todo, 1)))
+        settings = runtime_settings(spark, config["inference"])
+        if n_videos:   # progress counts result rows: images and video frames
+            todo_rows = todo.where(F.col("segment_start").isNull()).count() + videos.expected_frames(todo, video)
+            progress = ProgressReporter(spark, todo_rows, float(run_cfg.get("progress_interval_s", 5)),
+                                        unit="images+frames")
+        else:
+            progress = ProgressReporter(spark, n_todo, float(run_cfg.get("progress_interval_s", 5)))
+        totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
+        if n_todo:
+            task = make_task(spark, plan, settings, progress)
+            with progress:
+                totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions)
+        listing.unpersist()
+        units.unpersist()
+        if config["output"].get("coco_results"):
+            write_coco_results(spark, plan.output_uri, azure_credentials=plan.credentials)
+        summary = make_summary(spark, plan, settings, totals, n_inputs, n_todo, partitions, time.time() - started,
+                               n_units=n_units, n_videos=n_videos)
+        write_summary(plan.output_uri, summary, plan.credentials)
+        if config["output"].get("overlays"):
+            summary["report"] = render_report(plan.output_uri)
+        processed = totals["done"] + totals["failed"]
+        max_fraction = float(run_cfg.get("max_error_fraction", 1.0))
+        if processed and totals["failed"] / processed > max_fraction:
+            raise JobFailed(f"{int(totals['failed'])} of {processed} images failed (> max_error_fraction "
+                            f"{max_fraction}): see {plan.output_uri}/errors and summary.json")
+        return summary
+    finally:
+        lock.release()
+        if previous_shuffles is not None:
+            spark.conf.set("spark.sql.shuffle.partitions", previous_shuffles)
+
+
+def listed_extensions(config: dict) -> list[str]:
+    """The file name extensions the job lists: input.extensions (images) and input.video.extensions."""
+    video = (config["input"].get("video") or {}).get("extensions", videos.VideoSettings.extensions)
+    return [*config["input"]["extensions"], *video]
+
+
+def count_inputs(listing: DataFrame, video: videos.VideoSettings) -> tuple[int, int]:
+    """(files listed, videos among them), in one pass."""
+    row = listing.agg(F.count(F.lit(1)).alias("files"), F.sum(F.when(
+        videos.is_video(F.col("path"), video.extensions), 1).otherwise(0)).alias("videos")).first()
+    return int(row["files"]), int(row["videos"] or 0)
+
+
+def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame, video: videos.VideoSettings,
+               n_videos: int) -> DataFrame:
+    """The listing as units of work (video_sources.UNIT_SCHEMA): its images, and its `n_videos` videos' segments
+    from a scan on the executors (persisted: each video is scanned once per run)."""
+    if not n_videos:
+        return videos.image_units(listing)
+    is_video = videos.is_video(F.col("path"), video.extensions)
+    clips = listing.where(is_video)
+    if plan.engine != "native":
+        raise src.InputError(f"{plan.input_uri}: holds {n_videos} videos; video input needs inference.engine native")
+    if plan.reader == "spark" and not src.reads_on_executors(plan.input_uri):
+        clips = src.with_content(spark, clips, n_videos, plan.input_uri, list(video.extensions),
+                                 plan.config["input"]["recursive"], all_listed=False)
+    units = videos.image_units(listing.where(~is_video)).unionByName(
+        videos.video_units(clips, video, bytes_fetcher(plan)))
+    return units.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
+              progress: ProgressReporter) -> ImageInference:
+    """The executor-side function (small, picklable); the model ships separately, once per executor."""
+    manifest, inference = plan.manifest, plan.config["inference"]
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(int(inference["batch_size"])))
+    return inference_task_class(plan.family)(
+        model_dir=ship_model(spark, manifest), model_sha256=manifest.model_sha256,
+        class_names=tuple(manifest.class_names), input_spec=manifest.input,
+        postprocess={**manifest.postprocess, "nms": inference.get("nms", "fast")}, settings=settings,
+        output_uri=plan.output_uri,
+        input_root=qualify_root(spark, plan.input_uri) if plan.reader == "spark" else plan.input_uri,
+        masks=plan.config["output"]["masks"], score_threshold=plan.config["output"]["score_threshold"],
+        max_image_pixels=int(inference["max_image_pixels"]), jpeg_draft=bool(inference.get("jpeg_draft", False)),
+        fetch_bytes=bytes_fetcher(plan),
+        progress=progress.accumulator, azure_credentials=plan.credentials,
+        video=videos.VideoSettings.from_config(plan.config["input"].get("video")),
+        frames_per_batch=int(inference["batch_size"]))
+
+
+def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings: RuntimeSettings, todo: DataFrame,
+              n_todo: int, n_inputs: int, partitions: int) -> dict:
+    """Process the to-do images in waves of `run.commit_every`, each committed on its own (a killed driver loses
+    at most one wave); return the summed aggregates."""
+    run_cfg = plan.config["run"]
+    totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
+    todo, indexed = index_todo(todo, partitions)
+    wave_size = int(run_cfg.get("commit_every") or 0) or n_todo
+    for number, first in enumerate(range(0, n_todo, wave_size)):
+        count = min(wave_size, n_todo - first)
+        wave = wave_images(spark, plan, indexed, first, count, n_inputs)
+        name = f"{plan.run_id}-w{number:05d}"
+        guard = CrashGuard(join_uri(plan.output_uri, MARKER_DIR, name), int(run_cfg.get("poison_attempts", 2)),
+                           plan.credentials)
+        results, intermediates = wave_results(src.balanced(wave, min(partitions, count)),
+                                              replace(task, crash_guard=guard), plan, settings)
+        results = (results
+                   .withColumn("model_name", F.lit(plan.manifest.name))
+                   .withColumn("model_sha256", F.lit(plan.manifest.model_sha256))
+                   .withColumn("run_id", F.lit(plan.run_id))
+                   .persist(StorageLevel.MEMORY_AND_DISK))
+        wave_totals = write_results(results, plan.output_uri, f"part-{name}", plan.credentials)
+        results.unpersist()
+        for frame in intermediates:
+            frame.unpersist()
+        for key in totals:
+            totals[key] += wave_totals.get(key, 0)
+    todo.unpersist()
+    return totals
+
+
+def index_todo(todo: DataFrame, partitions: int) -> tuple[DataFrame, DataFrame]:
+    """The to-do, detached from the output table and persisted (unpersist it when the run is done), and its rows
+    with assign_partitions' dense `idx` and balancing key, computed from that one persisted copy."""
+    # on disk only: read back once per wave; MEMORY_AND_DISK pulled whole blocks of a 10^7-row to-do back into a 1 g
+    # driver's heap (OutOfMemoryError in BlockManager.maybeCacheDiskBytesInMemory, bench_planning)
+    todo = without_table_lineage(todo).persist(StorageLevel.DISK_ONLY)
+    return todo, src.assign_partitions(todo, partitions, order=("path", "segment_start"))
+
+
+def without_table_lineage(df: DataFrame) -> DataFrame:
+    """`df` with a plan that no longer names the files it was read from (an RDD of its rows, all in the JVM). The
+    to-do is the listing minus the output's done rows; when a wave appends to the output, Spark re-caches every
+    cached plan that reads that path (recacheByPath), which would recompute a cached to-do without this wave's
+    images and shift the waves after it."""
+    spark = df.sparkSession
+    return DataFrame(spark._jsparkSession.createDataFrame(df._jdf.rdd(), df._jdf.schema()), spark)
+
+
+def wave_images(spark: SparkSession, plan: JobPlan, indexed: DataFrame, first: int, count: int,
+                n_inputs: int) -> DataFrame:
+    """The images of one wave (rows idx in [first, first + count) of assign_partitions' output) as inference gets
+    them: paths the executors read themselves (local files, Azure), or with Spark's `content` (other schemes)."""
+    wave = indexed.where((F.col("idx") >= first) & (F.col("idx") < first + count))
+    if plan.reader == "spark" and not src.reads_on_executors(plan.input_uri):
+        inputs = plan.config["input"]
+        wave = src.with_content(spark, wave, count, plan.input_uri, listed_extensions(plan.config),
+                                inputs["recursive"], all_listed=(count == n_inputs))
+    return wave
+
+
+def wave_results(images: DataFrame, task: ImageInference, plan: JobPlan,
+                 settings: RuntimeSettings) -> tuple[DataFrame, list[DataFrame]]:
+    """Transform: images (with content or fetchable paths) -> (RESULT_SCHEMA rows, by the plan's engine; the
+    intermediate frames the engine persisted for them, to unpersist once the rows are written)."""
+    if plan.engine == "bigdl":
+        from pipelines.engines.bigdl_inference import bigdl_results
+
+        return bigdl_results(images, task, plan.manifest, settings.precision)
+    return images.mapInPandas(task, RESULT_SCHEMA), []
+
+
+def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, totals: dict, n_inputs: int,
+                 n_todo: int, partitions: int, elapsed: float, n_units: int | None = None, n_videos: int = 0) -> dict:
+    """The run's summary. Counts: `inputs` files listed, `videos` of them videos, `units` images + video segments,
+    `skipped` units already done, `done`/`failed` result rows (images and video frames), `frames` of `done`."""
+    n_units = n_inputs if n_units is None else n_units
+    manifest = plan.manifest
+    processed = totals["done"] + totals["failed"]
+    return {
+        "run_id": plan.run_id, "engine": plan.engine, "input": plan.input_uri, "output": plan.output_uri,
+        "model": {"name": manifest.name, "sha256": manifest.model_sha256, "dir": str(manifest.root),
+                  "trained": manifest.trained, "classes": manifest.class_names,
+                  "note": manifest.data.get("note") if manifest.trained else "RANDOM WEIGHTS: this model is "
+                  "untrained; its detections only show that the pipeline works, they mean nothing"},
+        "counts": {"inputs": n_inputs, "videos": n_videos, "units": n_units, "skipped": n_units - n_todo,
+                   "done": int(totals["done"]), "failed": int(totals["failed"]), "frames": int(totals.get("frames", 0)),
+                   "instances": int(totals["instances"])},
+        "failed_images": failed_paths(spark, plan.output_uri, plan.run_id, 10, plan.credentials)
+        if totals["failed"] else [],   # the first 10 of this run (errors/ has them all)
+        "partitions": partitions, "wall_seconds": round(elapsed, 3),
+        "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
+        "frames_per_second": round(totals.get("frames", 0) / elapsed, 3) if totals.get("frames") else 0.0,
+        "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
+        "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
+        "config": plan.config,
+        "table": counts_after_run(spark, plan.output_uri, manifest.model_sha256, plan.run_id,   # current rows
+                                  {"detections": int(totals["done"]), "errors": int(totals["failed"])},
+                                  plan.credentials),
+    }
+
+
+def render_report(output_uri: str) -> str | None:
+    """output.overlays: overlays and report.html (pipelines.report.render) for a local output; the report's path."""
+    import logging
+
+    from pipelines.report.render import render
+    from pipelines.report.tables import OutputError
+
+    try:
+        return str(render(output_uri))
+    except OutputError as err:   # not a local output: the job's results stand, the report is for later
+        logging.getLogger(__name__).warning("no report: %s (python -m pipelines.report.render --output DIR draws it)", err)
+        return None
+
+
+def bytes_fetcher(plan: JobPlan):
+    """What the executors call to read an image's bytes by path, or None where Spark ships them (`content`)."""
+    if plan.reader != "spark":
+        return _azure_fetcher(plan.credentials)
+    return src.read_local_file if src.reads_on_executors(plan.input_uri) else None
+
+
+def _azure_fetcher(credentials):
+    """One AzureBlobStore per task (it travels with the task function; only the credentials are pickled): its SDK
+    client, made on the executor at the first read, serves every image of the task."""
+    from pipelines.io.azure_storage import AzureBlobStore
+
+    return AzureBlobStore(credentials).read

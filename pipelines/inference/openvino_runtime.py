@@ -1,0 +1,83 @@
+"""OpenVINO on executors: runtime settings (precision, threads, streams) and a compiled IR with named outputs.
+Executors keep one per Python worker through `pipelines.inference.executor_cache.LazyModel`, keyed by the manifest's
+sha256 and these settings, so a new model (or new settings) never reuses a stale compiled model."""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PRECISION_HINTS = {"f32": "f32", "bf16": "bf16", "auto": None}
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """precision: f32 | bf16 | auto (device default: bf16 on AMX CPUs). threads/streams: None = OpenVINO default."""
+
+    precision: str = "auto"
+    threads: int | None = None
+    streams: int | None = None
+    device: str = "CPU"
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISION_HINTS:
+            raise ValueError(f"precision '{self.precision}': choose one of {sorted(PRECISION_HINTS)}")
+
+    def ov_config(self) -> dict:
+        config: dict = {}
+        if PRECISION_HINTS[self.precision]:
+            config["INFERENCE_PRECISION_HINT"] = PRECISION_HINTS[self.precision]
+        if self.threads:
+            config["INFERENCE_NUM_THREADS"] = int(self.threads)
+            # Several Python workers share an executor's cores: pinning threads to cores would make them collide.
+            config["ENABLE_CPU_PINNING"] = False
+        if self.streams:
+            config["NUM_STREAMS"] = int(self.streams)
+        return config
+
+    @classmethod
+    def for_task_cpus(cls, task_cpus: int, precision: str = "auto", threads: int | None = None,
+                      streams: int | None = None) -> "RuntimeSettings":
+        """Each concurrent task owns `task_cpus` cores: by default one stream with that many threads."""
+        return cls(precision=precision, threads=threads or max(1, task_cpus), streams=streams or 1)
+
+
+class CompiledIR:
+    """A compiled IR with named outputs. `infer(batch)` runs images through an async queue (one request per
+    stream) and returns {output name: [B, ...] array}."""
+
+    def __init__(self, xml_path: str | Path, settings: RuntimeSettings) -> None:
+        import openvino as ov
+
+        core = ov.Core()
+        self.settings = settings
+        self.compiled = core.compile_model(str(xml_path), settings.device, settings.ov_config())
+        self.input_name = self.compiled.inputs[0].get_any_name()
+        self.output_names = [out.get_any_name() for out in self.compiled.outputs]
+        self.num_requests = int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        self._queue = ov.AsyncInferQueue(self.compiled, self.num_requests)
+        self._lock = threading.Lock()
+
+    def infer(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """batch: [B, 3, H, W] float32 (the IR takes one image; the queue overlaps them)."""
+        results: list[dict | None] = [None] * len(batch)
+
+        def collect(request, index):
+            results[index] = {name: request.get_tensor(name).data.copy() for name in self.output_names}
+
+        with self._lock:
+            self._queue.set_callback(collect)
+            for index, image in enumerate(batch):
+                self._queue.start_async({self.input_name: image[None]}, index)
+            self._queue.wait_all()
+        return {name: np.concatenate([r[name] for r in results]) for name in self.output_names}
+
+    def infer_one(self, image: np.ndarray) -> dict[str, np.ndarray]:
+        """image: [3, H, W] -> {name: output with its batch axis removed}."""
+        return {name: value[0] for name, value in self.infer(image[None]).items()}
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

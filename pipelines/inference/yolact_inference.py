@@ -1,0 +1,46 @@
+"""YOLACT on executors: the shared image-inference stages plus YOLACT's postprocess (the numpy Detect and mask
+assembly of `pipelines.ops.yolact_postprocess`, the one implementation the PyTorch eval path also calls)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipelines.ops import yolact_postprocess as yp
+from pipelines.inference.image_inference import ExecutorModel, ImageInference, timed
+
+
+@dataclass(frozen=True)
+class YolactInference(ImageInference):
+    """Instances with COCO RLE masks (``masks`` rle or rle_and_png) and a PNG label map per image (rle_and_png).
+
+    Masks are assembled, RLE-encoded and painted box-locally (`yp.box_masks`, `encode_rle_box`,
+    `LabelMapBuilder.add_box`): the cost grows with the area of the boxes, not with image pixels x detections.
+    """
+
+    def postprocess_one(self, row: dict, raw: dict, model: ExecutorModel) -> None:
+        from pipelines.ops.mask_outputs import LabelMapBuilder, encode_rle_box
+
+        with timed(row, "postprocess"):
+            post = {k: self.postprocess[k] for k in ("conf_thresh", "nms_thresh", "top_k", "max_num_detections")}
+            det = yp.detect(raw["loc"], raw["conf"], raw["mask"], model.arrays["priors"],
+                            nms=self.postprocess.get("nms", "fast"), **post)
+            det = det.take(det.scores > np.float32(self.written_score_threshold("conf_thresh")))
+            width, height = row["width"], row["height"]
+            boxes = yp.box_pixels(det.boxes, width, height)
+            instances = []
+            for i in range(len(det)):
+                class_id = int(det.classes[i])
+                instances.append({
+                    "class_id": class_id,
+                    "class_name": self.class_names[class_id] if class_id < len(self.class_names) else str(class_id),
+                    "score": float(det.scores[i]), "box": [int(v) for v in boxes[i]], "mask": None})
+            labels = LabelMapBuilder(height, width) if self.masks == "rle_and_png" else None
+            if self.masks != "none":
+                for instance, box in zip(instances, yp.box_masks(det, raw["proto"], width, height)):
+                    instance["mask"] = encode_rle_box(box.mask, box.top, box.left, height, width)
+                    if labels is not None:
+                        labels.add_box(box.mask, box.top, box.left)
+            row["instances"] = instances
+        if labels is not None:
+            self.write_label_map(row, labels)

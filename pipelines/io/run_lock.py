@@ -1,0 +1,455 @@
+"""One run at a time per output: the lock `<output>/_sparkseg.lock`.
+
+The lock is a small JSON file (or blob) naming its holder: run id, host, pid (and the pid's start time, so that a
+reused pid is not mistaken for the holder), start time and a heartbeat that a driver thread rewrites every
+`heartbeat_s` while the run goes on. It is created atomically, only when absent:
+- local paths (and FUSE mounts such as /dbfs): `open(O_CREAT | O_EXCL)`;
+- Azure (`az://`, `abfs://` outputs, written with the Azure SDK): Put Blob with `If-None-Match: *`
+  (`upload_blob(overwrite=False)`); heartbeats and deletes are conditional on the blob's ETag;
+- other Hadoop URIs (`hdfs://`, `abfss://` with hadoop-azure, ...): `FileSystem.create(path, overwrite=false)`
+  through Spark's JVM (atomic on HDFS and ABFS).
+
+A second run finds the lock and stops with `LockHeld` (the job exits 4), naming the holder. A lock is STALE when
+its heartbeat is older than `stale_after_s`, or when its holder ran on this host and that process is gone; a stale
+lock is broken (with a warning) and the run goes on. `break_lock=True` (`--break-lock`) also breaks a lock that
+does not look stale: only for an operator who knows the holder is dead (e.g. its host was lost a minute ago).
+Breaking is safe against races: the lock is removed only if it is still exactly the one judged stale.
+Heartbeat staleness compares the holder's clock with ours: hosts' clocks must agree to well within stale_after_s.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from pipelines.errors import OutputBusy, UsageError
+from pipelines.io.uris import join_uri, store_of, to_local_path
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = "_sparkseg.lock"
+
+
+class LockHeld(OutputBusy):
+    """Another run holds the output's lock; the message names it and says what to do."""
+
+
+@dataclass(frozen=True)
+class LockSettings:
+    """How the lock behaves. Seconds throughout."""
+
+    stale_after_s: float = 600.0  # a heartbeat older than this means the holder is dead
+    heartbeat_s: float = 30.0  # how often the holder rewrites its heartbeat
+    break_lock: bool = False  # break the lock even when it does not look stale
+
+    def __post_init__(self):
+        if not 0 < self.heartbeat_s < self.stale_after_s:
+            raise UsageError(f"lock settings: need 0 < heartbeat_s ({self.heartbeat_s}) < stale_after_s "
+                             f"({self.stale_after_s}), else a live run looks dead")
+
+    @classmethod
+    def from_run_config(cls, run_cfg: dict) -> "LockSettings":
+        """From the config's `run` section: `break_lock`, `lock_stale_after_s`, `lock_heartbeat_s` (all optional)."""
+        return cls(stale_after_s=float(run_cfg.get("lock_stale_after_s") or cls.stale_after_s),
+                   heartbeat_s=float(run_cfg.get("lock_heartbeat_s") or cls.heartbeat_s),
+                   break_lock=bool(run_cfg.get("break_lock", False)))
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """What the lock file holds. Times are ISO 8601 UTC."""
+
+    run_id: str
+    host: str
+    pid: int
+    pid_started: int | None  # the process's start time in clock ticks since boot (Linux), None elsewhere
+    started: str
+    heartbeat: str
+
+    @classmethod
+    def for_this_process(cls, run_id: str) -> "LockInfo":
+        now = _utc_now()
+        return cls(run_id, socket.gethostname(), os.getpid(), _process_start(os.getpid()), now, now)
+
+    @classmethod
+    def parse(cls, data: bytes) -> "LockInfo | None":
+        """None when `data` is not a complete lock (being written, or not ours)."""
+        try:
+            return cls(**json.loads(data.decode("utf-8")))
+        except (ValueError, TypeError, UnicodeDecodeError):
+            return None
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(asdict(self), indent=1) + "\n").encode("utf-8")
+
+    def beat(self) -> "LockInfo":
+        return LockInfo(**{**asdict(self), "heartbeat": _utc_now()})
+
+    def heartbeat_age_s(self) -> float:
+        return time.time() - dt.datetime.fromisoformat(self.heartbeat).timestamp()
+
+    def describe(self) -> str:
+        try:
+            beat = f"last heartbeat {self.heartbeat_age_s():.0f} s ago"
+        except (TypeError, ValueError):
+            beat = f"heartbeat {self.heartbeat!r}"
+        return f"run {self.run_id} (host {self.host}, pid {self.pid}, started {self.started}, {beat})"
+
+
+class LockStore(Protocol):
+    """Atomic operations on one lock location. A token identifies one version of the lock (its bytes, or an ETag):
+    `replace` and `delete` act only if the lock is still that version."""
+
+    uri: str
+
+    def create(self, data: bytes) -> object | None:
+        """Create the lock with `data` if absent; its token, or None when it exists."""
+
+    def read(self) -> tuple[bytes, object, float] | None:
+        """(data, token, last-modified epoch seconds), or None when there is no lock."""
+
+    def replace(self, data: bytes, token: object) -> object | None:
+        """Rewrite the lock if it is still version `token`; the new token, or None when it is not."""
+
+    def delete(self, token: object) -> bool:
+        """Remove the lock if it is still version `token`; False when it is not (or is gone)."""
+
+
+class RunLock:
+    """A held lock. `release()` (idempotent) stops the heartbeat and removes the lock if it is still ours."""
+
+    def __init__(self, store: LockStore, info: LockInfo, token: object, settings: LockSettings):
+        self.store, self.info, self._token, self.settings = store, info, token, settings
+        self.lost = False  # set when the heartbeat found the lock taken over (broken by another run)
+        self._stop = threading.Event()
+        self._mutex = threading.Lock()
+        self._thread = threading.Thread(target=self._heartbeat_loop, name="sparkseg-lock-heartbeat", daemon=True)
+
+    @classmethod
+    def acquire(cls, output_uri: str, run_id: str, settings: LockSettings = LockSettings(), *, spark=None,
+                azure_credentials=None, attempts: int = 3) -> "RunLock":
+        """Take the lock of `output_uri` for `run_id` and start heartbeating; raise LockHeld if a live run has it.
+        `spark` is needed for Hadoop URIs (hdfs://, ...), `azure_credentials` for az:// (default: environment)."""
+        store = lock_store(output_uri, spark=spark, azure_credentials=azure_credentials)
+        info = LockInfo.for_this_process(run_id)
+        for _ in range(attempts):
+            token = store.create(info.to_bytes())
+            if token is not None:
+                lock = cls(store, info, token, settings)
+                lock._thread.start()
+                return lock
+            found = store.read()
+            if found is None:
+                continue  # released in between: try again
+            data, token, modified = found
+            holder = LockInfo.parse(data)
+            reason = stale_reason(holder, modified, settings.stale_after_s)
+            who = holder.describe() if holder else f"an unreadable lock written {time.time() - modified:.0f} s ago"
+            if reason is None and not settings.break_lock:
+                raise LockHeld(f"{store.uri} is held by {who}: another sparkseg run is writing this output. Wait for "
+                               f"it to finish; if that run is dead, rerun with --break-lock (or wait "
+                               f"{settings.stale_after_s:.0f} s after its last heartbeat)")
+            if store.delete(token):
+                log.warning("broke the lock %s of %s (%s)", store.uri, who, reason or "forced by --break-lock")
+            # else it changed while we looked (a heartbeat, a release, another breaker): look again
+        raise LockHeld(f"{store.uri}: could not take the lock in {attempts} attempts; another run keeps changing it")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._mutex:
+            if self._token is None:
+                return
+            still_ours = self.store.delete(self._token)
+            self._token = None
+        if not still_ours:
+            log.warning("the lock %s was taken over by another run before this one (%s) ended", self.store.uri,
+                        self.info.run_id)
+
+    def heartbeat(self) -> bool:
+        """Rewrite the heartbeat now; False (and `lost`) when the lock is no longer ours."""
+        with self._mutex:
+            if self._token is None:
+                return False
+            info = self.info.beat()
+            token = self.store.replace(info.to_bytes(), self._token)
+            if token is None:
+                self.lost, self._token = True, None
+                log.warning("the lock %s was broken by another run; this run (%s) may now overlap with it",
+                            self.store.uri, self.info.run_id)
+                return False
+            self.info, self._token = info, token
+            return True
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_s):
+            try:
+                if not self.heartbeat():
+                    return
+            except Exception as err:  # noqa: BLE001 - a storage hiccup must not kill the run; the next beat retries
+                log.warning("lock heartbeat failed (%s: %s); retrying", type(err).__name__, err)
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
+def stale_reason(holder: LockInfo | None, modified: float, stale_after_s: float) -> str | None:
+    """Why the lock (parsed `holder`, last modified at epoch `modified`) is stale, or None when it looks alive."""
+    if holder is None:  # being written right now, or garbage: judge by the file's age
+        age = time.time() - modified
+        return f"unreadable and {age:.0f} s old" if age > stale_after_s else None
+    if holder.host == socket.gethostname() and not process_alive(holder.pid, holder.pid_started):
+        return f"its process {holder.pid} on {holder.host} is gone"
+    try:
+        age = holder.heartbeat_age_s()
+    except (TypeError, ValueError):
+        age = time.time() - modified
+    return f"no heartbeat for {age:.0f} s" if age > stale_after_s else None
+
+
+def process_alive(pid: int, started: int | None = None) -> bool:
+    """True when process `pid` exists (and, when `started` is known, is the same process, not a reused pid)."""
+    if pid <= 0:
+        return False
+    if os.path.isdir("/proc"):
+        current = _process_start(pid)
+        return current is not None and (started is None or current == started)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def lock_store(output_uri: str, *, spark=None, azure_credentials=None) -> LockStore:
+    """The store for `<output_uri>/_sparkseg.lock`, chosen like the results writer chooses how to write."""
+    uri = join_uri(output_uri, LOCK_NAME)
+    store = store_of(output_uri)
+    if store == "local":
+        return LocalLockStore(to_local_path(uri))
+    if store == "azure_sdk":
+        return AzureLockStore(uri, azure_credentials)
+    if spark is None:
+        raise ValueError(f"{output_uri}: locking a Hadoop output needs the SparkSession (spark=...)")
+    return HadoopLockStore(uri, spark)
+
+
+# ---- stores -------------------------------------------------------------------------------------------------------
+
+class LocalLockStore:
+    """A lock file on a local (or FUSE-mounted) file system. The token is the file's content."""
+
+    def __init__(self, path: str):
+        self.path = self.uri = path
+
+    def create(self, data: bytes) -> bytes | None:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return None
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return data
+
+    def read(self) -> tuple[bytes, bytes, float] | None:
+        try:
+            with open(self.path, "rb") as handle:
+                data = handle.read()
+                modified = os.fstat(handle.fileno()).st_mtime
+        except FileNotFoundError:
+            return None
+        return data, data, modified
+
+    def replace(self, data: bytes, token: bytes) -> bytes | None:
+        found = self.read()
+        if found is None or found[1] != token:
+            return None
+        temp = f"{self.path}.{uuid.uuid4().hex}.tmp"
+        with open(temp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, self.path)  # atomic: the lock never disappears while it is rewritten
+        return data
+
+    def delete(self, token: bytes) -> bool:
+        aside = f"{self.path}.{uuid.uuid4().hex}.released"
+        try:
+            os.rename(self.path, aside)  # atomic: of two deleters only one gets the file
+        except FileNotFoundError:
+            return False
+        with open(aside, "rb") as handle:
+            taken = handle.read()
+        if taken != token:  # not the version we meant: put it back unless a new lock appeared meanwhile
+            try:
+                os.link(aside, self.path)
+            except OSError:
+                pass
+            os.unlink(aside)
+            return False
+        os.unlink(aside)
+        return True
+
+
+class AzureLockStore:
+    """A lock blob; tokens are ETags, every change is conditional on the ETag."""
+
+    def __init__(self, uri: str, credentials=None):
+        from pipelines.io.azure_storage import AzureBlobStore, AzureCredentials, parse_blob_uri
+
+        self.uri = uri
+        self._credentials = credentials if credentials is not None else AzureCredentials.from_env()
+        self._store = AzureBlobStore(self._credentials)
+        path = parse_blob_uri(uri)
+        self._blob = self._store.container_client(path).get_blob_client(path.path)
+
+    def create(self, data: bytes) -> str | None:
+        from azure.core.exceptions import ResourceExistsError
+
+        try:
+            return self._call(lambda: self._blob.upload_blob(data, overwrite=False))["etag"]  # If-None-Match: *
+        except ResourceExistsError:
+            return None
+
+    def read(self) -> tuple[bytes, str, float] | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            download = self._call(lambda: self._blob.download_blob())
+            data = download.readall()
+        except ResourceNotFoundError:
+            return None
+        return data, download.properties.etag, download.properties.last_modified.timestamp()
+
+    def replace(self, data: bytes, token: str) -> str | None:
+        from azure.core import MatchConditions
+
+        return self._conditional(lambda: self._blob.upload_blob(
+            data, overwrite=True, etag=token, match_condition=MatchConditions.IfNotModified)["etag"])
+
+    def delete(self, token: str) -> bool:
+        from azure.core import MatchConditions
+
+        return self._conditional(lambda: self._blob.delete_blob(
+            etag=token, match_condition=MatchConditions.IfNotModified) or True) is not None
+
+    def _conditional(self, operation):
+        """`operation()`, or None when its condition failed (412) or the blob is gone (404)."""
+        from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+
+        try:
+            return self._call(operation)
+        except (ResourceModifiedError, ResourceNotFoundError):
+            return None
+
+    def _call(self, operation):
+        """Expected outcomes (exists, not found, modified) pass through; any other failure is scrubbed of secrets."""
+        from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+
+        from pipelines.io.azure_storage import translate_error
+
+        try:
+            return operation()
+        except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            error = translate_error(exc, "lock", self.uri, self._credentials)
+        raise error
+
+
+class HadoopLockStore:
+    """A lock file through Spark's Hadoop FileSystem (hdfs://, abfss://, ...). The token is the file's content."""
+
+    def __init__(self, uri: str, spark):
+        jvm = getattr(spark, "_jvm", None) or spark.sparkContext._jvm
+        self.uri, self._jvm = uri, jvm
+        self._path = jvm.org.apache.hadoop.fs.Path(uri)
+        self._fs = self._path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+    def create(self, data: bytes) -> bytes | None:
+        try:
+            self._write(self._path, data, overwrite=False)  # HDFS, ABFS: atomic create-if-absent
+        except Exception as err:  # noqa: BLE001 - py4j wraps the Java exception
+            if "FileAlreadyExistsException" in str(err):
+                return None
+            raise
+        return data
+
+    def read(self) -> tuple[bytes, bytes, float] | None:
+        if not self._fs.exists(self._path):
+            return None
+        try:
+            data = self._read(self._path)
+            modified = self._fs.getFileStatus(self._path).getModificationTime() / 1000.0
+        except Exception as err:  # noqa: BLE001 - FileNotFoundException through py4j: removed in between
+            if "FileNotFoundException" in str(err):
+                return None
+            raise
+        return data, data, modified
+
+    def replace(self, data: bytes, token: bytes) -> bytes | None:
+        found = self.read()
+        if found is None or found[1] != token:
+            return None
+        self._write(self._path, data, overwrite=True)
+        return data
+
+    def delete(self, token: bytes) -> bool:
+        aside = self._sibling("released")
+        if not self._fs.rename(self._path, aside):
+            return False
+        taken = self._read(aside)
+        if taken != token:
+            self._fs.rename(aside, self._path)  # put it back (fails harmlessly if a new lock appeared)
+        self._fs.delete(aside, False)
+        return taken == token
+
+    def _sibling(self, suffix: str):
+        return self._jvm.org.apache.hadoop.fs.Path(f"{self.uri}.{uuid.uuid4().hex}.{suffix}")
+
+    def _write(self, path, data: bytes, overwrite: bool = False) -> None:
+        stream = self._fs.create(path, overwrite)
+        try:
+            stream.write(bytearray(data))
+        finally:
+            stream.close()
+
+    def _read(self, path) -> bytes:
+        stream = self._fs.open(path)
+        try:
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+        finally:
+            stream.close()
+
+
+# ---- helpers --------------------------------------------------------------------------------------------------
+
+def _utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _process_start(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat); None without /proc or if gone.
+    A zombie counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])

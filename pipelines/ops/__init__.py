@@ -1,0 +1,1 @@
+"""Torch-free numeric ops: decode, resize, preprocess, YOLACT postprocess, masks, video frames."""

@@ -1,0 +1,393 @@
+"""YOLACT postprocess in numpy: priors, box decoding, Detect (Fast / per-class / cross-class NMS), mask assembly.
+
+The one implementation used by the Spark executors (no torch there) and by the PyTorch eval path. It follows the
+reference (dbolya/yolact, see /work/shared/yolact/SPEC.md sections 3, 5, 6, 7) and does its math in float32 like
+the reference. Per image: ``detect(loc, conf, mask, priors)`` -> :class:`Detections`, then
+``postprocess(det, proto, width, height)``, ``instance_masks(...)`` one mask at a time, or ``box_masks(...)``: each
+mask only over its box's window (what the executors encode and paint, never building a full-size mask).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from pipelines.ops.image_ops import AxisTable, bilinear_axis, bilinear_row_blocks
+
+NMS_CHOICES = ("fast", "per_class", "cross_class")
+VARIANCES = (0.1, 0.2)  # center, size
+CROP_PADDING = 1  # proto pixels added on each side of the box before cropping the masks
+MASK_THRESHOLD = 0.5  # a pixel is in the mask iff its probability is > this (strict)
+_FAST_NMS_CLASS_BLOCK = 16  # classes per [c, K, K] IoU block in Fast NMS (bounds memory)
+
+
+# ----------------------------------------------------------------------------------------------------- priors (SPEC 3)
+def make_priors(feature_sizes: Sequence[tuple[int, int]], pred_scales: Sequence[float],
+                aspect_ratios: Sequence[float] = (1.0, 0.5, 2.0), max_size: int = 550,
+                square_anchors: bool = True) -> np.ndarray:
+    """Anchors for all levels: [N, 4] float32 (cx, cy, w, h) relative to the image, N = sum(h*w*len(ratios)).
+
+    feature_sizes: (height, width) of each prediction level's conv output, P3 first; pred_scales: anchor size in
+    pixels per level (divided by ``max_size``). Order per level: row, column, aspect ratio. With
+    ``square_anchors`` (all released v1 configs) every anchor is square: h = w.
+    """
+    if len(feature_sizes) != len(pred_scales):
+        raise ValueError(f"make_priors: got {len(feature_sizes)} feature_sizes but {len(pred_scales)} pred_scales; "
+                         "give one scale per level")
+    priors = []
+    for (conv_h, conv_w), scale in zip(feature_sizes, pred_scales):
+        for j in range(conv_h):
+            y = (j + 0.5) / conv_h
+            for i in range(conv_w):
+                x = (i + 0.5) / conv_w
+                for ar in aspect_ratios:
+                    r = math.sqrt(ar)
+                    w = scale * r / max_size
+                    h = w if square_anchors else scale / r / max_size
+                    priors.append((x, y, w, h))
+    return np.asarray(priors, dtype=np.float64).reshape(-1, 4).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------ decoding (SPEC 5)
+def decode_boxes(loc: np.ndarray, priors: np.ndarray) -> np.ndarray:
+    """loc: [N, 4] offsets (dx, dy, dw, dh); priors: [N, 4] (cx, cy, w, h) -> [N, 4] float32 relative x1y1x2y2
+    (not clipped). x2 = x1 + w, as in the reference."""
+    loc = np.asarray(loc, dtype=np.float32)
+    priors = np.asarray(priors, dtype=np.float32)
+    if loc.ndim != 2 or loc.shape[1] != 4 or priors.shape != loc.shape:
+        raise ValueError(f"decode_boxes: loc and priors must both be [N, 4], got {loc.shape} and {priors.shape}")
+    center = priors[:, :2] + loc[:, :2] * VARIANCES[0] * priors[:, 2:]
+    size = priors[:, 2:] * np.exp(loc[:, 2:] * VARIANCES[1])
+    top_left = center - size / 2
+    return np.concatenate([top_left, top_left + size], axis=1)
+
+
+def pairwise_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of x1y1x2y2 boxes, no +1: a [..., A, 4], b [..., B, 4] -> [..., A, B] float32 (0/0 gives NaN)."""
+    a = a[..., :, None, :]
+    b = b[..., None, :, :]
+    inter_w = np.maximum(np.minimum(a[..., 2], b[..., 2]) - np.maximum(a[..., 0], b[..., 0]), 0)
+    inter_h = np.maximum(np.minimum(a[..., 3], b[..., 3]) - np.maximum(a[..., 1], b[..., 1]), 0)
+    inter = inter_w * inter_h
+    area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])
+    area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return inter / (area_a + area_b - inter)
+
+
+# -------------------------------------------------------------------------------------------------- Detect (SPEC 6)
+@dataclass
+class Detections:
+    """Detections of one image, in descending score order."""
+
+    boxes: np.ndarray    # [n, 4] float32, relative x1y1x2y2 (not clipped)
+    coeffs: np.ndarray   # [n, mask_dim] float32 mask coefficients
+    classes: np.ndarray  # [n] int64, 0-based foreground class index
+    scores: np.ndarray   # [n] float32
+
+    def __len__(self) -> int:
+        return int(self.scores.shape[0])
+
+    def take(self, index: np.ndarray) -> "Detections":
+        """The detections at ``index`` (int indices or a bool [n] mask), in that order."""
+        return Detections(boxes=self.boxes[index], coeffs=self.coeffs[index], classes=self.classes[index],
+                          scores=self.scores[index])
+
+    @classmethod
+    def empty(cls, mask_dim: int = 32) -> "Detections":
+        return cls(boxes=np.zeros((0, 4), np.float32), coeffs=np.zeros((0, mask_dim), np.float32),
+                   classes=np.zeros(0, np.int64), scores=np.zeros(0, np.float32))
+
+
+def detect(loc: np.ndarray, conf: np.ndarray, mask: np.ndarray, priors: np.ndarray, *, conf_thresh: float = 0.05,
+           nms_thresh: float = 0.5, top_k: int = 200, max_num_detections: int = 100,
+           nms: str = "fast") -> Detections:
+    """Detect for one image (reference eval defaults).
+
+    loc: [N, 4] offsets; conf: [N, C] softmaxed scores, column 0 = background; mask: [N, mask_dim] coefficients;
+    priors: [N, 4] (cx, cy, w, h). Priors whose best foreground score is > conf_thresh are candidates (all their
+    class scores are kept, also those <= conf_thresh). ``nms``:
+
+    - ``"fast"`` (eval default): per class the top_k candidates by score, Fast NMS (a box is dropped when any
+      higher-scored box of its class, kept or not, has IoU > nms_thresh with it); then the max_num_detections
+      best over all classes.
+    - ``"per_class"`` (traditional): per class the candidates with score > conf_thresh, greedy NMS (only kept
+      boxes suppress, IoU > nms_thresh); then the max_num_detections best over all classes.
+    - ``"cross_class"``: each candidate's best class only, top_k by score, Fast NMS across classes; no
+      max_num_detections cap (as the reference).
+    Returns ``Detections.empty(mask_dim)`` when no prior is a candidate.
+    """
+    if nms not in NMS_CHOICES:
+        raise ValueError(f"detect: nms={nms!r} is not a known NMS; choose one of {', '.join(NMS_CHOICES)}")
+    loc, conf, mask, priors = _check_detect_inputs(loc, conf, mask, priors)
+    if top_k < 1 or max_num_detections < 1:
+        raise ValueError(f"detect: top_k and max_num_detections must be >= 1, got {top_k}, {max_num_detections}")
+    foreground = conf[:, 1:]
+    candidates = np.flatnonzero(foreground.max(axis=1) > conf_thresh)
+    if candidates.size == 0:
+        return Detections.empty(mask.shape[1])
+    boxes = decode_boxes(loc[candidates], priors[candidates])  # [n, 4]
+    coeffs = mask[candidates]                                    # [n, mask_dim]
+    scores = np.ascontiguousarray(foreground[candidates].T)      # [C, n]
+
+    if nms == "fast":
+        rows, cols = _fast_nms(boxes, scores, nms_thresh, top_k)
+    elif nms == "per_class":
+        rows, cols = _per_class_nms(boxes, scores, nms_thresh, conf_thresh)
+    else:
+        return _cross_class_nms(boxes, coeffs, scores, nms_thresh, top_k)
+
+    kept_scores = scores[rows, cols]
+    best = np.argsort(-kept_scores, kind="stable")[:max_num_detections]
+    rows, cols = rows[best], cols[best]
+    return Detections(boxes=boxes[cols], coeffs=coeffs[cols], classes=rows.astype(np.int64),
+                      scores=kept_scores[best])
+
+
+def _check_detect_inputs(loc, conf, mask, priors):
+    loc, conf, mask, priors = (np.asarray(a, dtype=np.float32) for a in (loc, conf, mask, priors))
+    n = loc.shape[0] if loc.ndim == 2 else -1
+    problems = []
+    if loc.ndim != 2 or loc.shape[1] != 4:
+        problems.append(f"loc must be [N, 4], got {loc.shape}")
+    if conf.ndim != 2 or conf.shape[0] != n or conf.shape[1] < 2:
+        problems.append(f"conf must be [N, C] with C >= 2 (column 0 = background), got {conf.shape}")
+    if mask.ndim != 2 or mask.shape[0] != n:
+        problems.append(f"mask must be [N, mask_dim], got {mask.shape}")
+    if priors.shape != (n, 4):
+        problems.append(f"priors must be [N, 4], got {priors.shape}")
+    if problems:
+        raise ValueError("detect: " + "; ".join(problems) + " (one image, no batch axis; N = number of priors)")
+    return loc, conf, mask, priors
+
+
+def _top_k_desc(scores: np.ndarray, k: int) -> np.ndarray:
+    """scores [C, n] -> [C, k] column indices of each row's k best, by descending score (ties: lower index)."""
+    n_classes, n = scores.shape
+    if k < n:
+        idx = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        idx.sort(axis=1)
+    else:
+        idx = np.broadcast_to(np.arange(n), (n_classes, n))
+    order = np.argsort(-np.take_along_axis(scores, idx, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(idx, order, axis=1)
+
+
+def _fast_nms(boxes, scores, nms_thresh, top_k):
+    """Fast NMS per class (SPEC 6.2) -> (class rows, candidate cols) of the kept entries, class-major."""
+    n_classes = scores.shape[0]
+    order = _top_k_desc(scores, min(top_k, scores.shape[1]))  # [C, K]
+    keep = np.empty(order.shape, dtype=bool)
+    for start in range(0, n_classes, _FAST_NMS_CLASS_BLOCK):
+        block = order[start:start + _FAST_NMS_CLASS_BLOCK]
+        class_boxes = boxes[block]  # [c, K, 4]
+        iou = np.triu(pairwise_iou(class_boxes, class_boxes), k=1)  # iou[c, i, j], i scored above j
+        keep[start:start + len(block)] = iou.max(axis=1) <= nms_thresh
+    rows = np.broadcast_to(np.arange(n_classes)[:, None], order.shape)
+    return rows[keep], order[keep]
+
+
+def _greedy_nms(boxes: np.ndarray, nms_thresh: float, block: int = 256) -> np.ndarray:
+    """boxes [n, 4] in descending score order -> indices of the kept ones, ascending.
+
+    Greedy: a box is kept unless a kept higher-scored box has IoU > nms_thresh with it. IoUs are computed a block
+    of rows at a time (rows not yet suppressed, against the boxes from the block on), so memory is block * n.
+    """
+    n = len(boxes)
+    suppressed = np.zeros(n, dtype=bool)
+    for start in range(0, n, block):
+        rows = start + np.flatnonzero(~suppressed[start:start + block])
+        if rows.size == 0:
+            continue
+        overlaps = pairwise_iou(boxes[rows], boxes[start:]) > nms_thresh  # [rows, n - start]
+        for row, row_overlaps in zip(rows.tolist(), overlaps):
+            if not suppressed[row]:
+                suppressed[row + 1:] |= row_overlaps[row + 1 - start:]
+    return np.flatnonzero(~suppressed)
+
+
+def _per_class_nms(boxes, scores, nms_thresh, conf_thresh):
+    """Traditional NMS per class -> (class rows, candidate cols) of the kept entries, class-major."""
+    rows, cols = [], []
+    for c, class_scores in enumerate(scores):
+        above = np.flatnonzero(class_scores > conf_thresh)
+        if above.size == 0:
+            continue
+        ranked = above[np.argsort(-class_scores[above], kind="stable")]
+        kept = ranked[_greedy_nms(boxes[ranked], nms_thresh)]
+        rows.append(np.full(kept.size, c, dtype=np.int64))
+        cols.append(kept)
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(rows), np.concatenate(cols)
+
+
+def _cross_class_nms(boxes, coeffs, scores, nms_thresh, top_k) -> Detections:
+    """Fast NMS over each candidate's best class (SPEC 6, cc_fast_nms)."""
+    classes = scores.argmax(axis=0)
+    best = scores[classes, np.arange(scores.shape[1])]
+    order = np.argsort(-best, kind="stable")[:top_k]
+    iou = np.triu(pairwise_iou(boxes[order], boxes[order]), k=1)
+    kept = order[iou.max(axis=0) <= nms_thresh]
+    return Detections(boxes=boxes[kept], coeffs=coeffs[kept], classes=classes[kept].astype(np.int64),
+                      scores=best[kept])
+
+
+# ------------------------------------------------------------------------------------------- mask assembly (SPEC 7)
+def _sanitize(a: np.ndarray, b: np.ndarray, size: int, padding: int) -> tuple[np.ndarray, np.ndarray]:
+    """Relative coordinates -> float32 pixels: sorted, x1 = max(x1 - padding, 0), x2 = min(x2 + padding, size)."""
+    a = a * np.float32(size)
+    b = b * np.float32(size)
+    low = np.maximum(np.minimum(a, b) - np.float32(padding), np.float32(0))
+    high = np.minimum(np.maximum(a, b) + np.float32(padding), np.float32(size))
+    return low, high
+
+
+def box_pixels(boxes: np.ndarray, width: int, height: int) -> np.ndarray:
+    """[n, 4] relative x1y1x2y2 -> int64 [n, 4] pixel x1y1x2y2.
+
+    Per axis, as the reference: scaled by the image size in float32, sorted, x1 clamped below at 0 and x2 above at
+    the size, then truncated toward zero. (A box lying wholly outside the image keeps x1 > width or x2 < 0.)
+    """
+    width, height = _check_image_size(width, height)
+    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    x1, x2 = _sanitize(boxes[:, 0], boxes[:, 2], width, 0)
+    y1, y2 = _sanitize(boxes[:, 1], boxes[:, 3], height, 0)
+    return np.stack([x1, y1, x2, y2], axis=1).astype(np.int64)
+
+
+def mask_probabilities(coeffs: np.ndarray, proto: np.ndarray) -> np.ndarray:
+    """coeffs: [n, mask_dim]; proto: [Ph, Pw, mask_dim] -> float32 [n, Ph, Pw] = sigmoid(proto @ coeffs)."""
+    proto = np.asarray(proto, dtype=np.float32)
+    coeffs = np.asarray(coeffs, dtype=np.float32)
+    if proto.ndim != 3 or coeffs.ndim != 2 or proto.shape[2] != coeffs.shape[1]:
+        raise ValueError(f"proto must be [Ph, Pw, mask_dim] (NHWC without batch) matching coeffs [n, mask_dim]; "
+                         f"got proto {proto.shape} and coeffs {coeffs.shape}")
+    height, width, mask_dim = proto.shape
+    logits = proto.reshape(-1, mask_dim) @ coeffs.T  # [Ph*Pw, n]
+    with np.errstate(over="ignore"):
+        probs = np.float32(1) / (np.float32(1) + np.exp(-logits))
+    return np.ascontiguousarray(probs.T).reshape(-1, height, width)
+
+
+def crop_windows(boxes: np.ndarray, proto_height: int, proto_width: int,
+                 padding: int = CROP_PADDING) -> tuple[np.ndarray, np.ndarray]:
+    """Which proto rows/cols each box keeps: pixel (r, c) is kept iff y1 <= r < y2 and x1 <= c < x2, with the
+    box scaled to proto pixels, sorted and padded by ``padding`` (float compare, as the reference's crop).
+    Returns keep_rows [n, Ph] bool, keep_cols [n, Pw] bool."""
+    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    x1, x2 = _sanitize(boxes[:, 0], boxes[:, 2], proto_width, padding)
+    y1, y2 = _sanitize(boxes[:, 1], boxes[:, 3], proto_height, padding)
+    cols = np.arange(proto_width, dtype=np.float32)
+    rows = np.arange(proto_height, dtype=np.float32)
+    keep_cols = (cols >= x1[:, None]) & (cols < x2[:, None])
+    keep_rows = (rows >= y1[:, None]) & (rows < y2[:, None])
+    return keep_rows, keep_cols
+
+
+def crop_masks(probs: np.ndarray, boxes: np.ndarray, padding: int = CROP_PADDING) -> np.ndarray:
+    """probs: [n, Ph, Pw]; boxes: [n, 4] relative x1y1x2y2 -> probs zeroed outside each (padded) box."""
+    keep_rows, keep_cols = crop_windows(boxes, probs.shape[1], probs.shape[2], padding)
+    return probs * (keep_rows[:, :, None] & keep_cols[:, None, :])
+
+
+@dataclass
+class BoxMask:
+    """One detection's mask over its output window: ``mask[r, c]`` is image pixel (top + r, left + c); every pixel
+    outside the window is False. mask: bool [h, w] with 0 <= top, top + h <= height (same for left/width)."""
+
+    top: int
+    left: int
+    mask: np.ndarray
+
+    def full(self, height: int, width: int) -> np.ndarray:
+        """The image-size bool [height, width] mask."""
+        out = np.zeros((height, width), dtype=bool)
+        out[self.top:self.top + self.mask.shape[0], self.left:self.left + self.mask.shape[1]] = self.mask
+        return out
+
+
+def box_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True) -> Iterator[BoxMask]:
+    """Yield one :class:`BoxMask` per detection, in score order (SPEC 7), computed box-locally.
+
+    sigmoid(proto @ coeffs), zeroed outside the box padded by 1 proto pixel (``crop``), bilinear
+    (align_corners=False) to (height, width), then > 0.5. The upsample and threshold run only over the output
+    rows/cols whose bilinear sources include a proto pixel > 0.5 (within the padded box); everywhere else the
+    value is provably <= 0.5, so the full-size mask equals the full computation exactly. The window is at most
+    the padded box at the output resolution, and empty when no proto pixel is > 0.5.
+    proto: [Ph, Pw, mask_dim] (NHWC without batch).
+    """
+    width, height = _check_image_size(width, height)
+    probs = mask_probabilities(det.coeffs, proto)  # [n, Ph, Pw]; checks inputs now, not at the first next()
+    n, proto_height, proto_width = probs.shape
+    if crop:
+        keep_rows, keep_cols = crop_windows(det.boxes, proto_height, proto_width)
+        probs *= keep_rows[:, :, None] & keep_cols[:, None, :]
+    row_axis = bilinear_axis(proto_height, height)
+    col_axis = bilinear_axis(proto_width, width)
+
+    def masks() -> Iterator[BoxMask]:
+        for i in range(n):
+            yield _box_mask(probs[i], row_axis, col_axis)
+
+    return masks()
+
+
+def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable) -> BoxMask:
+    """bilinear(probs) > 0.5, evaluated only over the output window whose sources touch a proto pixel > 0.5.
+
+    Exact: every output value is (a*wx0 + b*wx1)*wy0 + (c*wx0 + d*wx1)*wy1 in float32 with weights >= 0 and
+    fl(1 - w) + w rounding to 1, so when its four sources are all <= 0.5 (zeros of the crop included) it is
+    <= 0.5 (rounding is monotone, and x * 0.5 is exact): such pixels are False without being computed.
+    """
+    hot = probs > MASK_THRESHOLD                           # [Ph, Pw]
+    rows, cols = np.flatnonzero(hot.any(axis=1)), np.flatnonzero(hot.any(axis=0))
+    if rows.size == 0:
+        return BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
+    row_start, row_stop = _output_window(row_axis, rows[0], rows[-1])
+    col_start, col_stop = _output_window(col_axis, cols[0], cols[-1])
+    window = np.zeros((max(row_stop - row_start, 0), max(col_stop - col_start, 0)), dtype=bool)
+    row_part = tuple(a[row_start:row_stop] for a in row_axis)
+    col_part = tuple(a[col_start:col_stop] for a in col_axis)
+    for sl, block in bilinear_row_blocks(probs, row_part, col_part):
+        np.greater(block, MASK_THRESHOLD, out=window[sl])
+    return BoxMask(row_start, col_start, window)
+
+
+def instance_masks(det: Detections, proto: np.ndarray, width: int, height: int,
+                   crop: bool = True) -> Iterator[np.ndarray]:
+    """Yield one bool [height, width] mask per detection, in score order: :func:`box_masks` placed in the image.
+    Only one full-size mask exists at a time."""
+    width, height = _check_image_size(width, height)
+    boxes = box_masks(det, proto, width, height, crop)
+    return (box.full(height, width) for box in boxes)
+
+
+def assemble_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True) -> np.ndarray:
+    """All masks at once: bool [n, height, width] (see :func:`box_masks`)."""
+    width, height = _check_image_size(width, height)
+    masks = np.zeros((len(det), height, width), dtype=bool)
+    for i, box in enumerate(box_masks(det, proto, width, height, crop)):
+        masks[i, box.top:box.top + box.mask.shape[0], box.left:box.left + box.mask.shape[1]] = box.mask
+    return masks
+
+
+def _output_window(axis: AxisTable, first: int, last: int) -> tuple[int, int]:
+    """Output range [start, stop) whose source pixels i0 or i1 fall in [first, last] (i0, i1 non-decreasing)."""
+    i0, i1, _ = axis
+    return int(np.searchsorted(i1, first, side="left")), int(np.searchsorted(i0, last, side="right"))
+
+
+def postprocess(det: Detections, proto: np.ndarray, width: int, height: int,
+                crop: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """SPEC 7: (classes int64 [n], scores float32 [n], boxes int64 [n, 4] pixel x1y1x2y2, masks bool [n, H, W])."""
+    return (det.classes.copy(), det.scores.copy(), box_pixels(det.boxes, width, height),
+            assemble_masks(det, proto, width, height, crop))
+
+
+def _check_image_size(width, height) -> tuple[int, int]:
+    if int(width) != width or int(height) != height or int(width) < 1 or int(height) < 1:
+        raise ValueError(f"image width and height must be positive integers (pixels), got {width!r}, {height!r}")
+    return int(width), int(height)

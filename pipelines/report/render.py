@@ -1,0 +1,158 @@
+"""See a job's results: overlay images and a static report page, from a (local) output directory. No Spark.
+
+    python -m pipelines.report.render --output OUT [--input-root DIR] [--limit N] [--score-threshold T]
+
+Writes OUT/overlays/<image key>.png (each instance's mask tinted in its own colour, with box, class and score;
+the key is the image's path under the job's input, as for masks/), OUT/overlays/thumbs/*.jpg, OUT/overlays/index.json
+and OUT/report.html (+ OUT/report_files/*.png): open report.html in a browser, copy OUT to view it elsewhere, or
+`displayHTML(open(".../report.html").read())` on Databricks. `--input-root DIR`: where the input images are now,
+when they moved since the run (an hdfs:// or abfss:// input downloaded to DIR): an image is looked up at
+DIR/<its path under the run's input>. The job draws them itself with `output.overlays: true`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from pipelines.io.output_paths import parse_location, relative_key
+from pipelines.report import overlays as ov
+from pipelines.report import page, plots
+from pipelines.report.tables import OutputError, OutputTables, local_file, read_output
+
+log = logging.getLogger(__name__)
+OVERLAYS_DIR = "overlays"
+INDEX_NAME = "index.json"
+REPORT_NAME = "report.html"
+PLOTS_DIR = "report_files"
+DEFAULT_LIMIT = 100
+DEFAULT_THRESHOLD = 0.5
+
+
+def source_file(path: str, run_input: str | None, input_root: str | Path | None) -> Path:
+    """Where to read an image: its own local path, or DIR/<its path under the run's input> with `input_root`."""
+    if input_root is None:
+        return local_file(path)
+    location = parse_location(path)
+    if run_input:
+        root = parse_location(run_input)
+        if location.parts[:len(root.parts)] == root.parts and len(location.parts) > len(root.parts):
+            return Path(input_root).joinpath(*location.parts[len(root.parts):])
+    return Path(input_root) / location.parts[-1]
+
+
+def _top_score(row: dict, threshold: float) -> float:
+    return max([i["score"] for i in row.get("instances") or [] if i["score"] >= threshold], default=0.0)
+
+
+def render_overlays(tables: OutputTables, input_root: str | Path | None = None, limit: int = DEFAULT_LIMIT,
+                    score_threshold: float = DEFAULT_THRESHOLD) -> dict:
+    """Draw the `limit` top-scoring images (ties by path) under OUT/overlays/; returns (and writes) the index."""
+    out_dir = tables.root / OVERLAYS_DIR
+    (out_dir / "thumbs").mkdir(parents=True, exist_ok=True)
+    run_input = (tables.summary or {}).get("input")
+    ranked = sorted(tables.detections, key=lambda r: (-_top_score(r, score_threshold), r["path"]))
+    entries, missing = [], []
+    for row in ranked[:limit] if limit > 0 else ranked:
+        source = source_file(row["path"], run_input, input_root)
+        if not source.is_file():
+            missing.append({"path": row["path"], "looked_at": str(source)})
+            continue
+        key = relative_key(row["path"], run_input) if run_input else Path(row["path"]).name
+        image = ov.load_rgb(source)
+        drawn = ov.drawn_instances(row.get("instances"), score_threshold)
+        overlay = ov.draw_overlay(image, drawn, score_threshold)
+        overlay_path, thumb_path = out_dir / f"{key}.png", out_dir / "thumbs" / f"{key}.jpg"
+        overlay_path.parent.mkdir(parents=True, exist_ok=True)
+        thumb_path.parent.mkdir(parents=True, exist_ok=True)
+        ov.Image.fromarray(overlay).save(overlay_path, "PNG")
+        ov.thumbnail(overlay).save(thumb_path, "JPEG", quality=85)
+        entries.append({"path": row["path"], "name": Path(row["path"]).name, "drawn": len(drawn),
+                        "top_score": _top_score(row, score_threshold),
+                        "classes": sorted({i["class_name"] for i in drawn}),
+                        "overlay": f"{OVERLAYS_DIR}/{key}.png", "thumbnail": f"{OVERLAYS_DIR}/thumbs/{key}.jpg"})
+    if missing:
+        log.warning("%d source images not found, e.g. %s (looked at %s): pass --input-root DIR where they are now",
+                    len(missing), missing[0]["path"], missing[0]["looked_at"])
+    index = {"score_threshold": score_threshold, "images_total": len(tables.detections), "images": entries,
+             "missing": missing}
+    (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
+    return index
+
+
+def class_stats(tables: OutputTables, threshold: float) -> tuple[dict, dict]:
+    """({class: (instances >= threshold, all, images with one >= threshold)}, {class: [scores]}), classes in the
+    model's order when the summary names them."""
+    order = list((tables.summary or {}).get("model", {}).get("classes") or [])
+    scores: dict[str, list[float]] = {}
+    images: dict[str, int] = {}
+    for row in tables.detections:
+        seen = set()
+        for inst in row.get("instances") or []:
+            scores.setdefault(inst["class_name"], []).append(float(inst["score"]))
+            if inst["score"] >= threshold:
+                seen.add(inst["class_name"])
+        for name in seen:
+            images[name] = images.get(name, 0) + 1
+    names = [n for n in order if n in scores] + sorted(n for n in scores if n not in order)
+    counts = {n: (sum(s >= threshold for s in scores[n]), len(scores[n]), images.get(n, 0)) for n in names}
+    return counts, {n: scores[n] for n in names}
+
+
+def write_report(output: str | Path, tables: OutputTables | None = None) -> Path:
+    """OUT/report.html from what OUT holds now (summary, tables, overlays/index.json, evaluation.json)."""
+    tables = tables or read_output(output)
+    root = tables.root
+    index_path = root / OVERLAYS_DIR / INDEX_NAME
+    index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.is_file() else None
+    threshold = index["score_threshold"] if index else DEFAULT_THRESHOLD
+    evaluation_path = root / "evaluation.json"
+    evaluation = json.loads(evaluation_path.read_text(encoding="utf-8")) if evaluation_path.is_file() else None
+    counts, scores = class_stats(tables, threshold)
+    plot_dir = root / PLOTS_DIR
+    plot_dir.mkdir(exist_ok=True)
+    written = [plots.class_counts_png({n: c[:2] for n, c in counts.items()}, threshold, plot_dir),
+               plots.score_histograms_png(scores, threshold, plot_dir)]
+    plot_links = [f"{PLOTS_DIR}/{p.name}" for p in written if p is not None]
+    html = page.report_html(tables.summary, counts, threshold, plot_links, evaluation, tables.errors, index)
+    path = root / REPORT_NAME
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def render(output: str | Path, input_root: str | Path | None = None, limit: int = DEFAULT_LIMIT,
+           score_threshold: float = DEFAULT_THRESHOLD) -> Path:
+    """Overlays and report.html for `output`; returns the report's path."""
+    tables = read_output(output)
+    if input_root is not None and not Path(input_root).is_dir():
+        raise OutputError(f"--input-root {input_root}: no such directory; pass where the input images are now")
+    render_overlays(tables, input_root, limit, score_threshold)
+    return write_report(tables.root, tables)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", required=True, help="the job's --output (a local directory)")
+    parser.add_argument("--input-root", help="where the input images are now, if they moved since the run")
+    parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
+                        help=f"draw at most this many images, top-scoring first (default {DEFAULT_LIMIT}; 0: all)")
+    parser.add_argument("--score-threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help=f"draw and count instances with at least this score (default {DEFAULT_THRESHOLD})")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        path = render(args.output, args.input_root, args.limit, args.score_threshold)
+    except OutputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,179 @@
+"""Write: results DataFrame -> detections/ and errors/ (Parquet, appended per committed wave), summary.json,
+coco_results.json.
+
+Two writers, one layout:
+- `spark`: Spark's Parquet writer for every Hadoop URI (file://, hdfs://, abfss:// with hadoop-azure); its commit
+  protocol makes a wave's files visible only when the wave's job commits.
+- `azure_sdk` (az:// outputs, clusters without hadoop-azure): each task uploads its own Parquet files with names
+  fixed by (run, wave, partition, batch), so a retried or speculative task overwrites instead of duplicating, and a
+  blob upload is atomic (never half visible).
+"""
+from __future__ import annotations
+
+import json
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.io.storage import join_uri, write_bytes_atomic
+from pipelines.results.result_rows import FRAME_COLUMNS, STAGES
+from pipelines.io.uris import store_of
+
+# The tables' columns, from result_rows.RESULT_SCHEMA. The video frame columns are null for images; tables written
+# before they existed get them as nulls when read (read_table), so old outputs stay readable and resumable.
+DETECTION_COLUMNS = ["path", "width", "height", "instances", "mask_path", "size", "modification_time", "timings",
+                     "model_name", "model_sha256", "run_id", *FRAME_COLUMNS]
+ERROR_COLUMNS = ["path", "error_stage AS stage", "error_type", "error_message AS message", "size", "modification_time",
+                 "model_name", "model_sha256", "run_id", *FRAME_COLUMNS]
+TIMING_FIELDS = [f"{stage}_s" for stage in STAGES]
+
+
+def detections_uri(output_uri: str) -> str:
+    return join_uri(output_uri, "detections")
+
+
+def errors_uri(output_uri: str) -> str:
+    return join_uri(output_uri, "errors")
+
+
+def choose_writer(output_uri: str) -> str:
+    return "azure_sdk" if store_of(output_uri) == "azure_sdk" else "spark"
+
+
+def write_results(results: DataFrame, output_uri: str, file_prefix: str = "part", azure_credentials=None) -> dict:
+    """Append the ok rows to detections/ and the error rows to errors/; return the wave's aggregates
+    (counts, instance count, per-stage seconds). `results` should be persisted by the caller."""
+    detections = results.where("status = 'ok'").select(*DETECTION_COLUMNS)
+    errors = results.where("status = 'error'").selectExpr(*ERROR_COLUMNS)
+    if choose_writer(output_uri) == "spark":
+        detections.write.mode("append").parquet(detections_uri(output_uri))
+        errors.write.mode("append").parquet(errors_uri(output_uri))
+    else:
+        for frame, uri in ((detections, detections_uri(output_uri)), (errors, errors_uri(output_uri))):
+            upload_parquet_parts(frame, uri, file_prefix, azure_credentials)
+    row = results.agg(
+        F.sum(F.when(F.col("status") == "ok", 1).otherwise(0)).alias("done"),
+        F.sum(F.when(F.col("status") == "error", 1).otherwise(0)).alias("failed"),
+        F.sum(F.when((F.col("status") == "ok") & F.col("frame_index").isNotNull(), 1).otherwise(0)).alias("frames"),
+        F.sum(F.coalesce(F.size("instances"), F.lit(0))).alias("instances"),
+        *[F.sum(f"timings.{name}").alias(name) for name in TIMING_FIELDS],
+    ).first()
+    return {key: (row[key] or 0) for key in row.asDict()}
+
+
+def upload_parquet_parts(frame: DataFrame, table_uri: str, file_prefix: str, azure_credentials) -> None:
+    """Each task writes its rows as Parquet blobs named <prefix>-<partition>-<batch>.parquet under `table_uri`."""
+    import inspect
+
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    # pyspark 4 needs the session time zone for timestamps; pyspark 3.5 always used UTC and takes no argument
+    tz = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
+    arrow_schema = to_arrow_schema(frame.schema, **tz)
+
+    def upload(batches):
+        import io
+
+        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        from pipelines.io.storage import join_uri, write_bytes_atomic
+
+        partition = TaskContext.get().partitionId()
+        for number, batch in enumerate(batches):
+            if len(batch):
+                buffer = io.BytesIO()
+                pq.write_table(pa.Table.from_pandas(batch, schema=arrow_schema, preserve_index=False), buffer)
+                name = f"{file_prefix}-{partition:05d}-{number:04d}.parquet"
+                write_bytes_atomic(join_uri(table_uri, name), buffer.getvalue(), azure_credentials=azure_credentials)
+            yield pd.DataFrame({"rows": [len(batch)]})
+
+    frame.mapInPandas(upload, "rows long").collect()
+
+
+def read_table(spark: SparkSession, table_uri: str, azure_credentials=None) -> DataFrame | None:
+    """detections/ or errors/ as a DataFrame, from either writer; None when nothing was written yet."""
+    if choose_writer(table_uri) == "spark":
+        if not hadoop_path_exists(spark, table_uri):   # a new output: asking Spark would log a Java stack trace
+            return None
+        schema = table_schema(spark, table_uri)   # files of runs before the frame columns lack them: read as null
+        try:
+            return with_frame_columns((spark.read if schema is None else spark.read.schema(schema)).parquet(table_uri))
+        except Exception:  # noqa: BLE001  (a directory without Parquet files yet, e.g. a killed first wave)
+            return None
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.io.azure_storage import list_blobs, read_blob
+
+    tables = [pq.read_table(io.BytesIO(read_blob(blob.uri, azure_credentials)))
+              for blob in list_blobs(table_uri, [".parquet"], azure_credentials)]
+    if not tables:
+        return None
+    return with_frame_columns(spark.createDataFrame(pa.concat_tables(tables, promote_options="default").to_pandas()))
+
+
+def table_schema(spark: SparkSession, table_uri: str):
+    """The schema the job writes detections/ or errors/ with (from RESULT_SCHEMA; no Spark job), None for other
+    tables. Reading with it, Parquet files that lack a column give nulls, whichever file Spark would have sampled."""
+    from pipelines.results.result_rows import RESULT_SCHEMA
+
+    name = table_uri.rstrip("/").rsplit("/", 1)[-1]
+    columns = {"detections": DETECTION_COLUMNS, "errors": ERROR_COLUMNS}.get(name)
+    if columns is None:
+        return None
+    written = spark.createDataFrame([], f"{RESULT_SCHEMA}, model_name string, model_sha256 string, run_id string")
+    return written.selectExpr(*columns).schema
+
+
+def with_frame_columns(table: DataFrame) -> DataFrame:
+    """A table read back, with FRAME_COLUMNS added as nulls where it predates them."""
+    for name, kind in FRAME_COLUMNS.items():
+        if name not in table.columns:
+            table = table.withColumn(name, F.lit(None).cast(kind))
+    return table
+
+
+def hadoop_path_exists(spark: SparkSession, uri: str) -> bool:
+    """Whether `uri` exists, asked of the Hadoop FileSystem the driver's Spark reads it with (any scheme)."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+
+
+def failed_paths(spark: SparkSession, output_uri: str, run_id: str, limit: int = 10,
+                 azure_credentials=None) -> list[str]:
+    """The first `limit` paths (sorted) recorded in errors/ by run `run_id`."""
+    errors = read_table(spark, errors_uri(output_uri), azure_credentials)
+    if errors is None:
+        return []
+    return [row.path for row in errors.where(F.col("run_id") == run_id).select("path").orderBy("path")
+            .limit(limit).collect()]
+
+
+def done_keys(spark: SparkSession, output_uri: str, model_sha256: str, azure_credentials=None) -> DataFrame | None:
+    """(path, size, modification_time, segment_start, segment_end) of every record of this model in detections/ or
+    errors/ (not deduplicated: an anti-join needs no distinct, and skipping it saves a shuffle; segment_start is null for images,
+    a video's records are per segment). None when nothing has been written yet."""
+    frames = []
+    for uri in (detections_uri(output_uri), errors_uri(output_uri)):
+        frame = read_table(spark, uri, azure_credentials)
+        if frame is None:
+            continue
+        frames.append(frame.where(F.col("model_sha256") == model_sha256)
+                      .select("path", "size", "modification_time", "segment_start", "segment_end"))
+    if not frames:
+        return None
+    keys = frames[0]
+    for frame in frames[1:]:
+        keys = keys.unionByName(frame)
+    return keys
+
+
+def write_summary(output_uri: str, summary: dict, azure_credentials=None) -> None:
+    data = (json.dumps(summary, indent=2, default=str) + "\n").encode()
+    write_bytes_atomic(join_uri(output_uri, "summary.json"), data, azure_credentials=azure_credentials)

@@ -1,0 +1,92 @@
+"""The summary's `table` counts (what the output holds) from this run's own records plus a small persisted index,
+instead of ranking every record of the output's history on every run.
+
+`<output>/_sparkseg_counts.json` holds, per model sha256, incremental.table_counts' numbers ({"images", "errors",
+"superseded_rows"}) and the total rows of detections/ and errors/ (all models) they describe. After a run:
+- the index is trusted only when the tables now hold exactly its rows plus this run's (Parquet row counts, read
+  from the files' footers); anything else (no index yet, a model it never counted, a run killed between its writes
+  and its index update) means one full rescan (incremental.table_counts), whose result becomes the new index;
+- this run's paths are the only ones whose current record changed: each one's previous current record (if any)
+  becomes superseded, and its new record counts as an image or an error. Only those paths' earlier records are read
+  (a semi-join on this run's paths, column-pruned), and a run with nothing new reads none.
+Runs on one output never overlap (the run lock) and run ids sort by start time, so this run's records are the newest.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.results.incremental import (TABLES, ranked_keys, read_tables, record_keys, renamed_keys, same_record,
+                                   table_counts)
+from pipelines.results.results_writer import detections_uri, errors_uri, read_table
+from pipelines.io.storage import exists, join_uri, read_bytes, write_bytes_atomic
+
+log = logging.getLogger(__name__)
+INDEX_NAME = "_sparkseg_counts.json"
+
+
+def table_rows(spark: SparkSession, output_uri: str, azure_credentials=None) -> dict[str, int]:
+    """{"detections": rows, "errors": rows} of every model (Parquet counts come from the footers)."""
+    rows = {}
+    for name, uri in zip(TABLES, (detections_uri(output_uri), errors_uri(output_uri))):
+        frame = read_table(spark, uri, azure_credentials)
+        rows[name] = frame.count() if frame is not None else 0
+    return rows
+
+
+def read_index(output_uri: str, azure_credentials=None) -> dict | None:
+    uri = join_uri(output_uri, INDEX_NAME)
+    try:
+        if not exists(uri, azure_credentials):
+            return None
+        return json.loads(read_bytes(uri, azure_credentials))
+    except (OSError, ValueError) as err:   # unreadable: counted afresh, and rewritten
+        log.warning("%s: unreadable (%s); the table counts are computed afresh", uri, err)
+        return None
+
+
+def write_index(output_uri: str, index: dict, azure_credentials=None) -> None:
+    uri = join_uri(output_uri, INDEX_NAME)
+    try:
+        write_bytes_atomic(uri, (json.dumps(index, indent=1, sort_keys=True) + "\n").encode(), azure_credentials)
+    except OSError as err:   # the job's results stand; the next run rescans once
+        log.warning("%s: not written (%s); the next run counts the tables afresh", uri, err)
+
+
+def counts_after_run(spark: SparkSession, output_uri: str, model_sha256: str, run_id: str, written: dict[str, int],
+                     azure_credentials=None) -> dict:
+    """incremental.table_counts(output, model) after run `run_id`, which appended `written` rows
+    ({"detections": n, "errors": m}); updates the index."""
+    index = read_index(output_uri, azure_credentials) or {}
+    rows = table_rows(spark, output_uri, azure_credentials)
+    known = index.get("rows") or {}
+    models = dict(index.get("models") or {})
+    trusted = model_sha256 in models and all(rows[t] == int(known.get(t, -1)) + written.get(t, 0) for t in TABLES)
+    if trusted:
+        counts = dict(models[model_sha256])
+        if any(written.values()):
+            counts = apply_run(spark, output_uri, model_sha256, run_id, counts, written, azure_credentials)
+    else:
+        counts = table_counts(spark, output_uri, model_sha256, azure_credentials)
+        if not all(rows[t] == int(known.get(t, -1)) + written.get(t, 0) for t in TABLES):
+            models = {}   # rows the index never saw (other models' too): those models are counted afresh later
+    models[model_sha256] = counts
+    write_index(output_uri, {"rows": rows, "models": models}, azure_credentials)
+    return counts
+
+
+def apply_run(spark: SparkSession, output_uri: str, model_sha256: str, run_id: str, counts: dict,
+              written: dict[str, int], azure_credentials=None) -> dict:
+    """`counts` before run `run_id` -> after it: its paths' previous current records become superseded."""
+    keys = record_keys(read_tables(spark, output_uri, model_sha256, azure_credentials))
+    this_run = renamed_keys(keys.where(F.col("run_id") == run_id).drop("table"), "this_run_")
+    earlier = keys.where(F.col("run_id") != run_id).join(this_run, same_record("this_run_"), "left_semi")
+    previous = {row.table: row["count"] for row in
+                ranked_keys(earlier).where("rank = 1").groupBy("table").count().collect()}
+    before_det, before_err = previous.get("detections", 0), previous.get("errors", 0)
+    return {"images": counts["images"] - before_det + written.get("detections", 0),
+            "errors": counts["errors"] - before_err + written.get("errors", 0),
+            "superseded_rows": counts["superseded_rows"] + before_det + before_err}

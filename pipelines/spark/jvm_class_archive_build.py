@@ -1,0 +1,63 @@
+"""Build this env's class-data-sharing archive of the Spark driver JVM (pipelines.spark.jvm_class_archive names it).
+
+    python -m pipelines.spark.jvm_class_archive_build [--if-missing]   # ~1 min; `make demo` and `make test` run it once
+    python -m pipelines.spark.jvm_class_archive_build --path           # print where the archive is (built or not)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from pipelines.inference import inference_job
+from pipelines.job_config import load_config
+from pipelines.spark.jvm_class_archive import archive_path
+from pipelines.spark.spark_session import local_session
+
+
+def build(timeout_s: float = 600) -> Path:
+    """Run the bundled model over samples/images in a JVM that dumps the classes it loaded at exit, then move the
+    archive into place (atomic: a job starting meanwhile sees the whole archive or none). Returns its path."""
+    target = archive_path()
+    if target is None:
+        raise RuntimeError("no java found (JAVA_HOME or PATH): install a JDK 17 first")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sparkseg-cds-") as work:
+        dump = Path(work) / "classes.jsa"
+        spark = local_session("sparkseg-class-archive", "local[2]",
+                              {"spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={dump} -Xlog:cds=off"
+                                                                " -Xlog:cds+dynamic=off"}, log_level="ERROR")
+        gateway = spark.sparkContext._gateway
+        config = load_config(None)
+        config["output"]["uri"] = str(Path(work) / "output")
+        config["output"]["overlays"] = False
+        inference_job.run(spark, config, "yolact")
+        spark.stop()
+        gateway.shutdown()
+        gateway.proc.stdin.close()    # the JVM exits when its stdin closes, and writes the archive on the way out
+        gateway.proc.wait(timeout=timeout_s)
+        if not dump.is_file() or dump.stat().st_size == 0:
+            raise RuntimeError(f"the JVM wrote no class archive to {dump} (exit status {gateway.proc.returncode})")
+        staged = target.with_suffix(f".{os.getpid()}.tmp")
+        shutil.copyfile(dump, staged)
+        os.replace(staged, target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--if-missing", action="store_true", help="nothing to do when the archive exists")
+    parser.add_argument("--path", action="store_true", help="only print where the archive is")
+    args = parser.parse_args(argv)
+    path = archive_path()
+    if not args.path and not (args.if_missing and path is not None and path.is_file()):
+        path = build()
+    print(path if path is not None else "no java found")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

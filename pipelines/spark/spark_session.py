@@ -1,0 +1,161 @@
+"""Building SparkSessions the way every job and test needs them."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+# Families of settings whose keys are open-ended (Spark registers no entry per key).
+OPEN_SETTING_PREFIXES = ("spark.hadoop.", "spark.executorEnv.", "spark.yarn.", "spark.kubernetes.",
+                         "spark.driver.resource.", "spark.executor.resource.", "spark.sql.catalog.",
+                         "spark.metrics.", "spark.databricks.", "spark.plugins.", "spark.eventLog.",
+                         "spark.history.", "spark.ssl.", "spark.jars.", "spark.sparkseg.")
+
+# Settings every sparkseg session gets unless the caller (or spark-submit) set them.
+DEFAULT_CONF = {
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Our partitions are balanced on purpose; AQE must not merge them.
+    "spark.sql.adaptive.coalescePartitions.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+}
+DEFAULT_LOG_LEVEL = "WARN"
+LOG4J_CONFIG_NAME = "log4j2.properties"
+
+
+def log4j_config_path() -> Path:
+    """conf/log4j2.properties (the installed package's pipelines/conf copy, else the checkout's): WARN and up, without
+    Spark's start-up noise. Used by jobs that start their own JVM; under spark-submit pass it with
+    --driver-java-options "-Dlog4j2.configurationFile=file:<this path>" (python -m pipelines.spark.spark_session --log4j-config)."""
+    from pipelines.job_config import DEFAULT_CONFIG_CANDIDATES
+
+    for candidate in DEFAULT_CONFIG_CANDIDATES:
+        if (candidate.parent / LOG4J_CONFIG_NAME).is_file():
+            return candidate.parent / LOG4J_CONFIG_NAME
+    raise FileNotFoundError(f"{LOG4J_CONFIG_NAME} is missing beside the default config: reinstall sparkseg")
+
+
+def quiet_jvm_options(conf: dict) -> dict:
+    """`conf` with the driver JVM pointed at log4j_config_path() (appended to spark.driver.extraJavaOptions), unless
+    the caller already chose a log4j2 configuration. Only effective when this process starts the JVM."""
+    options = conf.get("spark.driver.extraJavaOptions", "")
+    if "log4j2.configurationFile" in options or "log4j.configurationFile" in options:
+        return conf
+    try:
+        flag = f"-Dlog4j2.configurationFile=file:{log4j_config_path()}"
+    except FileNotFoundError as err:
+        log.warning("%s; Spark logs at its default level until the SparkContext starts", err)
+        return conf
+    return {**conf, "spark.driver.extraJavaOptions": f"{options} {flag}".strip()}
+
+
+def quick_start_options(conf: dict) -> dict:
+    """`conf` with the driver JVM starting fast (only effective when this process starts the JVM):
+    - it maps this env's class archive (pipelines.spark.jvm_class_archive) when that is built, unless the caller chose CDS
+      flags of its own;
+    - it compiles with C1 only (QUICK_START_JIT) unless the caller chose JIT flags: C2's compiler threads compete with
+      a short job for the cores (a 200-image run with nothing new: 21 s -> 13 s on 2 cores); a JVM this process
+      starts is a local-mode one, whose JVM-side work (listing, Arrow, Parquet) is small beside the model's.
+    Under spark-submit the JVM is up before this code runs: pass the flags with --driver-java-options (README)."""
+    from pipelines.spark.jvm_class_archive import QUICK_START_JIT, driver_java_options
+
+    options = conf.get("spark.driver.extraJavaOptions", "")
+    flags = []
+    if not any(flag in options for flag in ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare")):
+        flags.append(driver_java_options())
+    if "TieredStopAtLevel" not in options and "TieredCompilation" not in options:
+        flags.append(QUICK_START_JIT)
+    added = " ".join(flag for flag in flags if flag)
+    return {**conf, "spark.driver.extraJavaOptions": f"{options} {added}".strip()} if added else conf
+
+
+def local_session(app_name: str = "sparkseg", master: str = "local[*]", conf: dict | None = None,
+                  log_level: str = "ERROR") -> SparkSession:
+    """A local-mode session whose Python workers run this interpreter; Spark logs at `log_level` from the
+    SparkContext's start (spark.log.level), and a JVM started here reads conf/log4j2.properties."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app_name).master(master)
+    merged = {**DEFAULT_CONF, "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+              "spark.sql.shuffle.partitions": "4", "spark.log.level": log_level.upper(), **(conf or {})}
+    for key, value in quick_start_options(quiet_jvm_options(merged)).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(merged["spark.log.level"])
+    return session
+
+
+def ship_library(session: SparkSession) -> None:
+    """Make `pipelines` importable on every executor (clusters whose Python env lacks sparkseg): zip the package
+    this driver runs and add it with addPyFile, once per SparkContext."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    context = session.sparkContext
+    if session.conf.get("spark.sparkseg.libraryShipped", "false") == "true":
+        return
+    package = Path(__file__).resolve().parents[1]   # pipelines/ (this module is pipelines/spark/spark_session.py)
+    staging = Path(tempfile.mkdtemp(prefix="sparkseg-lib-"))
+    archive = shutil.make_archive(str(staging / "sparkseg_pipelines"), "zip", root_dir=package.parent,
+                                  base_dir=package.name)
+    context.addPyFile(archive)
+    session.conf.set("spark.sparkseg.libraryShipped", "true")
+
+
+def job_session(spark_config: dict) -> SparkSession:
+    """The session for a job: under spark-submit (or Databricks) the existing master and settings win; run as a plain
+    `python jobs/...` script it starts `spark_config['master']` (local[*] by default). (The bigdl engine's session:
+    pipelines.engines.bigdl_engine.bigdl_job_session.)"""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    conf = {str(k): str(v) for k, v in (spark_config.get("conf") or {}).items()}
+    level = str(spark_config.get("log_level") or DEFAULT_LOG_LEVEL).upper()
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):   # launched by spark-submit: its master and conf win
+        set_jvm_log_level(level)   # the JVM is up: quiet it before the SparkContext logs its start-up
+        builder = SparkSession.builder.appName(spark_config.get("app_name", "sparkseg"))
+        for key, value in {**DEFAULT_CONF, "spark.log.level": level, **conf}.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel(level)
+    else:
+        session = local_session(spark_config.get("app_name", "sparkseg"), spark_config.get("master", "local[*]"), conf,
+                                log_level=level)
+    return session
+
+
+def set_jvm_log_level(level: str) -> None:
+    """Set the root log4j2 level of the JVM spark-submit started, before any SparkContext exists (its default
+    profile logs INFO). Best effort: a JVM without log4j2-core keeps its level."""
+    from pyspark import SparkContext
+
+    try:
+        SparkContext._ensure_initialized()
+        jvm = SparkContext._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setRootLevel(jvm.org.apache.logging.log4j.Level.toLevel(level))
+    except Exception as err:  # noqa: BLE001  (logging only; the SparkContext applies spark.log.level anyway)
+        log.debug("could not set the JVM's log level early: %s", err)
+
+
+def warn_unknown_spark_settings(session: SparkSession, settings: dict) -> list[str]:
+    """Log a warning for each key of `settings` that this Spark has no setting for (a typo such as
+    spark.executor.core is passed on silently by Spark and changes nothing); return those keys. Spark's registry
+    of settings (ConfigEntry) knows the core and SQL ones; open-ended families (spark.hadoop.*, ...) are not checked."""
+    registry = session.sparkContext._jvm.org.apache.spark.internal.config.ConfigEntry
+    unknown = [key for key in settings if not key.startswith(OPEN_SETTING_PREFIXES)
+               and registry.findEntry(key) is None]
+    for key in unknown:
+        log.warning("--conf %s: Spark %s has no such setting (a typo?); passed on as given", key, session.version)
+    return unknown
+
+
+if __name__ == "__main__":   # python -m pipelines.spark.spark_session --log4j-config: the path for --driver-java-options
+    if sys.argv[1:] == ["--log4j-config"]:
+        print(log4j_config_path())
+    else:
+        sys.exit("usage: python -m pipelines.spark.spark_session --log4j-config")
