@@ -181,6 +181,14 @@ def test_preprocess_stays_within_one_uint8_level_of_our_numpy_preprocessing(bigd
 
 
 
+def predicted_rows(preprocessed, ir_xml, batch_size: int = 1) -> tuple[list[str], list]:
+    """bigdl_predict's columns and collected rows (f32), its persisted input released."""
+    result, nested_input = bigdl_predict(preprocessed, ir_xml, batch_size=batch_size, precision="f32")
+    rows = result.collect()
+    nested_input.unpersist()
+    return result.columns, rows
+
+
 def assert_equal_up_to_thread_order(got: np.ndarray, expected: np.ndarray) -> None:
     """Orca's OpenVINO and this process's may use different thread counts; OpenVINO's CPU plugin splits f32
     reductions over its threads, so the sums are added in another order: a few float32 ulps of the outputs'
@@ -196,10 +204,8 @@ def test_predict_equals_openvino_on_the_same_tensor_and_is_close_to_numpy_prepro
                                     STD_RGB).cache()
     chw = {row["path"]: np.asarray(row["chw"], np.float32).reshape(INPUT_SHAPE) for row in preprocessed.collect()}
     # 3 images in batches of 2: Orca pads the last batch by repeating its last image.
-    result, nested_input = bigdl_predict(preprocessed, tiny_ir, batch_size=2, precision="f32")
-    assert result.columns == ["path", "height", "width", "proto", "conf"]  # IR order, not the legacy API's
-    rows = result.collect()
-    nested_input.unpersist()
+    columns, rows = predicted_rows(preprocessed, tiny_ir, batch_size=2)
+    assert columns == ["path", "height", "width", "proto", "conf"]  # IR order, not the legacy API's
     assert sorted(row["path"] for row in rows) == sorted(images)
 
     compiled = ov.Core().compile_model(str(tiny_ir), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
@@ -243,15 +249,14 @@ def test_predict_on_many_rows_per_partition_equals_openvino_row_by_row(bigdl_spa
                                     tuple(manifest.input["std"]))
     chw = {row["path"]: np.asarray(row["chw"], np.float32).reshape(1, 3, height, width)
            for row in preprocessed.collect()}
-    result, nested_input = bigdl_predict(preprocessed, xml, precision="f32")
-    rows = result.collect()
-    nested_input.unpersist()
+    _, rows = predicted_rows(preprocessed, xml)
     assert sorted(row["path"] for row in rows) == sorted(images)
     compiled = ov.Core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    for row in rows:
-        direct = compiled(chw[row["path"]])
+    for path, outputs in ((row["path"], row) for row in rows):
+        expected = compiled(chw[path])
         for name in manifest.outputs.values():
-            assert_equal_up_to_thread_order(np.asarray(row[name], np.float32), direct[compiled.output(name)].ravel())
+            assert_equal_up_to_thread_order(np.asarray(outputs[name], np.float32),
+                                            expected[compiled.output(name)].ravel())
 
 
 @pytest.mark.bigdl
