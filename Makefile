@@ -10,11 +10,13 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # would delete the files of a suite still running from another checkout (two clones tested at once).
 PYTEST_TMP := $(CURDIR)/.pytest-tmp
 
-# The Spark driver JVM's class-data-sharing archive, once per env (~1 min; pipelines/spark/jvm_class_archive_build.py): every JVM
+# The Spark driver JVM's class-data-sharing archive, once per env (~1 min;
+# pipelines/spark/jvm_class_archive_build.py): every JVM
 # a job starts maps it (~2x faster start-up on 2 cores, reports/startup.md).
 .PHONY: jvm-archive
 jvm-archive: $(VENV)/.stamp-infer
-	@$(PY) -m pipelines.spark.jvm_class_archive_build --if-missing > $(VENV)/jvm-archive.log || { cat $(VENV)/jvm-archive.log; exit 1; }
+	@$(PY) -m pipelines.spark.jvm_class_archive_build --if-missing > $(VENV)/jvm-archive.log \
+	    || { cat $(VENV)/jvm-archive.log; exit 1; }
 
 .PHONY: demo test test-main test-bigdl bench sweep bigdl-env azurite browser clean-venv env-archive bigdl-env-archive
 

@@ -13,7 +13,8 @@ CORE = [
     "pyyaml>=6",
     "pycocotools>=2.0.7",
     "fsspec>=2023.1",
-    "av>=12,<19",   # PyAV (FFmpeg bundled in its wheels): video input, decoded on the executors (pipelines.ops.video_decode)
+    # PyAV (FFmpeg bundled in its wheels): video input, decoded on the executors (pipelines.ops.video_decode)
+    "av>=12,<19",
 ]
 TORCH = ["torch>=2.4", "torchvision>=0.19"]
 EXTRAS = {

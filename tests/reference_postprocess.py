@@ -79,7 +79,7 @@ def resize_bilinear(x, size):
     return out
 
 
-# ----------------------------------------------------------------------------- preprocess (old pipelines/ops/preprocess.py)
+# ------------------------------------------------------------------------ preprocess (old pipelines/ops/preprocess.py)
 def preprocess_rgb(rgb: np.ndarray, input_spec: dict) -> np.ndarray:
     """rgb: [H, W, 3] uint8 -> [3, S_h, S_w] float32 (the whole image converted to float32 first)."""
     _, _, height, width = input_spec["shape"]
@@ -90,7 +90,7 @@ def preprocess_rgb(rgb: np.ndarray, input_spec: dict) -> np.ndarray:
     return np.ascontiguousarray(image.transpose(2, 0, 1))
 
 
-# ------------------------------------------------------------------ mask assembly (old pipelines/ops/yolact_postprocess.py)
+# ------------------------------------------------------------- mask assembly (old pipelines/ops/yolact_postprocess.py)
 def _sanitize(a, b, size, padding):
     a = a * np.float32(size)
     b = b * np.float32(size)
@@ -155,7 +155,7 @@ def _output_window(axis, first, last):
     return int(np.searchsorted(i1, first, side="left")), int(np.searchsorted(i0, last, side="right"))
 
 
-# ---------------------------------------------------------------------------- outputs (old pipelines/ops/mask_outputs.py)
+# ------------------------------------------------------------------------- outputs (old pipelines/ops/mask_outputs.py)
 def encode_rle(mask: np.ndarray) -> dict:
     rle = coco_mask.encode(np.asfortranarray(mask.astype(np.uint8)))
     return {"size": [int(rle["size"][0]), int(rle["size"][1])], "counts": rle["counts"].decode("ascii")}

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.engines.bigdl_engine import (CV_8UC3, BigDLNotInstalled, bigdl_predict, bigdl_preprocess, bigdl_python_env,
-                                    ir_outputs, missing_bigdl_requirements, nnimage_reader_images, require_bigdl,
-                                    to_image_schema)
+from pipelines.engines.bigdl_engine import (CV_8UC3, BigDLNotInstalled, bigdl_predict, bigdl_preprocess,
+                                            bigdl_python_env, ir_outputs, missing_bigdl_requirements,
+                                            nnimage_reader_images, require_bigdl, to_image_schema)
 from tests.bigdl.fixtures import bigdl_log, bigdl_spark, tiny_ir, yolact_ir  # noqa: F401  (pytest fixtures)
 from tests.bigdl.tiny_ir import INPUT_SHAPE, LEGACY_NAMES, OUTPUTS
 

@@ -149,7 +149,8 @@ def test_an_existing_venv_is_packed_with_this_checkouts_package_instead_of_its_e
         assert not [name for name in archive.getnames() if "__editable__" in name]
         archive.extractall(unpacked, filter="fully_trusted")
     clean_env = {"PATH": "/usr/bin:/bin"}
-    done = subprocess.run([str(unpacked / "bin" / "python"), "-c", "import pipelines.io.run_lock as m; print(m.__file__)"],
+    done = subprocess.run([str(unpacked / "bin" / "python"), "-c",
+                           "import pipelines.io.run_lock as m; print(m.__file__)"],
                           env=clean_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).resolve().is_relative_to(unpacked.resolve())

@@ -103,8 +103,9 @@ def test_azure_sdk_routing_is_spelled_once():
     assert spelled == []
 
 
-EXECUTOR_MODULES = ("pipelines.inference.image_inference", "pipelines.inference.yolact_inference", "pipelines.inference.detector_inference",
-                    "pipelines.inference.video_inference", "pipelines.inference.inference_tasks", "pipelines.ops.mask_outputs")
+EXECUTOR_MODULES = ("pipelines.inference.image_inference", "pipelines.inference.yolact_inference",
+                    "pipelines.inference.detector_inference", "pipelines.inference.video_inference",
+                    "pipelines.inference.inference_tasks", "pipelines.ops.mask_outputs")
 
 
 def test_executor_task_imports_neither_torch_nor_pyspark():

@@ -174,8 +174,8 @@ def test_config_rejects_bad_sizes():
 
 def test_cli_prints_master_url_and_stops_on_interrupt(tmp_path):
     base = tmp_path / "cli"
-    cli = subprocess.Popen([sys.executable, "-m", "pipelines.spark.standalone_cluster", "--workers", "1", "--cores", "1",
-                            "--memory", "1g", "--dir", str(base)],
+    cli = subprocess.Popen([sys.executable, "-m", "pipelines.spark.standalone_cluster", "--workers", "1",
+                            "--cores", "1", "--memory", "1g", "--dir", str(base)],
                            cwd=REPO, env=_driver_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         master_url = read_line(cli, timeout_s=180)

@@ -30,7 +30,8 @@ from pyspark.sql import types as T
 from pipelines.engines.bigdl_natives import installed_native_library_dir
 from pipelines.errors import UsageError
 from pipelines.job_config import ConfigError
-from pipelines.inference.openvino_runtime import PRECISION_HINTS  # --precision f32|bf16|auto -> INFERENCE_PRECISION_HINT
+# --precision f32|bf16|auto -> INFERENCE_PRECISION_HINT
+from pipelines.inference.openvino_runtime import PRECISION_HINTS
 
 INSTALL_HINT = (
     "build the BigDL env with `make bigdl-env` (scripts/make_bigdl_env.sh, creates .venv-bigdl), then run the job "
@@ -154,7 +155,8 @@ def bigdl_spark_conf(master: str, conf: dict | None = None) -> dict[str, str]:
         "spark.python.worker.reuse": "false",
     })
     natives = installed_native_library_dir()
-    if natives:   # MKL and OpenCV from the env, not extracted under /tmp by every JVM: see pipelines.engines.bigdl_natives
+    # MKL and OpenCV from the env, not extracted under /tmp by every JVM: see pipelines.engines.bigdl_natives
+    if natives:
         merged.update({"spark.driver.extraLibraryPath": natives, "spark.executor.extraLibraryPath": natives})
     merged.update(conf or {})
     return {key: str(value) for key, value in merged.items()}
@@ -313,8 +315,8 @@ def _redirect_bigdl_log(log_path: str) -> None:
 def _check_bigdl_on_classpath(session: SparkSession) -> None:
     if not bigdl_on_classpath(session.sparkContext._jvm):
         raise BigDLNotOnClasspath("a SparkSession without BigDL's jars is already running: call "
-                                  "pipelines.engines.bigdl_engine.bigdl_python_env() before any other session is created "
-                                  "(BigDL's jars must be on the classpath when the JVM starts)")
+                                  "pipelines.engines.bigdl_engine.bigdl_python_env() before any other session is "
+                                  "created (BigDL's jars must be on the classpath when the JVM starts)")
 
 
 # ------------------------------------------------------------------------------------------------------- images
@@ -617,6 +619,6 @@ def _sql_name(name: str) -> str:
 
 if __name__ == "__main__":   # python -m pipelines.engines.bigdl_engine --spark-submit-args
     if sys.argv[1:] != ["--spark-submit-args"]:
-        sys.exit("usage: python -m pipelines.engines.bigdl_engine --spark-submit-args  (prints spark-submit's options for "
-                 "BigDL's jars)")
+        sys.exit("usage: python -m pipelines.engines.bigdl_engine --spark-submit-args  (prints spark-submit's "
+                 "options for BigDL's jars)")
     print(shlex.join(spark_submit_args()))

@@ -77,8 +77,10 @@ class ImageInference:
     fetch_bytes: object = None     # callable(path) -> bytes for readers that don't ship `content` (Azure SDK)
     progress: object = None        # a Spark accumulator of images processed, read by the driver's progress line
     azure_credentials: object = None   # for az:// outputs (never logged: its repr hides secrets)
-    crash_guard: object = None     # pipelines.inference.crash_guard.CrashGuard: poison images become errors, not job failures
-    video: object = None           # pipelines.inference.video_sources.VideoSettings: frame sampling of video segment units
+    # pipelines.inference.crash_guard.CrashGuard: poison images become errors, not job failures
+    crash_guard: object = None
+    # pipelines.inference.video_sources.VideoSettings: frame sampling of video segment units
+    video: object = None
     frames_per_batch: int = 8      # video frames per inference batch (inference.batch_size)
 
     def __post_init__(self) -> None:

@@ -407,7 +407,8 @@ def render_report(output_uri: str) -> str | None:
     try:
         return str(render(output_uri))
     except OutputError as err:   # not a local output: the job's results stand, the report is for later
-        logging.getLogger(__name__).warning("no report: %s (python -m pipelines.report.render --output DIR draws it)", err)
+        logging.getLogger(__name__).warning(
+            "no report: %s (python -m pipelines.report.render --output DIR draws it)", err)
         return None
 
 

@@ -154,7 +154,8 @@ def warn_unknown_spark_settings(session: SparkSession, settings: dict) -> list[s
     return unknown
 
 
-if __name__ == "__main__":   # python -m pipelines.spark.spark_session --log4j-config: the path for --driver-java-options
+# python -m pipelines.spark.spark_session --log4j-config: the path for --driver-java-options
+if __name__ == "__main__":
     if sys.argv[1:] == ["--log4j-config"]:
         print(log4j_config_path())
     else:

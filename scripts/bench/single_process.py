@@ -95,7 +95,8 @@ class FixedModelInference(YolactInference):
 def build_runner(engine: str, model_dir: str, precision: str, threads: int, streams: int, input_root: str):
     """(run(paths) -> result rows, settings). The model is loaded here, outside the timed loop."""
     manifest = load_manifest(model_dir, verify=True)
-    if engine == "openvino":   # exactly pipelines/inference/single_process.py; its compiled model stays cached in-process
+    # exactly pipelines/inference/single_process.py; its compiled model stays cached in-process
+    if engine == "openvino":
         settings = RuntimeSettings(precision=precision, threads=threads, streams=streams)
 
         def run_openvino(paths: list[Path], batch_size: int) -> list[dict]:
