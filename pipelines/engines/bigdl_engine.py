@@ -29,9 +29,9 @@ from pyspark.sql import types as T
 
 from pipelines.engines.bigdl_natives import installed_native_library_dir
 from pipelines.errors import UsageError
-from pipelines.job_config import ConfigError
 # --precision f32|bf16|auto -> INFERENCE_PRECISION_HINT
 from pipelines.inference.openvino_runtime import PRECISION_HINTS
+from pipelines.job_config import ConfigError
 
 INSTALL_HINT = (
     "build the BigDL env with `make bigdl-env` (scripts/make_bigdl_env.sh, creates .venv-bigdl), then run the job "

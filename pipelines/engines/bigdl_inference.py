@@ -14,15 +14,16 @@ from typing import Iterator
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame
 from pyspark import StorageLevel
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from pipelines.engines.bigdl_engine import CV_8UC3, bigdl_predict, bigdl_preprocess, ir_outputs
 from pipelines.inference.executor_cache import LazyModel
+from pipelines.inference.image_inference import (INSTANCES_TYPE, RESULT_COLUMNS, RESULT_SCHEMA, ImageInference,
+                                                 fail, load_executor_model, new_row, timed)
 from pipelines.ops.image_decode import decode_image
 from pipelines.results.result_rows import FRAME_COLUMNS
-from pipelines.inference.image_inference import (INSTANCES_TYPE, RESULT_COLUMNS, RESULT_SCHEMA, ImageInference,
-                                       fail, load_executor_model, new_row, timed)
 
 DECODED_SCHEMA = (
     "path string, size long, modification_time timestamp, height int, width int, "
@@ -30,7 +31,6 @@ DECODED_SCHEMA = (
     "error_stage string, error_type string, error_message string, "
     "timings struct<read_s:double, preprocess_s:double, infer_s:double, postprocess_s:double, write_s:double>"
 )
-CV_8UC3 = 16
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,6 @@ def bigdl_results(wave: DataFrame, task: ImageInference, manifest,
     """The wave's images through BigDL preprocessing and Orca's OpenVINO Estimator: (RESULT_SCHEMA rows, the
     frames persisted for them: unpersist those once the rows are written). `decoded` feeds two branches (images,
     error rows): persisted, each image is decoded once; bigdl_predict persists its own input (see there)."""
-    from pipelines.engines.bigdl_engine import bigdl_predict, bigdl_preprocess, ir_outputs
-
     decoded = wave.mapInPandas(DecodeForBigDL(task), DECODED_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
     failed = (decoded.where("image IS NULL")
               .select("path", F.lit("error").alias("status"), "width", "height",
