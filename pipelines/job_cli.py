@@ -68,7 +68,7 @@ def build_config(args: argparse.Namespace, family: str = "yolact") -> dict:
         key, sep, value = setting.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--conf {setting!r}: expected KEY=VALUE, e.g. --conf spark.executor.cores=2")
-        config["spark"]["conf"] = {**(config["spark"].get("conf") or {}), key.strip(): value}
+        config["spark"]["conf"] = {**(config["spark"]["conf"] or {}), key.strip(): value}
     if args.force:
         config["run"]["force"] = True
     if args.break_lock:
@@ -88,17 +88,18 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     try:
         config = build_config(args, family)
         plan = plan_job(config, family)
+        settings = plan.config.spark
         if plan.engine == "bigdl":
             from pipelines.engines.bigdl_engine import bigdl_job_session
 
-            spark = bigdl_job_session(config["spark"])
+            spark = bigdl_job_session(settings)
         else:
-            spark = job_session(config["spark"])
+            spark = job_session(settings.master, settings.app_name, settings.conf, settings.log_level)
     except SparkSegError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     try:
-        warn_unknown_spark_settings(spark, config["spark"].get("conf") or {})
+        warn_unknown_spark_settings(spark, settings.conf)
         summary = run_plan(spark, plan)
     except SparkSegError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,7 +1,17 @@
-"""Job configuration: a YAML file (conf/*.yaml, documented in place) plus command-line overrides."""
+"""Job configuration, in two layers.
+
+- The YAML layer: `load_config(path)` is conf/local.yaml (the packaged copy: the one place the defaults live) with the
+  user's YAML layered over it, a plain dict that command-line flags (`set_path`), notebooks and sweeps edit.
+- The typed layer: `JobConfig.from_dict(data)` checks every key's type and value (naming the key and the fix) and
+  gives the job frozen sections; each stage gets the section it needs (`config.inference`, `config.run`, ...).
+"""
 from __future__ import annotations
 
 import copy
+import math
+import types
+import typing
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 
 import yaml
@@ -92,14 +102,197 @@ def local_path(uri: str) -> Path | None:
     return None if "://" in uri else Path(uri).expanduser()
 
 
-def check_job_settings(config: dict) -> None:
-    """Values the YAML's types allow but the job cannot run with; raises ConfigError naming the key and the fix."""
-    inference = config["inference"]
-    rules = [("inference.partitions", inference["partitions"], 0, "0 means spark.default.parallelism"),
-             ("inference.batch_size", inference["batch_size"], 1, "images per Arrow batch"),
-             ("inference.max_image_pixels", inference["max_image_pixels"], 1, "the decompression-bomb guard"),
-             ("run.commit_every", config["run"]["commit_every"], 0, "0 commits once at the end")]
-    for key, value, low, meaning in rules:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            flag = {"inference.partitions": " (--partitions)", "inference.batch_size": " (--batch-size)"}.get(key, "")
-            raise ConfigError(f"{key}{flag} is {value!r}: it must be an integer >= {low} ({meaning})")
+KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
+              tuple: "a list of strings"}
+
+
+def _conform(value, hint, key: str):
+    """`value` as the field type `hint` asks (int, float, bool, str, dict, tuple[str, ...], X | None)."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        if value is None:
+            return None
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    kind = typing.get_origin(hint) or hint
+    if kind is tuple and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is dict and value is None:
+        return {}
+    if kind is not tuple and isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(f"{key} is {value!r}: it must be {KIND_NAMES[kind]} (see conf/local.yaml)")
+
+
+def build_section(kind, data, where: str = ""):
+    """The dataclass `kind` from the dict `data`, nested sections included; unknown and missing keys and values of
+    the wrong type raise ConfigError naming the dotted key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where.rstrip('.') or 'config'} is {data!r}: it must be a mapping of keys")
+    known = {f.name for f in fields(kind)}
+    unknown, missing = sorted(set(data) - known), sorted(known - set(data))
+    if unknown or missing:
+        problem = f"unknown key '{where}{unknown[0]}'" if unknown else f"missing key '{where}{missing[0]}'"
+        raise ConfigError(f"{problem} (known: {', '.join(sorted(known))})")
+    hints = typing.get_type_hints(kind)
+    values = {}
+    for name in known:
+        hint = hints[name]
+        values[name] = (build_section(hint, data[name], f"{where}{name}.") if is_dataclass(hint)
+                        else _conform(data[name], hint, where + name))
+    return kind(**values)
+
+
+def require(key: str, ok: bool, value, rule: str) -> None:
+    """A value rule: raise ConfigError '<key> is <value>: <rule>' unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{key} is {value!r}: {rule}")
+
+
+def _at_least(key: str, value: int, low: int, meaning: str) -> None:
+    require(key, value >= low, value, f"it must be an integer >= {low} ({meaning})")
+
+
+def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
+    require(key, value in choices, value, f"choose one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """spark: the session a plain `python jobs/...` run starts (spark-submit's own master and settings win)."""
+
+    master: str
+    app_name: str
+    conf: dict          # extra Spark settings, free-form
+    log_level: str
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """input.video: which files are videos, how they are cut into units of work, which frames are processed."""
+
+    extensions: tuple[str, ...]
+    segment_frames: int
+    frame_stride: int
+    fps: float | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extensions", tuple(e.lower() for e in self.extensions))
+        _at_least("input.video.segment_frames", self.segment_frames, 1, "frames per unit of work")
+        _at_least("input.video.frame_stride (--frame-stride)", self.frame_stride, 1, "every N-th frame")
+        require("input.video.fps (--fps)", self.fps is None or self.fps > 0, self.fps,
+                "give a number > 0, or null for every frame")
+
+    def keeps(self, frame_index: int, timestamp_s: float, previous_timestamp_s: float | None) -> bool:
+        """Whether a frame is processed: every frame_stride-th, and with fps the first frame at or after each
+        multiple of 1/fps seconds (stateless: decided from the frame's and its predecessor's timestamps)."""
+        if frame_index % self.frame_stride:
+            return False
+        if self.fps is None or previous_timestamp_s is None:
+            return True
+        return _fps_slot(timestamp_s, self.fps) != _fps_slot(previous_timestamp_s, self.fps)
+
+
+def _fps_slot(timestamp_s: float, fps: float) -> int:
+    return math.floor(timestamp_s * fps + 1e-6)
+
+
+@dataclass(frozen=True)
+class InputSettings:
+    uri: str
+    reader: str         # auto | spark | azure_sdk
+    recursive: bool
+    extensions: tuple[str, ...]
+    video: VideoSettings
+
+    def __post_init__(self) -> None:
+        _one_of("input.reader", self.reader, ("auto", "spark", "azure_sdk"))
+
+    @property
+    def listed_extensions(self) -> list[str]:
+        """The file name extensions the job lists: images' and videos'."""
+        return [*self.extensions, *self.video.extensions]
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    dir: str            # an export directory with manifest.json
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    uri: str
+    masks: str          # rle_and_png | rle | none
+    score_threshold: float | None   # None: the manifest's conf_thresh
+    coco_results: bool
+    overlays: bool
+
+    def __post_init__(self) -> None:
+        _one_of("output.masks (--masks)", self.masks, ("rle_and_png", "rle", "none"))
+
+
+@dataclass(frozen=True)
+class InferenceSettings:
+    engine: str         # native | bigdl
+    partitions: int     # 0: spark.default.parallelism
+    batch_size: int
+    precision: str      # f32 | bf16 | auto
+    openvino_threads: int   # 0: spark.task.cpus
+    openvino_streams: int   # 0: one per task
+    max_image_pixels: int
+    nms: str            # fast | per_class | cross_class
+    jpeg_draft: bool
+
+    def __post_init__(self) -> None:
+        _one_of("inference.engine (--engine)", self.engine, ("native", "bigdl"))
+        _at_least("inference.partitions (--partitions)", self.partitions, 0, "0 means spark.default.parallelism")
+        _at_least("inference.batch_size (--batch-size)", self.batch_size, 1, "images per Arrow batch")
+        _one_of("inference.precision (--precision)", self.precision, ("f32", "bf16", "auto"))
+        _at_least("inference.openvino_threads", self.openvino_threads, 0, "0 means spark.task.cpus")
+        _at_least("inference.openvino_streams", self.openvino_streams, 0, "0 means one stream per task")
+        _at_least("inference.max_image_pixels", self.max_image_pixels, 1, "the decompression-bomb guard")
+        _one_of("inference.nms", self.nms, ("fast", "per_class", "cross_class"))
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    force: bool
+    commit_every: int   # 0: one commit at the end
+    max_error_fraction: float
+    poison_attempts: int
+    break_lock: bool
+    lock_stale_after_s: float
+    lock_heartbeat_s: float
+    progress_interval_s: float
+    broadcast_max_rows: int
+
+    def __post_init__(self) -> None:
+        _at_least("run.commit_every", self.commit_every, 0, "0 commits once at the end")
+        require("run.max_error_fraction", 0 <= self.max_error_fraction <= 1, self.max_error_fraction,
+                "give a fraction between 0 and 1")
+        _at_least("run.poison_attempts", self.poison_attempts, 1, "crashed attempts before an image is an error")
+        require("run.progress_interval_s", self.progress_interval_s >= 0, self.progress_interval_s,
+                "give a number of seconds >= 0 (0: no progress line)")
+        _at_least("run.broadcast_max_rows", self.broadcast_max_rows, 0, "done keys broadcast up to this many rows")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The inference job's settings, typed (conf/local.yaml documents every key)."""
+
+    spark: SparkSettings
+    input: InputSettings
+    model: ModelSettings
+    output: OutputSettings
+    inference: InferenceSettings
+    run: RunSettings
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "JobConfig":
+        """From `load_config`'s dict (every key present: the defaults are layered under it)."""
+        return build_section(cls, data)
+
+    @classmethod
+    def of(cls, config: "JobConfig | dict") -> "JobConfig":
+        """`config` typed: a JobConfig as it is, a dict of the YAML layer built with from_dict."""
+        return config if isinstance(config, JobConfig) else cls.from_dict(config)

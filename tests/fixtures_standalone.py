@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from pipelines.spark.standalone_cluster import ClusterConfig, StandaloneCluster
+from pipelines.sweeps.standalone_cluster import ClusterConfig, StandaloneCluster
 
 __all__ = ["standalone_cluster"]
 

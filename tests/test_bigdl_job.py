@@ -164,7 +164,7 @@ def test_spark_submit_local_equals_the_python_run(python_run, tmp_path):
 
 @pytest.mark.cluster
 def test_spark_submit_on_a_two_worker_standalone_cluster_equals_the_python_run(python_run, tmp_path):
-    from pipelines.spark.standalone_cluster import ClusterConfig, StandaloneCluster
+    from pipelines.sweeps.standalone_cluster import ClusterConfig, StandaloneCluster
 
     images, expected = python_run
     with StandaloneCluster(ClusterConfig(workers=2, cores=1, memory="1g"), base_dir=tmp_path / "cluster") as cluster:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.spark.standalone_cluster import spark_home
+from pipelines.sweeps.standalone_cluster import spark_home
 from tests.conftest import REPO, SAMPLES
 from tests.test_incremental import write_image
 

@@ -14,7 +14,7 @@ import pytest
 
 from pipelines.inference.inference_job import JobFailed, run
 from pipelines.results.results_writer import read_table
-from pipelines.spark.standalone_cluster import ClusterConfig, StandaloneCluster
+from pipelines.sweeps.standalone_cluster import ClusterConfig, StandaloneCluster
 from pipelines.sweeps.event_log import find_event_log, parse_event_log
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import DEFAULT_MODEL_DIR as MODEL_DIR

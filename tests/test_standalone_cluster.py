@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.spark.standalone_cluster import (ClusterConfig, ClusterStartError, StandaloneCluster, process_alive,
+from pipelines.sweeps.standalone_cluster import (ClusterConfig, ClusterStartError, StandaloneCluster, process_alive,
                                           process_group_members)
 from tests.process_io import read_line
 
@@ -174,7 +174,7 @@ def test_config_rejects_bad_sizes():
 
 def test_cli_prints_master_url_and_stops_on_interrupt(tmp_path):
     base = tmp_path / "cli"
-    cli = subprocess.Popen([sys.executable, "-m", "pipelines.spark.standalone_cluster", "--workers", "1",
+    cli = subprocess.Popen([sys.executable, "-m", "pipelines.sweeps.standalone_cluster", "--workers", "1",
                             "--cores", "1", "--memory", "1g", "--dir", str(base)],
                            cwd=REPO, env=_driver_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -17,7 +17,6 @@ from pipelines.results.incremental import current_detections
 from pipelines.inference.inference_job import plan_job, run, work_units
 from pipelines.job_cli import build_config, parse_args
 from pipelines.results.results_writer import FRAME_COLUMNS, done_keys, read_table
-from pipelines.inference.video_sources import VideoSettings
 from tests.job_helpers import job_config, read_rows
 from tests.test_faults import start_job, wait_for
 
@@ -167,7 +166,7 @@ def test_long_b_frame_video_is_split_over_tasks_without_missing_or_duplicate_fra
     plan = plan_job(config, "yolact")
     listing = src.list_images(spark, plan.input_uri, [".png", ".mp4"])
     n_videos = 1
-    units = work_units(spark, plan, listing, VideoSettings.from_config(config["input"]["video"]), n_videos)
+    units = work_units(spark, plan, listing, plan.config.input.video, n_videos)
     balanced = src.balanced(src.assign_partitions(units, 2, order=("path", "segment_start")), 2)
     placed = balanced.rdd.mapPartitionsWithIndex(
         lambda part, rows: [(part, row.segment_start) for row in rows if row.segment_start is not None]).collect()

@@ -31,7 +31,7 @@ from pipelines.engines.bigdl_natives import installed_native_library_dir
 from pipelines.errors import UsageError
 # --precision f32|bf16|auto -> INFERENCE_PRECISION_HINT
 from pipelines.inference.openvino_runtime import PRECISION_HINTS
-from pipelines.job_config import ConfigError
+from pipelines.job_config import ConfigError, SparkSettings
 
 INSTALL_HINT = (
     "build the BigDL env with `make bigdl-env` (scripts/make_bigdl_env.sh, creates .venv-bigdl), then run the job "
@@ -162,11 +162,10 @@ def bigdl_spark_conf(master: str, conf: dict | None = None) -> dict[str, str]:
     return {key: str(value) for key, value in merged.items()}
 
 
-def bigdl_job_session(spark_config: dict) -> SparkSession:
+def bigdl_job_session(spark: SparkSettings) -> SparkSession:
     """The bigdl engine's session for a job (the native engine's: pipelines.spark.spark_session.job_session): BigDL's jars
     and settings; fails on the driver, naming the install command, without BigDL."""
-    conf = {str(k): str(v) for k, v in (spark_config.get("conf") or {}).items()}
-    return bigdl_python_env(spark_config.get("master", "local[*]"), spark_config.get("app_name", "sparkseg"), conf)
+    return bigdl_python_env(spark.master, spark.app_name, {str(k): str(v) for k, v in spark.conf.items()})
 
 
 def bigdl_python_env(master: str = "local[2]", app_name: str = "sparkseg-bigdl", conf: dict | None = None,

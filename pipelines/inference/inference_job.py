@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pyspark import StorageLevel
@@ -22,7 +22,8 @@ from pipelines.errors import RunFailed
 from pipelines.inference import image_sources as src
 from pipelines.inference import video_sources as videos
 from pipelines.inference.crash_guard import MARKER_DIR, CrashGuard
-from pipelines.job_config import ConfigError, check_job_settings, local_path, resolve_local
+from pipelines.job_config import (InferenceSettings, JobConfig, SparkSettings, VideoSettings, local_path,
+                                  resolve_local)
 from pipelines.inference.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
 from pipelines.inference.openvino_runtime import RuntimeSettings
 from pipelines.io.output_paths import qualify_root
@@ -34,7 +35,7 @@ from pipelines.results.coco_results import write_coco_results
 from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, done_keys, failed_paths, write_results,
                                       write_summary)
 from pipelines.io.run_lock import LockSettings, RunLock
-from pipelines.spark.spark_session import ship_library
+from pipelines.spark.spark_session import ship_library, ship_once
 from pipelines.io.storage import join_uri
 
 class JobFailed(RunFailed):
@@ -62,26 +63,22 @@ def ship_model(spark: SparkSession, manifest: ModelManifest) -> str:
             os.replace(tmp, staged)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)   # another job staged it first
-    already = spark.conf.get("spark.sparkseg.shippedModels", "")
-    if name not in already.split(","):
-        spark.sparkContext.addArchive(str(archive))
-        spark.conf.set("spark.sparkseg.shippedModels", f"{already},{name}")
+    ship_once(spark.sparkContext, name, lambda: spark.sparkContext.addArchive(str(archive)))
     return str(staged)
 
 
-def runtime_settings(spark: SparkSession, inference: dict) -> RuntimeSettings:
+def runtime_settings(spark: SparkSession, inference: InferenceSettings) -> RuntimeSettings:
     task_cpus = int(spark.sparkContext.getConf().get("spark.task.cpus", "1"))
-    return RuntimeSettings.for_task_cpus(task_cpus, precision=inference["precision"],
-                                         threads=inference.get("openvino_threads") or None,
-                                         streams=inference.get("openvino_streams") or None)
+    return RuntimeSettings.for_task_cpus(task_cpus, precision=inference.precision,
+                                         threads=inference.openvino_threads or None,
+                                         streams=inference.openvino_streams or None)
 
 
-BROADCAST_MAX_ROWS = 500_000        # run.broadcast_max_rows: done keys broadcast to every task up to this many rows
 ROWS_PER_SHUFFLE_PARTITION = 100_000
 
 
 def todo_listing(spark: SparkSession, listing: DataFrame, output_uri: str, manifest: ModelManifest,
-                 force: bool, azure_credentials=None, broadcast_max_rows: int = BROADCAST_MAX_ROWS) -> DataFrame:
+                 force: bool, azure_credentials, broadcast_max_rows: int) -> DataFrame:
     """Images not yet recorded for this model (same path, size and modification time), unless `force`. The done
     keys are counted (one column-pruned pass) and broadcast only up to `broadcast_max_rows`; beyond, a sort-merge
     anti-join: neither the driver's nor an executor's memory grows with the history."""
@@ -112,9 +109,9 @@ def shuffle_partitions_for(rows: int) -> int:
     return max(1, -(-int(rows) // ROWS_PER_SHUFFLE_PARTITION))
 
 
-def size_shuffles(spark: SparkSession, rows: int, spark_config: dict) -> str | None:
+def size_shuffles(spark: SparkSession, rows: int, spark_settings: SparkSettings) -> str | None:
     """Set spark.sql.shuffle.partitions for this job unless its config sets it; return the previous value."""
-    if "spark.sql.shuffle.partitions" in (spark_config.get("conf") or {}):
+    if "spark.sql.shuffle.partitions" in spark_settings.conf:
         return None
     previous = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions_for(rows)))
@@ -125,7 +122,7 @@ def size_shuffles(spark: SparkSession, rows: int, spark_config: dict) -> str | N
 class JobPlan:
     """What the driver resolved before any Spark task: where from, where to, which model, how."""
 
-    config: dict
+    config: JobConfig
     family: str
     input_uri: str
     output_uri: str
@@ -138,26 +135,25 @@ class JobPlan:
     started: float = field(default_factory=time.time)   # the summary's wall time counts from here
 
 
-def plan_job(config: dict, family: str, azure_credentials=None) -> JobPlan:
-    """Resolve URIs, check the settings, the local input and output, verify the model and the engine, find
-    credentials: everything that can fail on bad input, in pure Python, before any JVM or Spark task."""
-    check_job_settings(config)
-    inputs, out_cfg = config["input"], config["output"]
-    input_uri = resolve_local(inputs["uri"])
-    output_uri = out_cfg["uri"] if "://" in out_cfg["uri"] else str(Path(out_cfg["uri"]).expanduser().resolve())
+def plan_job(config: JobConfig | dict, family: str, azure_credentials=None) -> JobPlan:
+    """Resolve URIs, check the settings (a dict of the YAML layer is typed here), the local input and output, verify
+    the model and the engine, find credentials: everything that can fail on bad input, in pure Python, before any JVM
+    or Spark task."""
+    config = JobConfig.of(config)
+    output = config.output.uri
+    input_uri = resolve_local(config.input.uri)
+    output_uri = output if "://" in output else str(Path(output).expanduser().resolve())
     check_local_paths(input_uri, output_uri)
-    manifest = load_manifest(resolve_local(config["model"]["dir"]), verify=True)
+    manifest = load_manifest(resolve_local(config.model.dir), verify=True)
     if manifest.model != family:
         raise src.InputError(f"{manifest.root}: a '{manifest.model}' model; this job needs a {family} export "
                              f"(python -m model_export {family} ...)")
-    engine = config["inference"].get("engine", "native")
+    engine = config.inference.engine
     if engine == "bigdl":
         from pipelines.engines.bigdl_engine import require_bigdl
 
         require_bigdl()
-    elif engine != "native":
-        raise ConfigError(f"inference.engine '{engine}': choose native or bigdl")
-    reader = src.choose_reader(input_uri, inputs.get("reader", "auto"))
+    reader = src.choose_reader(input_uri, config.input.reader)
     credentials = azure_credentials
     if credentials is None and (reader == "azure_sdk" or choose_writer(output_uri) == "azure_sdk"):
         from pipelines.io.azure_storage import AzureCredentials
@@ -177,7 +173,7 @@ def check_local_paths(input_uri: str, output_uri: str) -> None:
                              "run's output)")
 
 
-def run(spark: SparkSession, config: dict, family: str = "yolact", azure_credentials=None) -> dict:
+def run(spark: SparkSession, config: JobConfig | dict, family: str = "yolact", azure_credentials=None) -> dict:
     """Run the job for a `family` model; return the summary (also written to <output>/summary.json).
     `azure_credentials` (e.g. from a Databricks secret scope) replace the environment's. See run_plan."""
     return run_plan(spark, plan_job(config, family, azure_credentials))
@@ -188,37 +184,35 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     LockHeld when another run holds it, JobFailed when the errors exceed run.max_error_fraction."""
     started, config = plan.started, plan.config
     ship_library(spark)
-    inputs, run_cfg = config["input"], config["run"]
+    run_cfg, video = config.run, config.input.video
     # listed (the input path checked) before the lock: a missing input leaves no output directory behind
     say(f"run {plan.run_id}: listing {plan.input_uri}")
-    video = videos.VideoSettings.from_config(inputs.get("video"))
-    listing = src.list_images(spark, plan.input_uri, listed_extensions(config), inputs["recursive"], plan.reader,
-                              plan.credentials).persist(StorageLevel.MEMORY_AND_DISK)
-    lock = RunLock.acquire(plan.output_uri, plan.run_id, LockSettings.from_run_config(run_cfg), spark=spark,
+    listing = src.list_images(spark, plan.input_uri, config.input.listed_extensions, config.input.recursive,
+                              plan.reader, plan.credentials).persist(StorageLevel.MEMORY_AND_DISK)
+    lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
+    lock = RunLock.acquire(plan.output_uri, plan.run_id, lock_settings, spark=spark,
                            azure_credentials=plan.credentials)
     previous_shuffles = None
     try:
         n_inputs, n_videos = count_inputs(listing, video)
-        previous_shuffles = size_shuffles(spark, n_inputs, config["spark"])
+        previous_shuffles = size_shuffles(spark, n_inputs, config.spark)
         units = work_units(spark, plan, listing, video, n_videos)
         n_units = units.count() if n_videos else n_inputs
-        todo = todo_listing(spark, units, plan.output_uri, plan.manifest, run_cfg["force"], plan.credentials,
-                            int(run_cfg.get("broadcast_max_rows") or BROADCAST_MAX_ROWS))
+        todo = todo_listing(spark, units, plan.output_uri, plan.manifest, run_cfg.force, plan.credentials,
+                            run_cfg.broadcast_max_rows)
         n_todo = todo.count()
         if n_videos:
             say(f"{n_inputs} files ({n_videos} videos in {n_units - n_inputs + n_videos} segments), {n_todo} images "
                 f"and segments to do ({n_units - n_todo} already done for this model)")
         else:
             say(f"{n_inputs} images, {n_todo} to do ({n_inputs - n_todo} already done for this model)")
-        partitions = max(1, min(int(config["inference"]["partitions"] or spark.sparkContext.defaultParallelism),
-                                max(n_todo, 1)))
-        settings = runtime_settings(spark, config["inference"])
+        partitions = max(1, min(config.inference.partitions or spark.sparkContext.defaultParallelism, max(n_todo, 1)))
+        settings = runtime_settings(spark, config.inference)
         if n_videos:   # progress counts result rows: images and video frames
             todo_rows = todo.where(F.col("segment_start").isNull()).count() + videos.expected_frames(todo, video)
-            progress = ProgressReporter(spark, todo_rows, float(run_cfg.get("progress_interval_s", 5)),
-                                        unit="images+frames")
+            progress = ProgressReporter(spark, todo_rows, run_cfg.progress_interval_s, unit="images+frames")
         else:
-            progress = ProgressReporter(spark, n_todo, float(run_cfg.get("progress_interval_s", 5)))
+            progress = ProgressReporter(spark, n_todo, run_cfg.progress_interval_s)
         totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
         if n_todo:
             task = make_task(spark, plan, settings, progress)
@@ -226,15 +220,15 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
                 totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions)
         listing.unpersist()
         units.unpersist()
-        if config["output"].get("coco_results"):
+        if config.output.coco_results:
             write_coco_results(spark, plan.output_uri, azure_credentials=plan.credentials)
         summary = make_summary(spark, plan, settings, totals, n_inputs, n_todo, partitions, time.time() - started,
                                n_units=n_units, n_videos=n_videos)
         write_summary(plan.output_uri, summary, plan.credentials)
-        if config["output"].get("overlays"):
+        if config.output.overlays:
             summary["report"] = render_report(plan.output_uri)
         processed = totals["done"] + totals["failed"]
-        max_fraction = float(run_cfg.get("max_error_fraction", 1.0))
+        max_fraction = run_cfg.max_error_fraction
         if processed and totals["failed"] / processed > max_fraction:
             raise JobFailed(f"{int(totals['failed'])} of {processed} images failed (> max_error_fraction "
                             f"{max_fraction}): see {plan.output_uri}/errors and summary.json")
@@ -245,20 +239,14 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
             spark.conf.set("spark.sql.shuffle.partitions", previous_shuffles)
 
 
-def listed_extensions(config: dict) -> list[str]:
-    """The file name extensions the job lists: input.extensions (images) and input.video.extensions."""
-    video = (config["input"].get("video") or {}).get("extensions", videos.VideoSettings.extensions)
-    return [*config["input"]["extensions"], *video]
-
-
-def count_inputs(listing: DataFrame, video: videos.VideoSettings) -> tuple[int, int]:
+def count_inputs(listing: DataFrame, video: VideoSettings) -> tuple[int, int]:
     """(files listed, videos among them), in one pass."""
     row = listing.agg(F.count(F.lit(1)).alias("files"), F.sum(F.when(
         videos.is_video(F.col("path"), video.extensions), 1).otherwise(0)).alias("videos")).first()
     return int(row["files"]), int(row["videos"] or 0)
 
 
-def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame, video: videos.VideoSettings,
+def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame, video: VideoSettings,
                n_videos: int) -> DataFrame:
     """The listing as units of work (video_sources.UNIT_SCHEMA): its images, and its `n_videos` videos' segments
     from a scan on the executors (persisted: each video is scanned once per run)."""
@@ -270,7 +258,7 @@ def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame, video: vi
         raise src.InputError(f"{plan.input_uri}: holds {n_videos} videos; video input needs inference.engine native")
     if plan.reader == "spark" and not src.reads_on_executors(plan.input_uri):
         clips = src.with_content(spark, clips, n_videos, plan.input_uri, list(video.extensions),
-                                 plan.config["input"]["recursive"], all_listed=False)
+                                 plan.config.input.recursive, all_listed=False)
     units = videos.image_units(listing.where(~is_video)).unionByName(
         videos.video_units(clips, video, bytes_fetcher(plan)))
     return units.persist(StorageLevel.MEMORY_AND_DISK)
@@ -279,35 +267,34 @@ def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame, video: vi
 def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
               progress: ProgressReporter) -> ImageInference:
     """The executor-side function (small, picklable); the model ships separately, once per executor."""
-    manifest, inference = plan.manifest, plan.config["inference"]
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(int(inference["batch_size"])))
+    manifest, inference, output = plan.manifest, plan.config.inference, plan.config.output
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(inference.batch_size))
     return inference_task_class(plan.family)(
         model_dir=ship_model(spark, manifest), model_sha256=manifest.model_sha256,
         class_names=tuple(manifest.class_names), input_spec=manifest.input,
-        postprocess={**manifest.postprocess, "nms": inference.get("nms", "fast")}, settings=settings,
+        postprocess={**manifest.postprocess, "nms": inference.nms}, settings=settings,
         output_uri=plan.output_uri,
         input_root=qualify_root(spark, plan.input_uri) if plan.reader == "spark" else plan.input_uri,
-        masks=plan.config["output"]["masks"], score_threshold=plan.config["output"]["score_threshold"],
-        max_image_pixels=int(inference["max_image_pixels"]), jpeg_draft=bool(inference.get("jpeg_draft", False)),
+        masks=output.masks, score_threshold=output.score_threshold,
+        max_image_pixels=inference.max_image_pixels, jpeg_draft=inference.jpeg_draft,
         fetch_bytes=bytes_fetcher(plan),
         progress=progress.accumulator, azure_credentials=plan.credentials,
-        video=videos.VideoSettings.from_config(plan.config["input"].get("video")),
-        frames_per_batch=int(inference["batch_size"]))
+        video=plan.config.input.video, frames_per_batch=inference.batch_size)
 
 
 def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings: RuntimeSettings, todo: DataFrame,
               n_todo: int, n_inputs: int, partitions: int) -> dict:
     """Process the to-do images in waves of `run.commit_every`, each committed on its own (a killed driver loses
     at most one wave); return the summed aggregates."""
-    run_cfg = plan.config["run"]
+    run_cfg = plan.config.run
     totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
     todo, indexed = index_todo(todo, partitions)
-    wave_size = int(run_cfg.get("commit_every") or 0) or n_todo
+    wave_size = run_cfg.commit_every or n_todo
     for number, first in enumerate(range(0, n_todo, wave_size)):
         count = min(wave_size, n_todo - first)
         wave = wave_images(spark, plan, indexed, first, count, n_inputs)
         name = f"{plan.run_id}-w{number:05d}"
-        guard = CrashGuard(join_uri(plan.output_uri, MARKER_DIR, name), int(run_cfg.get("poison_attempts", 2)),
+        guard = CrashGuard(join_uri(plan.output_uri, MARKER_DIR, name), run_cfg.poison_attempts,
                            plan.credentials)
         results, intermediates = wave_results(src.balanced(wave, min(partitions, count)),
                                               replace(task, crash_guard=guard), plan, settings)
@@ -350,9 +337,9 @@ def wave_images(spark: SparkSession, plan: JobPlan, indexed: DataFrame, first: i
     them: paths the executors read themselves (local files, Azure), or with Spark's `content` (other schemes)."""
     wave = indexed.where((F.col("idx") >= first) & (F.col("idx") < first + count))
     if plan.reader == "spark" and not src.reads_on_executors(plan.input_uri):
-        inputs = plan.config["input"]
-        wave = src.with_content(spark, wave, count, plan.input_uri, listed_extensions(plan.config),
-                                inputs["recursive"], all_listed=(count == n_inputs))
+        inputs = plan.config.input
+        wave = src.with_content(spark, wave, count, plan.input_uri, inputs.listed_extensions, inputs.recursive,
+                                all_listed=(count == n_inputs))
     return wave
 
 
@@ -390,7 +377,7 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
         "frames_per_second": round(totals.get("frames", 0) / elapsed, 3) if totals.get("frames") else 0.0,
         "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
         "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
-        "config": plan.config,
+        "config": asdict(plan.config),
         "table": counts_after_run(spark, plan.output_uri, manifest.model_sha256, plan.run_id,   # current rows
                                   {"detections": int(totals["done"]), "errors": int(totals["failed"])},
                                   plan.credentials),

@@ -9,7 +9,6 @@ unreadable tail of a truncated one, are units with `segment_error` set: they bec
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterator
@@ -20,7 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.inference import image_sources as src
-from pipelines.job_config import ConfigError
+from pipelines.job_config import VideoSettings
 
 SEGMENT_FIELDS = [
     T.StructField("segment_start", T.IntegerType(), True),    # first frame_index of the segment
@@ -34,44 +33,6 @@ SEGMENT_FIELDS = [
 ]
 UNIT_SCHEMA = T.StructType(src.LISTING_SCHEMA.fields + SEGMENT_FIELDS)
 SEGMENT_COLUMNS = [f.name for f in SEGMENT_FIELDS]
-
-
-@dataclass(frozen=True)
-class VideoSettings:
-    """input.video in the config."""
-
-    extensions: tuple[str, ...] = (".mp4", ".mov", ".avi", ".mkv", ".webm")
-    segment_frames: int = 256
-    frame_stride: int = 1
-    fps: float | None = None
-
-    @classmethod
-    def from_config(cls, video: dict | None) -> "VideoSettings":
-        video = video or {}
-        settings = cls(tuple(str(e).lower() for e in video.get("extensions", cls.extensions)),
-                       video.get("segment_frames", cls.segment_frames), video.get("frame_stride", cls.frame_stride),
-                       video.get("fps"))
-        for key, value in (("segment_frames", settings.segment_frames), ("frame_stride", settings.frame_stride)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"input.video.{key} is {value!r}: it must be an integer >= 1")
-        if settings.fps is not None and (isinstance(settings.fps, bool) or not isinstance(settings.fps, (int, float))
-                                         or not settings.fps > 0):
-            raise ConfigError(f"input.video.fps (--fps) is {settings.fps!r}: give a number > 0, or null for every "
-                              "frame")
-        return settings
-
-    def keeps(self, frame_index: int, timestamp_s: float, previous_timestamp_s: float | None) -> bool:
-        """Whether a frame is processed: every frame_stride-th, and with fps the first frame at or after each
-        multiple of 1/fps seconds (stateless: decided from the frame's and its predecessor's timestamps)."""
-        if frame_index % self.frame_stride:
-            return False
-        if self.fps is None or previous_timestamp_s is None:
-            return True
-        return _slot(timestamp_s, self.fps) != _slot(previous_timestamp_s, self.fps)
-
-
-def _slot(timestamp_s: float, fps: float) -> int:
-    return math.floor(timestamp_s * fps + 1e-6)
 
 
 def is_video(path_column, extensions: tuple[str, ...]):

@@ -54,13 +54,6 @@ class LockSettings:
             raise UsageError(f"lock settings: need 0 < heartbeat_s ({self.heartbeat_s}) < stale_after_s "
                              f"({self.stale_after_s}), else a live run looks dead")
 
-    @classmethod
-    def from_run_config(cls, run_cfg: dict) -> "LockSettings":
-        """From the config's `run` section: `break_lock`, `lock_stale_after_s`, `lock_heartbeat_s` (all optional)."""
-        return cls(stale_after_s=float(run_cfg.get("lock_stale_after_s") or cls.stale_after_s),
-                   heartbeat_s=float(run_cfg.get("lock_heartbeat_s") or cls.heartbeat_s),
-                   break_lock=bool(run_cfg.get("break_lock", False)))
-
 
 @dataclass(frozen=True)
 class LockInfo:

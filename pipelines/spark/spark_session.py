@@ -4,8 +4,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import zipfile
 from pathlib import Path
+from typing import Callable
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -14,7 +17,7 @@ log = logging.getLogger(__name__)
 OPEN_SETTING_PREFIXES = ("spark.hadoop.", "spark.executorEnv.", "spark.yarn.", "spark.kubernetes.",
                          "spark.driver.resource.", "spark.executor.resource.", "spark.sql.catalog.",
                          "spark.metrics.", "spark.databricks.", "spark.plugins.", "spark.eventLog.",
-                         "spark.history.", "spark.ssl.", "spark.jars.", "spark.sparkseg.")
+                         "spark.history.", "spark.ssl.", "spark.jars.")
 
 # Settings every sparkseg session gets unless the caller (or spark-submit) set them.
 DEFAULT_CONF = {
@@ -89,43 +92,60 @@ def local_session(app_name: str = "sparkseg", master: str = "local[*]", conf: di
     return session
 
 
+DRIVER_ONLY_SUBPACKAGES = ("sweeps",)   # dev and benchmark tools: executors never import them
+_SHIPPED: dict[str, set[str]] = {}       # SparkContext applicationId -> names given with ship_once
+
+
+def ship_once(context: SparkContext, name: str, add: Callable[[], None]) -> None:
+    """Call `add` (an addPyFile / addArchive) once per SparkContext for `name`: a context cannot list what it was
+    given, and Spark refuses a second file of the same name."""
+    shipped = _SHIPPED.setdefault(context.applicationId, set())
+    if name not in shipped:
+        add()
+        shipped.add(name)
+
+
+def library_archive(package: Path, archive_path: Path) -> Path:
+    """`package` (pipelines/) zipped for addPyFile, without DRIVER_ONLY_SUBPACKAGES and bytecode caches."""
+    with zipfile.ZipFile(archive_path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(package.rglob("*")):
+            parts = path.relative_to(package.parent).parts
+            if path.is_file() and parts[1] not in DRIVER_ONLY_SUBPACKAGES and "__pycache__" not in parts:
+                archive.write(path, "/".join(parts))
+    return archive_path
+
+
 def ship_library(session: SparkSession) -> None:
     """Make `pipelines` importable on every executor (clusters whose Python env lacks sparkseg): zip the package
     this driver runs and add it with addPyFile, once per SparkContext."""
-    import shutil
     import tempfile
-    from pathlib import Path
 
-    context = session.sparkContext
-    if session.conf.get("spark.sparkseg.libraryShipped", "false") == "true":
-        return
-    package = Path(__file__).resolve().parents[1]   # pipelines/ (this module is pipelines/spark/spark_session.py)
-    staging = Path(tempfile.mkdtemp(prefix="sparkseg-lib-"))
-    archive = shutil.make_archive(str(staging / "sparkseg_pipelines"), "zip", root_dir=package.parent,
-                                  base_dir=package.name)
-    context.addPyFile(archive)
-    session.conf.set("spark.sparkseg.libraryShipped", "true")
+    def add() -> None:
+        package = Path(__file__).resolve().parents[1]   # pipelines/ (this module is pipelines/spark/spark_session.py)
+        staging = Path(tempfile.mkdtemp(prefix="sparkseg-lib-"))
+        session.sparkContext.addPyFile(str(library_archive(package, staging / "sparkseg_pipelines.zip")))
+
+    ship_once(session.sparkContext, "pipelines", add)
 
 
-def job_session(spark_config: dict) -> SparkSession:
+def job_session(master: str, app_name: str, conf: dict, log_level: str = DEFAULT_LOG_LEVEL) -> SparkSession:
     """The session for a job: under spark-submit (or Databricks) the existing master and settings win; run as a plain
-    `python jobs/...` script it starts `spark_config['master']` (local[*] by default). (The bigdl engine's session:
+    `python jobs/...` script it starts `master` with `conf`. (The bigdl engine's session:
     pipelines.engines.bigdl_engine.bigdl_job_session.)"""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    conf = {str(k): str(v) for k, v in (spark_config.get("conf") or {}).items()}
-    level = str(spark_config.get("log_level") or DEFAULT_LOG_LEVEL).upper()
+    conf = {str(k): str(v) for k, v in conf.items()}
+    level = log_level.upper()
     if os.environ.get("PYSPARK_GATEWAY_PORT"):   # launched by spark-submit: its master and conf win
         set_jvm_log_level(level)   # the JVM is up: quiet it before the SparkContext logs its start-up
-        builder = SparkSession.builder.appName(spark_config.get("app_name", "sparkseg"))
+        builder = SparkSession.builder.appName(app_name)
         for key, value in {**DEFAULT_CONF, "spark.log.level": level, **conf}.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel(level)
     else:
-        session = local_session(spark_config.get("app_name", "sparkseg"), spark_config.get("master", "local[*]"), conf,
-                                log_level=level)
+        session = local_session(app_name, master, conf, log_level=level)
     return session
 
 

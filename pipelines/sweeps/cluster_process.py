@@ -1,5 +1,5 @@
-"""A standalone cluster (pipelines.spark.standalone_cluster.StandaloneCluster) run by a chosen Python env, as a child
-process: `python -m pipelines.spark.standalone_cluster --workers N --cores C ...`.
+"""A standalone cluster (pipelines.sweeps.standalone_cluster.StandaloneCluster) run by a chosen Python env, as a child
+process: `python -m pipelines.sweeps.standalone_cluster --workers N --cores C ...`.
 
 Why a child process: the cluster's Spark version must match the driver's, and the BigDL engine's env has another
 pyspark (3.5) than the main one (4.x); StandaloneCluster uses the pyspark of the interpreter that runs it. The
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from pipelines.job_config import REPO_ROOT
-from pipelines.spark.standalone_cluster import ClusterStartError, log_tail
+from pipelines.sweeps.standalone_cluster import ClusterStartError, log_tail
 
 
 class ClusterProcess:
@@ -44,7 +44,7 @@ class ClusterProcess:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                                          os.environ.get("PYTHONPATH")]))}
-        command = [self.python, "-m", "pipelines.spark.standalone_cluster", "--workers", str(self.workers),
+        command = [self.python, "-m", "pipelines.sweeps.standalone_cluster", "--workers", str(self.workers),
                    "--cores", str(self.cores), "--memory", self.memory, "--dir", str(self.base_dir),
                    "--timeout", str(self.start_timeout_s)]
         with open(self._log, "ab") as log:

@@ -145,16 +145,15 @@ def ship_packages(spark: SparkSession) -> None:
     import shutil
     import tempfile
 
-    from pipelines.spark.spark_session import ship_library
+    from pipelines.spark.spark_session import ship_library, ship_once
+
+    def add() -> None:
+        staging = Path(tempfile.mkdtemp(prefix="sparkseg-model-export-"))
+        spark.sparkContext.addPyFile(shutil.make_archive(str(staging / "sparkseg_model_export"), "zip",
+                                                         root_dir=REPO_ROOT, base_dir="model_export"))
 
     ship_library(spark)
-    if spark.conf.get("spark.sparkseg.modelExportShipped", "false") == "true":
-        return
-    staging = Path(tempfile.mkdtemp(prefix="sparkseg-model-export-"))
-    archive = shutil.make_archive(str(staging / "sparkseg_model_export"), "zip", root_dir=REPO_ROOT,
-                                  base_dir="model_export")
-    spark.sparkContext.addPyFile(archive)
-    spark.conf.set("spark.sparkseg.modelExportShipped", "true")
+    ship_once(spark.sparkContext, "model_export", add)
 
 
 def run_training(spark: SparkSession, cfg: TrainConfig) -> dict:

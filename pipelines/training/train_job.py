@@ -62,7 +62,7 @@ def run_train_job(args: argparse.Namespace, load_config: Callable, config_errors
     from pipelines.spark.spark_session import job_session
     from pipelines.training.launcher import session_conf
 
-    spark = job_session({"master": cfg.spark.master, "app_name": cfg.spark.app_name, "conf": session_conf(cfg)})
+    spark = job_session(cfg.spark.master, cfg.spark.app_name, session_conf(cfg))
     try:
         summary = run_training(spark, cfg)
     except (ValueError, FileNotFoundError) as err:

@@ -9,7 +9,7 @@ Ports are picked free at run time; each daemon logs to `<base_dir>/logs/<name>.l
 `<base_dir>/work/worker-<i>`. `stop()` ends only the processes this object started (and their children, which live
 in the daemon's own process group) and runs on `with` exit and at interpreter exit.
 
-CLI: `python -m pipelines.spark.standalone_cluster --workers 2 --cores 1 --memory 2g` prints the master URL and waits
+CLI: `python -m pipelines.sweeps.standalone_cluster --workers 2 --cores 1 --memory 2g` prints the master URL and waits
 for Ctrl-C.
 """
 from __future__ import annotations

@@ -1,0 +1,85 @@
+"""The job's typed config: conf/local.yaml's defaults typed into frozen sections, every key checked by name."""
+from __future__ import annotations
+
+import dataclasses
+import zipfile
+
+import pytest
+import yaml
+
+from pipelines.job_config import ConfigError, JobConfig, default_config_path, load_config, set_path
+from pipelines.spark.spark_session import DRIVER_ONLY_SUBPACKAGES, library_archive
+from pipelines.job_config import REPO_ROOT as REPO
+
+
+def typed(**overrides) -> JobConfig:
+    config = load_config()
+    for key, value in overrides.items():
+        set_path(config, key.replace("__", "."), value)
+    return JobConfig.from_dict(config)
+
+
+def test_the_packaged_defaults_are_the_typed_config_and_round_trip_through_a_dict():
+    config = typed()
+    assert config.inference.batch_size == 8 and config.output.score_threshold is None
+    assert config.run.lock_stale_after_s == 600.0 and isinstance(config.run.lock_stale_after_s, float)
+    assert config.input.video.extensions == (".mp4", ".mov", ".avi", ".mkv", ".webm")
+    assert config.input.listed_extensions[:2] == [".jpg", ".jpeg"]
+    # the summary writes asdict(config): reading it back gives the same config
+    assert JobConfig.from_dict(yaml.safe_load(yaml.safe_dump(dataclasses.asdict(config)))) == config
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.run.force = True
+
+
+def test_every_default_lives_in_the_packaged_yaml_only():
+    """The sections declare no defaults: a key missing from conf/local.yaml is an error, not a silent fallback."""
+    config = typed()
+    sections = [config.input.video, *(getattr(config, f.name) for f in dataclasses.fields(config))]
+    for section in sections:
+        for field in dataclasses.fields(section):
+            assert field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING, field
+    data = yaml.safe_load(default_config_path().read_text(encoding="utf-8"))
+    del data["run"]["poison_attempts"]
+    with pytest.raises(ConfigError, match=r"missing key 'run\.poison_attempts'"):
+        JobConfig.from_dict(data)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("inference.partitions", "4", r"inference\.partitions is '4': it must be an integer"),
+    ("inference.batch_size", True, r"inference\.batch_size is True: it must be an integer"),
+    ("run.force", "yes", r"run\.force is 'yes': it must be true or false"),
+    ("input.extensions", ".jpg", r"input\.extensions is '\.jpg': it must be a list of strings"),
+    ("output.masks", "png", r"output\.masks \(--masks\) is 'png': choose one of rle_and_png, rle, none"),
+    ("inference.engine", "torch", r"inference\.engine \(--engine\) is 'torch': choose one of native, bigdl"),
+    ("input.video.fps", 0, r"input\.video\.fps \(--fps\) is 0.0: give a number > 0"),
+    ("run.max_error_fraction", 2, r"run\.max_error_fraction is 2.0: give a fraction between 0 and 1"),
+    ("spark.conf", ["spark.executor.cores=2"], r"spark\.conf is \['spark\.executor\.cores=2'\]: it must be a mapping"),
+])
+def test_a_bad_value_is_refused_naming_its_key_and_what_it_must_be(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        typed(**{key.replace(".", "__"): value})
+
+
+def test_numbers_are_typed_as_the_section_declares():
+    config = typed(output__score_threshold=1, input__video__fps=25, run__max_error_fraction=0)
+    assert config.output.score_threshold == 1.0 and isinstance(config.output.score_threshold, float)
+    assert isinstance(config.input.video.fps, float) and isinstance(config.run.max_error_fraction, float)
+    assert typed(input__video__extensions=[".MP4"]).input.video.extensions == (".mp4",)
+
+
+def test_an_unknown_key_is_refused_with_the_known_ones_listed(tmp_path):
+    data = load_config()
+    data["inference"]["partition"] = 3
+    with pytest.raises(ConfigError, match=r"unknown key 'inference\.partition' \(known: batch_size, engine, "):
+        JobConfig.from_dict(data)
+    user = tmp_path / "job.yaml"
+    user.write_text("output:\n  mask: rle\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"unknown key 'output\.mask'"):
+        load_config(user)
+
+
+def test_the_library_shipped_to_executors_leaves_the_driver_only_tools_out(tmp_path):
+    names = zipfile.ZipFile(library_archive(REPO / "pipelines", tmp_path / "lib.zip")).namelist()
+    assert "pipelines/inference/image_inference.py" in names and "pipelines/job_config.py" in names
+    assert DRIVER_ONLY_SUBPACKAGES == ("sweeps",)
+    assert not [n for n in names if n.startswith("pipelines/sweeps/") or "__pycache__" in n]
