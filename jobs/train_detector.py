@@ -34,10 +34,9 @@ def run_training(spark, cfg) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from pipelines.errors import UsageError
     from pipelines.training.detector_config import load_detector_train_config
 
-    return run_train_job(args, load_detector_train_config, (UsageError,), run_training, SUMMARY_KEYS)
+    return run_train_job(args, load_detector_train_config, run_training, SUMMARY_KEYS)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,9 @@ def run_training(spark, cfg) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from pipelines.training.config import TrainConfigError, load_train_config
+    from pipelines.training.config import load_train_config
 
-    return run_train_job(args, load_train_config, (TrainConfigError,), run_training, SUMMARY_KEYS)
+    return run_train_job(args, load_train_config, run_training, SUMMARY_KEYS)
 
 
 if __name__ == "__main__":

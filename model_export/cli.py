@@ -10,8 +10,6 @@ import argparse
 import importlib
 import sys
 
-from model_export.models.checkpoint import CheckpointError
-from model_export.onnx_openvino import ParityFailed
 from pipelines.errors import SparkSegError
 
 FAMILIES = {
@@ -31,13 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         modules[args.family].export(args)
-    except ParityFailed as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
-    except CheckpointError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except SparkSegError as err:     # e.g. quantize.CalibrationError: no decodable calibration image (exit 2)
+    except SparkSegError as err:     # ParityFailed: exit 3; bad checkpoint or calibration images: exit 2
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     return 0

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import torch
 
+from pipelines.errors import RunFailed
 
-class ParityFailed(RuntimeError):
+
+class ParityFailed(RunFailed):
     """The exported model does not give PyTorch's answers: no manifest.json is written."""
 
 

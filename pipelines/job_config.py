@@ -228,7 +228,19 @@ class OutputSettings:
     overlays: bool
 
     def __post_init__(self) -> None:
-        _one_of("output.masks (--masks)", self.masks, ("rle_and_png", "rle", "none"))
+        check_output_options(self.masks, self.score_threshold)
+
+
+MASK_OUTPUTS = ("rle_and_png", "rle", "none")   # output.masks: RLE + PNG label map | RLE only | boxes only
+
+
+def check_output_options(masks: str, score_threshold: float | None) -> None:
+    """output.masks and output.score_threshold (also checked where the executor task is built without a config)."""
+    _one_of("output.masks (--masks)", masks, MASK_OUTPUTS)
+    number = isinstance(score_threshold, (int, float)) and not isinstance(score_threshold, bool)
+    require("output.score_threshold (--score-threshold)", score_threshold is None
+            or (number and 0 <= score_threshold <= 1), score_threshold,
+            "give a number in [0, 1], or null for the model manifest's threshold")
 
 
 @dataclass(frozen=True)

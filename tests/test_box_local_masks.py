@@ -222,7 +222,7 @@ def test_score_threshold_and_mask_options(bundled, tmp_path):
     assert not (tmp_path / "rle").exists() and not (tmp_path / "none").exists()
     without_masks = [{**i, "mask": None} for i in rows["default"]["instances"]]
     assert rows["none"]["instances"] == without_masks and rows["none"]["mask_path"] is None
-    with pytest.raises(ValueError, match="output.masks 'png'"):
+    with pytest.raises(ValueError, match=r"output.masks \(--masks\) is 'png'"):
         make_task(manifest, tmp_path, masks="png")
     with pytest.raises(ValueError, match="output.score_threshold"):
         make_task(manifest, tmp_path, score_threshold=1.5)

@@ -16,6 +16,7 @@ from typing import Mapping
 
 import torch
 
+from pipelines.errors import UsageError
 from model_export.models.yolact import CLASS_DEPENDENT_PREFIXES, CONFIGS, Yolact, reset_class_layers
 
 MAX_LISTED_KEYS = 20
@@ -23,7 +24,7 @@ CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE"}  # pickle opc
 _DOWNSAMPLE_KEY = re.compile(r"^fpn\.downsample_layers\.(\d+)\.")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UsageError):
     """A checkpoint file cannot be read safely or does not fit the model."""
 
 

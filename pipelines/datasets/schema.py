@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
+from pipelines.errors import UsageError
 
-class AnnotationError(ValueError):
+
+class AnnotationError(UsageError):
     """A problem in an annotation file.
 
     ``path``: the file, as given to the reader; ``field``: where in it (``object[2].bndbox.xmax``,

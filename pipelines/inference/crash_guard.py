@@ -12,13 +12,14 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
+from pipelines.errors import SparkSegError
 from pipelines.io.storage import join_uri
 
 MARKER_DIR = "_sparkseg_attempts"
 
 
-class PoisonImage(RuntimeError):
-    pass
+class PoisonImage(SparkSegError, RuntimeError):
+    """An image that crashed run.poison_attempts task attempts: recorded as an errors/ row."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from pipelines.job_config import check_output_options
 from pipelines.inference.executor_cache import LazyModel
 from pipelines.ops.image_decode import decode_image, decode_image_reduced
 from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
@@ -24,7 +25,6 @@ from pipelines.results.result_rows import (INSTANCES_TYPE, MAX_MESSAGE, RESULT_C
                                    STAGES, fail, new_row, timed)   # (re-exported: the families and tests use them)
 from pipelines.inference.video_inference import is_segment, segment_rows
 
-MASK_OUTPUTS = ("rle_and_png", "rle", "none")   # output.masks: RLE + PNG label map | RLE only | boxes only
 
 
 @dataclass
@@ -69,7 +69,7 @@ class ImageInference:
     settings: RuntimeSettings
     output_uri: str
     input_root: str
-    masks: str = "rle_and_png"     # one of MASK_OUTPUTS (families without masks ignore it)
+    masks: str = "rle_and_png"     # one of job_config.MASK_OUTPUTS (families without masks ignore it)
     score_threshold: float | None = None   # instances scoring above it are written; None: the manifest's threshold
     jpeg_draft: bool = False       # decode JPEGs at a reduced DCT scale when the network input is much smaller
                                    # (faster; changes the model's input pixels, so off by default: see README)
@@ -84,13 +84,7 @@ class ImageInference:
     frames_per_batch: int = 8      # video frames per inference batch (inference.batch_size)
 
     def __post_init__(self) -> None:
-        if self.masks not in MASK_OUTPUTS:
-            raise ValueError(f"output.masks {self.masks!r}: choose one of {', '.join(MASK_OUTPUTS)}")
-        if self.score_threshold is not None:
-            value = self.score_threshold
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
-                raise ValueError(f"output.score_threshold {value!r}: give a number in [0, 1], or null for the "
-                                 "manifest's threshold")
+        check_output_options(self.masks, self.score_threshold)
 
     def written_score_threshold(self, manifest_key: str) -> float:
         """Instances with score > this are written: `score_threshold`, else the manifest's postprocess[key]."""

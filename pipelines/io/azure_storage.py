@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, TypeVar
 from urllib.parse import quote, quote_plus, unquote
 
-from pipelines.errors import UsageError
+from pipelines.errors import SparkSegError, UsageError
 from pipelines.io.uris import AZURE_SCHEMES, has_extension, normalize_extensions
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,9 @@ _MASK = "***"
 _MIN_SECRET_LENGTH = 6  # shorter values are not scrubbed: replacing e.g. "sv" everywhere would mangle messages
 
 
-class AzureStorageError(OSError):
-    """An Azure Storage call failed; the message names the URI and carries no secrets."""
+class AzureStorageError(SparkSegError, OSError):
+    """An Azure Storage call failed; the message names the URI and carries no secrets. Exit 1: the store, not the
+    input, failed (missing blobs surface as FileNotFoundError)."""
 
 
 # ---- URIs -------------------------------------------------------------------------------------------------------
@@ -418,7 +419,7 @@ class AzureBlobStore:
 def _blob_path(uri: str) -> BlobPath:
     path = parse_blob_uri(uri)
     if not path.path or path.path.endswith("/"):
-        raise ValueError(f"{uri!r} names a container or directory, not a blob; add the blob name")
+        raise UsageError(f"{uri!r} names a container or directory, not a blob; add the blob name")
     return path
 
 

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Protocol
 
+from pipelines.errors import UsageError
 from pipelines.io.uris import (AZURE_SCHEMES, has_extension, is_azure, is_hidden, is_local, join_uri,  # noqa: F401
                             normalize_extensions, scheme_of, store_of, to_local_path)
 
@@ -37,7 +38,7 @@ def to_spark_uri(uri: str | os.PathLike, account: str | None = None) -> str:
         path = parse_blob_uri(text)
         account = account or account_name_from_env()
         if not account:
-            raise ValueError(f"{text!r}: az:// URIs carry no storage account; pass account=..., set "
+            raise UsageError(f"{text!r}: az:// URIs carry no storage account; pass account=..., set "
                              "AZURE_STORAGE_ACCOUNT_NAME, or write abfss://container@account.dfs.core.windows.net/path")
         return f"abfss://{path.container}@{account}.dfs.core.windows.net/{path.path}"
     if scheme in _SPARK_SCHEMES:
@@ -242,5 +243,5 @@ def _fsspec(uri: str):
     try:
         return fsspec.core.url_to_fs(uri)
     except (ImportError, ValueError) as exc:
-        raise ValueError(f"cannot open {uri!r} with fsspec ({exc}); install the fsspec backend for "
+        raise UsageError(f"cannot open {uri!r} with fsspec ({exc}); install the fsspec backend for "
                          f"{scheme_of(uri)}:// or use a local path, az:// or abfss://") from None

@@ -1,5 +1,5 @@
 """URIs: which store serves a location, and how each layer spells it. Pure string functions, no I/O, no imports
-of other sparkseg modules (every other module may import this one).
+of other sparkseg modules but pipelines.errors (every other module may import this one).
 
 Three stores:
 - local: plain paths (`/data/x.jpg`, `data/x.jpg`) and `file:` URIs (`file:///data/x.jpg`, Spark's `file:/data/x.jpg`);
@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from typing import Iterable, Literal
 from urllib.parse import unquote, urlsplit
+
+from pipelines.errors import UsageError
 
 Store = Literal["local", "azure_sdk", "hadoop"]
 
@@ -56,12 +58,12 @@ def to_local_path(uri: str | os.PathLike) -> str:
     if scheme_of(text) == "":
         return text
     if scheme_of(text) != "file":
-        raise ValueError(f"not a local path: {text!r}; only plain paths and file: URIs have a local path")
+        raise UsageError(f"not a local path: {text!r}; only plain paths and file: URIs have a local path")
     parts = urlsplit(text)
     if parts.netloc not in ("", "localhost"):
-        raise ValueError(f"file URI {text!r} names host {parts.netloc!r}; use file:///absolute/path")
+        raise UsageError(f"file URI {text!r} names host {parts.netloc!r}; use file:///absolute/path")
     if not parts.path:
-        raise ValueError(f"file URI {text!r} has no path; use file:///absolute/path")
+        raise UsageError(f"file URI {text!r} has no path; use file:///absolute/path")
     # urlsplit would cut the path at '?' or '#', which are legal in file names: take everything after the authority.
     rest = text[len("file:"):]
     if rest.startswith("//"):

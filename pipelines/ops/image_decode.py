@@ -28,6 +28,8 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from pipelines.errors import UsageError
+
 DEFAULT_MAX_PIXELS = 100_000_000
 _BAND_PIXELS = 1 << 22  # pixels per band when converting to the output array
 
@@ -52,7 +54,7 @@ _MAGIC = (
 )
 
 
-class ImageDecodeError(ValueError):
+class ImageDecodeError(UsageError):
     """An input that cannot become an RGB image. `reason` is one of REASONS; the message names the input."""
 
     def __init__(self, name: str, reason: str, detail: str, advice: str):

@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 
+from pipelines.errors import UsageError
+
 log = logging.getLogger(__name__)
 KEY_COLUMNS = ["path", "run_id", "modification_time", "model_sha256"]
 
 
-class OutputError(ValueError):
+class OutputError(UsageError):
     """The output directory cannot be read: the message names it and what to do."""
 
 

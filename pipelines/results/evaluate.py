@@ -25,11 +25,13 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
+from pipelines.errors import UsageError
+
 log = logging.getLogger(__name__)
 EVALUATION_NAME = "evaluation.json"
 
 
-class EvaluationError(ValueError):
+class EvaluationError(UsageError):
     """Annotations and output cannot be evaluated together: the message names both and what to do."""
 
 

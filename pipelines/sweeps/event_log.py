@@ -21,10 +21,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.errors import UsageError
+
 PYTHON_SQL_METRIC = "time to execute Python code"
 
 
-class EventLogError(ValueError):
+class EventLogError(UsageError):
     pass
 
 

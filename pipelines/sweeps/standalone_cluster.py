@@ -30,6 +30,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.errors import SparkSegError
 from pipelines.spark.jvm_class_archive import QUICK_START_JIT, driver_java_options
 
 HOST = "127.0.0.1"
@@ -58,7 +59,7 @@ class ClusterConfig:
             raise ValueError(f"ClusterConfig.memory must look like '512m' or '2g', got {self.memory!r}")
 
 
-class ClusterStartError(RuntimeError):
+class ClusterStartError(SparkSegError, RuntimeError):
     """A daemon did not come up; the message carries the tail of its log."""
 
 

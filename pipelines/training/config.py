@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from pipelines.errors import UsageError
 from pipelines.training.augment import AugmentConfig
 from pipelines.training.devices import parse_use_gpu
 from pipelines.training.yolact_loss import LossConfig
@@ -21,7 +22,7 @@ PRECISIONS = ("f32", "bf16")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "train_yolact.yaml"
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(UsageError):
     pass
 
 

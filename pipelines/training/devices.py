@@ -29,7 +29,7 @@ def parse_use_gpu(value) -> str | bool:
         return value
     if isinstance(value, str) and value.lower() in ("auto", "true", "false"):
         return {"auto": "auto", "true": True, "false": False}[value.lower()]
-    raise ValueError(f"distributed.use_gpu {value!r}: choose auto, true or false")
+    raise UsageError(f"distributed.use_gpu {value!r}: choose auto, true or false")
 
 
 def cuda_available() -> bool:

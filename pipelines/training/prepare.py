@@ -27,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipelines.errors import UsageError
 from pipelines.io import storage
 from pipelines.datasets import coco_to_dataset, dataset_to_coco, split_train_val
 from pipelines.datasets.schema import Dataset
@@ -88,7 +89,7 @@ class PrepareReport:
 def prepare_training_data(spark: SparkSession, spec: PrepareSpec) -> PrepareReport:
     """Validate and shard the data set (or reuse a previous preparation with the same signature)."""
     if spec.num_shards < 1:
-        raise ValueError(f"data.num_shards={spec.num_shards} must be >= 1")
+        raise UsageError(f"data.num_shards={spec.num_shards} must be >= 1")
     raw = storage.read_bytes(spec.annotations_uri)
     signature = _signature(spec, raw)
     report_uri = storage.join_uri(spec.out_uri, REPORT_NAME)
@@ -126,7 +127,7 @@ def _class_index(dataset: Dataset, spec: PrepareSpec) -> dict[int, int]:
     wanted = {name: i for i, name in enumerate(spec.class_names)}
     unknown = [c.name for c in dataset.categories if c.name not in wanted]
     if unknown:
-        raise ValueError(f"{spec.annotations_uri}: categories {unknown} are not model classes {list(spec.class_names)}:"
+        raise UsageError(f"{spec.annotations_uri}: categories {unknown} are not model classes {list(spec.class_names)}:"
                          " train with a config whose class_names include them (model.class_names)")
     return {c.id: wanted[c.name] for c in dataset.categories}
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipelines.errors import UsageError
+
 
 @dataclass(frozen=True)
 class GlobalBatchSampler:
@@ -23,10 +25,10 @@ class GlobalBatchSampler:
 
     def __post_init__(self):
         if self.micro_batch < 1 or self.global_batch % self.micro_batch:
-            raise ValueError(f"train.global_batch {self.global_batch} must be a multiple of train.micro_batch "
+            raise UsageError(f"train.global_batch {self.global_batch} must be a multiple of train.micro_batch "
                              f"{self.micro_batch}")
         if self.num_samples < self.global_batch:
-            raise ValueError(f"only {self.num_samples} usable training images, fewer than one global batch "
+            raise UsageError(f"only {self.num_samples} usable training images, fewer than one global batch "
                              f"({self.global_batch}): add data or lower train.global_batch")
 
     @property
@@ -39,7 +41,7 @@ class GlobalBatchSampler:
 
     def check_data_parallel(self, dp_size: int) -> None:
         if self.micro_batches_per_step % dp_size:
-            raise ValueError(f"global_batch / micro_batch = {self.micro_batches_per_step} micro-batches per step "
+            raise UsageError(f"global_batch / micro_batch = {self.micro_batches_per_step} micro-batches per step "
                              f"cannot be shared by {dp_size} data-parallel replicas: make it a multiple")
 
     def order(self, epoch: int) -> np.ndarray:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.parquet as pq
 
+from pipelines.errors import UsageError
 from pipelines.io import storage
 
 ROW_COLUMNS = ("image_id", "file_name", "width", "height", "image", "labels", "boxes", "rles")
@@ -52,7 +53,7 @@ class ShardIndex:
         else:
             files = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
         if not files:
-            raise FileNotFoundError(f"{root}: no Parquet shards; run the preparation first (pipelines.training.prepare)")
+            raise UsageError(f"{root}: no Parquet shards; run the preparation first (pipelines.training.prepare)")
         parts = {"file": [], "group": [], "row": [], "id": []}
         for number, name in enumerate(files):
             with fs.open_input_file(name) if hasattr(fs, "open_input_file") else fs.open(name, "rb") as handle:

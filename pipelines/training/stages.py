@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipelines.errors import UsageError
 from model_export.models.yolact import Yolact
 
 
@@ -116,7 +117,7 @@ def balanced_split(costs: list[float], stages: int) -> list[int]:
     """First block index of stages 1..stages-1 so the largest stage cost is smallest (contiguous partition)."""
     n = len(costs)
     if stages > n:
-        raise ValueError(f"{stages} pipeline stages but the model has only {n} blocks")
+        raise UsageError(f"{stages} pipeline stages but the model has only {n} blocks")
     best: tuple[float, list[int]] | None = None
 
     def search(start: int, left: int, cuts: list[int], worst: float):
@@ -140,7 +141,7 @@ def make_stages(model: Yolact, input_size: int, stages: int, split: list[int] | 
         split = balanced_split(block_flops(model, input_size), stages)
     split = [int(s) for s in split]
     if len(split) != stages - 1 or split != sorted(set(split)) or split[0] < 1 or split[-1] >= len(blocks):
-        raise ValueError(f"distributed.pipeline_split {split}: give {stages - 1} increasing block indices in "
+        raise UsageError(f"distributed.pipeline_split {split}: give {stages - 1} increasing block indices in "
                          f"1..{len(blocks) - 1} ({len(blocks)} blocks: backbone stages then the head)")
     bounds = [0] + split + [len(blocks)]
     return [Stage(blocks[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]

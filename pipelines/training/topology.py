@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pipelines.errors import UsageError
+
 
 @dataclass
 class Topology:
@@ -59,7 +61,7 @@ def make_topology(strategy: str, stages: int) -> Topology:
     world = dist.get_world_size() if dist.is_initialized() else 1
     stages = stages if strategy in ("pipeline", "hybrid") else 1
     if world % stages:
-        raise ValueError(f"{world} processes cannot hold {stages} pipeline stages evenly")
+        raise UsageError(f"{world} processes cannot hold {stages} pipeline stages evenly")
     topo = Topology(strategy, rank, world, stages)
     if strategy == "hybrid":
         for stage in range(stages):

@@ -1,8 +1,8 @@
 """The command line the Spark training jobs share (jobs/train_yolact.py, jobs/train_detector.py): the same flags,
-``--set KEY=VALUE`` overrides, config errors as exit 2, a Spark session for the run, a short JSON summary.
+``--set KEY=VALUE`` overrides, errors mapped to exit codes by class (pipelines.errors), a Spark session for the run, a short JSON summary.
 
     args = parse_train_args(__doc__, "conf/train_yolact.yaml", argv, choices=[...])
-    return run_train_job(args, load_train_config, (TrainConfigError,), run_training, SUMMARY_KEYS)
+    return run_train_job(args, load_train_config, run_training, SUMMARY_KEYS)
 """
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 from typing import Callable, Sequence
+
+from pipelines.errors import SparkSegError
 
 FLAGS = {"strategy": "distributed.strategy", "num_processes": "distributed.num_processes",
          "threads": "distributed.threads_per_process", "run_dir": "run_dir", "epochs": "train.epochs"}
@@ -50,24 +52,24 @@ def overrides_from(args: argparse.Namespace) -> dict:
     return overrides
 
 
-def run_train_job(args: argparse.Namespace, load_config: Callable, config_errors: tuple[type, ...],
-                  run_training: Callable, summary_keys: Sequence[str]) -> int:
-    """Load the config (config_errors: exit code `exit_code`, else 2), run_training(spark, cfg) in a job session,
-    print the summary's summary_keys. Returns the exit code."""
+def run_train_job(args: argparse.Namespace, load_config: Callable, run_training: Callable,
+                  summary_keys: Sequence[str]) -> int:
+    """Load the config, run_training(spark, cfg) in a job session, print the summary's summary_keys. Returns the exit
+    code: a SparkSegError prints one line and exits with its code; anything else is a bug (traceback, exit 1)."""
     try:
         cfg = load_config(args.config, overrides_from(args))
-    except config_errors as err:
+    except SparkSegError as err:
         print(f"error: {err}", file=sys.stderr)
-        return getattr(err, "exit_code", 2)
+        return err.exit_code
     from pipelines.spark.spark_session import job_session
     from pipelines.training.launcher import session_conf
 
     spark = job_session(cfg.spark.master, cfg.spark.app_name, session_conf(cfg))
     try:
         summary = run_training(spark, cfg)
-    except (ValueError, FileNotFoundError) as err:
+    except SparkSegError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return err.exit_code
     finally:
         spark.stop()
     print(json.dumps({k: summary.get(k) for k in summary_keys}, indent=2))
