@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
 
+from pipelines.errors import report_error  # noqa: E402
 from pipelines.job_config import ConfigError, REPO_ROOT  # noqa: E402
 
 DEFAULT_CONFIG = REPO_ROOT / "conf" / "sweep.yaml"
@@ -38,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_sweep_config(args.config, {"out_dir": args.out_dir, "mode": args.mode,
                                                  "repeats": args.repeats})
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
     rows, paths = run_sweep(config)
     print(f"sweep: {len(rows)} runs, {sum(row['status'] == 'ok' for row in rows)} ok -> {paths['report']}")
     failed = [row for row in rows if row["status"] == "failed"]

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from pipelines.errors import SparkSegError
+from pipelines.errors import SparkSegError, report_error
 
 FAMILIES = {
     "yolact": ("model_export.yolact_export", "YOLACT instance segmentation"),
@@ -30,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         modules[args.family].export(args)
     except SparkSegError as err:     # ParityFailed: exit 3; bad checkpoint or calibration images: exit 2
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
+        return report_error(err)
     return 0
 
 

@@ -96,16 +96,12 @@ def parse_input_size(text: str) -> tuple[int, int]:
 
 
 def build_model(args: argparse.Namespace) -> tuple[FactorNetDetector, dict]:
-    if not args.weights and not args.random_init:
-        raise SystemExit("error: pass --weights CKPT.pth (a trained detector checkpoint) or --random-init (random "
-                         "weights, for tests and benchmarks only)")
-    if args.weights and args.random_init:
-        raise SystemExit("error: --weights and --random-init exclude each other")
+    conv.require_weights_choice(args.weights, args.random_init, "a trained detector checkpoint")
     overrides = {}
     if args.input_size:
         overrides["input_size"] = parse_input_size(args.input_size)
     if args.class_names:
-        overrides["class_names"] = tuple(name.strip() for name in args.class_names.split(","))
+        overrides["class_names"] = conv.class_names_flag(args.class_names)
     try:
         cfg = get_detector_config(args.config, **overrides)
     except ValueError as err:
@@ -293,14 +289,8 @@ def format_table(rows: dict, transform: dict) -> str:
 # ------------------------------------------------------------------------------------------------ export
 def export(args: argparse.Namespace) -> dict:
     """Run every stage; returns the parity report. Raises ParityFailed (no manifest written) when parity breaks."""
-    timer = conv.StageTimer()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.opset < 11:
-        raise SystemExit(f"error: --opset {args.opset}: torchvision's detection ops need opset >= 11")
     int8_images = quantize.split_images(args) if args.precision == "int8" else None
-    with timer.stage("build_model"):
-        model, weights = build_model(args)
+    timer, out, model, weights = conv.start_export(args, "torchvision's detection ops need opset >= 11", build_model)
     cfg = model.cfg
     files = {"onnx": "model.onnx", "onnx_simplified": "model.sim.onnx", "ir_xml": "model.xml", "ir_bin": "model.bin"}
     conv.export_all(DetectorNetwork(model), torch.zeros(1, 3, *cfg.input_size), out, files, INPUT_NAME, OUTPUT_NAMES,

@@ -9,11 +9,37 @@ from pathlib import Path
 
 import torch
 
-from pipelines.errors import RunFailed
+from pipelines.errors import RunFailed, UsageError
 
 
 class ParityFailed(RunFailed):
     """The exported model does not give PyTorch's answers: no manifest.json is written."""
+
+
+def start_export(args, opset_rule: str, build_model) -> tuple["StageTimer", Path, torch.nn.Module, dict]:
+    """An export's first stage: its timer, its output directory (--out, created) and `build_model(args)`'s (model,
+    weights record), timed as "build_model". An --opset below 11 is refused (exit 2): `opset_rule` says why."""
+    if args.opset < 11:
+        raise UsageError(f"--opset {args.opset}: {opset_rule}")
+    timer, out = StageTimer(), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with timer.stage("build_model"):
+        model, weights = build_model(args)
+    return timer, out, model, weights
+
+
+def require_weights_choice(weights: str | None, random_init: bool, checkpoint: str) -> None:
+    """Exactly one of --weights (a `checkpoint`) and --random-init; else UsageError (exit 2)."""
+    if not weights and not random_init:
+        raise UsageError(f"pass --weights CKPT.pth ({checkpoint}) or --random-init (random weights, for tests and "
+                         "benchmarks only)")
+    if weights and random_init:
+        raise UsageError("--weights and --random-init exclude each other")
+
+
+def class_names_flag(text: str | None) -> tuple[str, ...] | None:
+    """--class-names a,b,c -> ("a", "b", "c"); None when not given."""
+    return tuple(name.strip() for name in text.split(",")) if text else None
 
 
 class StageTimer:

@@ -50,18 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_model(args: argparse.Namespace) -> tuple[Yolact, dict]:
-    if not args.weights and not args.random_init:
-        raise SystemExit("error: pass --weights CKPT.pth (a YOLACT checkpoint) or --random-init (random weights, "
-                         "for tests and benchmarks only)")
-    if args.weights and args.random_init:
-        raise SystemExit("error: --weights and --random-init exclude each other")
+    conv.require_weights_choice(args.weights, args.random_init, "a YOLACT checkpoint")
     overrides = {}
     if args.input_size:
         overrides["max_size"] = args.input_size
     if args.num_classes:
         overrides["num_classes"] = args.num_classes
     if args.class_names:
-        overrides["class_names"] = tuple(name.strip() for name in args.class_names.split(","))
+        overrides["class_names"] = conv.class_names_flag(args.class_names)
     cfg = get_config(args.config, **overrides)
     torch.manual_seed(args.seed)
     model = Yolact(cfg).eval()
@@ -165,14 +161,8 @@ def gate_failures(rows: dict, gate: ParityGate) -> list[str]:
 
 def export(args: argparse.Namespace) -> dict:
     """Run every stage; returns the parity report. Raises ParityFailed (no manifest written) when f32 parity breaks."""
-    timer = conv.StageTimer()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.opset < 11:
-        raise SystemExit(f"error: --opset {args.opset}: YOLACT needs opset >= 11 (bilinear Resize)")
     int8_images = quantize.split_images(args) if args.precision == "int8" else None
-    with timer.stage("build_model"):
-        model, weights = build_model(args)
+    timer, out, model, weights = conv.start_export(args, "YOLACT needs opset >= 11 (bilinear Resize)", build_model)
     cfg = model.cfg
     size = int(cfg.max_size)
     files = {"onnx": "model.onnx", "onnx_simplified": "model.sim.onnx", "ir_xml": "model.xml",

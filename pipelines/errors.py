@@ -7,6 +7,8 @@ so callers that caught those before still do.
 """
 from __future__ import annotations
 
+import sys
+
 
 class SparkSegError(Exception):
     """Base of every error sparkseg raises on purpose. `exit_code`: what a job's process exits with."""
@@ -30,3 +32,9 @@ class OutputBusy(SparkSegError, RuntimeError):
     """Another run holds the output's lock: nothing was done (exit 4)."""
 
     exit_code = 4
+
+
+def report_error(error: SparkSegError) -> int:
+    """What a command line does with an expected error: one line on stderr; returns the exit code it means."""
+    print(f"error: {error}", file=sys.stderr)
+    return error.exit_code

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     run it; the exit code. Expected failures (SparkSegError) print one line; anything else is a bug and raises."""
     args = parse_args(argv, description)
     logging.basicConfig(level=logging.WARNING, format="sparkseg: %(levelname)s: %(message)s")
-    from pipelines.errors import SparkSegError
+    from pipelines.errors import SparkSegError, report_error
     from pipelines.inference.inference_job import plan_job, run_plan
     from pipelines.spark.spark_session import job_session, warn_unknown_spark_settings
 
@@ -96,14 +96,12 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
         else:
             spark = job_session(settings.master, settings.app_name, settings.conf, settings.log_level)
     except SparkSegError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
+        return report_error(err)
     try:
         warn_unknown_spark_settings(spark, settings.conf)
         summary = run_plan(spark, plan)
     except SparkSegError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
+        return report_error(err)
     finally:
         spark.stop()
     print_summary(summary)

@@ -43,14 +43,23 @@ def load_config(path: str | Path | None = None) -> dict:
     base = yaml.safe_load(default_config_path().read_text(encoding="utf-8"))
     if path is None:
         return base
+    return merge(base, read_yaml(path, "config file (see conf/ for examples)"), str(path))
+
+
+def read_yaml(path: str | Path, what: str, error: type[UsageError] | None = None) -> dict:
+    """A YAML file's mapping ({} for an empty file); a missing file or bad YAML raises `error` (ConfigError) naming
+    the path and `what` it should be."""
+    error = error or ConfigError
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: no such config file (see conf/ for examples)")
+        raise error(f"{path}: no such {what}")
     try:
-        overlay = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    return merge(base, overlay, str(path))
+        raise error(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: holds {type(data).__name__}, not a mapping of keys (see {what})")
+    return data
 
 
 def merge(base: dict, overlay: dict, source: str = "config", prefix: str = "") -> dict:
@@ -74,11 +83,11 @@ FREE_FORM = {"spark.conf"}
 
 
 def set_path(config: dict, dotted: str, value) -> None:
-    """Apply one override (`inference.partitions`, 8)."""
+    """Apply one override (`inference.partitions`, 8), making the sections it names (typing refuses unknown keys)."""
     *parents, leaf = dotted.split(".")
     node = config
     for key in parents:
-        node = node[key]
+        node = node.setdefault(key, {})
     node[leaf] = value
 
 

@@ -13,16 +13,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipelines.datasets.masks import mask_area
-from pipelines.datasets.schema import (
-    Annotation,
-    AnnotationError,
-    Category,
-    Dataset,
-    ImageRecord,
-    PolygonMask,
-    RleMask,
-    Segmentation,
-)
+from pipelines.datasets.schema import (Annotation, AnnotationError, Category, Dataset, ImageRecord, PolygonMask,
+                                      RleMask, Segmentation)
 from pipelines.datasets.voc import POSES_DEFAULT
 
 # Boxes may pass the image edge by this many pixels (float rounding in exported files) before it is an error.

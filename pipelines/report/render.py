@@ -17,6 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
+from pipelines.errors import report_error
 from pipelines.io.output_paths import parse_location, relative_key
 from pipelines.report import overlays as ov
 from pipelines.report import page, plots
@@ -147,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = render(args.output, args.input_root, args.limit, args.score_threshold)
     except OutputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
     print(f"report: {path}")
     return 0
 

@@ -25,7 +25,7 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, report_error
 
 log = logging.getLogger(__name__)
 EVALUATION_NAME = "evaluation.json"
@@ -223,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = evaluate_output(args.output, args.annotations, args.score_threshold, groups)
     except (EvaluationError, OutputError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
     path = write_evaluation(args.output, report)
     overall = report["overall"]
     print(f"sparkseg evaluate: {report['images']} images, {report['results']} detections -> {path}")

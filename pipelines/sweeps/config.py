@@ -9,9 +9,8 @@ import itertools
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import yaml
 
-from pipelines.job_config import REPO_ROOT, ConfigError, load_config, merge
+from pipelines.job_config import REPO_ROOT, ConfigError, load_config, merge, read_yaml
 
 MODES = ("local", "standalone")
 ENGINES = ("native", "bigdl")
@@ -119,13 +118,7 @@ CONFIG_KEYS = {f.name for f in fields(SweepConfig)}
 
 def load_sweep_config(path: str | Path, overrides: dict | None = None) -> SweepConfig:
     """Read a sweep YAML; `overrides` ({"out_dir": ..., "mode": ...}) win over the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such sweep config (see conf/sweep.yaml)")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    data = read_yaml(path, "sweep config (see conf/sweep.yaml)")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     unknown = sorted(set(data) - CONFIG_KEYS)
     if unknown:

@@ -6,13 +6,11 @@ The config travels to every rank as a dict (``asdict``) and is rebuilt there wit
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
-import yaml
-
 from pipelines.errors import UsageError
+from pipelines.job_config import read_yaml, set_path
 from pipelines.training.augment import AugmentConfig
 from pipelines.training.devices import parse_use_gpu
 from pipelines.training.yolact_loss import LossConfig
@@ -201,20 +199,9 @@ def read_config_data(path: str | Path | None, overrides: dict | None, default: P
                      error: type[Exception] = TrainConfigError) -> dict:
     """The YAML at `path` (default: `default`) as a dict with dotted `overrides` applied ({"train.epochs": 2});
     a missing file or bad YAML raises `error`."""
-    path = Path(path) if path else default
-    if not path.is_file():
-        raise error(f"{path}: no such training config (see conf/{default.name})")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        raise error(f"{path}: not valid YAML: {err}") from None
-    data = copy.deepcopy(data)
+    data = read_yaml(path or default, f"training config (see conf/{default.name})", error)
     for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
+        set_path(data, dotted, value)
     return data
 
 

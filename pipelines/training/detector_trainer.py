@@ -184,15 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.device:
         overrides["distributed.use_gpu"] = {"auto": "auto", "cpu": False, "cuda": True}[args.device]
     overrides["eval.every_epochs"] = 0
-    from pipelines.errors import UsageError
+    from pipelines.errors import UsageError, report_error
 
     started = time.time()
     try:
         cfg = load_detector_train_config(args.config, overrides)
         summary = train_from_folder(cfg)
     except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
+        return report_error(err)
     summary["wall_seconds"] = round(time.time() - started, 1)
     (Path(cfg.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

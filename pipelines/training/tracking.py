@@ -58,30 +58,30 @@ def plot_curves(metrics: list[dict], out_dir: str | Path, loss_keys: tuple[str, 
             ax.plot(xs, [m[key] for m in steps], label=f"train {key}", linewidth=0.6, alpha=0.7)
         if evals and "val_loss" in evals[0]:
             ax.plot([m["step"] for m in evals], [m["val_loss"] for m in evals], "o-", label="val loss")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
         ax.set_yscale("log")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out_dir / CURVES_PNG, dpi=100)
-        plt.close(fig)
-        written.append(out_dir / CURVES_PNG)
+        written.append(_save_plot(fig, ax, "step", "loss", out_dir / CURVES_PNG))
     if evals:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         xs = [m["epoch"] + 1 for m in evals]
         for key in ("mask_ap", "box_ap", "mask_ap_blobs", "mask_ap_crack", "box_ap_blobs", "box_ap_crack"):
             if key in evals[0]:
                 ax.plot(xs, [m[key] for m in evals], "o-", label=key)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("COCO AP@[.5:.95] (val)")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out_dir / AP_PNG, dpi=100)
-        plt.close(fig)
-        written.append(out_dir / AP_PNG)
+        written.append(_save_plot(fig, ax, "epoch", "COCO AP@[.5:.95] (val)", out_dir / AP_PNG))
     return written
+
+
+def _save_plot(fig, ax, xlabel: str, ylabel: str, path: Path) -> Path:
+    """Label, legend and grid the axes, write the figure to `path` and close it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _mlflow_uri(uri: str) -> str:

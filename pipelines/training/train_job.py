@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Callable, Sequence
 
-from pipelines.errors import SparkSegError
+from pipelines.errors import SparkSegError, report_error
 
 FLAGS = {"strategy": "distributed.strategy", "num_processes": "distributed.num_processes",
          "threads": "distributed.threads_per_process", "run_dir": "run_dir", "epochs": "train.epochs"}
@@ -59,8 +58,7 @@ def run_train_job(args: argparse.Namespace, load_config: Callable, run_training:
     try:
         cfg = load_config(args.config, overrides_from(args))
     except SparkSegError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
+        return report_error(err)
     from pipelines.spark.spark_session import job_session
     from pipelines.training.launcher import session_conf
 
@@ -68,8 +66,7 @@ def run_train_job(args: argparse.Namespace, load_config: Callable, run_training:
     try:
         summary = run_training(spark, cfg)
     except SparkSegError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
+        return report_error(err)
     finally:
         spark.stop()
     print(json.dumps({k: summary.get(k) for k in summary_keys}, indent=2))
