@@ -103,6 +103,7 @@ def make_task(manifest, variant: str, precision: str, conf_thresh: float | None,
     """The executor function as the job builds it (make_task), 1 stream x 1 thread, every detection written."""
     from pipelines.inference.inference_tasks import inference_task_class
     from pipelines.inference.openvino_runtime import RuntimeSettings
+    from pipelines.io.storage import Location
 
     if variant == "before":
         from bench.legacy_executor import LegacyDetectorInference, LegacyYolactInference
@@ -116,7 +117,7 @@ def make_task(manifest, variant: str, precision: str, conf_thresh: float | None,
     return cls(model_dir=str(manifest.root), model_sha256=manifest.model_sha256,
                class_names=tuple(manifest.class_names), input_spec=manifest.input,
                postprocess={**postprocess, "nms": postprocess.get("nms", "fast")},
-               settings=RuntimeSettings(precision=precision, threads=1, streams=1), output_uri=str(output),
+               settings=RuntimeSettings(precision=precision, threads=1, streams=1), output=Location(str(output)),
                input_root=str(image_dir), masks="none" if variant == "after_boxes" else "rle_and_png",
                score_threshold=0.0, jpeg_draft=variant == "after_draft")
 

@@ -79,7 +79,8 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from pipelines.inference.inference_job import index_todo, size_shuffles, todo_listing
+    from pipelines.inference.inference_job import (index_todo, session_settings_for, set_session_settings,
+                                                   todo_listing)
     from pipelines.job_config import JobConfig, load_config
     from pipelines.spark.spark_session import local_session
     from pipelines.inference.video_sources import image_units
@@ -98,9 +99,9 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
     listed = listed.persist(StorageLevel.MEMORY_AND_DISK)
     n_inputs = listed.count()
     config = JobConfig.from_dict(load_config())   # the job's defaults: shuffles sized, broadcast bound
-    size_shuffles(spark, n_inputs, config.spark)
+    set_session_settings(spark, session_settings_for(n_inputs, config))
     target = str(output) if scenario == "incremental" else str(work / "nothing-here")
-    todo = todo_listing(spark, listed, target, manifest, False, None, config.run.broadcast_max_rows)
+    todo = todo_listing(spark, listed, target, manifest, False, config.run.broadcast_max_rows)
     n_todo = todo.count()
     todo, indexed = index_todo(todo, 2)
     n_indexed = indexed.count()

@@ -21,6 +21,7 @@ from pipelines.inference.model_manifest import load_manifest
 from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
 from pipelines.ops.preprocess import preprocess_rgb
 from pipelines.inference.yolact_inference import YolactInference
+from pipelines.io.storage import Location
 from tests import reference_postprocess as ref
 from tests.conftest import SAMPLES
 from tests.job_helpers import DEFAULT_MODEL_DIR, job_config, read_rows
@@ -163,7 +164,7 @@ def make_task(manifest, tmp_path: Path, **options) -> YolactInference:
     return YolactInference(
         model_dir=str(manifest.root), model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
         input_spec=manifest.input, postprocess=manifest.postprocess, settings=RuntimeSettings(precision="f32"),
-        output_uri=str(tmp_path / "out"), input_root=str(SAMPLES / "images"), **options)
+        output=Location(str(tmp_path / "out")), input_root=str(SAMPLES / "images"), **options)
 
 
 def assert_executor_postprocess_equals_previous(model_dir: Path, paths: list[Path], tmp_path: Path) -> int:

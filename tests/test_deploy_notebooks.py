@@ -15,6 +15,7 @@ from pipelines.io.azure_storage import AzureCredentials
 from pipelines.inference.inference_job import run
 from pipelines.ops.mask_outputs import read_label_map_png
 from pipelines.io.run_lock import LOCK_NAME, LockHeld, RunLock
+from pipelines.io.storage import Location
 from tests.conftest import REPO, SAMPLES
 from tests.dbutils_standin import DbutilsStandIn, notebook_cells, run_notebook_source
 from tests.fixtures_azurite import ACCOUNT_KEY
@@ -66,7 +67,7 @@ def test_databricks_notebook_runs_cell_by_cell_against_azurite(spark, azurite, m
     assert again["counts"]["skipped"] == 4 and again["counts"]["done"] == 0   # a scheduled re-run: nothing new
 
     credentials = AzureCredentials(connection_string=azurite.connection_string)
-    with RunLock.acquire(parameters["output"], "20990101T000000Z-other-job", azure_credentials=credentials):
+    with RunLock.acquire(Location(parameters["output"], credentials), "20990101T000000Z-other-job"):
         before = sorted((blob.name, blob.etag) for blob in client.list_blobs(name_starts_with="out/"))
         with pytest.raises(LockHeld, match="20990101T000000Z-other-job"):
             run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=DbutilsStandIn(parameters, secrets))

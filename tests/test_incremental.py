@@ -19,6 +19,7 @@ from PIL import Image
 
 from pipelines.results.incremental import current_detections, current_errors, table_counts
 from pipelines.inference.inference_job import run
+from pipelines.io.storage import Location
 from pipelines.io.run_lock import (LOCK_NAME, AzureLockStore, HadoopLockStore, LocalLockStore, LockHeld, LockInfo,
                                 LockSettings, RunLock, lock_store)
 from tests.conftest import REPO, SAMPLES
@@ -207,7 +208,7 @@ def test_azure_lock_blob_is_created_only_when_absent_and_changed_only_by_etag(az
 
     credentials = AzureCredentials(connection_string=azurite.connection_string)
     output = f"az://{azurite.create_container()}/out"
-    store = lock_store(output, azure_credentials=credentials)
+    store = lock_store(Location(output, credentials))
     assert isinstance(store, AzureLockStore) and store.uri == f"{output}/{LOCK_NAME}"
     etag = store.create(b"one")                      # Put Blob with If-None-Match: *
     assert etag and store.create(b"two") is None
@@ -217,9 +218,9 @@ def test_azure_lock_blob_is_created_only_when_absent_and_changed_only_by_etag(az
     assert store.delete(etag) is False and store.read()[0] == b"three"
     assert store.delete(newer) is True and store.read() is None
 
-    with RunLock.acquire(output, "azure-run", azure_credentials=credentials):
+    with RunLock.acquire(Location(output, credentials), "azure-run"):
         with pytest.raises(LockHeld, match="azure-run"):
-            RunLock.acquire(output, "second", azure_credentials=credentials)
+            RunLock.acquire(Location(output, credentials), "second")
         blob = azurite.service_client().get_blob_client(output.split("/")[2], f"out/{LOCK_NAME}")
         assert json.loads(blob.download_blob().readall())["run_id"] == "azure-run"
     assert store.read() is None

@@ -65,8 +65,7 @@ def test_done_keys_are_broadcast_only_below_the_bound(spark, tmp_path):
     listing = spark.createDataFrame([(f"file:/data/{i:06d}.jpg", 1000 + i, mtime) for i in range(9)],
                                     src.LISTING_SCHEMA)
     for bound, join in ((5, "SortMergeJoin"), (6, "BroadcastHashJoin")):
-        todo = todo_listing(spark, listing, str(tmp_path), manifest, force=False, azure_credentials=None,
-                            broadcast_max_rows=bound)
+        todo = todo_listing(spark, listing, str(tmp_path), manifest, force=False, broadcast_max_rows=bound)
         assert sorted(row.path[-10:] for row in todo.collect()) == ["000006.jpg", "000007.jpg", "000008.jpg"]
         plan = final_plan(todo)
         assert join in plan, plan

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.sweeps.standalone_cluster import (ClusterConfig, ClusterStartError, StandaloneCluster, process_alive,
+from pipelines.sweeps.standalone_cluster import (ClusterConfig, ClusterStartError, StandaloneCluster, process_running,
                                           process_group_members)
 from tests.process_io import read_line
 
@@ -125,7 +125,7 @@ def test_worker_crash_mid_job_then_stop_leaves_no_process(tmp_path):
     cluster = StandaloneCluster(ClusterConfig(workers=2, cores=1, memory="1g"), base_dir=tmp_path / "cluster")
     with cluster:
         daemon_pids = cluster.pids
-        assert len(daemon_pids) == 3 and all(process_alive(pid) for pid in daemon_pids)
+        assert len(daemon_pids) == 3 and all(process_running(pid) for pid in daemon_pids)
         # Tasks long enough that the ones running at the crash cannot have finished.
         command, markers = _job_command(tmp_path, cluster.master_url, partitions=4, sleep_s=4.0)
         driver = subprocess.Popen(command, env=_driver_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -137,7 +137,7 @@ def test_worker_crash_mid_job_then_stop_leaves_no_process(tmp_path):
             _wait_for(lambda: workers_busy() == {0, 1} or driver.poll() is not None, "tasks on both workers")
             assert driver.poll() is None, f"the job ended before the crash:\n{driver.stderr.read()[-4000:]}"
             killed = cluster.kill_worker(0)
-            assert killed == daemon_pids[1] and not process_alive(killed)
+            assert killed == daemon_pids[1] and not process_running(killed)
             _wait_for(lambda: cluster.alive_workers() == 1, "the Master to notice the lost worker")
             stdout, stderr = driver.communicate(timeout=600)
         finally:
@@ -152,7 +152,7 @@ def test_worker_crash_mid_job_then_stop_leaves_no_process(tmp_path):
         assert retries and all(_worker_of(cwd, cluster) == 1 for _, cwd in retries), _markers(markers)
 
     for pid in daemon_pids:
-        assert not process_alive(pid), f"daemon {pid} still alive after stop()"
+        assert not process_running(pid), f"daemon {pid} still alive after stop()"
         assert process_group_members(pid) == [], f"processes left in the group of daemon {pid}"
 
 
@@ -162,7 +162,7 @@ def test_start_timeout_reports_the_log_and_cleans_up(tmp_path):
         cluster.start()
     assert str(cluster.log_dir / "master.log") in str(failure.value)
     assert "start_timeout_s" in str(failure.value)
-    assert cluster.pids and not any(process_alive(pid) for pid in cluster.pids)
+    assert cluster.pids and not any(process_running(pid) for pid in cluster.pids)
 
 
 def test_config_rejects_bad_sizes():
@@ -195,7 +195,7 @@ def test_cli_prints_master_url_and_stops_on_interrupt(tmp_path):
 def _pids_using(directory: Path) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or not process_alive(int(entry)):
+        if not entry.isdigit() or not process_running(int(entry)):
             continue
         try:
             cwd = os.readlink(f"/proc/{entry}/cwd")

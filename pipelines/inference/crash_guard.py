@@ -13,7 +13,7 @@ import collections
 from dataclasses import dataclass
 
 from pipelines.errors import SparkSegError
-from pipelines.io.storage import join_uri
+from pipelines.io.storage import Location
 
 MARKER_DIR = "_sparkseg_attempts"
 
@@ -24,35 +24,32 @@ class PoisonImage(SparkSegError, RuntimeError):
 
 @dataclass(frozen=True)
 class CrashGuard:
-    """scope: a URI prefix unique to the run and wave, e.g. <output>/_sparkseg_attempts/<run>-w00001."""
+    """scope: a location unique to the run and wave, e.g. <output>/_sparkseg_attempts/<run>-w00001."""
 
-    scope: str
+    scope: Location
     threshold: int = 2
-    azure_credentials: object = None
 
     def for_task(self) -> "TaskCrashGuard":
         from pyspark import TaskContext
 
         context = TaskContext.get()
         partition, attempt = (context.partitionId(), context.attemptNumber()) if context else (0, 0)
-        return TaskCrashGuard(self, join_uri(self.scope, f"p{partition:05d}"), attempt)
+        return TaskCrashGuard(self, self.scope / f"p{partition:05d}", attempt)
 
 
 class TaskCrashGuard:
-    def __init__(self, guard: CrashGuard, directory: str, attempt: int) -> None:
+    def __init__(self, guard: CrashGuard, directory: Location, attempt: int) -> None:
         self.guard = guard
-        self.marker = join_uri(directory, f"attempt-{attempt:03d}")
+        self.marker = directory / f"attempt-{attempt:03d}"
         self.crashes = collections.Counter(self._read_earlier(directory, attempt))
 
-    def _read_earlier(self, directory: str, attempt: int) -> list[str]:
-        from pipelines.io.storage import exists, read_bytes
-
+    @staticmethod
+    def _read_earlier(directory: Location, attempt: int) -> list[str]:
         paths = []
         for earlier in range(attempt):
-            uri = join_uri(directory, f"attempt-{earlier:03d}")
-            if exists(uri, azure_credentials=self.guard.azure_credentials):
-                text = read_bytes(uri, azure_credentials=self.guard.azure_credentials).decode()
-                paths.extend(line for line in text.splitlines() if line)
+            marker = directory / f"attempt-{earlier:03d}"
+            if marker.exists():
+                paths.extend(line for line in marker.read_bytes().decode().splitlines() if line)
         return paths
 
     def check(self, path: str) -> None:
@@ -68,6 +65,4 @@ class TaskCrashGuard:
         self._write("")
 
     def _write(self, text: str) -> None:
-        from pipelines.io.storage import write_bytes_atomic
-
-        write_bytes_atomic(self.marker, text.encode(), azure_credentials=self.guard.azure_credentials)
+        self.marker.write_bytes_atomic(text.encode())

@@ -16,6 +16,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from pipelines.io.storage import Location
 from pipelines.job_config import check_output_options
 from pipelines.inference.executor_cache import LazyModel
 from pipelines.ops.image_decode import decode_image, decode_image_reduced
@@ -67,7 +68,7 @@ class ImageInference:
     input_spec: dict
     postprocess: dict
     settings: RuntimeSettings
-    output_uri: str
+    output: Location               # the job's output (masks/ under it) and its credentials
     input_root: str
     masks: str = "rle_and_png"     # one of job_config.MASK_OUTPUTS (families without masks ignore it)
     score_threshold: float | None = None   # instances scoring above it are written; None: the manifest's threshold
@@ -76,7 +77,6 @@ class ImageInference:
     max_image_pixels: int = 100_000_000
     fetch_bytes: object = None     # callable(path) -> bytes for readers that don't ship `content` (Azure SDK)
     progress: object = None        # a Spark accumulator of images processed, read by the driver's progress line
-    azure_credentials: object = None   # for az:// outputs (never logged: its repr hides secrets)
     # pipelines.inference.crash_guard.CrashGuard: poison images become errors, not job failures
     crash_guard: object = None
     # pipelines.inference.video_sources.VideoSettings: frame sampling of video segment units
@@ -182,11 +182,10 @@ class ImageInference:
     def write_label_map(self, row: dict, labels) -> None:
         with timed(row, "write"):
             from pipelines.io.output_paths import frame_mask_output_path, mask_output_path
-            from pipelines.io.storage import write_bytes_atomic
 
             if row["frame_index"] is None:
-                target = mask_output_path(self.output_uri, row["path"], self.input_root)
+                target = mask_output_path(self.output.uri, row["path"], self.input_root)
             else:
-                target = frame_mask_output_path(self.output_uri, row["path"], self.input_root, row["frame_index"])
-            write_bytes_atomic(target, labels.png(), azure_credentials=self.azure_credentials)
+                target = frame_mask_output_path(self.output.uri, row["path"], self.input_root, row["frame_index"])
+            self.output.sibling(target).write_bytes_atomic(labels.png())
             row["mask_path"] = target

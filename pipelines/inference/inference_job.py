@@ -22,8 +22,7 @@ from pipelines.errors import RunFailed
 from pipelines.inference import image_sources as src
 from pipelines.inference import video_sources as videos
 from pipelines.inference.crash_guard import MARKER_DIR, CrashGuard
-from pipelines.job_config import (InferenceSettings, JobConfig, SparkSettings, VideoSettings, local_path,
-                                  resolve_local)
+from pipelines.job_config import InferenceSettings, JobConfig, VideoSettings, local_path, resolve_local
 from pipelines.inference.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
 from pipelines.inference.openvino_runtime import RuntimeSettings
 from pipelines.io.output_paths import qualify_root
@@ -36,7 +35,7 @@ from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, done
                                       write_summary)
 from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.spark.spark_session import ship_library, ship_once
-from pipelines.io.storage import join_uri
+from pipelines.io.storage import Location
 
 class JobFailed(RunFailed):
     """The job ran but its outcome is not acceptable (e.g. too many errors); the summary was written."""
@@ -77,14 +76,14 @@ def runtime_settings(spark: SparkSession, inference: InferenceSettings) -> Runti
 ROWS_PER_SHUFFLE_PARTITION = 100_000
 
 
-def todo_listing(spark: SparkSession, listing: DataFrame, output_uri: str, manifest: ModelManifest,
-                 force: bool, azure_credentials, broadcast_max_rows: int) -> DataFrame:
+def todo_listing(spark: SparkSession, listing: DataFrame, output: Location | str, manifest: ModelManifest,
+                 force: bool, broadcast_max_rows: int) -> DataFrame:
     """Images not yet recorded for this model (same path, size and modification time), unless `force`. The done
     keys are counted (one column-pruned pass) and broadcast only up to `broadcast_max_rows`; beyond, a sort-merge
     anti-join: neither the driver's nor an executor's memory grows with the history."""
     if force:
         return listing
-    done = done_keys(spark, output_uri, manifest.model_sha256, azure_credentials)
+    done = done_keys(spark, output, manifest.model_sha256)
     if done is None:
         return listing
     return without_done(listing, done, broadcast=done.count() <= broadcast_max_rows)
@@ -109,13 +108,30 @@ def shuffle_partitions_for(rows: int) -> int:
     return max(1, -(-int(rows) // ROWS_PER_SHUFFLE_PARTITION))
 
 
-def size_shuffles(spark: SparkSession, rows: int, spark_settings: SparkSettings) -> str | None:
-    """Set spark.sql.shuffle.partitions for this job unless its config sets it; return the previous value."""
-    if "spark.sql.shuffle.partitions" in spark_settings.conf:
-        return None
-    previous = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions_for(rows)))
+def session_settings_for(rows: int, config: JobConfig) -> dict[str, str]:
+    """The SQL settings a job of `rows` units runs with: Arrow batches of inference.batch_size images, and planning
+    shuffles sized to the job (unless the config's spark.conf sets them)."""
+    settings = {"spark.sql.execution.arrow.maxRecordsPerBatch": str(config.inference.batch_size)}
+    if "spark.sql.shuffle.partitions" not in config.spark.conf:
+        settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions_for(rows))
+    return settings
+
+
+def set_session_settings(spark: SparkSession, settings: dict[str, str]) -> dict[str, str | None]:
+    """Apply `settings` to the session; return the values they replace (None: unset), to restore when the job ends
+    (a notebook's session outlives the job)."""
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
     return previous
+
+
+def restore_session_settings(spark: SparkSession, previous: dict[str, str | None]) -> None:
+    for key, value in previous.items():
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
 
 
 @dataclass
@@ -125,14 +141,22 @@ class JobPlan:
     config: JobConfig
     family: str
     input_uri: str
-    output_uri: str
+    output: Location               # the output URI and the job's Azure credentials: every write goes through it
     manifest: ModelManifest
     engine: str
     reader: str
-    credentials: object
     run_id: str = field(default_factory=lambda: f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-"
                                                 f"{uuid.uuid4().hex[:8]}")
     started: float = field(default_factory=time.time)   # the summary's wall time counts from here
+
+    @property
+    def output_uri(self) -> str:
+        return self.output.uri
+
+    @property
+    def credentials(self):
+        """The job's Azure credentials (AzureCredentials; None where nothing is on Azure), for input and output."""
+        return self.output.credentials
 
 
 def plan_job(config: JobConfig | dict, family: str, azure_credentials=None) -> JobPlan:
@@ -159,7 +183,7 @@ def plan_job(config: JobConfig | dict, family: str, azure_credentials=None) -> J
         from pipelines.io.azure_storage import AzureCredentials
 
         credentials = AzureCredentials.from_env()
-    return JobPlan(config, family, input_uri, output_uri, manifest, engine, reader, credentials)
+    return JobPlan(config, family, input_uri, Location(output_uri, credentials), manifest, engine, reader)
 
 
 def check_local_paths(input_uri: str, output_uri: str) -> None:
@@ -190,16 +214,14 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     listing = src.list_images(spark, plan.input_uri, config.input.listed_extensions, config.input.recursive,
                               plan.reader, plan.credentials).persist(StorageLevel.MEMORY_AND_DISK)
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
-    lock = RunLock.acquire(plan.output_uri, plan.run_id, lock_settings, spark=spark,
-                           azure_credentials=plan.credentials)
-    previous_shuffles = None
+    lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
+    previous_settings = {}
     try:
         n_inputs, n_videos = count_inputs(listing, video)
-        previous_shuffles = size_shuffles(spark, n_inputs, config.spark)
+        previous_settings = set_session_settings(spark, session_settings_for(n_inputs, config))
         units = work_units(spark, plan, listing, video, n_videos)
         n_units = units.count() if n_videos else n_inputs
-        todo = todo_listing(spark, units, plan.output_uri, plan.manifest, run_cfg.force, plan.credentials,
-                            run_cfg.broadcast_max_rows)
+        todo = todo_listing(spark, units, plan.output, plan.manifest, run_cfg.force, run_cfg.broadcast_max_rows)
         n_todo = todo.count()
         if n_videos:
             say(f"{n_inputs} files ({n_videos} videos in {n_units - n_inputs + n_videos} segments), {n_todo} images "
@@ -221,10 +243,10 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
         listing.unpersist()
         units.unpersist()
         if config.output.coco_results:
-            write_coco_results(spark, plan.output_uri, azure_credentials=plan.credentials)
+            write_coco_results(spark, plan.output)
         summary = make_summary(spark, plan, settings, totals, n_inputs, n_todo, partitions, time.time() - started,
                                n_units=n_units, n_videos=n_videos)
-        write_summary(plan.output_uri, summary, plan.credentials)
+        write_summary(plan.output, summary)
         if config.output.overlays:
             summary["report"] = render_report(plan.output_uri)
         processed = totals["done"] + totals["failed"]
@@ -235,8 +257,7 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
         return summary
     finally:
         lock.release()
-        if previous_shuffles is not None:
-            spark.conf.set("spark.sql.shuffle.partitions", previous_shuffles)
+        restore_session_settings(spark, previous_settings)
 
 
 def count_inputs(listing: DataFrame, video: VideoSettings) -> tuple[int, int]:
@@ -268,17 +289,16 @@ def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
               progress: ProgressReporter) -> ImageInference:
     """The executor-side function (small, picklable); the model ships separately, once per executor."""
     manifest, inference, output = plan.manifest, plan.config.inference, plan.config.output
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(inference.batch_size))
     return inference_task_class(plan.family)(
         model_dir=ship_model(spark, manifest), model_sha256=manifest.model_sha256,
         class_names=tuple(manifest.class_names), input_spec=manifest.input,
         postprocess={**manifest.postprocess, "nms": inference.nms}, settings=settings,
-        output_uri=plan.output_uri,
+        output=plan.output,
         input_root=qualify_root(spark, plan.input_uri) if plan.reader == "spark" else plan.input_uri,
         masks=output.masks, score_threshold=output.score_threshold,
         max_image_pixels=inference.max_image_pixels, jpeg_draft=inference.jpeg_draft,
         fetch_bytes=bytes_fetcher(plan),
-        progress=progress.accumulator, azure_credentials=plan.credentials,
+        progress=progress.accumulator,
         video=plan.config.input.video, frames_per_batch=inference.batch_size)
 
 
@@ -294,8 +314,7 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
         count = min(wave_size, n_todo - first)
         wave = wave_images(spark, plan, indexed, first, count, n_inputs)
         name = f"{plan.run_id}-w{number:05d}"
-        guard = CrashGuard(join_uri(plan.output_uri, MARKER_DIR, name), run_cfg.poison_attempts,
-                           plan.credentials)
+        guard = CrashGuard(plan.output / MARKER_DIR / name, run_cfg.poison_attempts)
         results, intermediates = wave_results(src.balanced(wave, min(partitions, count)),
                                               replace(task, crash_guard=guard), plan, settings)
         results = (results
@@ -303,7 +322,7 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
                    .withColumn("model_sha256", F.lit(plan.manifest.model_sha256))
                    .withColumn("run_id", F.lit(plan.run_id))
                    .persist(StorageLevel.MEMORY_AND_DISK))
-        wave_totals = write_results(results, plan.output_uri, f"part-{name}", plan.credentials)
+        wave_totals = write_results(results, plan.output, f"part-{name}")
         results.unpersist()
         for frame in intermediates:
             frame.unpersist()
@@ -370,7 +389,7 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
         "counts": {"inputs": n_inputs, "videos": n_videos, "units": n_units, "skipped": n_units - n_todo,
                    "done": int(totals["done"]), "failed": int(totals["failed"]), "frames": int(totals.get("frames", 0)),
                    "instances": int(totals["instances"])},
-        "failed_images": failed_paths(spark, plan.output_uri, plan.run_id, 10, plan.credentials)
+        "failed_images": failed_paths(spark, plan.output, plan.run_id, 10)
         if totals["failed"] else [],   # the first 10 of this run (errors/ has them all)
         "partitions": partitions, "wall_seconds": round(elapsed, 3),
         "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
@@ -378,9 +397,8 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
         "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
         "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
         "config": asdict(plan.config),
-        "table": counts_after_run(spark, plan.output_uri, manifest.model_sha256, plan.run_id,   # current rows
-                                  {"detections": int(totals["done"]), "errors": int(totals["failed"])},
-                                  plan.credentials),
+        "table": counts_after_run(spark, plan.output, manifest.model_sha256, plan.run_id,   # current rows
+                                  {"detections": int(totals["done"]), "errors": int(totals["failed"])}),
     }
 
 

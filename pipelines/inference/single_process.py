@@ -10,6 +10,7 @@ import pandas as pd
 
 from pipelines.inference.model_manifest import load_manifest
 from pipelines.inference.openvino_runtime import RuntimeSettings
+from pipelines.io.storage import Location
 
 
 def infer_files(model_dir: str | Path, paths: list[str | Path], output_uri: str, input_root: str,
@@ -24,7 +25,7 @@ def infer_files(model_dir: str | Path, paths: list[str | Path], output_uri: str,
     task = inference_task_class(family or manifest.model)(
         model_dir=str(manifest.root), model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
         input_spec=manifest.input, postprocess=manifest.postprocess, settings=settings or RuntimeSettings(),
-        output_uri=output_uri, input_root=input_root, masks=masks,
+        output=Location(output_uri), input_root=input_root, masks=masks,
         score_threshold=score_threshold)
     rows = []
     for start in range(0, len(paths), batch_size):

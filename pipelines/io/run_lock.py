@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from pipelines.errors import OutputBusy, UsageError
+from pipelines.io.storage import Location
 from pipelines.io.uris import join_uri, store_of, to_local_path
 
 log = logging.getLogger(__name__)
@@ -126,11 +127,12 @@ class RunLock:
         self._thread = threading.Thread(target=self._heartbeat_loop, name="sparkseg-lock-heartbeat", daemon=True)
 
     @classmethod
-    def acquire(cls, output_uri: str, run_id: str, settings: LockSettings = LockSettings(), *, spark=None,
-                azure_credentials=None, attempts: int = 3) -> "RunLock":
-        """Take the lock of `output_uri` for `run_id` and start heartbeating; raise LockHeld if a live run has it.
-        `spark` is needed for Hadoop URIs (hdfs://, ...), `azure_credentials` for az:// (default: environment)."""
-        store = lock_store(output_uri, spark=spark, azure_credentials=azure_credentials)
+    def acquire(cls, output: Location | str, run_id: str, settings: LockSettings = LockSettings(), *, spark=None,
+                attempts: int = 3) -> "RunLock":
+        """Take the lock of `output` for `run_id` and start heartbeating; raise LockHeld if a live run has it.
+        `spark` is needed for Hadoop URIs (hdfs://, ...); a URI without a Location's credentials uses the
+        environment's for az://."""
+        store = lock_store(output, spark=spark)
         info = LockInfo.for_this_process(run_id)
         for _ in range(attempts):
             token = store.create(info.to_bytes())
@@ -227,16 +229,17 @@ def process_alive(pid: int, started: int | None = None) -> bool:
     return True
 
 
-def lock_store(output_uri: str, *, spark=None, azure_credentials=None) -> LockStore:
-    """The store for `<output_uri>/_sparkseg.lock`, chosen like the results writer chooses how to write."""
-    uri = join_uri(output_uri, LOCK_NAME)
-    store = store_of(output_uri)
+def lock_store(output: Location | str, *, spark=None) -> LockStore:
+    """The store for `<output>/_sparkseg.lock`, chosen like the results writer chooses how to write."""
+    output = Location.of(output)
+    uri = join_uri(output.uri, LOCK_NAME)
+    store = store_of(output.uri)
     if store == "local":
         return LocalLockStore(to_local_path(uri))
     if store == "azure_sdk":
-        return AzureLockStore(uri, azure_credentials)
+        return AzureLockStore(uri, output.credentials)
     if spark is None:
-        raise ValueError(f"{output_uri}: locking a Hadoop output needs the SparkSession (spark=...)")
+        raise ValueError(f"{output.uri}: locking a Hadoop output needs the SparkSession (spark=...)")
     return HadoopLockStore(uri, spark)
 
 

@@ -1,6 +1,10 @@
 """Driver- and executor-side I/O of single files and listings that do not go through Spark (summaries, locks, table
 indexes, masks, manifests). One `FileStore` per store kind (local, Azure SDK, fsspec), chosen by `file_store(uri)` from
 the routing rule in `pipelines.io.uris` (which also holds the URI helpers re-exported here).
+
+A `Location` is a URI with the credentials that open it: the job makes one for its output and passes that, never a
+URI and its credentials apart; the stores it opens are shared by every Location derived from it (`output /
+"detections"`), once per process (a Location pickled to an executor opens its own there).
 """
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import contextlib
 import os
 import tempfile
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -59,47 +64,99 @@ class FileStore(Protocol):
 def file_store(uri: str, azure_credentials=None) -> FileStore:
     """The store for single-file I/O on `uri`: local files, the Azure SDK (every Azure spelling: no fsspec backend
     for Azure is installed), else fsspec."""
-    if store_of(uri) == "local":
-        return LocalFiles()
-    if is_azure(uri):
-        return AzureFiles(azure_credentials)
-    return FsspecFiles()
+    kind = _store_kind(uri)
+    return LocalFiles() if kind == "local" else AzureFiles(azure_credentials) if kind == "azure" else FsspecFiles()
+
+
+def _store_kind(uri: str) -> str:
+    return "local" if store_of(uri) == "local" else "azure" if is_azure(uri) else "fsspec"
+
+
+class _OpenStores:
+    """The FileStores a Location and the Locations derived from it have opened, by kind; not pickled (SDK clients
+    are made where they are used)."""
+
+    def __init__(self) -> None:
+        self.by_kind: dict[str, FileStore] = {}
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.by_kind = {}
+
+
+@dataclass(frozen=True)
+class Location:
+    """A file or directory URI and the credentials that open it (Azure; None: the environment's)."""
+
+    uri: str
+    credentials: object = field(default=None, repr=False)   # pipelines.io.azure_storage.AzureCredentials
+    _stores: _OpenStores = field(default_factory=_OpenStores, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, where: "Location | str | os.PathLike") -> "Location":
+        """`where` as a Location: a URI or path gets the environment's credentials."""
+        return where if isinstance(where, Location) else cls(os.fspath(where))
+
+    def __truediv__(self, name: str) -> "Location":
+        """The location of `name` under this one, sharing its credentials and open stores."""
+        return self.sibling(join_uri(self.uri, name))
+
+    def sibling(self, uri: str) -> "Location":
+        """Another URI (e.g. one this location listed) opened with this location's credentials and stores."""
+        return Location(uri, self.credentials, self._stores)
+
+    @property
+    def store(self) -> FileStore:
+        kind = _store_kind(self.uri)
+        if kind not in self._stores.by_kind:
+            self._stores.by_kind[kind] = file_store(self.uri, self.credentials)
+        return self._stores.by_kind[kind]
+
+    def write_bytes_atomic(self, data: bytes) -> None:
+        """Write `data` so that readers see the old file or the whole new one, never a part.
+
+        Local: temp file in the same directory, fsync, os.replace. Azure: one blob upload (atomic on commit). Other
+        schemes: fsspec write to a hidden temp name, then mv. Parent directories are created.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"write_bytes_atomic({self.uri!r}): data must be bytes, got {type(data).__name__}")
+        self.store.write_atomic(self.uri, bytes(data))
+
+    def read_bytes(self) -> bytes:
+        """The whole content of one file."""
+        return self.store.read(self.uri)
+
+    def exists(self) -> bool:
+        """True for an existing file or directory (for Azure: a blob, or a prefix with blobs under it)."""
+        return self.store.exists(self.uri)
+
+    def list_files(self, extensions: Iterable[str] | str | None = None) -> list[str]:
+        """Sorted URIs of the files under this location (recursive) whose extension is in `extensions`
+        (case-insensitive). Hidden files and directories (names starting with '.' or '_') are skipped, as Spark
+        does. URIs keep the style of `uri` (plain path in, plain paths out; `file:` in, `file://` out). A file lists
+        itself."""
+        return self.store.list(self.uri, normalize_extensions(extensions))
 
 
 def write_bytes_atomic(uri: str | os.PathLike, data: bytes, azure_credentials=None) -> None:
-    """Write `data` so that readers see the old file or the whole new one, never a part.
-
-    Local: temp file in the same directory, fsync, os.replace. Azure: one blob upload (atomic on commit), with
-    `azure_credentials` or AzureCredentials.from_env(). Other schemes: fsspec write to a hidden temp name, then mv.
-    Parent directories are created.
-    """
-    text = os.fspath(uri)
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"write_bytes_atomic({text!r}): data must be bytes, got {type(data).__name__}")
-    file_store(text, azure_credentials).write_atomic(text, bytes(data))
+    """Location(uri, azure_credentials).write_bytes_atomic(data)."""
+    Location(os.fspath(uri), azure_credentials).write_bytes_atomic(data)
 
 
 def read_bytes(uri: str | os.PathLike, azure_credentials=None) -> bytes:
-    """The whole content of one file."""
-    text = os.fspath(uri)
-    return file_store(text, azure_credentials).read(text)
+    return Location(os.fspath(uri), azure_credentials).read_bytes()
 
 
 def exists(uri: str | os.PathLike, azure_credentials=None) -> bool:
-    """True when `uri` is an existing file or directory (for Azure: a blob, or a prefix with blobs under it)."""
-    text = os.fspath(uri)
-    return file_store(text, azure_credentials).exists(text)
+    return Location(os.fspath(uri), azure_credentials).exists()
 
 
 def list_files(uri: str | os.PathLike, extensions: Iterable[str] | str | None = None,
                azure_credentials=None) -> list[str]:
-    """Sorted URIs of the files under `uri` (recursive) whose extension is in `extensions` (case-insensitive).
-
-    Hidden files and directories (names starting with '.' or '_') are skipped, as Spark does. URIs keep the style
-    of `uri` (plain path in, plain paths out; `file:` in, `file://` out). A file `uri` lists itself.
-    """
-    text = os.fspath(uri)
-    return file_store(text, azure_credentials).list(text, normalize_extensions(extensions))
+    """Location(uri, azure_credentials).list_files(extensions)."""
+    return Location(os.fspath(uri), azure_credentials).list_files(extensions)
 
 
 class LocalFiles:
@@ -117,30 +174,28 @@ class LocalFiles:
 
 
 class AzureFiles:
+    """Files as blobs, through one AzureBlobStore (its SDK clients made at the first call, one per account)."""
+
     def __init__(self, azure_credentials=None):
-        self.credentials = azure_credentials
+        from pipelines.io.azure_storage import AzureBlobStore
+
+        self.blobs = AzureBlobStore(azure_credentials)
 
     def write_atomic(self, uri: str, data: bytes) -> None:
-        from pipelines.io.azure_storage import write_blob
-
-        write_blob(uri, data, self.credentials)
+        self.blobs.write(uri, data)
 
     def read(self, uri: str) -> bytes:
-        from pipelines.io.azure_storage import read_blob
-
-        return read_blob(uri, self.credentials)
+        return self.blobs.read(uri)
 
     def exists(self, uri: str) -> bool:
-        from pipelines.io.azure_storage import blob_exists
-
-        return blob_exists(uri, self.credentials)
+        return self.blobs.exists(uri)
 
     def list(self, uri: str, wanted: tuple[str, ...] | None) -> list[str]:
-        from pipelines.io.azure_storage import list_blobs, parse_blob_uri
+        from pipelines.io.azure_storage import parse_blob_uri
 
         root = parse_blob_uri(uri).path.rstrip("/")
         found = []
-        for blob in list_blobs(uri, wanted, self.credentials):
+        for blob in self.blobs.list(uri, wanted):
             name = parse_blob_uri(blob.uri).path
             if not is_hidden(name[len(root):] if name != root else name.rpartition("/")[2]):
                 found.append(blob.uri)

@@ -8,16 +8,16 @@ import tempfile
 from pyspark.sql import SparkSession
 
 from pipelines.results.incremental import current_detections   # the newest row per path (replaced images)
-from pipelines.io.storage import is_local, join_uri, to_local_path, write_bytes_atomic
+from pipelines.io.storage import Location, is_local, to_local_path
 
 
-def write_coco_results(spark: SparkSession, output_uri: str, image_ids: dict[str, int] | None = None,
-                       azure_credentials=None) -> int:
+def write_coco_results(spark: SparkSession, output: Location | str, image_ids: dict[str, int] | None = None) -> int:
     """coco_results.json (the COCO results format: [{image_id, category_id, bbox xywh, score, segmentation RLE}])
     for pycocotools, streamed from detections/ row by row into a local temporary file, then moved into place:
     the driver never holds all masks. image_id comes from `image_ids` (file name -> id, e.g. read from a COCO
     ground-truth file) or the 1-based order of the paths; category_id is the 1-based class id."""
-    table = current_detections(spark, output_uri, azure_credentials=azure_credentials)
+    output = Location.of(output)
+    table = current_detections(spark, output)
     count = 0
     handle = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8")
     with handle:
@@ -35,11 +35,11 @@ def write_coco_results(spark: SparkSession, output_uri: str, image_ids: dict[str
                 handle.write(("," if count else "") + "\n" + json.dumps(result))
                 count += 1
         handle.write("\n]\n")
-    target = join_uri(output_uri, "coco_results.json")
-    if is_local(target):
-        os.replace(handle.name, to_local_path(target))
+    target = output / "coco_results.json"
+    if is_local(target.uri):
+        os.replace(handle.name, to_local_path(target.uri))
     else:
         with open(handle.name, "rb") as source:
-            write_bytes_atomic(target, source.read(), azure_credentials=azure_credentials)
+            target.write_bytes_atomic(source.read())
         os.unlink(handle.name)
     return count

@@ -16,17 +16,16 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from pipelines.results.results_writer import detections_uri, errors_uri, read_table
+from pipelines.io.storage import Location
+from pipelines.results.results_writer import TABLES, read_table
 
-TABLES = ("detections", "errors")
 
-
-def current_records(spark: SparkSession, output_uri: str, model_sha256: str | None = None,
-                    azure_credentials=None) -> dict[str, DataFrame]:
+def current_records(spark: SparkSession, output: Location | str,
+                    model_sha256: str | None = None) -> dict[str, DataFrame]:
     """{"detections": DataFrame, "errors": DataFrame} holding only the current record of every path (rows of the
-    tables as written, same columns). `model_sha256` first restricts both tables to that model's rows. Tables not
-    written yet are absent from the dict."""
-    tables = read_tables(spark, output_uri, model_sha256, azure_credentials)
+    tables as written, same columns). `output`: a Location, or a URI read with the environment's credentials.
+    `model_sha256` first restricts both tables to that model's rows. Tables not written yet are absent."""
+    tables = read_tables(spark, output, model_sha256)
     if not tables:
         return {}
     current = renamed_keys(_ranked_keys(tables).where("rank = 1"), "current_", with_run=True)
@@ -51,26 +50,24 @@ def same_record(prefix: str, with_run: bool = False):
     return condition & (F.col("run_id") == F.col(prefix + "run_id")) if with_run else condition
 
 
-def current_detections(spark: SparkSession, output_uri: str, model_sha256: str | None = None,
-                       azure_credentials=None) -> DataFrame | None:
+def current_detections(spark: SparkSession, output: Location | str,
+                       model_sha256: str | None = None) -> DataFrame | None:
     """detections/ with one row per path: the newest run's, and only where that newest record is not an error.
     None when nothing was written yet."""
-    return current_records(spark, output_uri, model_sha256, azure_credentials).get("detections")
+    return current_records(spark, output, model_sha256).get("detections")
 
 
-def current_errors(spark: SparkSession, output_uri: str, model_sha256: str | None = None,
-                   azure_credentials=None) -> DataFrame | None:
+def current_errors(spark: SparkSession, output: Location | str, model_sha256: str | None = None) -> DataFrame | None:
     """errors/ with one row per path whose newest record is an error. None when no error was written yet."""
-    return current_records(spark, output_uri, model_sha256, azure_credentials).get("errors")
+    return current_records(spark, output, model_sha256).get("errors")
 
 
-def table_counts(spark: SparkSession, output_uri: str, model_sha256: str | None = None,
-                 azure_credentials=None) -> dict:
+def table_counts(spark: SparkSession, output: Location | str, model_sha256: str | None = None) -> dict:
     """What the output holds: {"images": paths whose current record is a detection row, "errors": paths whose
     current record is an error, "superseded_rows": older records of replaced or recomputed images}. Ranks every
     record of the output: the job's summary uses table_index.counts_after_run, which reads only this run's paths."""
     counts = {"images": 0, "errors": 0, "superseded_rows": 0}
-    tables = read_tables(spark, output_uri, model_sha256, azure_credentials)
+    tables = read_tables(spark, output, model_sha256)
     if tables:
         for row in _ranked_keys(tables).groupBy("table", (F.col("rank") == 1).alias("current")).count().collect():
             key = ("images" if row.table == "detections" else "errors") if row.current else "superseded_rows"
@@ -78,10 +75,10 @@ def table_counts(spark: SparkSession, output_uri: str, model_sha256: str | None 
     return counts
 
 
-def read_tables(spark: SparkSession, output_uri: str, model_sha256: str | None, azure_credentials) -> dict:
+def read_tables(spark: SparkSession, output: Location | str, model_sha256: str | None) -> dict:
     tables = {}
-    for name, uri in zip(TABLES, (detections_uri(output_uri), errors_uri(output_uri))):
-        frame = read_table(spark, uri, azure_credentials)
+    for name in TABLES:
+        frame = read_table(spark, Location.of(output) / name)
         if frame is not None:
             tables[name] = frame if model_sha256 is None else frame.where(F.col("model_sha256") == model_sha256)
     return tables

@@ -15,7 +15,7 @@ import json
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.io.storage import join_uri, write_bytes_atomic
+from pipelines.io.storage import Location
 from pipelines.results.result_rows import FRAME_COLUMNS, STAGES
 from pipelines.io.uris import store_of
 
@@ -28,29 +28,24 @@ ERROR_COLUMNS = ["path", "error_stage AS stage", "error_type", "error_message AS
 TIMING_FIELDS = [f"{stage}_s" for stage in STAGES]
 
 
-def detections_uri(output_uri: str) -> str:
-    return join_uri(output_uri, "detections")
-
-
-def errors_uri(output_uri: str) -> str:
-    return join_uri(output_uri, "errors")
+TABLES = ("detections", "errors")
 
 
 def choose_writer(output_uri: str) -> str:
     return "azure_sdk" if store_of(output_uri) == "azure_sdk" else "spark"
 
 
-def write_results(results: DataFrame, output_uri: str, file_prefix: str = "part", azure_credentials=None) -> dict:
+def write_results(results: DataFrame, output: Location, file_prefix: str = "part") -> dict:
     """Append the ok rows to detections/ and the error rows to errors/; return the wave's aggregates
     (counts, instance count, per-stage seconds). `results` should be persisted by the caller."""
     detections = results.where("status = 'ok'").select(*DETECTION_COLUMNS)
     errors = results.where("status = 'error'").selectExpr(*ERROR_COLUMNS)
-    if choose_writer(output_uri) == "spark":
-        detections.write.mode("append").parquet(detections_uri(output_uri))
-        errors.write.mode("append").parquet(errors_uri(output_uri))
+    if choose_writer(output.uri) == "spark":
+        detections.write.mode("append").parquet((output / "detections").uri)
+        errors.write.mode("append").parquet((output / "errors").uri)
     else:
-        for frame, uri in ((detections, detections_uri(output_uri)), (errors, errors_uri(output_uri))):
-            upload_parquet_parts(frame, uri, file_prefix, azure_credentials)
+        for frame, name in ((detections, "detections"), (errors, "errors")):
+            upload_parquet_parts(frame, output / name, file_prefix)
     row = results.agg(
         F.sum(F.when(F.col("status") == "ok", 1).otherwise(0)).alias("done"),
         F.sum(F.when(F.col("status") == "error", 1).otherwise(0)).alias("failed"),
@@ -61,8 +56,8 @@ def write_results(results: DataFrame, output_uri: str, file_prefix: str = "part"
     return {key: (row[key] or 0) for key in row.asDict()}
 
 
-def upload_parquet_parts(frame: DataFrame, table_uri: str, file_prefix: str, azure_credentials) -> None:
-    """Each task writes its rows as Parquet blobs named <prefix>-<partition>-<batch>.parquet under `table_uri`."""
+def upload_parquet_parts(frame: DataFrame, table: Location, file_prefix: str) -> None:
+    """Each task writes its rows as Parquet blobs named <prefix>-<partition>-<batch>.parquet under `table`."""
     import inspect
 
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -79,22 +74,23 @@ def upload_parquet_parts(frame: DataFrame, table_uri: str, file_prefix: str, azu
         import pyarrow.parquet as pq
         from pyspark import TaskContext
 
-        from pipelines.io.storage import join_uri, write_bytes_atomic
-
         partition = TaskContext.get().partitionId()
         for number, batch in enumerate(batches):
             if len(batch):
                 buffer = io.BytesIO()
                 pq.write_table(pa.Table.from_pandas(batch, schema=arrow_schema, preserve_index=False), buffer)
                 name = f"{file_prefix}-{partition:05d}-{number:04d}.parquet"
-                write_bytes_atomic(join_uri(table_uri, name), buffer.getvalue(), azure_credentials=azure_credentials)
+                (table / name).write_bytes_atomic(buffer.getvalue())
             yield pd.DataFrame({"rows": [len(batch)]})
 
     frame.mapInPandas(upload, "rows long").collect()
 
 
-def read_table(spark: SparkSession, table_uri: str, azure_credentials=None) -> DataFrame | None:
-    """detections/ or errors/ as a DataFrame, from either writer; None when nothing was written yet."""
+def read_table(spark: SparkSession, table: Location | str) -> DataFrame | None:
+    """detections/ or errors/ (a Location, or a URI with the environment's credentials) as a DataFrame, from either
+    writer; None when nothing was written yet."""
+    table = Location.of(table)
+    table_uri = table.uri
     if choose_writer(table_uri) == "spark":
         if not hadoop_path_exists(spark, table_uri):   # a new output: asking Spark would log a Java stack trace
             return None
@@ -108,10 +104,7 @@ def read_table(spark: SparkSession, table_uri: str, azure_credentials=None) -> D
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.io.azure_storage import list_blobs, read_blob
-
-    tables = [pq.read_table(io.BytesIO(read_blob(blob.uri, azure_credentials)))
-              for blob in list_blobs(table_uri, [".parquet"], azure_credentials)]
+    tables = [pq.read_table(io.BytesIO(table.sibling(uri).read_bytes())) for uri in table.list_files([".parquet"])]
     if not tables:
         return None
     return with_frame_columns(spark.createDataFrame(pa.concat_tables(tables, promote_options="default").to_pandas()))
@@ -145,23 +138,22 @@ def hadoop_path_exists(spark: SparkSession, uri: str) -> bool:
     return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
 
 
-def failed_paths(spark: SparkSession, output_uri: str, run_id: str, limit: int = 10,
-                 azure_credentials=None) -> list[str]:
+def failed_paths(spark: SparkSession, output: Location, run_id: str, limit: int = 10) -> list[str]:
     """The first `limit` paths (sorted) recorded in errors/ by run `run_id`."""
-    errors = read_table(spark, errors_uri(output_uri), azure_credentials)
+    errors = read_table(spark, output / "errors")
     if errors is None:
         return []
     return [row.path for row in errors.where(F.col("run_id") == run_id).select("path").orderBy("path")
             .limit(limit).collect()]
 
 
-def done_keys(spark: SparkSession, output_uri: str, model_sha256: str, azure_credentials=None) -> DataFrame | None:
+def done_keys(spark: SparkSession, output: Location | str, model_sha256: str) -> DataFrame | None:
     """(path, size, modification_time, segment_start, segment_end) of every record of this model in detections/ or
     errors/ (not deduplicated: an anti-join needs no distinct, and skipping it saves a shuffle; segment_start is null for images,
     a video's records are per segment). None when nothing has been written yet."""
     frames = []
-    for uri in (detections_uri(output_uri), errors_uri(output_uri)):
-        frame = read_table(spark, uri, azure_credentials)
+    for name in TABLES:
+        frame = read_table(spark, Location.of(output) / name)
         if frame is None:
             continue
         frames.append(frame.where(F.col("model_sha256") == model_sha256)
@@ -174,6 +166,5 @@ def done_keys(spark: SparkSession, output_uri: str, model_sha256: str, azure_cre
     return keys
 
 
-def write_summary(output_uri: str, summary: dict, azure_credentials=None) -> None:
-    data = (json.dumps(summary, indent=2, default=str) + "\n").encode()
-    write_bytes_atomic(join_uri(output_uri, "summary.json"), data, azure_credentials=azure_credentials)
+def write_summary(output: Location, summary: dict) -> None:
+    (output / "summary.json").write_bytes_atomic((json.dumps(summary, indent=2, default=str) + "\n").encode())

@@ -21,67 +21,67 @@ from pyspark.sql import functions as F
 
 from pipelines.results.incremental import (TABLES, ranked_keys, read_tables, record_keys, renamed_keys, same_record,
                                    table_counts)
-from pipelines.results.results_writer import detections_uri, errors_uri, read_table
-from pipelines.io.storage import exists, join_uri, read_bytes, write_bytes_atomic
+from pipelines.io.storage import Location
+from pipelines.results.results_writer import read_table
 
 log = logging.getLogger(__name__)
 INDEX_NAME = "_sparkseg_counts.json"
 
 
-def table_rows(spark: SparkSession, output_uri: str, azure_credentials=None) -> dict[str, int]:
+def table_rows(spark: SparkSession, output: Location) -> dict[str, int]:
     """{"detections": rows, "errors": rows} of every model (Parquet counts come from the footers)."""
     rows = {}
-    for name, uri in zip(TABLES, (detections_uri(output_uri), errors_uri(output_uri))):
-        frame = read_table(spark, uri, azure_credentials)
+    for name in TABLES:
+        frame = read_table(spark, output / name)
         rows[name] = frame.count() if frame is not None else 0
     return rows
 
 
-def read_index(output_uri: str, azure_credentials=None) -> dict | None:
-    uri = join_uri(output_uri, INDEX_NAME)
+def read_index(output: Location) -> dict | None:
+    index = output / INDEX_NAME
     try:
-        if not exists(uri, azure_credentials):
+        if not index.exists():
             return None
-        return json.loads(read_bytes(uri, azure_credentials))
+        return json.loads(index.read_bytes())
     except (OSError, ValueError) as err:   # unreadable: counted afresh, and rewritten
-        log.warning("%s: unreadable (%s); the table counts are computed afresh", uri, err)
+        log.warning("%s: unreadable (%s); the table counts are computed afresh", index.uri, err)
         return None
 
 
-def write_index(output_uri: str, index: dict, azure_credentials=None) -> None:
-    uri = join_uri(output_uri, INDEX_NAME)
+def write_index(output: Location, counts: dict) -> None:
+    index = output / INDEX_NAME
     try:
-        write_bytes_atomic(uri, (json.dumps(index, indent=1, sort_keys=True) + "\n").encode(), azure_credentials)
+        index.write_bytes_atomic((json.dumps(counts, indent=1, sort_keys=True) + "\n").encode())
     except OSError as err:   # the job's results stand; the next run rescans once
-        log.warning("%s: not written (%s); the next run counts the tables afresh", uri, err)
+        log.warning("%s: not written (%s); the next run counts the tables afresh", index.uri, err)
 
 
-def counts_after_run(spark: SparkSession, output_uri: str, model_sha256: str, run_id: str, written: dict[str, int],
-                     azure_credentials=None) -> dict:
+def counts_after_run(spark: SparkSession, output: Location, model_sha256: str, run_id: str,
+                     written: dict[str, int]) -> dict:
     """incremental.table_counts(output, model) after run `run_id`, which appended `written` rows
     ({"detections": n, "errors": m}); updates the index."""
-    index = read_index(output_uri, azure_credentials) or {}
-    rows = table_rows(spark, output_uri, azure_credentials)
+    index = read_index(output) or {}
+    rows = table_rows(spark, output)
     known = index.get("rows") or {}
     models = dict(index.get("models") or {})
     trusted = model_sha256 in models and all(rows[t] == int(known.get(t, -1)) + written.get(t, 0) for t in TABLES)
     if trusted:
         counts = dict(models[model_sha256])
         if any(written.values()):
-            counts = apply_run(spark, output_uri, model_sha256, run_id, counts, written, azure_credentials)
+            counts = apply_run(spark, output, model_sha256, run_id, counts, written)
     else:
-        counts = table_counts(spark, output_uri, model_sha256, azure_credentials)
+        counts = table_counts(spark, output, model_sha256)
         if not all(rows[t] == int(known.get(t, -1)) + written.get(t, 0) for t in TABLES):
             models = {}   # rows the index never saw (other models' too): those models are counted afresh later
     models[model_sha256] = counts
-    write_index(output_uri, {"rows": rows, "models": models}, azure_credentials)
+    write_index(output, {"rows": rows, "models": models})
     return counts
 
 
-def apply_run(spark: SparkSession, output_uri: str, model_sha256: str, run_id: str, counts: dict,
-              written: dict[str, int], azure_credentials=None) -> dict:
+def apply_run(spark: SparkSession, output: Location, model_sha256: str, run_id: str, counts: dict,
+              written: dict[str, int]) -> dict:
     """`counts` before run `run_id` -> after it: its paths' previous current records become superseded."""
-    keys = record_keys(read_tables(spark, output_uri, model_sha256, azure_credentials))
+    keys = record_keys(read_tables(spark, output, model_sha256))
     this_run = renamed_keys(keys.where(F.col("run_id") == run_id).drop("table"), "this_run_")
     earlier = keys.where(F.col("run_id") != run_id).join(this_run, same_record("this_run_"), "left_semi")
     previous = {row.table: row["count"] for row in

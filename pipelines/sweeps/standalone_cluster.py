@@ -340,8 +340,9 @@ class StandaloneCluster:
                                 f"raise ClusterConfig.start_timeout_s on a slow machine. Log tails:\n{tails}")
 
 
-def process_alive(pid: int) -> bool:
-    """True when `pid` names a live (non-zombie) process."""
+def process_running(pid: int) -> bool:
+    """True when `pid` names a running process, not a zombie (unlike run_lock.process_alive, pid reuse is not
+    checked: the cluster's own daemons are its children)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"

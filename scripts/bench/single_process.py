@@ -26,6 +26,7 @@ from pipelines.inference.image_inference import ExecutorModel  # noqa: E402
 from pipelines.inference.model_manifest import load_manifest  # noqa: E402
 from pipelines.inference.openvino_runtime import RuntimeSettings  # noqa: E402
 from pipelines.inference.single_process import infer_files  # noqa: E402
+from pipelines.io.storage import Location  # noqa: E402
 from pipelines.inference.yolact_inference import YolactInference  # noqa: E402
 
 
@@ -114,7 +115,7 @@ def build_runner(engine: str, model_dir: str, precision: str, threads: int, stre
     task = FixedModelInference(
         model_dir=str(manifest.root), model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
         input_spec=manifest.input, postprocess=manifest.postprocess, settings=RuntimeSettings(precision=precision),
-        output_uri=NO_OUTPUT, input_root=input_root, masks="rle",
+        output=Location(NO_OUTPUT), input_root=input_root, masks="rle",
         fixed_model=ExecutorModel(manifest, runner, {"priors": np.load(manifest.path("priors"))}))
 
     def run_fixed(paths: list[Path], batch_size: int) -> list[dict]:

@@ -81,10 +81,11 @@ def run(model_dir, images, out, master, precision, batch_size):
     def postprocess(outputs: pd.DataFrame, widths: pd.Series, heights: pd.Series) -> pd.Series:
         from pipelines.inference.image_inference import ExecutorModel
         from pipelines.inference.openvino_runtime import RuntimeSettings
+        from pipelines.io.storage import Location
         from pipelines.inference.yolact_inference import YolactInference
 
         task = YolactInference(model_dir=model_dir, model_sha256="", class_names=classes, input_spec=spec,
-                               postprocess=post, settings=RuntimeSettings(), output_uri="", input_root="",
+                               postprocess=post, settings=RuntimeSettings(), output=Location(""), input_root="",
                                masks="rle")
         model = ExecutorModel(None, None, {"priors": np.load(priors_path)})
         results = []
