@@ -40,13 +40,9 @@ def raw_differences(reference: list[dict], other: list[dict]) -> dict[str, dict[
 
 
 def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a: [n, 4], b: [m, 4] x1y1x2y2 -> [n, m] IoU."""
-    tl = np.maximum(a[:, None, :2], b[None, :, :2])
-    br = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(br - tl, 0, None), axis=2)
-    area_a = np.prod(a[:, 2:] - a[:, :2], axis=1)
-    area_b = np.prod(b[:, 2:] - b[:, :2], axis=1)
-    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-12)
+    """a: [n, 4], b: [m, 4] x1y1x2y2 -> [n, m] IoU in float64, 0 for two empty boxes (the postprocess's
+    pairwise_iou)."""
+    return np.nan_to_num(yp.pairwise_iou(np.asarray(a, np.float64), np.asarray(b, np.float64)), nan=0.0)
 
 
 def match_detections(ref: yp.Detections, other: yp.Detections, min_iou: float = 0.5) -> list[tuple[int, int, float]]:

@@ -16,7 +16,7 @@ from pipelines.datasets import read_coco, read_voc_dir
 from pipelines.datasets import synthetic_roads
 from pipelines.datasets.road_geometry import erode
 from pipelines.datasets.synthetic_roads import (
-    CLASS_NAMES,
+    ROAD_DISTRESS_CLASSES,
     RoadSceneConfig,
     generate_road_dataset,
     main,
@@ -93,8 +93,8 @@ def test_masks_boxes_and_areas_agree_in_coco_and_voc(tmp_path, mask_format):
             taken += mask
         assert taken.max() <= 1  # instances never overlap
     # VOC boxes are the same boxes, labels and sizes.
-    voc = read_voc_dir(tmp_path / "voc", list(CLASS_NAMES))
-    ours = read_coco(tmp_path / "annotations.json", class_names=list(CLASS_NAMES))
+    voc = read_voc_dir(tmp_path / "voc", list(ROAD_DISTRESS_CLASSES))
+    ours = read_coco(tmp_path / "annotations.json", class_names=list(ROAD_DISTRESS_CLASSES))
     assert [(im.file_name, im.width, im.height, [(a.category_id, a.box) for a in im.annotations])
             for im in voc.images] == \
            [(im.file_name, im.width, im.height, [(a.category_id, a.box) for a in im.annotations])
@@ -133,7 +133,7 @@ def test_instances_look_like_their_class():
             else:  # patch: a dark seam along its outline
                 seam = instance.mask & ~erode(instance.mask, 1)
                 assert scene.image[seam].astype(float).mean() < road - 20
-    assert set(seen) == set(CLASS_NAMES)
+    assert set(seen) == set(ROAD_DISTRESS_CLASSES)
 
 
 def test_class_subset_and_weights(tmp_path):

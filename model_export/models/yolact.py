@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model_export.models.backbones import DarkNetBackbone, ResNetBackbone, stride2_size
+from pipelines.datasets.synthetic_roads import ROAD_DISTRESS_CLASSES
 from pipelines.ops.yolact_postprocess import make_priors
 
 COCO_CLASSES = (
@@ -36,7 +37,6 @@ COCO_CLASSES = (
     "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase", "scissors", "teddy bear",
     "hair drier", "toothbrush",
 )
-ROAD_DISTRESS_CLASSES = ("pothole", "crack", "patch", "puddle")
 BASE_SCALES = (24, 48, 96, 192, 384)
 IMAGENET_MEAN_RGB = (123.68, 116.78, 103.94)
 IMAGENET_STD_RGB = (58.40, 57.12, 57.38)
