@@ -96,6 +96,14 @@ class _CocoReader:
             raise self.fail("info", f"info={_short(info)} must be a JSON object")
         return Dataset(categories=categories, images=images, info=dict(info))
 
+    def unique_id(self, seen: dict[int, int], value: int, index: int, table: str, noun: str) -> None:
+        """Record `value` as the id of `table`[index]; an id seen before fails naming both entries."""
+        where = f"{table}[{index}]"
+        if value in seen:
+            raise self.fail(f"{where}.id", f"{where}.id={value} duplicates {table}[{seen[value]}].id: "
+                                           f"{noun} ids must be unique")
+        seen[value] = index
+
     def categories(self, raw: list) -> list[Category]:
         out: list[Category] = []
         seen: dict[int, int] = {}
@@ -103,13 +111,10 @@ class _CocoReader:
             where = f"categories[{i}]"
             cid = self.key(item, "id", where, int)
             name = self.key(item, "name", where, str)
-            if cid in seen:
-                raise self.fail(f"{where}.id", f"{where}.id={cid} duplicates categories[{seen[cid]}].id: "
-                                               "category ids must be unique")
+            self.unique_id(seen, cid, i, "categories", "category")
             if self.class_names is not None and name not in self.class_names:
                 raise self.fail(f"{where}.name", f"{where}.name={name!r} is not one of the classes "
                                                  f"{self.class_names}: fix the name or add the class")
-            seen[cid] = i
             out.append(Category(id=cid, name=name, supercategory=str(item.get("supercategory", ""))))
         return out
 
@@ -119,10 +124,7 @@ class _CocoReader:
         for i, item in enumerate(raw):
             where = f"images[{i}]"
             image_id = self.key(item, "id", where, int)
-            if image_id in seen:
-                raise self.fail(f"{where}.id", f"{where}.id={image_id} duplicates images[{seen[image_id]}].id: "
-                                               "image ids must be unique")
-            seen[image_id] = i
+            self.unique_id(seen, image_id, i, "images", "image")
             file_name = self.key(item, "file_name", where, str)
             sizes = {}
             for key in ("width", "height"):
