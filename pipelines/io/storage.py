@@ -140,23 +140,22 @@ class Location:
         return self.store.list(self.uri, normalize_extensions(extensions))
 
 
-def write_bytes_atomic(uri: str | os.PathLike, data: bytes, azure_credentials=None) -> None:
-    """Location(uri, azure_credentials).write_bytes_atomic(data)."""
-    Location(os.fspath(uri), azure_credentials).write_bytes_atomic(data)
+# One-call shortcuts for a URI opened with the environment's credentials (Location.of(uri).<method>).
+
+def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
+    Location.of(uri).write_bytes_atomic(data)
 
 
-def read_bytes(uri: str | os.PathLike, azure_credentials=None) -> bytes:
-    return Location(os.fspath(uri), azure_credentials).read_bytes()
+def read_bytes(uri: str | os.PathLike) -> bytes:
+    return Location.of(uri).read_bytes()
 
 
-def exists(uri: str | os.PathLike, azure_credentials=None) -> bool:
-    return Location(os.fspath(uri), azure_credentials).exists()
+def exists(uri: str | os.PathLike) -> bool:
+    return Location.of(uri).exists()
 
 
-def list_files(uri: str | os.PathLike, extensions: Iterable[str] | str | None = None,
-               azure_credentials=None) -> list[str]:
-    """Location(uri, azure_credentials).list_files(extensions)."""
-    return Location(os.fspath(uri), azure_credentials).list_files(extensions)
+def list_files(uri: str | os.PathLike, extensions: Iterable[str] | str | None = None) -> list[str]:
+    return Location.of(uri).list_files(extensions)
 
 
 class LocalFiles:
