@@ -138,8 +138,8 @@ def build_section(kind, data, where: str = ""):
     the wrong type raise ConfigError naming the dotted key."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where.rstrip('.') or 'config'} is {data!r}: it must be a mapping of keys")
-    known = {f.name for f in fields(kind)}
-    unknown, missing = sorted(set(data) - known), sorted(known - set(data))
+    known = [f.name for f in fields(kind)]   # declaration order: the first bad key reported is always the same one
+    unknown, missing = sorted(set(data) - set(known)), [name for name in known if name not in data]
     if unknown or missing:
         problem = f"unknown key '{where}{unknown[0]}'" if unknown else f"missing key '{where}{missing[0]}'"
         raise ConfigError(f"{problem} (known: {', '.join(sorted(known))})")
