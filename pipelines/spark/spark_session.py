@@ -106,7 +106,8 @@ def ship_once(context: SparkContext, name: str, add: Callable[[], None]) -> None
 
 
 def library_archive(package: Path, archive_path: Path) -> Path:
-    """`package` (pipelines/) zipped for addPyFile, without DRIVER_ONLY_SUBPACKAGES and bytecode caches."""
+    """A package directory (pipelines/, model_export/) zipped for addPyFile, without DRIVER_ONLY_SUBPACKAGES and
+    bytecode caches."""
     with zipfile.ZipFile(archive_path, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in sorted(package.rglob("*")):
             parts = path.relative_to(package.parent).parts

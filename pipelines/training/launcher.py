@@ -142,15 +142,14 @@ def session_conf(cfg: TrainConfig) -> dict[str, str]:
 
 def ship_packages(spark: SparkSession) -> None:
     """Executors need `pipelines` and `model_export` (and torch in their Python environment)."""
-    import shutil
     import tempfile
 
-    from pipelines.spark.spark_session import ship_library, ship_once
+    from pipelines.spark.spark_session import library_archive, ship_library, ship_once
 
     def add() -> None:
         staging = Path(tempfile.mkdtemp(prefix="sparkseg-model-export-"))
-        spark.sparkContext.addPyFile(shutil.make_archive(str(staging / "sparkseg_model_export"), "zip",
-                                                         root_dir=REPO_ROOT, base_dir="model_export"))
+        archive = library_archive(REPO_ROOT / "model_export", staging / "sparkseg_model_export.zip")
+        spark.sparkContext.addPyFile(str(archive))
 
     ship_library(spark)
     ship_once(spark.sparkContext, "model_export", add)
