@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -83,3 +86,21 @@ def test_the_library_shipped_to_executors_leaves_the_driver_only_tools_out(tmp_p
     assert "pipelines/inference/image_inference.py" in names and "pipelines/job_config.py" in names
     assert DRIVER_ONLY_SUBPACKAGES == ("sweeps",)
     assert not [n for n in names if n.startswith("pipelines/sweeps/") or "__pycache__" in n]
+
+
+def test_the_shipped_library_imports_from_its_bytecode(tmp_path):
+    archive = library_archive(REPO / "pipelines", tmp_path / "lib.zip")
+    names = set(zipfile.ZipFile(archive).namelist())
+    assert {n + "c" for n in names if n.endswith(".py")} <= names   # x.pyc beside x.py, where zipimport reads it
+    # a fresh interpreter imports the executor's modules from the zip's bytecode (__file__ names the .pyc), and a
+    # traceback still shows the source lines
+    code = ("import sys, traceback; sys.path.insert(0, sys.argv[1]); "
+            "from pipelines.inference import image_inference as m; print(m.__file__); "
+            "from pipelines.job_config import JobConfig\n"
+            "try:\n    JobConfig.from_dict({})\nexcept Exception:\n    traceback.print_exc(file=sys.stdout)")
+    result = subprocess.run([sys.executable, "-S", "-c", code, str(archive)], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path, env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if
+                                                                                        "site-packages" in p)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == str(archive / "pipelines" / "inference" / "image_inference.pyc")
+    assert "raise ConfigError(" in result.stdout, result.stdout

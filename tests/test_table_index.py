@@ -1,6 +1,6 @@
 """The summary's table counts come from each run's own records plus a small index (<output>/_sparkseg_counts.json),
-and equal a full rescan of the output (incremental.table_counts) after any sequence of incremental runs; an index
-that does not match the tables (missing, or behind a killed run) is rebuilt by one rescan."""
+and equal a full rescan of the output (incremental.table_counts) after any sequence of incremental runs and on a new
+output; an index that does not match the tables (missing, or behind a killed run) is rebuilt by one rescan."""
 from __future__ import annotations
 
 import json
@@ -36,3 +36,8 @@ def test_counts_after_incremental_runs_equal_a_full_rescan(spark, tmp_path):
         assert summary["table"] == table_counts(spark, str(output), summary["model"]["sha256"]), what
         assert json.loads(index.read_text())["models"][summary["model"]["sha256"]] == summary["table"], what
     assert summary["table"] == {"images": 5, "errors": 0, "superseded_rows": 4}   # old a, c (twice), b
+    # a new output's first run (its counts need no rescan), with an error among its records
+    (images / "f.jpg").write_bytes(b"not a jpeg")
+    summary = run(spark, job_config(images, tmp_path / "new"))
+    assert summary["table"] == table_counts(spark, str(tmp_path / "new"), summary["model"]["sha256"])
+    assert summary["table"] == {"images": 5, "errors": 1, "superseded_rows": 0}

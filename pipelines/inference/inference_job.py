@@ -222,7 +222,7 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
         units = work_units(spark, plan, listing, video, n_videos)
         n_units = units.count() if n_videos else n_inputs
         todo = todo_listing(spark, units, plan.output, plan.manifest, run_cfg.force, run_cfg.broadcast_max_rows)
-        n_todo = todo.count()
+        n_todo = n_units if todo is units else todo.count()   # the units themselves: nothing done before, or force
         if n_videos:
             say(f"{n_inputs} files ({n_videos} videos in {n_units - n_inputs + n_videos} segments), {n_todo} images "
                 f"and segments to do ({n_units - n_todo} already done for this model)")
@@ -398,7 +398,8 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
         "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
         "config": asdict(plan.config),
         "table": counts_after_run(spark, plan.output, manifest.model_sha256, plan.run_id,   # current rows
-                                  {"detections": int(totals["done"]), "errors": int(totals["failed"])}),
+                                  {"detections": int(totals["done"]), "errors": int(totals["failed"])},
+                                  one_record_per_key=not n_videos),
     }
 
 

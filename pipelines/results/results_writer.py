@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.io.storage import Location
@@ -37,8 +37,18 @@ def choose_writer(output_uri: str) -> str:
 
 def write_results(results: DataFrame, output: Location, file_prefix: str = "part") -> dict:
     """Append the ok rows to detections/ and the error rows to errors/; return the wave's aggregates
-    (counts, instance count, per-stage seconds). `results` should be persisted by the caller."""
-    detections = results.where("status = 'ok'").select(*DETECTION_COLUMNS)
+    (counts, instance count, per-stage seconds), observed while the detections are written (no pass of their own).
+    `results` should be persisted by the caller."""
+    totals = Observation(f"sparkseg-{file_prefix}")
+    observed = results.observe(
+        totals,
+        F.sum(F.when(F.col("status") == "ok", 1).otherwise(0)).alias("done"),
+        F.sum(F.when(F.col("status") == "error", 1).otherwise(0)).alias("failed"),
+        F.sum(F.when((F.col("status") == "ok") & F.col("frame_index").isNotNull(), 1).otherwise(0)).alias("frames"),
+        F.sum(F.coalesce(F.size("instances"), F.lit(0))).alias("instances"),
+        *[F.sum(f"timings.{name}").alias(name) for name in TIMING_FIELDS],
+    )
+    detections = observed.where("status = 'ok'").select(*DETECTION_COLUMNS)   # the first write: observes every row
     errors = results.where("status = 'error'").selectExpr(*ERROR_COLUMNS)
     if choose_writer(output.uri) == "spark":
         detections.write.mode("append").parquet((output / "detections").uri)
@@ -46,14 +56,7 @@ def write_results(results: DataFrame, output: Location, file_prefix: str = "part
     else:
         for frame, name in ((detections, "detections"), (errors, "errors")):
             upload_parquet_parts(frame, output / name, file_prefix)
-    row = results.agg(
-        F.sum(F.when(F.col("status") == "ok", 1).otherwise(0)).alias("done"),
-        F.sum(F.when(F.col("status") == "error", 1).otherwise(0)).alias("failed"),
-        F.sum(F.when((F.col("status") == "ok") & F.col("frame_index").isNotNull(), 1).otherwise(0)).alias("frames"),
-        F.sum(F.coalesce(F.size("instances"), F.lit(0))).alias("instances"),
-        *[F.sum(f"timings.{name}").alias(name) for name in TIMING_FIELDS],
-    ).first()
-    return {key: (row[key] or 0) for key in row.asDict()}
+    return {key: (value or 0) for key, value in totals.get.items()}
 
 
 def upload_parquet_parts(frame: DataFrame, table: Location, file_prefix: str) -> None:

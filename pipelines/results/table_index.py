@@ -57,15 +57,20 @@ def write_index(output: Location, counts: dict) -> None:
 
 
 def counts_after_run(spark: SparkSession, output: Location, model_sha256: str, run_id: str,
-                     written: dict[str, int]) -> dict:
+                     written: dict[str, int], one_record_per_key: bool = False) -> dict:
     """incremental.table_counts(output, model) after run `run_id`, which appended `written` rows
-    ({"detections": n, "errors": m}); updates the index."""
+    ({"detections": n, "errors": m}); updates the index. `one_record_per_key`: the run wrote at most one record per
+    image or video frame (runs without videos: a video unit that fails writes one error row per segment)."""
     index = read_index(output) or {}
     rows = table_rows(spark, output)
     known = index.get("rows") or {}
     models = dict(index.get("models") or {})
     trusted = model_sha256 in models and all(rows[t] == int(known.get(t, -1)) + written.get(t, 0) for t in TABLES)
-    if trusted:
+    if one_record_per_key and all(rows[t] == written.get(t, 0) for t in TABLES):
+        # the tables hold this run's records and nothing else (a new output): each one is current
+        counts = {"images": written.get("detections", 0), "errors": written.get("errors", 0), "superseded_rows": 0}
+        models = {}
+    elif trusted:
         counts = dict(models[model_sha256])
         if any(written.values()):
             counts = apply_run(spark, output, model_sha256, run_id, counts, written)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import logging
 import os
+import py_compile
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -107,20 +109,30 @@ def ship_once(context: SparkContext, name: str, add: Callable[[], None]) -> None
 
 def library_archive(package: Path, archive_path: Path) -> Path:
     """A package directory (pipelines/, model_export/) zipped for addPyFile, without DRIVER_ONLY_SUBPACKAGES and
-    bytecode caches."""
-    with zipfile.ZipFile(archive_path, "w", zipfile.ZIP_DEFLATED) as archive:
+    bytecode caches; each module with its bytecode beside it (zipimport reads `x.pyc` next to `x.py`, never
+    __pycache__/): a Python worker importing from the zip would otherwise compile every module from source, ~0.5 s
+    per worker on a small machine. The bytecode is this driver's Python's (unchecked-hash .pyc: the zip is built
+    fresh per job, so it cannot be stale); an executor on another Python version ignores it (other magic number)
+    and compiles the sources."""
+    with tempfile.TemporaryDirectory(prefix="sparkseg-pyc-") as scratch, \
+            zipfile.ZipFile(archive_path, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in sorted(package.rglob("*")):
             parts = path.relative_to(package.parent).parts
-            if path.is_file() and parts[1] not in DRIVER_ONLY_SUBPACKAGES and "__pycache__" not in parts:
-                archive.write(path, "/".join(parts))
+            if not path.is_file() or parts[1] in DRIVER_ONLY_SUBPACKAGES or "__pycache__" in parts:
+                continue
+            name = "/".join(parts)
+            archive.write(path, name)
+            if path.suffix == ".py":
+                compiled = py_compile.compile(str(path), cfile=str(Path(scratch) / (name + "c")), dfile=name,
+                                              doraise=True,
+                                              invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+                archive.write(compiled, name + "c")
     return archive_path
 
 
 def ship_library(session: SparkSession) -> None:
     """Make `pipelines` importable on every executor (clusters whose Python env lacks sparkseg): zip the package
     this driver runs and add it with addPyFile, once per SparkContext."""
-    import tempfile
-
     def add() -> None:
         package = Path(__file__).resolve().parents[1]   # pipelines/ (this module is pipelines/spark/spark_session.py)
         staging = Path(tempfile.mkdtemp(prefix="sparkseg-lib-"))
