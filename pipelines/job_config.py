@@ -255,7 +255,8 @@ def check_output_options(masks: str, score_threshold: float | None) -> None:
 @dataclass(frozen=True)
 class InferenceSettings:
     engine: str         # native | bigdl
-    partitions: int     # 0: spark.default.parallelism
+    partitions: int     # tasks per wave; 0: a multiple of spark.default.parallelism (tasks_per_wave)
+    max_images_per_task: int   # with partitions 0: more tasks where one would hold more images (0: no bound)
     batch_size: int
     precision: str      # f32 | bf16 | auto
     openvino_threads: int   # 0: spark.task.cpus
@@ -267,6 +268,7 @@ class InferenceSettings:
     def __post_init__(self) -> None:
         _one_of("inference.engine (--engine)", self.engine, ("native", "bigdl"))
         _at_least("inference.partitions (--partitions)", self.partitions, 0, "0 means spark.default.parallelism")
+        _at_least("inference.max_images_per_task", self.max_images_per_task, 0, "0 means no bound")
         _at_least("inference.batch_size (--batch-size)", self.batch_size, 1, "images per Arrow batch")
         _one_of("inference.precision (--precision)", self.precision, ("f32", "bf16", "auto"))
         _at_least("inference.openvino_threads", self.openvino_threads, 0, "0 means spark.task.cpus")

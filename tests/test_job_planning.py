@@ -1,12 +1,16 @@
-"""The job's own cost: shuffles sized to the job (a small run needs a handful of tasks), done keys broadcast only
-below their bound (sort-merge beyond), and no list of to-do paths on the driver for inputs the executors can read."""
+"""The job's own cost: shuffles sized to the job (a small run needs a handful of tasks), waves in rounds of small
+tasks, done keys broadcast only below their bound (sort-merge beyond), and no list of to-do paths on the driver for
+inputs the executors can read."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from pathlib import Path
 
 from pipelines.inference import image_sources as src
-from pipelines.inference.inference_job import bytes_fetcher, index_todo, plan_job, run, todo_listing, wave_images
+from pipelines.inference.inference_job import (bytes_fetcher, index_todo, plan_job, run, tasks_per_wave, todo_listing,
+                                               wave_images)
+from pipelines.job_config import JobConfig, load_config
 from pipelines.inference.model_manifest import load_manifest
 from pipelines.inference.video_sources import image_units
 from tests.job_helpers import DEFAULT_MODEL_DIR, job_config
@@ -43,6 +47,22 @@ def test_a_small_run_needs_a_handful_of_tasks(spark, tmp_path):
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)
     assert spark.conf.get("spark.sql.shuffle.partitions") == before, "the job must give the session back as it was"
+
+
+def test_a_wave_is_split_into_rounds_of_small_tasks_over_every_core():
+    """The progress line's count moves when tasks end: with partitions 0 no task holds more than
+    max_images_per_task images, in a multiple of the cores (equal tasks, ending round by round)."""
+    default = JobConfig.from_dict(load_config()).inference
+
+    def tasks(parallelism, images, **settings):
+        return tasks_per_wave(dataclasses.replace(default, **settings), parallelism, images)
+
+    assert default.partitions == 0 and default.max_images_per_task == 64
+    assert tasks(2, 9) == 2 and tasks(2, 128) == 2 and tasks(2, 129) == 4 and tasks(2, 200) == 4
+    assert tasks(16, 5000) == 80   # 5 rounds of 16 tasks, 62-63 images each
+    assert tasks(2, 5000, max_images_per_task=0) == 2   # no bound: one task per core
+    assert tasks(2, 5000, partitions=6) == 6 and tasks(2, 3, partitions=6) == 3   # set: as given, never > images
+    assert tasks(4, 3) == 3 and tasks(2, 0) == 1
 
 
 def synthetic_done(spark, output: Path, sha256: str, rows: int) -> None:

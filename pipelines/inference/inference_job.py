@@ -228,7 +228,8 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
                 f"and segments to do ({n_units - n_todo} already done for this model)")
         else:
             say(f"{n_inputs} images, {n_todo} to do ({n_inputs - n_todo} already done for this model)")
-        partitions = max(1, min(config.inference.partitions or spark.sparkContext.defaultParallelism, max(n_todo, 1)))
+        partitions = tasks_per_wave(config.inference, spark.sparkContext.defaultParallelism,
+                                    min(run_cfg.commit_every or n_todo, n_todo))
         settings = runtime_settings(spark, config.inference)
         if n_videos:   # progress counts result rows: images and video frames
             todo_rows = todo.where(F.col("segment_start").isNull()).count() + videos.expected_frames(todo, video)
@@ -258,6 +259,18 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     finally:
         lock.release()
         restore_session_settings(spark, previous_settings)
+
+
+def tasks_per_wave(inference: InferenceSettings, parallelism: int, wave_images: int) -> int:
+    """Tasks a wave of `wave_images` images is split into: inference.partitions where set; else `parallelism` (every
+    core busy), times the rounds it takes for no task to hold more than inference.max_images_per_task images
+    (equal tasks end together, round after round: the progress line, fed as tasks end, moves at each round).
+    Never more tasks than images."""
+    wanted = inference.partitions
+    if not wanted:
+        per_round = parallelism * inference.max_images_per_task
+        wanted = parallelism * (max(1, -(-wave_images // per_round)) if per_round else 1)
+    return max(1, min(wanted, wave_images))
 
 
 def count_inputs(listing: DataFrame, video: VideoSettings) -> tuple[int, int]:

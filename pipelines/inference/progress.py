@@ -1,6 +1,7 @@
 """Driver-side progress: what the job is doing, and images done / total with the rate and an ETA while it runs.
 
-Executors add to a Spark accumulator as they finish each Arrow batch (the driver sees it when a task ends); a daemon
+Executors add to a Spark accumulator as they finish each Arrow batch (the driver sees it when a task ends: the job
+keeps tasks small, inference.max_images_per_task, so that the count moves while a wave runs); a daemon
 thread on the driver prints a line every `interval_s` while tasks run, with the tasks running now from Spark's
 status tracker, so a long task still shows signs of life. On a terminal the line is rewritten in place; in a log
 file it is one line per interval.
