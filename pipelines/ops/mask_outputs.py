@@ -23,7 +23,7 @@ from PIL import Image
 from pycocotools import mask as coco_mask
 
 MAX_INSTANCES = 65535  # labels must fit a 16-bit PNG
-PNG_COMPRESS_LEVEL = 1  # zlib level of label-map PNGs: ~2x faster than Pillow's default 6 (files ~1.5x larger)
+PNG_COMPRESS_LEVEL = 1  # zlib level of label-map and overlay PNGs: ~2x faster than Pillow's default 6 (files ~1.5x larger)
 
 
 def encode_rle(mask: np.ndarray) -> dict:

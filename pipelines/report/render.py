@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pipelines.errors import report_error
 from pipelines.io.output_paths import parse_location, relative_key
+from pipelines.ops.mask_outputs import PNG_COMPRESS_LEVEL
 from pipelines.report import overlays as ov
 from pipelines.report import page, plots
 from pipelines.report.tables import OutputError, OutputTables, local_file, read_output
@@ -68,7 +69,7 @@ def render_overlays(tables: OutputTables, input_root: str | Path | None = None, 
         overlay_path, thumb_path = out_dir / f"{key}.png", out_dir / "thumbs" / f"{key}.jpg"
         overlay_path.parent.mkdir(parents=True, exist_ok=True)
         thumb_path.parent.mkdir(parents=True, exist_ok=True)
-        ov.Image.fromarray(overlay).save(overlay_path, "PNG")
+        ov.Image.fromarray(overlay).save(overlay_path, "PNG", compress_level=PNG_COMPRESS_LEVEL)
         ov.thumbnail(overlay).save(thumb_path, "JPEG", quality=85)
         entries.append({"path": row["path"], "name": Path(row["path"]).name, "drawn": len(drawn),
                         "top_score": _top_score(row, score_threshold),
