@@ -27,6 +27,10 @@ DEFAULT_CONF = {
     # Our partitions are balanced on purpose; AQE must not merge them.
     "spark.sql.adaptive.coalescePartitions.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
+    # The status store the progress line reads (running tasks) is written on every task event: by default a stage's
+    # entry is rewritten at most every 100 ms, so tasks starting together with their stage showed as 0 running until
+    # the next executor heartbeat (10 s)
+    "spark.ui.liveUpdate.period": "0",
 }
 DEFAULT_LOG_LEVEL = "WARN"
 LOG4J_CONFIG_NAME = "log4j2.properties"
