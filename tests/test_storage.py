@@ -95,6 +95,18 @@ def test_local_atomic_write_replaces_and_leaves_no_temp_files(tmp_path):
     assert exists(str(target)) and exists(f"file://{target.parent}") and not exists(str(tmp_path / "nope"))
 
 
+def test_a_non_durable_local_write_is_as_atomic_without_the_fsyncs(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])   # counts, then syncs
+    target = storage.Location.of(str(tmp_path / "marker"))
+    target.write_bytes_atomic(b"in flight: a.jpg")
+    assert len(synced) == 2   # the file, then its directory (the rename)
+    target.write_bytes_atomic(b"in flight: b.jpg", durable=False)
+    assert len(synced) == 2 and target.read_bytes() == b"in flight: b.jpg"
+    assert os.listdir(tmp_path) == ["marker"]
+
+
 def test_failed_local_write_keeps_the_old_state_and_no_temp_file(tmp_path):
     (tmp_path / "taken").mkdir()  # a directory where the file should go: os.replace fails
     with pytest.raises(OSError):

@@ -55,7 +55,7 @@ def to_spark_uri(uri: str | os.PathLike, account: str | None = None) -> str:
 class FileStore(Protocol):
     """What every store does with one file or one directory tree."""
 
-    def write_atomic(self, uri: str, data: bytes) -> None: ...
+    def write_atomic(self, uri: str, data: bytes, durable: bool = True) -> None: ...
     def read(self, uri: str) -> bytes: ...
     def exists(self, uri: str) -> bool: ...
     def list(self, uri: str, wanted: tuple[str, ...] | None) -> list[str]: ...
@@ -114,15 +114,16 @@ class Location:
             self._stores.by_kind[kind] = file_store(self.uri, self.credentials)
         return self._stores.by_kind[kind]
 
-    def write_bytes_atomic(self, data: bytes) -> None:
+    def write_bytes_atomic(self, data: bytes, durable: bool = True) -> None:
         """Write `data` so that readers see the old file or the whole new one, never a part.
 
-        Local: temp file in the same directory, fsync, os.replace. Azure: one blob upload (atomic on commit). Other
-        schemes: fsspec write to a hidden temp name, then mv. Parent directories are created.
+        Local: temp file in the same directory, fsync, os.replace, fsync of the directory (`durable=False`: no
+        fsyncs: the file outlives a crashed process, not a crashed machine). Azure: one blob upload (atomic on
+        commit). Other schemes: fsspec write to a hidden temp name, then mv. Parent directories are created.
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"write_bytes_atomic({self.uri!r}): data must be bytes, got {type(data).__name__}")
-        self.store.write_atomic(self.uri, bytes(data))
+        self.store.write_atomic(self.uri, bytes(data), durable)
 
     def read_bytes(self) -> bytes:
         """The whole content of one file."""
@@ -159,8 +160,8 @@ def list_files(uri: str | os.PathLike, extensions: Iterable[str] | str | None = 
 
 
 class LocalFiles:
-    def write_atomic(self, uri: str, data: bytes) -> None:
-        _write_local_atomic(Path(to_local_path(uri)), data)
+    def write_atomic(self, uri: str, data: bytes, durable: bool = True) -> None:
+        _write_local_atomic(Path(to_local_path(uri)), data, durable)
 
     def read(self, uri: str) -> bytes:
         return Path(to_local_path(uri)).read_bytes()
@@ -180,7 +181,7 @@ class AzureFiles:
 
         self.blobs = AzureBlobStore(azure_credentials)
 
-    def write_atomic(self, uri: str, data: bytes) -> None:
+    def write_atomic(self, uri: str, data: bytes, durable: bool = True) -> None:
         self.blobs.write(uri, data)
 
     def read(self, uri: str) -> bytes:
@@ -202,7 +203,7 @@ class AzureFiles:
 
 
 class FsspecFiles:
-    def write_atomic(self, uri: str, data: bytes) -> None:
+    def write_atomic(self, uri: str, data: bytes, durable: bool = True) -> None:
         fs, path = _fsspec(uri)
         parent, _, name = path.rstrip("/").rpartition("/")
         temp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
@@ -248,21 +249,23 @@ def _list_local(text: str, wanted: tuple[str, ...] | None) -> list[str]:
     return sorted(("file://" + str(path)) if as_uri else str(path) for path in paths)
 
 
-def _write_local_atomic(path: Path, data: bytes) -> None:
+def _write_local_atomic(path: Path, data: bytes, durable: bool = True) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as temp:
             temp.write(data)
-            temp.flush()
-            os.fsync(temp.fileno())
+            if durable:
+                temp.flush()
+                os.fsync(temp.fileno())
         os.chmod(temp_name, 0o666 & ~_umask())
         os.replace(temp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp_name)
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 def _umask() -> int:
