@@ -5,13 +5,14 @@ import dataclasses
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 
 import pytest
 import yaml
 
 from pipelines.job_config import ConfigError, JobConfig, default_config_path, load_config, set_path
-from pipelines.spark.spark_session import DRIVER_ONLY_SUBPACKAGES, library_archive
+from pipelines.spark.spark_session import DRIVER_ONLY_SUBPACKAGES, library_archive, staged_library_archive
 from pipelines.job_config import REPO_ROOT as REPO
 
 
@@ -104,3 +105,18 @@ def test_the_shipped_library_imports_from_its_bytecode(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == str(archive / "pipelines" / "inference" / "image_inference.pyc")
     assert "raise ConfigError(" in result.stdout, result.stdout
+
+
+def test_the_shipped_zip_is_built_once_per_version_of_the_library(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))   # where the zips are staged
+    (tmp_path / "tmp").mkdir()
+    package = tmp_path / "tinylib"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "value.py").write_text("VALUE = 1\n")
+    first = staged_library_archive(package)
+    assert staged_library_archive(package) == first and first.name == "sparkseg_tinylib.zip"   # reused, not rebuilt
+    (package / "value.py").write_text("VALUE = 2\n")
+    second = staged_library_archive(package)
+    assert second != first and "tinylib/value.pyc" in zipfile.ZipFile(second).namelist()
+    assert sorted(p.name for p in (tmp_path / "tmp").glob("*/*")) == ["sparkseg_tinylib.zip"] * 2   # no temp files

@@ -1,6 +1,7 @@
 """Building SparkSessions the way every job and test needs them."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import py_compile
@@ -111,20 +112,23 @@ def ship_once(context: SparkContext, name: str, add: Callable[[], None]) -> None
         shipped.add(name)
 
 
+def library_files(package: Path) -> list[Path]:
+    """The files of a package directory that executors get: all but DRIVER_ONLY_SUBPACKAGES and bytecode caches."""
+    files = [(path, path.relative_to(package).parts) for path in sorted(package.rglob("*")) if path.is_file()]
+    return [path for path, parts in files if parts[0] not in DRIVER_ONLY_SUBPACKAGES and "__pycache__" not in parts]
+
+
 def library_archive(package: Path, archive_path: Path) -> Path:
-    """A package directory (pipelines/, model_export/) zipped for addPyFile, without DRIVER_ONLY_SUBPACKAGES and
-    bytecode caches; each module with its bytecode beside it (zipimport reads `x.pyc` next to `x.py`, never
-    __pycache__/): a Python worker importing from the zip would otherwise compile every module from source, ~0.5 s
-    per worker on a small machine. The bytecode is this driver's Python's (unchecked-hash .pyc: the zip is built
-    fresh per job, so it cannot be stale); an executor on another Python version ignores it (other magic number)
-    and compiles the sources."""
+    """A package directory (pipelines/, model_export/) zipped for addPyFile (library_files), each module with its
+    bytecode beside it (zipimport reads `x.pyc` next to `x.py`, never __pycache__/): a Python worker importing from
+    the zip would otherwise compile every module from source, ~0.5 s per worker on a small machine. The bytecode is
+    this driver's Python's (unchecked-hash .pyc: staged_library_archive names the zip by its sources and this
+    Python, so it cannot be stale); an executor on another Python version ignores it (other magic number) and
+    compiles the sources."""
     with tempfile.TemporaryDirectory(prefix="sparkseg-pyc-") as scratch, \
             zipfile.ZipFile(archive_path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(package.rglob("*")):
-            parts = path.relative_to(package.parent).parts
-            if not path.is_file() or parts[1] in DRIVER_ONLY_SUBPACKAGES or "__pycache__" in parts:
-                continue
-            name = "/".join(parts)
+        for path in library_files(package):
+            name = "/".join(path.relative_to(package.parent).parts)
             archive.write(path, name)
             if path.suffix == ".py":
                 compiled = py_compile.compile(str(path), cfile=str(Path(scratch) / (name + "c")), dfile=name,
@@ -134,13 +138,27 @@ def library_archive(package: Path, archive_path: Path) -> Path:
     return archive_path
 
 
+def staged_library_archive(package: Path) -> Path:
+    """library_archive of `package` in the temp directory, named by the hash of its files and this Python's version:
+    built once per version of the library (runs after the first reuse it), one zip per version left behind."""
+    key = hashlib.sha256(sys.version.encode())
+    for path in library_files(package):
+        key.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    archive = Path(tempfile.gettempdir()) / f"sparkseg-lib-{key.hexdigest()[:16]}" / f"sparkseg_{package.name}.zip"
+    if not archive.is_file():
+        archive.parent.mkdir(exist_ok=True)
+        staging = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
+        library_archive(package, staging)
+        os.replace(staging, archive)   # atomic: a job starting meanwhile sees the whole zip or none
+    return archive
+
+
 def ship_library(session: SparkSession) -> None:
     """Make `pipelines` importable on every executor (clusters whose Python env lacks sparkseg): zip the package
     this driver runs and add it with addPyFile, once per SparkContext."""
     def add() -> None:
         package = Path(__file__).resolve().parents[1]   # pipelines/ (this module is pipelines/spark/spark_session.py)
-        staging = Path(tempfile.mkdtemp(prefix="sparkseg-lib-"))
-        session.sparkContext.addPyFile(str(library_archive(package, staging / "sparkseg_pipelines.zip")))
+        session.sparkContext.addPyFile(str(staged_library_archive(package)))
 
     ship_once(session.sparkContext, "pipelines", add)
 

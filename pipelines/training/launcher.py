@@ -142,14 +142,10 @@ def session_conf(cfg: TrainConfig) -> dict[str, str]:
 
 def ship_packages(spark: SparkSession) -> None:
     """Executors need `pipelines` and `model_export` (and torch in their Python environment)."""
-    import tempfile
-
-    from pipelines.spark.spark_session import library_archive, ship_library, ship_once
+    from pipelines.spark.spark_session import ship_library, ship_once, staged_library_archive
 
     def add() -> None:
-        staging = Path(tempfile.mkdtemp(prefix="sparkseg-model-export-"))
-        archive = library_archive(REPO_ROOT / "model_export", staging / "sparkseg_model_export.zip")
-        spark.sparkContext.addPyFile(str(archive))
+        spark.sparkContext.addPyFile(str(staged_library_archive(REPO_ROOT / "model_export")))
 
     ship_library(spark)
     ship_once(spark.sparkContext, "model_export", add)
