@@ -60,6 +60,7 @@ def test_a_wave_is_split_into_rounds_of_small_tasks_over_every_core():
     assert default.partitions == 0 and default.max_images_per_task == 64
     assert tasks(2, 9) == 2 and tasks(2, 128) == 2 and tasks(2, 129) == 4 and tasks(2, 200) == 4
     assert tasks(16, 5000) == 80   # 5 rounds of 16 tasks, 62-63 images each
+    assert tasks(2, 10_000_000) == 2 * 64   # one huge wave (run.commit_every 0): larger tasks, not more
     assert tasks(2, 5000, max_images_per_task=0) == 2   # no bound: one task per core
     assert tasks(2, 5000, partitions=6) == 6 and tasks(2, 3, partitions=6) == 3   # set: as given, never > images
     assert tasks(4, 3) == 3 and tasks(2, 0) == 1

@@ -261,15 +261,20 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
         restore_session_settings(spark, previous_settings)
 
 
+MAX_ROUNDS_PER_WAVE = 64   # the driver keeps a few KB per task of a stage: a huge wave (run.commit_every 0) gets
+                           # larger tasks, not more than 64 per core
+
+
 def tasks_per_wave(inference: InferenceSettings, parallelism: int, wave_images: int) -> int:
     """Tasks a wave of `wave_images` images is split into: inference.partitions where set; else `parallelism` (every
-    core busy), times the rounds it takes for no task to hold more than inference.max_images_per_task images
-    (equal tasks end together, round after round: the progress line, fed as tasks end, moves at each round).
-    Never more tasks than images."""
+    core busy), times the rounds it takes for no task to hold more than inference.max_images_per_task images, up to
+    MAX_ROUNDS_PER_WAVE (equal tasks end together, round after round: the progress line, fed as tasks end, moves at
+    each round). Never more tasks than images."""
     wanted = inference.partitions
     if not wanted:
         per_round = parallelism * inference.max_images_per_task
-        wanted = parallelism * (max(1, -(-wave_images // per_round)) if per_round else 1)
+        rounds = min(max(1, -(-wave_images // per_round)), MAX_ROUNDS_PER_WAVE) if per_round else 1
+        wanted = parallelism * rounds
     return max(1, min(wanted, wave_images))
 
 
