@@ -129,6 +129,7 @@ def test_label_map_png_round_trip(count, bit_depth):
     assert restored.dtype == labels.dtype and np.array_equal(restored, labels)
     with Image.open(io.BytesIO(data)) as image:
         assert image.size == (50, 60)
+        image.verify()   # chunk CRCs
 
 
 def test_read_label_map_png_rejects_colour_pngs():

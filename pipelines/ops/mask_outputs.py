@@ -15,7 +15,10 @@ full-size mask; `LabelMapBuilder.add_box` paints only the window. Label-map PNGs
 """
 from __future__ import annotations
 
+import binascii
 import io
+import struct
+import zlib
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -23,7 +26,7 @@ from PIL import Image
 from pycocotools import mask as coco_mask
 
 MAX_INSTANCES = 65535  # labels must fit a 16-bit PNG
-PNG_COMPRESS_LEVEL = 1  # zlib level of label-map and overlay PNGs: ~2x faster than Pillow's default 6 (files ~1.5x larger)
+PNG_COMPRESS_LEVEL = 1  # zlib level of label-map and overlay PNGs: ~2x faster than Pillow's default 6
 
 
 def encode_rle(mask: np.ndarray) -> dict:
@@ -187,13 +190,29 @@ def label_map(masks: Iterable[np.ndarray], scores: Sequence[float], height: int,
 
 
 def label_map_png(labels: np.ndarray) -> bytes:
-    """uint8 [H, W] -> 8-bit grayscale PNG; uint16 [H, W] -> 16-bit grayscale PNG."""
+    """uint8 [H, W] -> 8-bit grayscale PNG; uint16 [H, W] -> 16-bit grayscale PNG.
+
+    Written here rather than by Pillow, which runs PNG's adaptive row filtering (all five filters tried on every
+    row) with no way to turn it off: 7.3 ms of a 1.1 Mpx label map even at zlib level 0, against 2.8 ms for rows
+    stored unfiltered (filter type 0) and deflated with zlib's run-length strategy, which also suits label maps
+    (long runs of one label) better: files ~1.5x smaller than Pillow's at level 1. Any PNG reader decodes it.
+    """
     if labels.ndim != 2 or labels.dtype not in (np.uint8, np.uint16):
         raise ValueError(f"label map must be uint8 or uint16 [H, W], got {labels.dtype} {labels.shape}")
-    image = Image.fromarray(np.ascontiguousarray(labels))  # mode "L" or "I;16"
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG", compress_level=PNG_COMPRESS_LEVEL)
-    return buffer.getvalue()
+    height, width = labels.shape
+    if height < 1 or width < 1:
+        raise ValueError(f"label map must be at least 1x1, got {height}x{width}")
+    depth = 8 * labels.dtype.itemsize
+    scanlines = np.zeros((height, 1 + width * labels.dtype.itemsize), np.uint8)   # each row: filter byte 0 + row
+    scanlines[:, 1:] = labels.astype(">u2", copy=False).view(np.uint8) if depth == 16 else labels
+    deflate = zlib.compressobj(PNG_COMPRESS_LEVEL, zlib.DEFLATED, 15, 8, zlib.Z_RLE)
+    pixels = deflate.compress(scanlines.data) + deflate.flush()
+    header = struct.pack(">IIBBBBB", width, height, depth, 0, 0, 0, 0)   # grayscale, deflate, no interlace
+    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", pixels) + _png_chunk(b"IEND", b"")
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", binascii.crc32(data, binascii.crc32(kind)))
 
 
 def read_label_map_png(data: bytes) -> np.ndarray:
@@ -212,8 +231,9 @@ def read_label_map_png(data: bytes) -> np.ndarray:
 
 
 def _paint(labels: np.ndarray, mask: np.ndarray, label: int) -> None:
-    """labels[mask & background] = label, in place (labels may be a view: a window of the label map)."""
-    np.putmask(labels, mask & (labels == 0), label)
+    """labels[mask & background] = label, in place (labels may be a view: a window of the label map; boolean
+    indexing writes a strided window in place, where np.putmask copies it: measured 3x faster)."""
+    labels[mask & (labels == 0)] = label
 
 
 def _as_binary_mask(mask: np.ndarray) -> np.ndarray:

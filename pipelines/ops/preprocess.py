@@ -17,7 +17,9 @@ def preprocess_rgb(rgb: np.ndarray, input_spec: dict) -> np.ndarray:
     image = resize_bilinear(rgb, (int(height), int(width)))
     if input_spec.get("channel_order", "RGB") == "BGR":
         image = image[..., ::-1]
-    mean = np.asarray(input_spec["mean"], dtype=np.float32)
-    std = np.asarray(input_spec["std"], dtype=np.float32)
-    image = (image - mean) / std
-    return np.ascontiguousarray(image.transpose(2, 0, 1))
+    mean = np.asarray(input_spec["mean"], dtype=np.float32).reshape(-1, 1, 1)
+    std = np.asarray(input_spec["std"], dtype=np.float32).reshape(-1, 1, 1)
+    chw = np.ascontiguousarray(image.transpose(2, 0, 1))   # normalized per channel plane: contiguous inner loops
+    chw -= mean
+    chw /= std
+    return chw

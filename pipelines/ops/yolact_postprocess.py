@@ -327,28 +327,42 @@ def box_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop:
         probs *= keep_rows[:, :, None] & keep_cols[:, None, :]
     row_axis = bilinear_axis(proto_height, height)
     col_axis = bilinear_axis(proto_width, width)
+    hot = probs > MASK_THRESHOLD                                      # [n, Ph, Pw]
+    row_start, row_stop = _output_windows(row_axis, hot.any(axis=2))
+    col_start, col_stop = _output_windows(col_axis, hot.any(axis=1))
 
     def masks() -> Iterator[BoxMask]:
         for i in range(n):
-            yield _box_mask(probs[i], row_axis, col_axis)
+            if row_start[i] < 0:
+                yield BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
+                continue
+            yield _box_mask(probs[i], row_axis, col_axis, (row_start[i], row_stop[i]), (col_start[i], col_stop[i]))
 
     return masks()
 
 
-def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable) -> BoxMask:
-    """bilinear(probs) > 0.5, evaluated only over the output window whose sources touch a proto pixel > 0.5.
+def _output_windows(axis: AxisTable, hot: np.ndarray) -> tuple[list[int], list[int]]:
+    """Per mask, the output range [start, stop) whose source pixels i0 or i1 fall between its first and last hot
+    proto pixel along this axis (hot: bool [n, P]); start -1 where a mask has none."""
+    i0, i1, _ = axis
+    first = hot.argmax(axis=1)
+    last = hot.shape[1] - 1 - hot[:, ::-1].argmax(axis=1)
+    start = np.searchsorted(i1, first, side="left")
+    stop = np.maximum(np.searchsorted(i0, last, side="right"), start)
+    return np.where(hot.any(axis=1), start, -1).tolist(), stop.tolist()
+
+
+def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable, rows: tuple[int, int],
+              cols: tuple[int, int]) -> BoxMask:
+    """bilinear(probs) > 0.5 over the output window rows x cols ([start, stop) each), whose sources are the
+    proto pixels > 0.5 and their neighbours.
 
     Exact: every output value is (a*wx0 + b*wx1)*wy0 + (c*wx0 + d*wx1)*wy1 in float32 with weights >= 0 and
     fl(1 - w) + w rounding to 1, so when its four sources are all <= 0.5 (zeros of the crop included) it is
     <= 0.5 (rounding is monotone, and x * 0.5 is exact): such pixels are False without being computed.
     """
-    hot = probs > MASK_THRESHOLD                           # [Ph, Pw]
-    rows, cols = np.flatnonzero(hot.any(axis=1)), np.flatnonzero(hot.any(axis=0))
-    if rows.size == 0:
-        return BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
-    row_start, row_stop = _output_window(row_axis, rows[0], rows[-1])
-    col_start, col_stop = _output_window(col_axis, cols[0], cols[-1])
-    window = np.zeros((max(row_stop - row_start, 0), max(col_stop - col_start, 0)), dtype=bool)
+    (row_start, row_stop), (col_start, col_stop) = rows, cols
+    window = np.zeros((row_stop - row_start, col_stop - col_start), dtype=bool)
     row_part = tuple(a[row_start:row_stop] for a in row_axis)
     col_part = tuple(a[col_start:col_stop] for a in col_axis)
     for sl, block in bilinear_row_blocks(probs, row_part, col_part):
@@ -372,12 +386,6 @@ def assemble_masks(det: Detections, proto: np.ndarray, width: int, height: int, 
     for i, box in enumerate(box_masks(det, proto, width, height, crop)):
         masks[i, box.top:box.top + box.mask.shape[0], box.left:box.left + box.mask.shape[1]] = box.mask
     return masks
-
-
-def _output_window(axis: AxisTable, first: int, last: int) -> tuple[int, int]:
-    """Output range [start, stop) whose source pixels i0 or i1 fall in [first, last] (i0, i1 non-decreasing)."""
-    i0, i1, _ = axis
-    return int(np.searchsorted(i1, first, side="left")), int(np.searchsorted(i0, last, side="right"))
 
 
 def postprocess(det: Detections, proto: np.ndarray, width: int, height: int,
