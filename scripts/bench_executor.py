@@ -10,7 +10,10 @@ Per model and precision, in one run:
   column) in P processes x 1 OpenVINO thread (1 stream), masks written (RLE + PNG label maps under a scratch
   output): "before" is the previous per-image code (scripts/bench/legacy_executor.py, the tests' reference),
   "after" the current one, "boxes only" the current one with output.masks none, and "jpeg_draft" the current one
-  with inference.jpeg_draft (reduced-size JPEG decode; not result-identical).
+  with inference.jpeg_draft (reduced-size JPEG decode; not result-identical);
+- the Spark job itself (`jobs/infer_yolact.py --master local[P]`, the same settings) over P x 8 and over
+  --job-images images: its images/s beyond its fixed start-up and summary cost (YOLACT rows at the manifest's
+  conf_thresh).
 Images: JPEGs of 480-1920 px made from the samples (scripts/bench/images.py). Detections: YOLACT's COCO setting
 (fast NMS, top_k 200, up to 100 kept); every detection is written (score threshold 0) so before and after write
 the same instances, and conf_thresh is lowered from the manifest's until the mean is >= 90 per image. Reported:
@@ -41,6 +44,7 @@ import numpy as np  # noqa: E402
 
 from bench import images as bench_images  # noqa: E402
 from bench.benchmark_app import run_benchmark_app  # noqa: E402
+from bench.job_runs import marginal_throughput  # noqa: E402
 
 log = logging.getLogger("bench_executor")
 EXECUTOR_SIZES = ((640, 480), (1280, 960), (1920, 1080), (480, 640), (1024, 768), (1080, 1920), (800, 600),
@@ -300,6 +304,20 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
             cells = [f"{per[s] * 1000:.1f} ({100 * per[s] / total:.0f}%)" for s in STAGES]
             lines.append(f"| {r['model']} | {r['precision']} | {name} | " + " | ".join(cells)
                          + f" | {', '.join(str(m) for m in v['peak_rss_mib'])} |")
+    jobs = [r for r in results if r.get("job")]
+    if jobs:
+        lines += ["", "## The Spark job against the executor function", "",
+                  "`jobs/infer_yolact.py` with `--master local[P]` (P tasks x 1 OpenVINO thread) and the rows' "
+                  "settings, over P x 8 images and over the large set (fresh outputs): its images/s beyond the fixed "
+                  "cost = (large images - small images) / (large wall - small wall), both walls timed from the "
+                  "command; fixed = the small run's wall minus its images at that rate.", "",
+                  "| model | precision | small: images, wall s | large: images, wall s | job img/s | fixed s | "
+                  "executor after img/s | job / executor |", "|---|---|---|---|---|---|---|---|"]
+        for r in jobs:
+            j, executor = r["job"], r["variants"]["after"]["images_per_s"]
+            lines.append(f"| {r['model']} | {r['precision']} | {j['small']['images']}, {j['small']['wall_s']} | "
+                         f"{j['large']['images']}, {j['large']['wall_s']} | {j['images_per_s']} | {j['fixed_s']} | "
+                         f"{executor} | **{ratio(j['images_per_s'], executor)}** |")
     notes = [f"- {r['model']} {r['precision']}: conf_thresh {r['conf_thresh']} (manifest "
              f"{r['manifest_conf_thresh']}) for ~100 detections per image" for r in results
              if r.get("conf_thresh") is not None]
@@ -310,6 +328,19 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
               f"mean): `{r['benchmark_app']['command']}`" for r in results if "benchmark_app" in r]
     lines += ["", "## Notes", "", *notes, ""]
     (out / "executor.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def measure_job(args, model_dir, precision: str, work: Path) -> dict:
+    """The Spark job (local[P], P tasks x 1 OpenVINO thread, the executor rows' settings: every detection written,
+    masks as RLE + PNG) over P x 8 and over --job-images bench images: its images/s beyond its fixed cost."""
+    small_count = args.processes * 8
+    small = bench_images.make_images(work / f"images-executor-{small_count}", small_count, sizes=EXECUTOR_SIZES)
+    large = bench_images.make_images(work / f"images-executor-{args.job_images}", args.job_images,
+                                     sizes=EXECUTOR_SIZES)
+    log.info("  Spark job, local[%d]: %d and %d images", args.processes, small_count, args.job_images)
+    return marginal_throughput(small, large, work / "scratch", [
+        "--model", str(model_dir), "--master", f"local[{args.processes}]", "--precision", precision,
+        "--score-threshold", "0", "--masks", "rle_and_png", "--batch-size", str(args.batch_size)])
 
 
 # -------------------------------------------------------------------------------------------------------- main
@@ -336,6 +367,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-before", action="store_true", help="skip the previous code's row")
     parser.add_argument("--no-boxes-only", action="store_true", help="skip the output.masks none row")
     parser.add_argument("--no-draft", action="store_true", help="skip the inference.jpeg_draft row")
+    parser.add_argument("--no-job", action="store_true", help="skip the Spark job row")
+    parser.add_argument("--job-images", type=int, default=512,
+                        help="bench images of the Spark job's large run (default 512; its small run has P x 8)")
     parser.add_argument("--work-dir", default=str(REPO / "work" / "bench"), help="images and scratch outputs")
     parser.add_argument("--out", default=str(REPO / "reports"), help="where executor.md and executor.json go")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before an executor run is abandoned")
@@ -397,6 +431,10 @@ def main(argv=None) -> int:
                     log.info("  %s img/s, %s det/img, stages %s", result["images_per_s"],
                              result["detections_per_image"], result["stage_s_per_image"])
                     row["variants"][variant] = result
+                if not args.no_job and manifest.model == "yolact" and conf == row["manifest_conf_thresh"]:
+                    row["job"] = measure_job(args, model_dir, precision, work)
+                    log.info("  job: %s img/s beyond a fixed %s s", row["job"]["images_per_s"],
+                             row["job"]["fixed_s"])
                 # again after the executor runs: the ceiling is the mean, and the spread shows load drift
                 again = run_benchmark_app(manifest.path("ir_xml"), precision, args.processes, args.seconds)
                 first = row["benchmark_app"]["images_per_s"]

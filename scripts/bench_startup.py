@@ -20,12 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,33 +31,14 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from bench import images as bench_images  # noqa: E402
+from bench.job_runs import run_job  # noqa: E402
 from bench_planning import cpu_isa  # noqa: E402
 
-PROGRESS = re.compile(r"\[sparkseg\] \d+/\d+ images")
 CONFIGS = {   # the driver JVM's flags: a caller's own CDS or JIT flags replace the job's (spark_session.quick_start_options)
     "quick start": [],
     "archive, C2": ["--conf", "spark.driver.extraJavaOptions=-XX:+TieredCompilation"],
     "JVM defaults": ["--conf", "spark.driver.extraJavaOptions=-Xshare:auto -XX:+TieredCompilation"],
 }
-
-
-def run_job(args: list[str], timeout_s: float = 900) -> dict:
-    """One job as a subprocess: wall seconds, seconds to the first progress line, lines printed, summary.json."""
-    command = [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), *args]
-    started = time.monotonic()
-    first_progress, lines = None, []
-    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        for line in proc.stdout:   # ends when the job exits (its output pipe closes); the wait below is bounded
-            lines.append(line.rstrip("\n"))
-            if first_progress is None and PROGRESS.search(line):
-                first_progress = time.monotonic() - started
-        code = proc.wait(timeout=timeout_s)
-    wall = time.monotonic() - started
-    if code != 0:
-        raise SystemExit(f"error: {' '.join(command)} exited {code}:\n" + "\n".join(lines[-30:]))
-    output = Path(args[args.index("--output") + 1])
-    summary = json.loads((output / "summary.json").read_text())
-    return {"wall_s": wall, "first_progress_s": first_progress, "lines": len(lines), "summary": summary}
 
 
 def model_seconds(summary: dict) -> float:

@@ -10,7 +10,7 @@ import torchvision
 from pipelines.ops.image_ops import resize_bilinear
 from pipelines.ops.yolact_postprocess import (
     Detections, assemble_masks, box_pixels, crop_masks, decode_boxes, detect, instance_masks, make_priors,
-    mask_probabilities, postprocess,
+    mask_probabilities, pairwise_iou, postprocess,
 )
 
 LEVELS_550 = [(69, 69), (35, 35), (18, 18), (9, 9), (5, 5)]
@@ -248,6 +248,50 @@ def test_fast_nms_matches_plain_torch_reference(seed, top_k, max_num):
     det = detect(*head, top_k=top_k, max_num_detections=max_num)
     assert len(det) > 6  # NMS removed some but not all
     assert_same_detections(det, torch_fast_nms(*head, top_k=top_k, max_num=max_num))
+
+
+
+def full_fast_nms_detect(loc, conf, mask, priors, conf_thresh=0.05, nms_thresh=0.5, top_k=200, max_num=100):
+    """The previous Fast NMS, kept as the reference: every class's top_k decided, then the max_num best (stable)."""
+    fg = conf[:, 1:]
+    candidates = np.flatnonzero(fg.max(axis=1) > conf_thresh)
+    boxes, coeffs = decode_boxes(loc[candidates], priors[candidates]), mask[candidates]
+    scores = np.ascontiguousarray(fg[candidates].T)
+    k = min(top_k, scores.shape[1])
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    class_boxes = boxes[order]
+    keep = np.triu(pairwise_iou(class_boxes, class_boxes), k=1).max(axis=1) <= nms_thresh
+    rows = np.broadcast_to(np.arange(order.shape[0])[:, None], order.shape)
+    rows, cols = rows[keep], order[keep]
+    kept = scores[rows, cols]
+    best = np.argsort(-kept, kind="stable")[:max_num]
+    return boxes[cols[best]], coeffs[cols[best]], rows[best], kept[best]
+
+
+@pytest.mark.parametrize("seed, num_classes, top_k, max_num, levels", [
+    (0, 80, 200, 100, 0),      # R50-like: many classes, few decisions needed
+    (1, 80, 200, 100, 7),      # scores on 7 levels: ties everywhere, also at the cut-off
+    (2, 4, 200, 100, 0),       # few classes: the cut-off needs most entries
+    (3, 80, 200, 300, 3),      # more detections wanted than the first budget holds
+    (4, 80, 50, 1000, 0),      # everything
+    (5, 30, 200, 100, -1),     # near-identical boxes: one kept per class, so every decision is needed
+])
+def test_fast_nms_deciding_only_what_the_best_need_equals_deciding_all(seed, num_classes, top_k, max_num, levels):
+    loc, conf, mask, priors = random_head(seed, n=300, num_classes=num_classes)
+    if levels < 0:   # and each class scoring above the next: the first classes fill the first budget
+        priors[:] = priors[0]
+        loc *= 0.01
+        conf[:, 1:] = conf[:, 1:] * 0.01 + np.linspace(0.3, 0.06, num_classes, dtype=np.float32)
+    if levels > 0:
+        fg = conf[:, 1:]
+        conf[:, 1:] = np.round(fg / fg.max() * levels) / levels * 0.3
+    det = detect(loc, conf, mask, priors, top_k=top_k, max_num_detections=max_num)
+    boxes, coeffs, classes, scores = full_fast_nms_detect(loc, conf, mask, priors, top_k=top_k, max_num=max_num)
+    assert len(det) == min(max_num, len(full_fast_nms_detect(loc, conf, mask, priors, top_k=top_k, max_num=10**6)[3]))
+    np.testing.assert_array_equal(det.classes, classes)
+    np.testing.assert_array_equal(det.scores, scores)
+    np.testing.assert_array_equal(det.boxes, boxes)
+    np.testing.assert_array_equal(det.coeffs, coeffs)
 
 
 @pytest.mark.parametrize("seed", [4, 5])

@@ -66,19 +66,18 @@ def bilinear_row_blocks(x: np.ndarray, rows: AxisTable, cols: AxisTable,
     # The source rows the output rows need (at most 2 per output row): when upsampling, the contiguous range
     # between the first and the last (no sort); when downsampling, only those rows.
     first, last = int(y0[0]), int(y1[-1])
-    if last - first < 2 * n_out_rows:
-        src_rows = np.arange(first, last + 1)
-        p0, p1 = y0 - first, y1 - first
+    contiguous = last - first < 2 * n_out_rows
+    if contiguous:
+        n_src, p0, p1 = last - first + 1, y0 - first, y1 - first
     else:
         src_rows = np.unique(np.concatenate([y0, y1]))
-        p0, p1 = np.searchsorted(src_rows, y0), np.searchsorted(src_rows, y1)
+        n_src, p0, p1 = len(src_rows), np.searchsorted(src_rows, y0), np.searchsorted(src_rows, y1)
 
     # Width pass over those rows, gathered in the source's dtype and converted after (exact).
-    by_width = np.empty((len(src_rows), n_out_cols) + trailing, dtype=np.float32)
+    by_width = np.empty((n_src, n_out_cols) + trailing, dtype=np.float32)
     step = max(1, block_elements // max(1, x.shape[1] * channels, n_out_cols * channels))
-    contiguous = int(src_rows[-1]) - first == len(src_rows) - 1
-    for start in range(0, len(src_rows), step):
-        stop = min(start + step, len(src_rows))
+    for start in range(0, n_src, step):
+        stop = min(start + step, n_src)
         src = x[first + start:first + stop] if contiguous else x[src_rows[start:stop]]
         left = np.take(src, x0, axis=1).astype(np.float32, copy=False).reshape(len(src), -1)
         left *= wx0

@@ -133,7 +133,7 @@ def detect(loc: np.ndarray, conf: np.ndarray, mask: np.ndarray, priors: np.ndarr
     scores = np.ascontiguousarray(foreground[candidates].T)      # [C, n]
 
     if nms == "fast":
-        rows, cols = _fast_nms(boxes, scores, nms_thresh, top_k)
+        rows, cols = _fast_nms(boxes, scores, nms_thresh, top_k, max_num_detections)
     elif nms == "per_class":
         rows, cols = _per_class_nms(boxes, scores, nms_thresh, conf_thresh)
     else:
@@ -175,18 +175,39 @@ def _top_k_desc(scores: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(idx, order, axis=1)
 
 
-def _fast_nms(boxes, scores, nms_thresh, top_k):
-    """Fast NMS per class (SPEC 6.2) -> (class rows, candidate cols) of the kept entries, class-major."""
-    n_classes = scores.shape[0]
+def _fast_nms(boxes, scores, nms_thresh, top_k, max_num_detections):
+    """Fast NMS per class (SPEC 6.2) -> (class rows, candidate cols) of the kept entries, class-major, as far as
+    the max_num_detections best kept entries need: the decision of each class's entries scoring >= tau, tau
+    lowered until at least max_num_detections of them are kept. Exact: an entry's decision depends only on the
+    higher-scored entries of its class (all scoring >= tau too), and every entry left undecided scores below tau,
+    so below every kept entry returned (R50 550's 80 classes x 200: ~30x fewer IoUs)."""
     order = _top_k_desc(scores, min(top_k, scores.shape[1]))  # [C, K]
-    keep = np.empty(order.shape, dtype=bool)
-    for start in range(0, n_classes, _FAST_NMS_CLASS_BLOCK):
-        block = order[start:start + _FAST_NMS_CLASS_BLOCK]
-        class_boxes = boxes[block]  # [c, K, 4]
-        iou = np.triu(pairwise_iou(class_boxes, class_boxes), k=1)  # iou[c, i, j], i scored above j
-        keep[start:start + len(block)] = iou.max(axis=1) <= nms_thresh
-    rows = np.broadcast_to(np.arange(n_classes)[:, None], order.shape)
+    ranked = np.take_along_axis(scores, order, axis=1)        # [C, K], descending along each row
+    descending = np.sort(ranked, axis=None)[::-1]
+    budget = 4 * max_num_detections
+    while True:
+        tau = descending[budget - 1] if budget < descending.size else -np.inf
+        keep = _fast_nms_prefixes(boxes, order, (ranked >= tau).sum(axis=1), nms_thresh)
+        if tau == -np.inf or np.count_nonzero(keep) >= max_num_detections:
+            break
+        budget *= 4
+    rows = np.broadcast_to(np.arange(order.shape[0])[:, None], order.shape)
     return rows[keep], order[keep]
+
+
+def _fast_nms_prefixes(boxes, order, depth, nms_thresh) -> np.ndarray:
+    """Fast NMS decisions of the first depth[c] entries of each class row of order [C, K] -> keep [C, K] bool
+    (False beyond each class's depth): entry j is kept iff no higher-scored entry i < j of its class has
+    IoU > nms_thresh with it."""
+    keep = np.zeros(order.shape, dtype=bool)
+    classes = np.flatnonzero(depth)
+    width = int(depth.max(initial=0))
+    for start in range(0, len(classes), _FAST_NMS_CLASS_BLOCK):
+        block = classes[start:start + _FAST_NMS_CLASS_BLOCK]
+        class_boxes = boxes[order[block, :width]]                        # [c, D, 4]
+        iou = np.triu(pairwise_iou(class_boxes, class_boxes), k=1)      # iou[c, i, j], i scored above j
+        keep[block, :width] = (iou.max(axis=1) <= nms_thresh) & (np.arange(width) < depth[block, None])
+    return keep
 
 
 def _greedy_nms(boxes: np.ndarray, nms_thresh: float, block: int = 256) -> np.ndarray:
@@ -267,9 +288,13 @@ def mask_probabilities(coeffs: np.ndarray, proto: np.ndarray) -> np.ndarray:
                          f"got proto {proto.shape} and coeffs {coeffs.shape}")
     height, width, mask_dim = proto.shape
     logits = proto.reshape(-1, mask_dim) @ coeffs.T  # [Ph*Pw, n]
+    probs = np.ascontiguousarray(logits.T)           # [n, Ph*Pw]; then 1 / (1 + exp(-x)) in place, op by op
+    np.negative(probs, out=probs)
     with np.errstate(over="ignore"):
-        probs = np.float32(1) / (np.float32(1) + np.exp(-logits))
-    return np.ascontiguousarray(probs.T).reshape(-1, height, width)
+        np.exp(probs, out=probs)
+    probs += np.float32(1)
+    np.divide(np.float32(1), probs, out=probs)
+    return probs.reshape(-1, height, width)
 
 
 def crop_windows(boxes: np.ndarray, proto_height: int, proto_width: int,
