@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.ops.image_decode import REASONS, ImageDecodeError, decode_image, decode_image_reduced, image_size
+from pipelines.ops.image_decode import (REASONS, ImageDecodeError, decode_image, decode_image_reduced, image_size,
+                                       reuse_decode_memory)
 from tests.bad_inputs import (CMYK_QUADRANTS, LARGE_NAME, PALETTE_COLORS, build_bad_input_corpus, exif_pattern,
                               gray16_pattern, png_header_only)
 
@@ -235,3 +236,17 @@ def test_reduced_jpeg_decode_keeps_the_full_size_and_at_least_the_network_side(c
     assert size == (800, 600)
     with pytest.raises(ImageDecodeError, match="over the limit"):
         decode_image_reduced(data, "exif.jpg", (8, 8), max_pixels=100)
+
+
+def test_decoding_with_reused_memory_blocks_gives_the_same_pixels():
+    rng = np.random.default_rng(0)
+    encoded = []
+    for size in ((1920, 1080), (640, 480), (1920, 1080)):
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(buffer, "JPEG")
+        encoded.append(buffer.getvalue())
+    before = [decode_image(data, "x.jpg") for data in encoded]
+    reuse_decode_memory()
+    assert Image.core.get_blocks_max() >= 2
+    for data, expected in zip(encoded, before):
+        np.testing.assert_array_equal(decode_image(data, "x.jpg"), expected)

@@ -19,7 +19,7 @@ import pandas as pd
 from pipelines.io.storage import Location
 from pipelines.job_config import check_output_options
 from pipelines.inference.executor_cache import LazyModel
-from pipelines.ops.image_decode import decode_image, decode_image_reduced
+from pipelines.ops.image_decode import decode_image, decode_image_reduced, reuse_decode_memory
 from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
 from pipelines.ops.preprocess import preprocess_rgb
 from pipelines.results.result_rows import (INSTANCES_TYPE, MAX_MESSAGE, RESULT_COLUMNS, RESULT_SCHEMA,  # noqa: F401
@@ -49,6 +49,7 @@ def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeS
 
         local_dir = SparkFiles.get(os.path.basename(model_dir.rstrip("/")) + ".zip")   # unpacked by addArchive
     manifest = load_manifest(local_dir, verify=True)
+    reuse_decode_memory()
     if manifest.model_sha256 != expected_sha256:
         raise ModelManifestError(f"{local_dir}: manifest sha256 {manifest.model_sha256[:12]} differs from the "
                                  f"driver's {expected_sha256[:12]}: the model changed while the job ran")
