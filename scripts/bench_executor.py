@@ -4,7 +4,7 @@
     python scripts/bench_executor.py --processes 2 --precisions f32,bf16 --r50 --detector
     python scripts/bench_executor.py --model path/to/export --images 64
 
-Per model and precision, in one run:
+Per model and precision, in one run, in --rounds interleaved rounds (medians of per-round ratios reported):
 - benchmark_app on the IR with P streams x 1 thread (model only: no decode, no postprocess), the ceiling;
 - the executor function (`ImageInference.__call__` as mapInPandas calls it, pandas batches with a `content`
   column) in P processes x 1 OpenVINO thread (1 stream), masks written (RLE + PNG label maps under a scratch
@@ -31,6 +31,7 @@ import multiprocessing as mp
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -252,6 +253,9 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         "(1 stream), batches of %d, masks written (RLE + PNG label maps), every detection written; "
         "images/s = images / (last end - common start), after model load and one warm-up image" % args.batch_size,
         "- benchmark_app: P streams x P threads (1 per stream), `-hint none`, same IR and precision, model only",
+        f"- {args.rounds} rounds of [benchmark_app, model only, the variants], closed by one more benchmark_app: a "
+        "ratio is the median over rounds of the variant's img/s over the mean of the benchmark_app runs just before "
+        "and after it in that round (the machine's speed may drift over minutes); img/s columns: the median round",
         "- before: the previous per-image code (full-size masks, RLE and label map; tests/reference_postprocess.py)"
         "; after: the current code; boxes only: `output.masks: none`; jpeg_draft: after with "
         "`inference.jpeg_draft: true` (reduced-size JPEG decode: faster, but the model sees other pixels)",
@@ -269,13 +273,13 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         ceiling = r["benchmark_app"]["images_per_s"]
         v = r["variants"]
         get = lambda name: v.get(name, {}).get("images_per_s")  # noqa: E731
+        rat = lambda name: round(r["ratios"][name], 3) if name in r["ratios"] else ""  # noqa: E731
         lines.append(
             f"| {r['model']} | {r['input']} | {r['precision']} | {r['processes']} | {v['after']['images']} | "
-            f"{v['after']['detections_per_image']} | {ceiling} | {get('before')} | {ratio(get('before'), ceiling)} | "
-            f"{get('after')} | **{ratio(get('after'), ceiling)}** | "
+            f"{v['after']['detections_per_image']} | {ceiling} | {get('before') or ''} | {rat('before')} | "
+            f"{get('after')} | **{rat('after')}** | "
             f"{round(get('after') / get('before'), 2) if get('before') else ''} | {get('after_boxes') or ''} | "
-            f"{ratio(get('after_boxes'), ceiling) or ''} | {get('after_draft') or ''} | "
-            f"{ratio(get('after_draft'), ceiling) or ''} |")
+            f"{rat('after_boxes')} | {get('after_draft') or ''} | {rat('after_draft')} |")
     lines += ["", "## CPU time per image (robust to other work on the machine)", "",
               "CPU ms per image, summed over the P processes, over the timed loop (after load and warm-up): "
               "'model only' runs just the compiled IR's infer on the same preprocessed images in the same harness "
@@ -290,7 +294,7 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         cells = []
         for v in VARIANTS:
             cpu = r["variants"].get(v, {}).get("cpu_s_per_image")
-            cells.append(f"{cpu * 1000:.1f} | {ratio(base, cpu)}" if cpu else " | ")
+            cells.append(f"{cpu * 1000:.1f} | {round(r['cpu_ratios'][v], 3)}" if cpu else " | ")
         lines.append(f"| {r['model']} | {r['precision']} | {base * 1000 if base else 0:.1f} | " + " | ".join(cells)
                      + " |")
     lines += ["", "## Per-stage split (ms per image, summed over processes; share of the summed stage time) and "
@@ -323,21 +327,68 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
              if r.get("conf_thresh") is not None]
     notes += [f"- {r['model']} {r['precision']} {name}: {v['failed']} images failed, e.g. {v['errors'][:1]}"
               for r in results for name, v in r.get("variants", {}).items() if v["failed"]]
-    notes += [f"- {r['model']} {r['precision']}: benchmark_app {r['benchmark_app'].get('first_images_per_s')} img/s "
-              f"before the executor runs and {r['benchmark_app'].get('last_images_per_s')} after (the table has the "
-              f"mean): `{r['benchmark_app']['command']}`" for r in results if "benchmark_app" in r]
+    notes += [f"- {r['model']} {r['precision']}: benchmark_app runs {r['benchmark_app']['runs_images_per_s']} img/s "
+              f"(the table has the median); ratios per round: after "
+              f"{[round(x['ratios']['after'], 3) for x in r['rounds']]}; executor after img/s per round "
+              f"{r['variants']['after']['rounds_images_per_s']}: `{r['benchmark_app']['command']}`"
+              for r in results if "rounds" in r]
     lines += ["", "## Notes", "", *notes, ""]
     (out / "executor.md").write_text("\n".join(lines), encoding="utf-8")
 
 
-def measure_job(args, model_dir, precision: str, work: Path) -> dict:
+def measure_rounds(args, row: dict, manifest, precision: str, conf, variants: list[str], image_dir: Path,
+                   paths: list[Path], work: Path) -> None:
+    """--rounds rounds of [benchmark_app, model only, each variant], closed by one more benchmark_app: a variant's
+    ratio in a round is its img/s over the mean of the benchmark_app runs just before and after it (this machine's
+    speed drifts by 20 % over minutes: only neighbours in time compare). The row gets the median over rounds of
+    every figure and of every ratio."""
+    ceilings = [run_benchmark_app(manifest.path("ir_xml"), precision, args.processes, args.seconds)]
+    rounds = []
+    for number in range(args.rounds):
+        log.info("%s %s, round %d: benchmark_app %s img/s", row["model"], precision, number + 1,
+                 ceilings[-1]["images_per_s"])
+        results = {"model_only": run_executor(make_task(manifest, "after", precision, conf, work / "scratch",
+                                                        image_dir), paths, args.processes, args.batch_size,
+                                              args.timeout, model_only=True)}
+        for variant in variants:
+            output = work / "executor-out" / f"{manifest.model_sha256[:12]}-{precision}-{variant}"
+            task = make_task(manifest, variant, precision, conf, output, image_dir)
+            results[variant] = run_executor(task, paths, args.processes, args.batch_size, args.timeout)
+            log.info("  %s: %s img/s, %s det/img, stages %s", variant, results[variant]["images_per_s"],
+                     results[variant]["detections_per_image"], results[variant]["stage_s_per_image"])
+        ceilings.append(run_benchmark_app(manifest.path("ir_xml"), precision, args.processes, args.seconds))
+        ceiling = (ceilings[-2]["images_per_s"] + ceilings[-1]["images_per_s"]) / 2
+        results["ratios"] = {v: results[v]["images_per_s"] / ceiling for v in ["model_only", *variants]}
+        results["cpu_ratios"] = {v: results["model_only"]["cpu_s_per_image"] / results[v]["cpu_s_per_image"]
+                                 for v in variants}
+        rounds.append(results)
+
+    def median_of(values):
+        return round(statistics.median(values), 5)
+
+    row["rounds"] = [{"ratios": r["ratios"], "cpu_ratios": r["cpu_ratios"]} for r in rounds]
+    row["benchmark_app"] = {**ceilings[0], "images_per_s": median_of([c["images_per_s"] for c in ceilings]),
+                            "runs_images_per_s": [c["images_per_s"] for c in ceilings],
+                            "cpu_s_per_image": min(c["cpu_s_per_image"] for c in ceilings if c["cpu_s_per_image"])}
+    row["ratios"] = {v: median_of([r["ratios"][v] for r in rounds]) for v in rounds[0]["ratios"]}
+    row["cpu_ratios"] = {v: median_of([r["cpu_ratios"][v] for r in rounds]) for v in variants}
+    row["model_only"] = median_result([r["model_only"] for r in rounds])
+    row["variants"] = {v: median_result([r[v] for r in rounds]) for v in variants}
+
+
+def median_result(results: list[dict]) -> dict:
+    """The round whose img/s is the median (the other rounds' img/s listed beside it)."""
+    ordered = sorted(results, key=lambda r: r["images_per_s"])
+    return {**ordered[len(ordered) // 2], "rounds_images_per_s": [r["images_per_s"] for r in results]}
+
+
+def measure_job(args, model_dir, precision: str, work: Path, large_count: int) -> dict:
     """The Spark job (local[P], P tasks x 1 OpenVINO thread, the executor rows' settings: every detection written,
     masks as RLE + PNG) over P x 8 and over --job-images bench images: its images/s beyond its fixed cost."""
     small_count = args.processes * 8
     small = bench_images.make_images(work / f"images-executor-{small_count}", small_count, sizes=EXECUTOR_SIZES)
-    large = bench_images.make_images(work / f"images-executor-{args.job_images}", args.job_images,
-                                     sizes=EXECUTOR_SIZES)
-    log.info("  Spark job, local[%d]: %d and %d images", args.processes, small_count, args.job_images)
+    large = bench_images.make_images(work / f"images-executor-{large_count}", large_count, sizes=EXECUTOR_SIZES)
+    log.info("  Spark job, local[%d]: %d and %d images", args.processes, small_count, large_count)
     return marginal_throughput(small, large, work / "scratch", [
         "--model", str(model_dir), "--master", f"local[{args.processes}]", "--precision", precision,
         "--score-threshold", "0", "--masks", "rle_and_png", "--batch-size", str(args.batch_size)])
@@ -367,9 +418,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-before", action="store_true", help="skip the previous code's row")
     parser.add_argument("--no-boxes-only", action="store_true", help="skip the output.masks none row")
     parser.add_argument("--no-draft", action="store_true", help="skip the inference.jpeg_draft row")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of benchmark_app and the executor runs, interleaved; medians reported")
     parser.add_argument("--no-job", action="store_true", help="skip the Spark job row")
     parser.add_argument("--job-images", type=int, default=512,
-                        help="bench images of the Spark job's large run (default 512; its small run has P x 8)")
+                        help="bench images of the Spark job's large run (default 512, 4 x --large-model-images "
+                             "for large models; its small run has P x 8)")
     parser.add_argument("--work-dir", default=str(REPO / "work" / "bench"), help="images and scratch outputs")
     parser.add_argument("--out", default=str(REPO / "reports"), help="where executor.md and executor.json go")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before an executor run is abandoned")
@@ -409,40 +463,15 @@ def main(argv=None) -> int:
             try:
                 conf, mean = calibrate_conf(manifest, paths, precision, target=90)
                 row.update(conf_thresh=conf, calibration_detections=mean)
-                log.info("%s %s: benchmark_app, %d streams x 1 thread", name, precision, args.processes)
-                row["benchmark_app"] = run_benchmark_app(manifest.path("ir_xml"), precision, args.processes,
-                                                     args.seconds)
-                log.info("  %s img/s", row["benchmark_app"]["images_per_s"])
-                row["variants"] = {}
-                log.info("%s %s: model only in the same harness", name, precision)
-                row["model_only"] = run_executor(make_task(manifest, "after", precision, conf, work / "scratch",
-                                                           image_dir), paths, args.processes, args.batch_size,
-                                                 args.timeout, model_only=True)
-                log.info("  %s img/s", row["model_only"]["images_per_s"])
                 variants = [v for v in VARIANTS if not (v == "before" and args.no_before)
                             and not (v == "after_boxes" and (args.no_boxes_only or manifest.model != "yolact"))
                             and not (v == "after_draft" and args.no_draft)]
-                for variant in variants:
-                    output = work / "executor-out" / f"{manifest.model_sha256[:12]}-{precision}-{variant}"
-                    task = make_task(manifest, variant, precision, conf, output, image_dir)
-                    log.info("%s %s: executor %s (%d images, %d processes)", name, precision, variant, len(paths),
-                             args.processes)
-                    result = run_executor(task, paths, args.processes, args.batch_size, args.timeout)
-                    log.info("  %s img/s, %s det/img, stages %s", result["images_per_s"],
-                             result["detections_per_image"], result["stage_s_per_image"])
-                    row["variants"][variant] = result
+                measure_rounds(args, row, manifest, precision, conf, variants, image_dir, paths, work)
                 if not args.no_job and manifest.model == "yolact" and conf == row["manifest_conf_thresh"]:
-                    row["job"] = measure_job(args, model_dir, precision, work)
+                    large = args.job_images if count == args.images else 4 * count
+                    row["job"] = measure_job(args, model_dir, precision, work, large)
                     log.info("  job: %s img/s beyond a fixed %s s", row["job"]["images_per_s"],
                              row["job"]["fixed_s"])
-                # again after the executor runs: the ceiling is the mean, and the spread shows load drift
-                again = run_benchmark_app(manifest.path("ir_xml"), precision, args.processes, args.seconds)
-                first = row["benchmark_app"]["images_per_s"]
-                cpus = [c for c in (row["benchmark_app"]["cpu_s_per_image"], again["cpu_s_per_image"]) if c]
-                row["benchmark_app"].update(first_images_per_s=first, last_images_per_s=again["images_per_s"],
-                                            images_per_s=round((first + again["images_per_s"]) / 2, 3),
-                                            cpu_s_per_image=round(min(cpus), 5) if cpus else None)
-                log.info("  benchmark_app again: %s img/s", again["images_per_s"])
             except Exception as err:  # noqa: BLE001  (one failed row must not lose the others)
                 log.exception("%s %s failed", name, precision)
                 row["error"] = f"{type(err).__name__}: {err}"[:300]
