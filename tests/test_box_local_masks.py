@@ -180,6 +180,8 @@ def assert_executor_postprocess_equals_previous(model_dir: Path, paths: list[Pat
     for path in paths:
         rgb = decode_image(path.read_bytes(), str(path))
         np.testing.assert_array_equal(preprocess_rgb(rgb, manifest.input), ref.preprocess_rgb(rgb, manifest.input))
+        shared = decode_image(path.read_bytes(), str(path), shared_memory=True)   # what the executors decode
+        np.testing.assert_array_equal(preprocess_rgb(shared, manifest.input), ref.preprocess_rgb(rgb, manifest.input))
         out = ir.infer_one(preprocess_rgb(rgb, manifest.input))
         raw = {role: out[name] for role, name in manifest.outputs.items()}
         row = new_row(type("Record", (), {"path": "file:" + str(path)})())

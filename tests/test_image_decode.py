@@ -250,3 +250,33 @@ def test_decoding_with_reused_memory_blocks_gives_the_same_pixels():
     assert Image.core.get_blocks_max() >= 2
     for data, expected in zip(encoded, before):
         np.testing.assert_array_equal(decode_image(data, "x.jpg"), expected)
+
+
+def test_shared_memory_decode_gives_the_same_pixels_without_a_copy():
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    jpeg, png = _encode(Image.fromarray(pixels), "JPEG", quality=90), _encode(Image.fromarray(pixels), "PNG")
+    gray = _encode(Image.fromarray(pixels[:, :, 0]), "PNG")
+    shared = [decode_image(data, "x", shared_memory=True) for data in (jpeg, png, gray)]
+    # RGB: Pillow's own 4-byte pixels, read-only; the first three channels are decode_image's pixels
+    for data, rgbx in zip((jpeg, png), shared):
+        assert rgbx.shape == (480, 640, 4) and not rgbx.flags.writeable
+        np.testing.assert_array_equal(rgbx[:, :, :3], decode_image(data, "x"))
+    np.testing.assert_array_equal(shared[1][:, :, :3], pixels)
+    # other modes are converted as usual
+    np.testing.assert_array_equal(shared[2], decode_image(gray, "x"))
+    # the shared memory outlives its image while other images are decoded (freed blocks are reused)
+    reuse_decode_memory()
+    for _ in range(4):
+        decode_image(_encode(Image.new("RGB", (1500, 1500), (7, 8, 9)), "PNG"), "other", shared_memory=True)
+    np.testing.assert_array_equal(shared[1][:, :, :3], pixels)
+
+
+def test_shared_memory_decode_of_an_image_over_one_memory_block_is_a_copy():
+    # Pillow keeps images over its 16 MiB block in several blocks, which it cannot share: decode_image's array
+    rgb = np.zeros((1500, 3000, 3), np.uint8)
+    rgb[::7, ::5] = (200, 100, 50)
+    data = _encode(Image.fromarray(rgb), "PNG")
+    shared = decode_image(data, "big.png", shared_memory=True)
+    assert shared.shape == (1500, 3000, 3)
+    np.testing.assert_array_equal(shared, rgb)

@@ -141,7 +141,7 @@ class ImageInference:
             _, _, in_height, in_width = self.input_spec["shape"]
             rgb, size = decode_image_reduced(data, path, (int(in_width), int(in_height)), self.max_image_pixels)
             return preprocess_rgb(rgb, self.input_spec), size
-        rgb = decode_image(data, path, self.max_image_pixels)
+        rgb = decode_image(data, path, self.max_image_pixels, shared_memory=True)   # [H, W, 3 or 4]
         return preprocess_rgb(rgb, self.input_spec), (int(rgb.shape[1]), int(rgb.shape[0]))
 
     def infer_and_postprocess(self, pending: list[tuple[dict, np.ndarray]]) -> None:

@@ -75,17 +75,22 @@ def reuse_decode_memory(blocks: int = 2) -> None:
     Image.core.set_blocks_max(max(Image.core.get_blocks_max(), int(blocks)))
 
 
-def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS, *,
+                 shared_memory: bool = False) -> np.ndarray:
     """Decode encoded image bytes (JPEG, PNG, TIFF, ...) into an RGB array.
 
     data: the file's bytes; name: the input's path or URI (used in error messages only).
     Returns uint8 [H, W, 3], EXIF orientation applied. Raises ImageDecodeError.
+    shared_memory: where Pillow can share its own pixel memory, return that instead of a copy: read-only uint8
+    [H, W, 4], RGB plus one padding byte per pixel (Pillow's storage). For callers that resample and then drop
+    the fourth channel (the executors' preprocess): no copy of the image, and 4-byte pixels gather ~4x faster.
     """
     with _open(data, name) as image:
         _check_pixel_count(image.size, name, max_pixels)
         _load_pixels(image, name)
         _exif_transpose(image)
-        return _to_rgb_array(image, name)
+        pixels = _shared_rgbx(image) if shared_memory else None
+        return pixels if pixels is not None else _to_rgb_array(image, name)
 
 
 def decode_image_reduced(data: bytes, name: str, min_size: tuple[int, int],
@@ -179,6 +184,23 @@ def _exif_transpose(image: Image.Image) -> None:
         ImageOps.exif_transpose(image, in_place=True)  # in place: no copy of images without a tag
     except Exception:  # noqa: BLE001 - EXIF is metadata: unreadable orientation means "as stored"
         pass
+
+
+def _shared_rgbx(image: Image.Image) -> np.ndarray | None:
+    """An RGB image's pixel memory without a copy: read-only uint8 [H, W, 4], the fourth byte padding (Pillow
+    >= 11.2 shares its storage through the Arrow C data interface; the array keeps it alive after the image is
+    closed). None where it cannot: another mode, no pyarrow, an older Pillow, or rows in more than one memory
+    block (images over Pillow's 16 MiB block size)."""
+    if image.mode != "RGB" or not hasattr(image, "__arrow_c_array__"):
+        return None
+    width, height = image.size
+    try:
+        import pyarrow
+
+        pixels = pyarrow.array(image)       # fixed_size_list<uint8>[4], one per pixel
+        return pixels.flatten().to_numpy(zero_copy_only=True).reshape(height, width, 4)
+    except (ImportError, TypeError, ValueError):   # ValueError: "Image rows are not contiguous in memory"
+        return None
 
 
 def _to_rgb_array(image: Image.Image, name: str) -> np.ndarray:
