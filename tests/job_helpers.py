@@ -25,4 +25,6 @@ def job_config(input_dir: Path, output_dir: Path, model_dir: Path = DEFAULT_MODE
 
 
 def read_rows(spark, output_dir: Path, table: str) -> list:
-    return spark.read.parquet(str(output_dir / table)).collect()
+    from pipelines.io.storage import spark_read_path   # output directories may have glob characters in their names
+
+    return spark.read.parquet(spark_read_path(output_dir / table)).collect()

@@ -1,6 +1,7 @@
 """File and blob names as users have them: spaces, %, #, +, non-ASCII letters, uppercase extensions, a real zero-byte
-file. Every input ends up exactly once in detections/ or errors/, under the one path spelling the listing gives;
-the counts equal the number of files; a re-run skips them all (its resume keys match)."""
+file, Hadoop glob characters ([ ] { } * ? \\). Every input ends up exactly once in detections/ or errors/, under the
+one path spelling the listing gives; the counts equal the number of files; a re-run skips them all (its resume keys
+match)."""
 from __future__ import annotations
 
 import io
@@ -10,6 +11,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pyspark.sql import functions as F
+
+from pipelines.inference import image_sources as src
 from pipelines.inference.inference_job import run
 from tests.conftest import SAMPLES
 from tests.job_helpers import job_config, read_rows
@@ -17,6 +21,7 @@ from tests.job_helpers import job_config, read_rows
 GOOD_NAMES = ["a/b/UPPER CASE.JPG", "c/straße ünïcode.jpg", "c/100% #1 a+b.jpeg", "d/p%20already escaped.Png",
               "d/plain.jpg"]
 EMPTY_NAME = "c/zero byte ü.jpg"
+GLOB_NAMES = ["g/photo [1].jpg", "g/a{b,c}.jpg", "g/star*.jpg", "g/why?.jpg", "g/back\\slash.jpg", "h [2]/x.jpg"]
 
 
 def write_tree(root: Path, names: list[str]) -> None:
@@ -49,6 +54,26 @@ def test_every_local_name_is_counted_once_and_resumed(spark, tmp_path):
     assert third["counts"]["skipped"] == third["counts"]["inputs"] == len(GOOD_NAMES) + 2
     paths = [row.path for row in read_rows(spark, output, "detections")]
     assert len(paths) == len(set(paths)) == len(GOOD_NAMES) + 1
+
+
+def test_names_with_glob_characters_are_names(spark, tmp_path):
+    """Spark's file readers expand Hadoop globs in every path they are given ("photo [1].jpg" means "photo 1.jpg"):
+    input and output directories and file names with glob characters are read as themselves."""
+    images, output = tmp_path / "in [1]", tmp_path / "out {a,b}"
+    write_tree(images, GLOB_NAMES)
+    expected = sorted(f"file:{images / name}" for name in GLOB_NAMES)
+
+    summary = run(spark, job_config(images, output))
+    assert (summary["counts"]["inputs"], summary["counts"]["done"]) == (len(GLOB_NAMES), len(GLOB_NAMES))
+    assert sorted(row.path for row in read_rows(spark, output, "detections")) == expected
+    assert run(spark, job_config(images, output))["counts"]["skipped"] == len(GLOB_NAMES)   # read the table back
+
+    # the binaryFile read of a partial to-do by its paths (how hdfs:// and abfss:// inputs get their bytes)
+    listing = src.list_images(spark, str(images), [".jpg"])
+    todo = listing.where(~F.col("path").endswith("x.jpg"))
+    read = src.with_content(spark, todo, todo.count(), str(images), [".jpg"], True, all_listed=False).collect()
+    assert sorted(row.path for row in read) == [path for path in expected if not path.endswith("/x.jpg")]
+    assert all(len(row.content) == row.size > 0 for row in read)
 
 
 def test_every_blob_name_is_counted_once_and_resumed(spark, azurite, monkeypatch, tmp_path):

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.errors import UsageError
-from pipelines.io.storage import to_spark_uri
+from pipelines.io.storage import spark_read_path, to_spark_uri
 from pipelines.io.uris import hadoop_path_string, store_of  # noqa: F401 (re-exported)
 
 LISTING_SCHEMA = T.StructType([
@@ -52,12 +52,11 @@ def list_images(spark: SparkSession, uri: str, extensions: list[str], recursive:
 
         rows = list_blobs(uri, extensions, azure_credentials)
         return spark.createDataFrame([tuple(r) for r in rows], LISTING_SCHEMA)
-    spark_uri = to_spark_uri(uri)
     try:
         listing = (spark.read.format("binaryFile")
                    .option("recursiveFileLookup", str(bool(recursive)).lower())
                    .option("pathGlobFilter", extension_glob(extensions))
-                   .load(spark_uri))
+                   .load(spark_read_path(uri)))
         listing.schema  # noqa: B018  (forces the path check now, on the driver)
     except Exception as err:  # AnalysisException, Py4JJavaError: both carry the reason in the message
         text = str(err).splitlines()[0]
@@ -173,9 +172,9 @@ def with_content(spark: SparkSession, todo: DataFrame, todo_count: int, uri: str
     reader = spark.read.format("binaryFile")
     if all_listed:
         source = (reader.option("recursiveFileLookup", str(bool(recursive)).lower())
-                  .option("pathGlobFilter", extension_glob(extensions)).load(to_spark_uri(uri)))
+                  .option("pathGlobFilter", extension_glob(extensions)).load(spark_read_path(uri)))
     else:
-        source = reader.load([row.path for row in todo.select("path").toLocalIterator()])
+        source = reader.load([spark_read_path(row.path) for row in todo.select("path").toLocalIterator()])
     small = F.broadcast(todo) if todo_count <= BROADCAST_LISTING_MAX_ROWS else todo
     read = source.select("path", "content").join(small, "path")
     # zero-byte files are not in Spark's scan: they go on without content (and become "empty" error rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from pipelines.io.uris import (AZURE_SCHEMES, has_extension, is_azure, is_hidden
 
 # fsspec schemes whose Hadoop (Spark) spelling differs.
 _SPARK_SCHEMES = {"s3": "s3a"}
+# Characters with a meaning in Hadoop glob patterns (FileSystem.globStatus): escaped by a backslash.
+_HADOOP_GLOB_CHARACTERS = re.compile(r"([\\*?\[\]{}])")
 
 
 def to_spark_uri(uri: str | os.PathLike, account: str | None = None) -> str:
@@ -49,6 +52,14 @@ def to_spark_uri(uri: str | os.PathLike, account: str | None = None) -> str:
     if scheme in _SPARK_SCHEMES:
         return _SPARK_SCHEMES[scheme] + text[len(scheme):]
     return text
+
+
+def spark_read_path(uri: str | os.PathLike, account: str | None = None) -> str:
+    """`to_spark_uri(uri)` for a Spark file reader (``spark.read...load/parquet``), which expands every path it is
+    given as a Hadoop glob: `photo [1].jpg` would mean "photo 1.jpg" (and "does not exist"), `a{b,c}` two names. The
+    glob characters (``* ? [ ] { } \\``) are escaped, so the path names only itself; the rows read carry the real
+    paths."""
+    return _HADOOP_GLOB_CHARACTERS.sub(r"\\\1", to_spark_uri(uri, account))
 
 
 

@@ -15,7 +15,7 @@ import json
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.io.storage import Location
+from pipelines.io.storage import Location, spark_read_path
 from pipelines.results.result_rows import FRAME_COLUMNS, STAGES
 from pipelines.io.uris import store_of
 
@@ -99,7 +99,8 @@ def read_table(spark: SparkSession, table: Location | str) -> DataFrame | None:
             return None
         schema = table_schema(spark, table_uri)   # files of runs before the frame columns lack them: read as null
         try:
-            return with_frame_columns((spark.read if schema is None else spark.read.schema(schema)).parquet(table_uri))
+            reader = spark.read if schema is None else spark.read.schema(schema)
+            return with_frame_columns(reader.parquet(spark_read_path(table_uri)))
         except Exception:  # noqa: BLE001  (a directory without Parquet files yet, e.g. a killed first wave)
             return None
     import io

@@ -135,7 +135,8 @@ def _class_index(dataset: Dataset, spec: PrepareSpec) -> dict[int, int]:
 def _check_images(spark: SparkSession, annotated: DataFrame, images_uri: str) -> DataFrame:
     """Join the image bytes and give each row a skip reason (NULL when usable)."""
     root = storage.to_spark_uri(images_uri).rstrip("/")
-    files = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(root)
+    files = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+             .load(storage.spark_read_path(images_uri).rstrip("/")))
     from pipelines.io.output_paths import qualify_root
 
     qualified = qualify_root(spark, root).rstrip("/") + "/"
@@ -194,4 +195,4 @@ def _write(checked: DataFrame, out_uri: str) -> None:
 
 def read_skipped(spark: SparkSession, out_uri: str) -> pd.DataFrame:
     """The skipped images of a preparation (file_name, split, reason, message)."""
-    return spark.read.parquet(storage.to_spark_uri(out_uri).rstrip("/") + "/skipped").toPandas()
+    return spark.read.parquet(storage.spark_read_path(out_uri).rstrip("/") + "/skipped").toPandas()
