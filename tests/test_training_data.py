@@ -17,21 +17,21 @@ CLASSES = ("pothole", "crack", "patch", "puddle")
 
 
 def test_bad_images_are_counted_and_skipped(spark, tiny_roads, tmp_path):
-    cfg = resolve_paths(tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run"))
+    cfg = resolve_paths(tiny_config(tiny_roads, tmp_path / "prepared [1]", tmp_path / "run"))
     report = prepare(spark, cfg, CLASSES)
     assert not report.reused
     assert report.skipped() == {"no_annotations": 1, "missing": 1, "corrupt": 1, "size_mismatch": 0}
     assert report.usable("train") + report.usable("val") == TINY_IMAGES
-    skipped = read_skipped(spark, str(tmp_path / "prepared"))
+    skipped = read_skipped(spark, str(tmp_path / "prepared [1]"))
     assert dict(zip(skipped.file_name, skipped.reason)) == {name: reason for reason, name in BAD_ENTRIES.items()}
     assert all(skipped.message.str.len() > 0)
 
-    train = ShardIndex.open(str(tmp_path / "prepared" / "train"))
-    val = ShardIndex.open(str(tmp_path / "prepared" / "val"))
+    train = ShardIndex.open(str(tmp_path / "prepared [1]" / "train"))
+    val = ShardIndex.open(str(tmp_path / "prepared [1]" / "val"))
     assert len(train) == report.usable("train") and len(val) == report.usable("val")
     assert list(train.image_ids) == sorted(train.image_ids)
     assert len({p.split("shard=")[1].split("/")[0] for p in train.files}) == 2
-    val_coco = json.loads((tmp_path / "prepared" / "val_annotations.json").read_text())
+    val_coco = json.loads((tmp_path / "prepared [1]" / "val_annotations.json").read_text())
     assert sorted(im["id"] for im in val_coco["images"]) == list(val.image_ids)
 
     rows = train.read([0, len(train) - 1])
