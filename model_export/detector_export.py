@@ -303,6 +303,16 @@ def export(args: argparse.Namespace) -> dict:
         report = run_parity(model, out, files, spec, cfg.box_score_thresh,
                             parity_images(args.parity_images, args.parity_count), gate)
     conv.save_parity_report(out, report, files, timer, format_table(report["runtimes"], report["torchvision_transform"]))
+    manifest_data = {
+        "model": "detector", "config": cfg.name, "num_classes": cfg.num_classes,
+        "class_names": list(cfg.class_names), "input": spec,
+        "outputs": {role: role for role in OUTPUT_NAMES}, "files": files,
+        "graph": {"boxes": "[1, D, 4] x1y1x2y2 in network-input pixels (the input spec's size)",
+                  "scores": "[1, D] descending", "labels": "[1, D] int64, 1-based: label i is class_names[i - 1]",
+                  "padding": "rows past the image's detections have score 0 and label 0",
+                  "rows": cfg.box_detections_per_img},
+        "postprocess": post, "weights": weights, "opset": args.opset, "tools": conv.tool_versions(),
+    }
     int8 = {}
     if int8_images is not None:
         gate_score = cfg.box_score_thresh if args.int8_gate_score is None else args.int8_gate_score
@@ -312,18 +322,9 @@ def export(args: argparse.Namespace) -> dict:
                                        [valid_detections(r, gate_score) for r in rows_int8], gate.box_rel)
 
         with timer.stage("int8"):
-            int8 = quantize.run_int8(out, files, spec, int8_images, args, agreement, "box_iou_median", gate_score)
-    write_manifest(out, {
-        "model": "detector", "config": cfg.name, "num_classes": cfg.num_classes,
-        "class_names": list(cfg.class_names), "input": spec,
-        "outputs": {role: role for role in OUTPUT_NAMES}, "files": files,
-        "graph": {"boxes": "[1, D, 4] x1y1x2y2 in network-input pixels (the input spec's size)",
-                  "scores": "[1, D] descending", "labels": "[1, D] int64, 1-based: label i is class_names[i - 1]",
-                  "padding": "rows past the image's detections have score 0 and label 0",
-                  "rows": cfg.box_detections_per_img},
-        "postprocess": post, "weights": weights, "opset": args.opset, "tools": conv.tool_versions(),
-        "export_seconds": timer.seconds, **int8,
-    })
+            int8 = quantize.run_int8(out, manifest_data, int8_images, args, agreement, "box_iou_median", gate_score,
+                                     ("bbox",))
+    write_manifest(out, {**manifest_data, "export_seconds": timer.seconds, **int8})
     height, width = cfg.input_size
     print(f"wrote {out}/manifest.json ({cfg.name}, {height}x{width}, {len(cfg.class_names)} classes)")
     return report

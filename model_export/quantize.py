@@ -8,6 +8,11 @@ The manifest says `weights_precision: int8` and records the calibration set's si
 the ignored scope. When the gate fails, the files are left for inspection but no manifest.json is written (exit 3),
 like the f32 parity gate.
 
+With `--eval-annotations COCO.json` (annotations of the gate images, matched by file name) the gate also measures
+box AP (and YOLACT's mask AP) of both IRs through the job's own per-image code (`single_process.infer_files`, the
+manifest's score threshold, the f32 hint) with pycocotools, and fails when INT8 loses more than
+`--int8-max-ap-drop` points.
+
 Calibration images are decoded and preprocessed exactly as the job does (`pipelines.ops.image_decode.decode_image`,
 `pipelines.ops.preprocess.preprocess_rgb` with the manifest's input spec). The gate compares the INT8 IR with the
 FP16-weights IR, both run with OpenVINO's f32 precision hint, on held-out images: `--gate-images DIR`, or else the
@@ -19,6 +24,7 @@ import argparse
 import hashlib
 import importlib.metadata
 import json
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -55,6 +61,7 @@ class Int8Gate:
     # quantization matches next to nothing.
     min_matched: float = 0.75
     min_median_iou: float = 0.9
+    max_ap_drop: float = 1.0        # AP points (0-100) INT8 may lose against f32, with --eval-annotations
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -80,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser, iou_name: str, default_ignore
                        help="gate: fraction of detections matched between INT8 and f32 (class + box IoU >= 0.5)")
     group.add_argument("--int8-min-median-iou", type=float, default=defaults.min_median_iou,
                        help=f"gate: median {iou_name} IoU of the matched detections")
+    group.add_argument("--eval-annotations",
+                       help="COCO annotations (JSON) of the gate images (matched by file name): the gate also "
+                            "compares box (and mask) AP of INT8 and f32 with pycocotools")
+    group.add_argument("--int8-max-ap-drop", type=float, default=defaults.max_ap_drop,
+                       help="gate, with --eval-annotations: AP points (0-100) INT8 may lose against f32")
     group.add_argument("--int8-gate-score", type=float, default=None,
                        help="gate: compare detections scoring at least this (default: 0.3 for YOLACT, whose "
                             "low-score tail is near-tied noise; the detector's box_score_thresh)")
@@ -136,7 +148,55 @@ def split_images(args: argparse.Namespace) -> dict:
                                    f"{held_out} are held out for the gate: add images or pass --gate-images DIR")
         gate = images[-held_out:]
         calibration = images[:-held_out][:args.calibration_count]
-    return {"calibration": calibration, "gate": gate, "skipped": skipped}
+    annotations = gate_annotations(args.eval_annotations, gate) if args.eval_annotations else None
+    return {"calibration": calibration, "gate": gate, "skipped": skipped, "annotations": annotations}
+
+
+def gate_annotations(path: str, gate: list[tuple[Path, bytes, np.ndarray]]) -> dict:
+    """The COCO annotations of the gate images (parsed, only those images): every gate image must have an entry
+    (by file name), else CalibrationError."""
+    from pipelines.results.evaluate import load_ground_truth, subset_ground_truth
+
+    try:
+        ground_truth = load_ground_truth(path)
+    except Exception as err:   # missing file, not JSON, not COCO: say which file
+        raise CalibrationError(f"--eval-annotations {path}: cannot be read as COCO annotations ({err})") from None
+    ids = {Path(image["file_name"]).name: image["id"] for image in ground_truth.dataset.get("images", [])}
+    missing = [p.name for p, _, _ in gate if p.name not in ids]
+    if missing:
+        raise CalibrationError(f"--eval-annotations {path}: no entry for {len(missing)} of the {len(gate)} gate "
+                               f"images (e.g. {', '.join(missing[:3])}): annotate every gate image, or pass the "
+                               "annotated ones with --gate-images")
+    return subset_ground_truth(ground_truth, {ids[p.name] for p, _, _ in gate}).dataset
+
+
+def ap_comparison(out: Path, manifest_data: dict, images: dict, iou_types: tuple[str, ...]) -> dict:
+    """{"f32": AP report, "int8": AP report} of the FP16-weights IR and the INT8 IR on the gate images against their
+    annotations: each IR run by the job's own per-image code (single_process.infer_files, the f32 hint) from a
+    temporary model directory whose manifest points at it (links to `out`'s files)."""
+    from pipelines.inference.model_manifest import write_manifest
+    from pipelines.inference.openvino_runtime import RuntimeSettings
+    from pipelines.inference.single_process import infer_files
+    from pipelines.results.evaluate import ap_report, load_ground_truth, results_from_rows
+
+    ground_truth = load_ground_truth(images["annotations"])
+    image_ids = {Path(image["file_name"]).name: image["id"] for image in ground_truth.dataset["images"]}
+    category_ids = {c["name"]: c["id"] for c in ground_truth.dataset["categories"]}
+    paths = [path for path, _, _ in images["gate"]]
+    reports = {}
+    with tempfile.TemporaryDirectory(prefix="int8_ap_") as tmp:
+        for name, ir in (("f32", {}), ("int8", {"ir_xml": INT8_FILES["ir_xml"], "ir_bin": INT8_FILES["ir_bin"]})):
+            files = {**manifest_data["files"], **ir}
+            model_dir = Path(tmp) / name
+            for rel in files.values():
+                (model_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                (model_dir / rel).symlink_to((out / rel).resolve())
+            write_manifest(model_dir, {**manifest_data, "files": files})
+            rows = infer_files(model_dir, paths, str(Path(tmp) / f"{name}-out"), str(paths[0].parent),
+                               RuntimeSettings(precision="f32"), masks="rle")
+            reports[name] = ap_report(ground_truth, results_from_rows(rows, image_ids, category_ids), None,
+                                      iou_types)
+    return reports
 
 
 def image_set_sha256(images: list[tuple[Path, bytes, np.ndarray]]) -> str:
@@ -167,15 +227,19 @@ def quantize_ir(source_xml: Path, xml_path: Path, tensors: list[np.ndarray], inp
             if ignored_patterns else None}
 
 
-def run_int8(out: Path, files: dict, spec: dict, images: dict, args: argparse.Namespace,
+def run_int8(out: Path, manifest_data: dict, images: dict, args: argparse.Namespace,
              agreement: Callable[[list[dict], list[dict], list[tuple[int, int]]], dict], iou_key: str,
-             gate_score: float) -> dict:
-    """Quantize, gate, write int8.json. `agreement(f32 rows, int8 rows, sizes)` -> a dict with matched_fraction and
-    `iou_key` (the family's detection comparison, model_export.parity's matcher). Returns the manifest fields to
-    add (and updates `files`); raises Int8GateFailed when the gate fails."""
+             gate_score: float, ap_types: tuple[str, ...]) -> dict:
+    """Quantize, gate, write int8.json. `manifest_data`: the family's manifest so far (its `files` name the FP16
+    IR). `agreement(f32 rows, int8 rows, sizes)` -> a dict with matched_fraction and `iou_key` (the family's
+    detection comparison, model_export.parity's matcher); `ap_types`: the family's COCO iou types ("bbox",
+    "segm"), compared when the gate images are annotated. Returns the manifest fields to add (and updates
+    manifest_data["files"]); raises Int8GateFailed when the gate fails."""
     from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
 
-    gate = Int8Gate(min_matched=args.int8_min_matched, min_median_iou=args.int8_min_median_iou)
+    files, spec = manifest_data["files"], manifest_data["input"]
+    gate = Int8Gate(min_matched=args.int8_min_matched, min_median_iou=args.int8_min_median_iou,
+                    max_ap_drop=args.int8_max_ap_drop)
     patterns = [p.strip() for p in args.int8_ignored_scope.split(",") if p.strip()]
     calibration = [preprocess_rgb(rgb, spec) for _, _, rgb in images["calibration"]]
     quantization = quantize_ir(out / files["ir_xml"], out / INT8_FILES["ir_xml"], calibration,
@@ -194,6 +258,13 @@ def run_int8(out: Path, files: dict, spec: dict, images: dict, args: argparse.Na
         failures.append(f"int8 vs f32: {iou_key} {result[iou_key]:.4f} < {gate.min_median_iou}")
     if result["detections_ref"] == 0:
         failures.append("f32: no detections on the gate images: nothing to compare (pass other --gate-images)")
+    ap = ap_comparison(out, manifest_data, images, ap_types) if images.get("annotations") else None
+    for key in ("box_ap", "mask_ap") if ap else ():
+        if key in ap["f32"]:
+            ap[f"{key}_drop_points"] = round(100 * (ap["f32"][key] - ap["int8"][key]), 3)
+            if ap[f"{key}_drop_points"] > gate.max_ap_drop:
+                failures.append(f"int8 vs f32: {key} {100 * ap['int8'][key]:.2f} is {ap[f'{key}_drop_points']:.2f} "
+                                f"points below f32's {100 * ap['f32'][key]:.2f} (> {gate.max_ap_drop})")
     calibration_record = {
         "count": len(images["calibration"]), "sha256": image_set_sha256(images["calibration"]),
         "directory": str(Path(args.calibration_images).name),
@@ -206,11 +277,14 @@ def run_int8(out: Path, files: dict, spec: dict, images: dict, args: argparse.Na
         "sha256": image_set_sha256(images["gate"]),
         "source": "--gate-images" if args.gate_images else "held out from --calibration-images",
         "images": [path.name for path, _, _ in images["gate"]],
-        "agreement": result, "passed": not failures, "failures": failures,
+        "agreement": result, "ap": ap, "passed": not failures, "failures": failures,
     }
     report = {"quantization": quantization, "calibration": calibration_record, "gate": gate_record}
     (out / INT8_FILES["int8_report"]).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print("int8 vs f32 on", len(images["gate"]), "held-out images:", json.dumps(result))
+    if ap:
+        print("AP (f32 -> int8):", ", ".join(f"{k} {100 * ap['f32'][k]:.2f} -> {100 * ap['int8'][k]:.2f}"
+                                            for k in ("box_ap", "mask_ap") if k in ap["f32"]))
     if failures:
         raise Int8GateFailed("INT8 accuracy gate failed (no manifest.json written, the directory is not usable; "
                              "lower the --int8-* thresholds only if the numbers are acceptable, or keep layers in "
@@ -220,5 +294,5 @@ def run_int8(out: Path, files: dict, spec: dict, images: dict, args: argparse.Na
     return {"weights_precision": "int8",
             "quantization": {**quantization, "calibration": {k: calibration_record[k]
                                                              for k in ("count", "sha256", "directory")},
-                             "gate": {k: gate_record[k] for k in ("thresholds", "iou", "min_score", "count", "sha256", "source",
-                                                                  "agreement")}}}
+                             "gate": {k: gate_record[k] for k in ("thresholds", "iou", "min_score", "count", "sha256",
+                                                                  "source", "agreement", "ap")}}}

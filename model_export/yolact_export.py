@@ -178,6 +178,13 @@ def export(args: argparse.Namespace) -> dict:
         report = run_parity(model, out, files, spec, priors, post,
                             parity_images(args.parity_images, args.parity_count), gate)
     conv.save_parity_report(out, report, files, timer, format_table(report["runtimes"]))
+    manifest_data = {
+        "model": "yolact", "config": cfg.name, "num_classes": int(cfg.num_classes),
+        "class_names": list(cfg.class_names), "input": spec,
+        "outputs": {role: role for role in OUTPUT_NAMES}, "files": files,
+        "priors": {"count": int(priors.shape[0]), "feature_sizes": [list(s) for s in model.feature_map_sizes()]},
+        "postprocess": post, "weights": weights, "opset": args.opset, "tools": conv.tool_versions(),
+    }
     int8 = {}
     if int8_images is not None:
         gate_score = INT8_GATE_SCORE if args.int8_gate_score is None else args.int8_gate_score
@@ -189,14 +196,8 @@ def export(args: argparse.Namespace) -> dict:
                                        [r["proto"] for r in rows_int8], sizes)
 
         with timer.stage("int8"):
-            int8 = quantize.run_int8(out, files, spec, int8_images, args, agreement, "mask_iou_median", gate_score)
-    write_manifest(out, {
-        "model": "yolact", "config": cfg.name, "num_classes": int(cfg.num_classes),
-        "class_names": list(cfg.class_names), "input": spec,
-        "outputs": {role: role for role in OUTPUT_NAMES}, "files": files,
-        "priors": {"count": int(priors.shape[0]), "feature_sizes": [list(s) for s in model.feature_map_sizes()]},
-        "postprocess": post, "weights": weights, "opset": args.opset, "tools": conv.tool_versions(),
-        "export_seconds": timer.seconds, **int8,
-    })
+            int8 = quantize.run_int8(out, manifest_data, int8_images, args, agreement, "mask_iou_median", gate_score,
+                                     ("bbox", "segm"))
+    write_manifest(out, {**manifest_data, "export_seconds": timer.seconds, **int8})
     print(f"wrote {out}/manifest.json ({cfg.name}, {size}x{size}, {len(cfg.class_names)} classes)")
     return report

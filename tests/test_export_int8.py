@@ -171,3 +171,44 @@ def test_a_calibration_directory_without_a_decodable_image_exits_2_naming_it(tmp
     assert code == 2
     assert str(empty) in capsys.readouterr().err
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+@pytest.fixture(scope="module")
+def annotated_gate(tmp_path_factory) -> Path:
+    """4 synthetic road images (160x120) with their COCO annotations: images/ and annotations.json."""
+    from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
+
+    root = tmp_path_factory.mktemp("annotated_gate")
+    generate_road_dataset(root, 4, 7, RoadSceneConfig(width=160, height=120, formats=("coco",)))
+    return root
+
+
+def test_eval_annotations_gate_on_ap(tmp_path, calibration_images, annotated_gate, capsys):
+    # only the AP comparison decides here: random-init detections are near-tied noise (see the module docstring)
+    args = [*YOLACT_ARGS, "--input-size", "160", "--precision", "int8", "--calibration-images",
+            str(calibration_images), "--calibration-count", "4", "--gate-images", str(annotated_gate / "images"),
+            "--eval-annotations", str(annotated_gate / "annotations.json"), "--int8-gate-score", "0",
+            "--int8-min-matched", "0", "--int8-min-median-iou", "0"]
+    assert export_main([*args, "--out", str(tmp_path / "pass")]) == 0
+    ap = load_manifest(tmp_path / "pass").data["quantization"]["gate"]["ap"]
+    for name in ("f32", "int8"):
+        assert {"box_ap", "box_ap50", "mask_ap", "mask_ap50"} <= set(ap[name])
+    assert ap["box_ap_drop_points"] <= Int8Gate().max_ap_drop and ap["mask_ap_drop_points"] <= Int8Gate().max_ap_drop
+    assert "AP (f32 -> int8): box_ap" in capsys.readouterr().out
+
+    # INT8 asked to gain a point of AP on f32: the gate fails, exit 3, no manifest
+    assert export_main([*args, "--out", str(tmp_path / "fail"), "--int8-max-ap-drop", "-1"]) == 3
+    assert not (tmp_path / "fail" / "manifest.json").exists()
+    gate = json.loads((tmp_path / "fail" / "int8.json").read_text())["gate"]
+    assert gate["passed"] is False and any("box_ap" in failure for failure in gate["failures"])
+
+
+def test_eval_annotations_without_the_gate_images_exit_2_naming_them(tmp_path, calibration_images, annotated_gate,
+                                                                     capsys):
+    # the gate images held out of the calibration directory have no entry in these annotations
+    code = export_main([*YOLACT_ARGS, "--out", str(tmp_path / "out"), "--precision", "int8", "--calibration-images",
+                        str(calibration_images), "--eval-annotations", str(annotated_gate / "annotations.json")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--eval-annotations" in err and "no entry for 3 of the 3 gate images" in err
+    assert not (tmp_path / "out").exists() or not (tmp_path / "out" / "manifest.json").exists()
