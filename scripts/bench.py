@@ -1,6 +1,6 @@
 """`make bench`: one run, same images, same IR, same cores, side by side -> reports/bench.md and reports/bench.csv.
 
-    python scripts/bench.py                  # 200 images, f32 and bf16, every row
+    python scripts/bench.py                  # 200 images, f32, bf16 and int8, every row
     python scripts/bench.py --quick          # 24 images, benchmark_app 10 s
     python scripts/bench.py --images 50 --rows ceiling,openvino,spark_native --precisions bf16
     python scripts/bench.py --load           # also the load figure: 10,000 small images through the job
@@ -9,7 +9,9 @@
 Rows: benchmark_app on the IR (the ceiling), PyTorch eager, ONNX Runtime and OpenVINO in one process, the Spark
 job (native engine, local[2]), Spark's predict_batch_udf recipe with OpenVINO at default settings, the Spark job
 with the BigDL engine (.venv-bigdl; "not available: <reason>" when it cannot run). The model is YOLACT-ResNet50 at
-550 exported with random weights (speed only), cached under the work dir with the images.
+550 exported with random weights (speed only), cached under the work dir with the images. Precision int8: an INT8
+copy of that export (NNCF PTQ of its FP16 IR on 16 of the bench images, as `--precision int8` makes it:
+scripts/bench/int8_model.py), the rest of the graph in f32; OpenVINO rows only (ceiling, openvino, spark_native).
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ from bench import report, rows  # noqa: E402
 
 ALL_ROWS = list(rows.ROW_NAMES)
 MODEL_NAME = "yolact_resnet50_550"
+INT8_ROWS = ("ceiling", "openvino", "spark_native")   # the rows that run OpenVINO on the export's manifest IR
+INT8_CALIBRATION_IMAGES = 16
 # Random R50 weights with FP16-compressed IR weights fail the export's default parity gate (max |d| is a few % of
 # each output's range, ~60% of detections matched): the bench measures speed only, so the gate is loosened here.
 EXPORT_GATES = ["--gate-ort-atol", "1e-3", "--gate-ov-fp16-ir-rel", "0.2", "--gate-min-matched", "0.5",
@@ -56,6 +60,20 @@ def ensure_model(work: Path) -> Path:
     return out
 
 
+def ensure_int8_model(work: Path, model: Path, images: Path) -> Path:
+    """The INT8 copy of the bench export (made once, like the export)."""
+    from bench.int8_model import make_int8_model
+    from model_export import quantize
+
+    out = work / "models" / f"{MODEL_NAME}_int8"
+    if (out / "manifest.json").is_file():
+        return out
+    log(f"quantizing {model.name} to INT8 (NNCF, {INT8_CALIBRATION_IMAGES} bench images; once)")
+    calibration, _ = quantize.decode_all(bench_images.image_paths(images)[:INT8_CALIBRATION_IMAGES])
+    make_int8_model(model, out, calibration, f"{INT8_CALIBRATION_IMAGES} bench images")
+    return out
+
+
 def machine_facts() -> list[str]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.machine())
@@ -69,7 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=200, help="number of bench images (default 200)")
     parser.add_argument("--quick", action="store_true", help="24 images, benchmark_app 10 s, rows killed after 1500 s")
-    parser.add_argument("--precisions", default="f32,bf16", help="comma-separated: f32, bf16")
+    parser.add_argument("--precisions", default="f32,bf16,int8",
+                        help="comma-separated: f32, bf16, int8 (an INT8 copy of the IR, OpenVINO rows only)")
     parser.add_argument("--rows", default=",".join(ALL_ROWS),
                         help=f"comma-separated subset of {','.join(ALL_ROWS)}, or 'none'")
     parser.add_argument("--seconds", type=int, default=20, help="benchmark_app duration (-t)")
@@ -91,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.images, args.seconds = min(args.images, 24), min(args.seconds, 10)
         args.row_timeout = min(args.row_timeout, 1500.0)
     args.precisions = [p for p in args.precisions.split(",") if p]
-    bad = [p for p in args.precisions if p not in ("f32", "bf16")]
+    bad = [p for p in args.precisions if p not in ("f32", "bf16", "int8")]
     args.rows = [] if args.rows == "none" else [r for r in args.rows.split(",") if r]
     unknown = [r for r in args.rows if r not in ALL_ROWS]
     if bad or unknown or args.images < 1:
@@ -117,16 +136,10 @@ def run_rows(args, model: Path, images: Path, work: Path) -> list:
                 continue
             log(f"{row} {precision} ...")
             started, load_start = time.perf_counter(), os.getloadavg()[0]
-            if row == "ceiling":
-                result = rows.ceiling(model / "model.xml", precision, args.seconds, logs, args.row_timeout)
-            elif row in ("torch", "onnxruntime", "openvino"):
-                result = rows.single_process(row, precision, model, images, cores, logs, args.row_timeout)
-            elif row == "spark_udf":
-                result = rows.spark_udf(precision, model, images, work / "runs", logs, args.row_timeout)
+            if precision == "int8":
+                result = run_int8_row(args, row, ensure_int8_model(work, model, images), images, cores, work)
             else:
-                engine = "bigdl" if row == "bigdl" else "native"
-                result = rows.spark_job(row, engine, precision, model, images, work / "runs", args.row_timeout,
-                                        REPO / ".venv-bigdl" / "bin" / "python")
+                result = run_row(args, row, precision, model, images, cores, work, logs)
             log(f"{row} {precision}: {result.status}"
                 + (f", {result.images_per_s} images/s" if result.status == "ok" else f" ({result.note})")
                 + f" [{time.perf_counter() - started:.0f} s]")
@@ -134,6 +147,38 @@ def run_rows(args, model: Path, images: Path, work: Path) -> list:
             rows.save_result(result, saved)
             results.append(result)
     return results
+
+
+def run_row(args, row: str, precision: str, model: Path, images: Path, cores: int, work: Path,
+            logs: Path) -> "rows.BenchResult":
+    if row == "ceiling":
+        xml = model / load_manifest_files(model)["ir_xml"]
+        return rows.ceiling(xml, precision, args.seconds, logs, args.row_timeout)
+    if row in ("torch", "onnxruntime", "openvino"):
+        return rows.single_process(row, precision, model, images, cores, logs, args.row_timeout)
+    if row == "spark_udf":
+        return rows.spark_udf(precision, model, images, work / "runs", logs, args.row_timeout)
+    engine = "bigdl" if row == "bigdl" else "native"
+    return rows.spark_job(row, engine, precision, model, images, work / "runs", args.row_timeout,
+                          REPO / ".venv-bigdl" / "bin" / "python")
+
+
+def run_int8_row(args, row: str, int8_model: Path, images: Path, cores: int, work: Path) -> "rows.BenchResult":
+    """The row on the INT8 copy (its manifest's IR is model.int8.xml; f32 for what stays float), labelled int8."""
+    if row not in INT8_ROWS:
+        return rows.BenchResult(row, "int8", "n/a", note="INT8 IR: the OpenVINO rows only")
+    logs = work / "logs" / "int8"
+    logs.mkdir(parents=True, exist_ok=True)
+    result = run_row(args, row, "f32", int8_model, images, cores, work / "int8", logs)
+    result.precision = "int8"
+    result.note = "INT8 IR (NNCF PTQ), the rest f32" + (f"; {result.note}" if result.note else "")
+    return result
+
+
+def load_manifest_files(model: Path) -> dict:
+    from pipelines.inference.model_manifest import load_manifest
+
+    return load_manifest(model).data["files"]
 
 
 def run_load(args, work: Path) -> tuple[dict, str, str]:
@@ -191,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows:
         header += ["", f"Same {args.images} images (deterministic crops of samples/images, 480-800 px JPEGs), same "
                    f"IR (`{model.relative_to(REPO) if model.is_relative_to(REPO) else model}`: YOLACT-ResNet50 at "
-                   "550, random weights, FP16 weights), same cores. Rows that run the per-image code decode, "
+                   "550, random weights, FP16 weights; the int8 columns run its INT8 copy, speed only), same cores. Rows that "
+                   "run the per-image code decode, "
                    "preprocess, infer and postprocess (RLE masks) every image; the Spark job also writes "
                    "detections and PNG masks."]
     report.write_csv(results, out / "bench.csv")
