@@ -152,8 +152,9 @@ def run_rows(args, model: Path, images: Path, work: Path) -> list:
 def run_row(args, row: str, precision: str, model: Path, images: Path, cores: int, work: Path,
             logs: Path) -> "rows.BenchResult":
     if row == "ceiling":
-        xml = model / load_manifest_files(model)["ir_xml"]
-        return rows.ceiling(xml, precision, args.seconds, logs, args.row_timeout)
+        from pipelines.inference.model_manifest import load_manifest
+
+        return rows.ceiling(load_manifest(model).path("ir_xml"), precision, args.seconds, logs, args.row_timeout)
     if row in ("torch", "onnxruntime", "openvino"):
         return rows.single_process(row, precision, model, images, cores, logs, args.row_timeout)
     if row == "spark_udf":
@@ -173,12 +174,6 @@ def run_int8_row(args, row: str, int8_model: Path, images: Path, cores: int, wor
     result.precision = "int8"
     result.note = "INT8 IR (NNCF PTQ), the rest f32" + (f"; {result.note}" if result.note else "")
     return result
-
-
-def load_manifest_files(model: Path) -> dict:
-    from pipelines.inference.model_manifest import load_manifest
-
-    return load_manifest(model).data["files"]
 
 
 def run_load(args, work: Path) -> tuple[dict, str, str]:

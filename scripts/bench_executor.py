@@ -136,15 +136,12 @@ def records(paths: list[Path], contents: list[bytes]):
 
 
 def peak_rss_mib() -> float:
-    """This process's peak RSS. /proc's VmHWM is this program's own; ru_maxrss also counts the parent's pages a
-    spawned child had between fork and exec (the bench's parent holds NNCF and torch with --int8: ~880 MiB)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS: its VmHWM (this program's own; ru_maxrss also counts the parent's pages a spawned
+    child had between fork and exec: the bench's parent holds NNCF and torch with --int8, ~880 MiB)."""
+    from pipelines.sweeps.process_memory import high_water_mark_bytes
+
+    peak = high_water_mark_bytes(os.getpid())
+    return peak / 2**20 if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def worker(task, paths: list[str], batch_size: int, barrier, results, model_only: bool = False) -> None:
