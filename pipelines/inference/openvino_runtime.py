@@ -61,18 +61,37 @@ class CompiledIR:
         self._lock = threading.Lock()
 
     def infer(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        """batch: [B, 3, H, W] float32 (the IR takes one image; the queue overlaps them)."""
-        results: list[dict | None] = [None] * len(batch)
+        """batch: [B, 3, H, W] float32 (the IR takes one image; the queue overlaps them). Outputs of static shape
+        are copied once, from each request straight into the [B, ...] result; dynamic ones per image, then joined."""
+        outputs = self._static_outputs(len(batch))
+        per_image: list[dict | None] = [None] * len(batch)
 
         def collect(request, index):
-            results[index] = {name: request.get_tensor(name).data.copy() for name in self.output_names}
+            if outputs is not None:
+                for name, out in outputs.items():
+                    out[index] = request.get_tensor(name).data[0]
+            else:
+                per_image[index] = {name: request.get_tensor(name).data.copy() for name in self.output_names}
 
         with self._lock:
             self._queue.set_callback(collect)
             for index, image in enumerate(batch):
                 self._queue.start_async({self.input_name: image[None]}, index)
             self._queue.wait_all()
-        return {name: np.concatenate([r[name] for r in results]) for name in self.output_names}
+        if outputs is not None:
+            return outputs
+        return {name: np.concatenate([image[name] for image in per_image]) for name in self.output_names}
+
+    def _static_outputs(self, batch_size: int) -> dict[str, np.ndarray] | None:
+        """Uninitialized [batch_size, ...] arrays for every output, or None when an output's shape is dynamic."""
+        outputs = {}
+        for name in self.output_names:
+            port = self.compiled.output(name)
+            shape = port.get_partial_shape()
+            if shape.is_dynamic or len(shape) == 0 or shape[0].get_length() != 1:
+                return None
+            outputs[name] = np.empty((batch_size,) + tuple(shape.to_shape())[1:], port.get_element_type().to_dtype())
+        return outputs
 
     def infer_one(self, image: np.ndarray) -> dict[str, np.ndarray]:
         """image: [3, H, W] -> {name: output with its batch axis removed}."""
