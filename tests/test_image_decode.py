@@ -272,6 +272,26 @@ def test_shared_memory_decode_gives_the_same_pixels_without_a_copy():
     np.testing.assert_array_equal(shared[1][:, :, :3], pixels)
 
 
+def test_shared_memory_decode_of_a_rotated_or_held_image_keeps_its_pixels(corpus):
+    # Executors decode RGB images into one buffer per thread, reused once no returned array refers to it. An
+    # EXIF-rotated image is decoded there, then rotated into new memory: the rotated pixels are what comes back.
+    directory, _ = corpus
+    rotated = (directory / "exif_orientation_6.jpg").read_bytes()
+    shared = decode_image(rotated, "rotated.jpg", shared_memory=True)
+    np.testing.assert_array_equal(shared[:, :, :3], decode_image(rotated, "rotated.jpg"))
+    # arrays held by the caller are never decoded over; released ones are reused (the same memory comes back)
+    rng = np.random.default_rng(2)
+    images = [rng.integers(0, 256, (64 + 8 * i, 96, 3), dtype=np.uint8) for i in range(3)]
+    held = [decode_image(_encode(Image.fromarray(pixels), "PNG"), f"{i}.png", shared_memory=True)
+            for i, pixels in enumerate(images)]
+    for rgbx, pixels in zip(held, images):
+        np.testing.assert_array_equal(rgbx[:, :, :3], pixels)
+    data = _encode(Image.fromarray(images[0]), "PNG")
+    first = decode_image(data, "again.png", shared_memory=True).__array_interface__["data"][0]
+    second = decode_image(data, "again.png", shared_memory=True).__array_interface__["data"][0]
+    assert first == second
+
+
 def test_shared_memory_decode_of_an_image_over_one_memory_block_is_a_copy():
     # Pillow keeps images over its 16 MiB block in several blocks, which it cannot share: decode_image's array
     rgb = np.zeros((1500, 3000, 3), np.uint8)
