@@ -56,6 +56,7 @@ class CompiledIR:
         self.compiled = core.compile_model(str(xml_path), settings.device, settings.ov_config())
         self.input_name = self.compiled.inputs[0].get_any_name()
         self.output_names = [out.get_any_name() for out in self.compiled.outputs]
+        self._static_outputs = _static_output_shapes(self.compiled.outputs)
         self.num_requests = int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
         self._queue = ov.AsyncInferQueue(self.compiled, self.num_requests)
         self._lock = threading.Lock()
@@ -63,7 +64,8 @@ class CompiledIR:
     def infer(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         """batch: [B, 3, H, W] float32 (the IR takes one image; the queue overlaps them). Outputs of static shape
         are copied once, from each request straight into the [B, ...] result; dynamic ones per image, then joined."""
-        outputs = self._static_outputs(len(batch))
+        outputs = None if self._static_outputs is None else {
+            name: np.empty((len(batch),) + shape, dtype) for name, (shape, dtype) in self._static_outputs.items()}
         per_image: list[dict | None] = [None] * len(batch)
 
         def collect(request, index):
@@ -82,20 +84,21 @@ class CompiledIR:
             return outputs
         return {name: np.concatenate([image[name] for image in per_image]) for name in self.output_names}
 
-    def _static_outputs(self, batch_size: int) -> dict[str, np.ndarray] | None:
-        """Uninitialized [batch_size, ...] arrays for every output, or None when an output's shape is dynamic."""
-        outputs = {}
-        for name in self.output_names:
-            port = self.compiled.output(name)
-            shape = port.get_partial_shape()
-            if shape.is_dynamic or len(shape) == 0 or shape[0].get_length() != 1:
-                return None
-            outputs[name] = np.empty((batch_size,) + tuple(shape.to_shape())[1:], port.get_element_type().to_dtype())
-        return outputs
-
     def infer_one(self, image: np.ndarray) -> dict[str, np.ndarray]:
         """image: [3, H, W] -> {name: output with its batch axis removed}."""
         return {name: value[0] for name, value in self.infer(image[None]).items()}
+
+
+def _static_output_shapes(ports) -> dict[str, tuple[tuple[int, ...], np.dtype]] | None:
+    """{output name: (shape without the batch axis, dtype)} when every output has a static shape and batch 1;
+    else None (outputs are then copied per image and joined)."""
+    outputs = {}
+    for port in ports:
+        shape = port.get_partial_shape()
+        if shape.is_dynamic or len(shape) == 0 or shape[0].get_length() != 1:
+            return None
+        outputs[port.get_any_name()] = (tuple(shape.to_shape())[1:], port.get_element_type().to_dtype())
+    return outputs
 
 
 def cpu_count() -> int:
