@@ -57,7 +57,9 @@ setup(
     # conf/ (the deployment YAMLs, conf/local.yaml the jobs' defaults) installs as pipelines/conf/: an installed
     # wheel or a packed env reads the same defaults as a checkout (pipelines.job_config.default_config_path).
     package_dir={"pipelines.conf": "conf"},
-    package_data={"pipelines.conf": ["*.yaml", "*.properties"]},
+    package_data={"pipelines.conf": ["*.yaml", "*.properties"],
+                  # a top-level module on local workers' path, not a package (spark_session.local_daemon_settings)
+                  "pipelines.spark": ["local_daemon/*.py"]},
     install_requires=CORE,
     extras_require=EXTRAS,
     entry_points={"console_scripts": [

@@ -1,6 +1,6 @@
 """The job's own cost (issue 14's goals), each configuration run alternately in one session -> reports/startup.md, .json
 
-    .venv/bin/python scripts/bench_startup.py [--repeats 3] [--images 200] [--history-runs 100]
+    .venv/bin/python scripts/bench_startup.py [--repeats 3] [--images 200] [--history-runs 100] [--configs A,B]
 
 Cases, each a plain `python jobs/infer_yolact.py` (local[*], the JVM started by the job) timed from the command:
 - demo: conf/demo.yaml on its 9 synthetic road images (`make demo` makes them): seconds to the first "n/N images"
@@ -12,7 +12,8 @@ Cases, each a plain `python jobs/infer_yolact.py` (local[*], the JVM started by 
   index, the second is the steady state; and on an output holding one run.
 Configurations of the driver JVM the job starts: `quick start` = the job's default (this env's class archive,
 pipelines.spark.jvm_class_archive, built if missing; C1 JIT only), `archive, C2` = the archive with the default tiered JIT,
-`JVM defaults` = neither (the JDK's own class archive only). Medians over `--repeats`; the machine's CPU and
+`JVM defaults` = neither (the JDK's own class archive only); `Spark's Python daemon` = quick start with Spark's
+own Python worker daemon instead of the job's local one (spark_session.local_daemon_settings). Medians over `--repeats`; the machine's CPU and
 instruction sets in the header.
 """
 from __future__ import annotations
@@ -38,6 +39,9 @@ CONFIGS = {   # the driver JVM's flags: a caller's own CDS or JIT flags replace 
     "quick start": [],
     "archive, C2": ["--conf", "spark.driver.extraJavaOptions=-XX:+TieredCompilation"],
     "JVM defaults": ["--conf", "spark.driver.extraJavaOptions=-Xshare:auto -XX:+TieredCompilation"],
+    # the job's default JVM with Spark's own Python worker daemon (pyspark from pyspark.zip's sources) instead of
+    # sparkseg_local_daemon (spark_session.local_daemon_settings)
+    "Spark's Python daemon": ["--conf", "spark.python.daemon.module=pyspark.daemon"],
 }
 
 
@@ -77,7 +81,8 @@ def measure(args) -> list[dict]:
     images = bench_images.make_images(work / f"images-{args.images}", args.images)
     rows = []
     for repeat in range(args.repeats):
-        for name, extra in CONFIGS.items():
+        for name in args.configs:
+            extra = CONFIGS[name]
             out = work / "out"
             shutil.rmtree(out, ignore_errors=True)
             demo = run_job(["--config", str(demo_conf), "--output", str(out / "demo"), *extra])
@@ -114,10 +119,10 @@ def report(rows: list[dict], args) -> str:
              f"Machine: {os.cpu_count()} cores, {model}; instruction sets: {', '.join(isa) or 'none of AVX2+'}.",
              f"Medians of {args.repeats} repeats, configurations alternated in one session "
              f"(`python scripts/bench_startup.py --repeats {args.repeats} --images {args.images} "
-             f"--history-runs {args.history_runs}`).", "",
-             "| measure | " + " | ".join(CONFIGS) + " |", "|---|" + "---:|" * len(CONFIGS)]
+             f"--history-runs {args.history_runs} --configs '{','.join(args.configs)}'`).", "",
+             "| measure | " + " | ".join(args.configs) + " |", "|---|" + "---:|" * len(args.configs)]
     for key, label in fields:
-        cells = [statistics.median(r[key] for r in rows if r["config"] == name) for name in CONFIGS]
+        cells = [statistics.median(r[key] for r in rows if r["config"] == name) for name in args.configs]
         lines.append(f"| {label} | " + " | ".join(f"{c:.1f}" if isinstance(c, float) else str(c) for c in cells) + " |")
     loads = [r["load_1min"] for r in rows]
     lines += ["", f"1-minute load average after each repeat: {min(loads):.1f}-{max(loads):.1f}."]
@@ -129,9 +134,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--images", type=int, default=200)
     parser.add_argument("--history-runs", type=int, default=100)
+    parser.add_argument("--configs", type=lambda text: [name.strip() for name in text.split(",")],
+                        default=list(CONFIGS), help="comma-separated names of CONFIGS to run (default: all)")
     parser.add_argument("--work", default=str(REPO / "work" / "bench" / "startup"))
     parser.add_argument("--reports", default=str(REPO / "reports"))
     args = parser.parse_args()
+    unknown = [name for name in args.configs if name not in CONFIGS]
+    if unknown:
+        parser.error(f"--configs: unknown {unknown}; choose from {list(CONFIGS)}")
     subprocess.run([sys.executable, "-m", "pipelines.spark.jvm_class_archive_build", "--if-missing"], cwd=REPO,
                    check=True, stdout=subprocess.DEVNULL)
     rows = measure(args)

@@ -1,0 +1,47 @@
+"""The Python worker daemon of local-mode sessions (spark_session.local_daemon_settings, sparkseg_local_daemon):
+pyspark from the installed package, only where the workers run this interpreter and its pip-installed pyspark."""
+from __future__ import annotations
+
+import sys
+
+from pipelines.spark.spark_session import LOCAL_DAEMON_DIR, LOCAL_DAEMON_MODULE, local_daemon_settings
+
+
+def worker_facts(_):
+    import sys as worker_sys
+
+    import pyspark
+
+    yield pyspark.__file__, "pandas" in worker_sys.modules
+
+
+def test_local_workers_import_the_installed_pyspark_with_pandas_loaded(spark):
+    """The session fixture is built like a job's (local_session, local master): its workers import pyspark from the
+    interpreter's installed package (bytecode), not from Spark's pyspark.zip (sources), and find pandas imported
+    by the daemon before any task asked for it (an RDD task of plain Python does not import it)."""
+    import pyspark
+
+    facts = spark.sparkContext.parallelize([0, 1], 2).mapPartitions(worker_facts).collect()
+    assert facts == [(pyspark.__file__, True)] * 2, facts
+
+
+def test_local_masters_get_the_daemon_and_keep_the_callers_pythonpath(monkeypatch):
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    settings = local_daemon_settings({"spark.executorEnv.PYTHONPATH": "/opt/extra"}, "local[2]")
+    assert settings["spark.python.daemon.module"] == LOCAL_DAEMON_MODULE
+    assert settings["spark.executorEnv.PYTHONPATH"].split(":") == ["/opt/extra", str(LOCAL_DAEMON_DIR)]
+
+
+def test_clusters_other_interpreters_and_the_callers_own_daemon_keep_sparks(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    assert local_daemon_settings({}, "spark://127.0.0.1:7077") == {}
+    assert local_daemon_settings({}, "yarn") == {}
+    own = {"spark.python.daemon.module": "my_daemon"}
+    assert local_daemon_settings(own, "local[*]") == own
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))   # another Spark's pyspark.zip may not match this pyspark
+    assert local_daemon_settings({}, "local[*]") == {}
+    monkeypatch.delenv("SPARK_HOME")
+    monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")   # workers on another interpreter
+    assert local_daemon_settings({}, "local[*]") == {}
