@@ -7,6 +7,8 @@ Cases, each a plain `python jobs/infer_yolact.py` (local[*], the JVM started by 
   progress line, wall seconds, lines printed;
 - 200 images (scripts/bench/images.py, 480-800 px JPEGs, the bundled model): wall, and overhead = wall minus the
   model's stage seconds (summary.json, summed over tasks) divided by the cores that ran them in parallel;
+- worker start: a fresh local[2] session's first Python job (mapInPandas, 2 tasks) minus the same job run again
+  (the Python worker daemon's and workers' start);
 - empty incremental: the same 200-image job again with nothing new, on an output holding `--history-runs` earlier
   runs (the first run's rows re-written as that many runs' Parquet files), twice: the first may rebuild the counts
   index, the second is the steady state; and on an output holding one run.
@@ -73,6 +75,40 @@ def fake_history(output: Path, runs: int) -> None:
     (output / "_sparkseg_counts.json").unlink(missing_ok=True)
 
 
+# A session started as a job starts it (local[2], the configuration's settings): one plain Spark job, then the same
+# Python job (mapInPandas over 2 partitions) twice; the first pays for starting the Python workers, the second does not.
+FIRST_PYTHON_TASK = """
+import json, sys, time
+from pipelines.spark.spark_session import local_session
+spark = local_session("bench-worker-start", "local[2]", json.loads(sys.argv[1]))
+spark.range(4).count()
+def same(batches):
+    yield from batches
+walls = []
+for _ in range(2):
+    started = time.monotonic()
+    spark.range(0, 2, numPartitions=2).mapInPandas(same, "id long").collect()
+    walls.append(time.monotonic() - started)
+spark.stop()
+print(json.dumps(walls))
+"""
+
+
+def conf_of(extra: list[str]) -> dict:
+    """The Spark settings of a configuration's `--conf KEY=VALUE` arguments."""
+    return dict(value.split("=", 1) for flag, value in zip(extra, extra[1:]) if flag == "--conf")
+
+
+def python_worker_start_s(extra: list[str]) -> float:
+    """Seconds the first Python job of a fresh local[2] session takes beyond the same job once the workers run."""
+    done = subprocess.run([sys.executable, "-c", FIRST_PYTHON_TASK, json.dumps(conf_of(extra))], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"error: the worker start-up probe failed:\n{done.stderr[-3000:]}")
+    first, again = json.loads(done.stdout.strip().splitlines()[-1])
+    return first - again
+
+
 def measure(args) -> list[dict]:
     work = Path(args.work)
     demo_conf = REPO / "conf" / "demo.yaml"
@@ -91,7 +127,8 @@ def measure(args) -> list[dict]:
             fake_history(out / "many", args.history_runs)
             after_history = [run_job(["--input", str(images), "--output", str(out / "many"), *extra])
                              for _ in range(2)]
-            row = {"config": name, "repeat": repeat,
+            worker_start = python_worker_start_s(extra)
+            row = {"config": name, "repeat": repeat, "python_worker_start_s": worker_start,
                    "demo_first_progress_s": demo["first_progress_s"], "demo_wall_s": demo["wall_s"],
                    "demo_lines": demo["lines"], "demo_model_s": model_seconds(demo["summary"]),
                    "images": args.images, "run_wall_s": first["wall_s"],
@@ -108,7 +145,8 @@ def measure(args) -> list[dict]:
 
 def report(rows: list[dict], args) -> str:
     model, isa = cpu_isa()
-    fields = [("demo_first_progress_s", "demo: first progress line s"), ("demo_wall_s", "demo: wall s"),
+    fields = [("python_worker_start_s", "a session's first Python job beyond the same job again, local[2]: s"),
+              ("demo_first_progress_s", "demo: first progress line s"), ("demo_wall_s", "demo: wall s"),
               ("demo_lines", "demo: lines printed"), ("run_wall_s", f"{args.images} images: wall s"),
               ("run_model_s", f"{args.images} images: model s (stage s / parallel tasks)"),
               ("run_overhead_s", f"{args.images} images: overhead s"),
