@@ -11,10 +11,13 @@ This directory is put on the workers' PYTHONPATH (spark.executorEnv.PYTHONPATH) 
 top-level module, not part of the `pipelines` package, so that the workers still import `pipelines` from the
 library archive the job ships (spark_session.ship_library).
 """
+import os
 import sys
 
-zips = [entry for entry in sys.path if entry.endswith(".zip")]
-sys.path[:] = [entry for entry in sys.path if entry not in zips] + zips
+# Spark's own zips (pyspark.zip, py4j-<version>-src.zip) go last; any other path entry keeps its place
+sparks = [entry for entry in sys.path if os.path.basename(entry) == "pyspark.zip"
+          or (os.path.basename(entry).startswith("py4j-") and entry.endswith("-src.zip"))]
+sys.path[:] = [entry for entry in sys.path if entry not in sparks] + sparks
 
 try:
     import pandas  # noqa: F401  (forked workers inherit the imported modules)
