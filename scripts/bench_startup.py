@@ -15,8 +15,8 @@ Cases, each a plain `python jobs/infer_yolact.py` (local[*], the JVM started by 
 Configurations of the driver JVM the job starts: `quick start` = the job's default (this env's class archive,
 pipelines.spark.jvm_class_archive, built if missing; C1 JIT only), `archive, C2` = the archive with the default tiered JIT,
 `JVM defaults` = neither (the JDK's own class archive only); `Spark's Python daemon` = quick start with Spark's
-own Python worker daemon instead of the job's local one (spark_session.local_daemon_settings). Medians over `--repeats`; the machine's CPU and
-instruction sets in the header.
+own Python worker daemon instead of the job's local one (spark_session.local_daemon_settings). Medians over
+`--repeats`; the machine's CPU and instruction sets in the header.
 """
 from __future__ import annotations
 

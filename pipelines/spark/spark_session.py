@@ -91,9 +91,10 @@ LOCAL_DAEMON_MODULE = "sparkseg_local_daemon"
 def local_daemon_settings(conf: dict, master: str) -> dict:
     """`conf` with the Python workers of a `local[...]` master started by sparkseg_local_daemon (pyspark imported
     from the installed package's bytecode instead of pyspark.zip's sources, pandas and pyarrow imported once before
-    the fork): about 0.7 s off a session's first Python task on 2 cores. Only where that is safe: the workers run
-    this interpreter (PYSPARK_PYTHON), whose pyspark is the pip-installed one the JVM takes pyspark.zip from (no
-    other SPARK_HOME), and the caller set no daemon module of its own. Clusters keep Spark's daemon."""
+    the fork): a session's first Python job 2.1 -> 0.9 s beyond the same job again on 2 cores (make bench-startup).
+    Only where that is safe: the workers run this interpreter (PYSPARK_PYTHON), whose pyspark is the pip-installed
+    one the JVM takes pyspark.zip from (no other SPARK_HOME), and the caller set no daemon module of its own.
+    Clusters keep Spark's daemon."""
     import pyspark
 
     if not master.startswith("local") or "spark.python.daemon.module" in conf:
