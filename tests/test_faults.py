@@ -82,6 +82,26 @@ def test_poison_image_becomes_an_error_row_and_the_job_goes_on(spark, tmp_path):
     assert "crashed its Python worker in 2 task attempts" in errors[0].message
 
 
+def test_a_retried_task_removes_the_temp_files_a_killed_attempt_left(spark, tmp_path):
+    """A worker killed between a label map's temp file and its rename leaves the temp file; the task's retry rewrites
+    those label maps and removes such leftovers beside them. The killed attempts here die on poison.jpg, in the same
+    (single) task as the other images; their leftovers are made by hand, named as write_bytes_atomic names them."""
+    images = tmp_path / "images"
+    names = copies(images, 4)
+    shutil.copy(SAMPLES / "images" / "chelsea.jpg", images / "poison.jpg")
+    label_maps = [tmp_path / "out" / "masks" / f"sub{i % 2}" / f"{name}.png" for i, name in enumerate(names)]
+    stale = [path.with_name(f".{path.name}.k3j_x9a2.tmp") for path in label_maps]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half a PNG")
+    job = start_job("--input", str(images), "--output", str(tmp_path / "out"), "--partitions", "1",
+                    "--master", "local[1,4]", env=CRASH_ON_DECODE("/poison.jpg"))
+    log = job.communicate(timeout=900)[0].decode(errors="replace")
+    assert job.returncode == 0, log[-3000:]
+    assert_exactly_once(spark, tmp_path / "out", names + ["poison.jpg"])   # no temp file left
+    assert all(path.is_file() for path in label_maps)
+
+
 def test_too_many_errors_fail_the_job_with_a_summary(spark, tmp_path):
     images = tmp_path / "images"
     images.mkdir()

@@ -167,6 +167,23 @@ def test_fsspec_scheme_write_read_list(tmp_path):
         fsspec.filesystem("memory").rm(root, recursive=True)
 
 
+def test_remove_temp_files_takes_only_the_named_files_temps(tmp_path):
+    for name in ("a.png", ".a.png.k3j_x9a2.tmp", ".a.png.x.png.q1w2e3r4.tmp", ".b.png.z9y8x7w6.tmp", ".a.png.tmp"):
+        (tmp_path / name).write_bytes(b"x")
+    assert storage.Location(str(tmp_path)).remove_temp_files(["a.png"]) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".a.png.tmp", ".a.png.x.png.q1w2e3r4.tmp",
+                                                         ".b.png.z9y8x7w6.tmp", "a.png"]
+    root = f"memory://sparkseg-test-{uuid.uuid4().hex[:8]}"
+    try:
+        fs = fsspec.filesystem("memory")
+        for name in ("a.png", ".a.png.0123abcd.tmp", ".b.png.0123abcd.tmp"):
+            fs.pipe_file(f"{root}/{name}", b"x")
+        assert storage.Location(root).remove_temp_files({"a.png"}) == 1
+        assert sorted(path.rpartition("/")[2] for path in fs.ls(root, detail=False)) == [".b.png.0123abcd.tmp", "a.png"]
+    finally:
+        fsspec.filesystem("memory").rm(root, recursive=True)
+
+
 def test_normalize_extensions():
     assert storage.normalize_extensions(["JPG", ".Png"]) == (".jpg", ".png")
     assert storage.normalize_extensions(".jpg") == (".jpg",)

@@ -41,6 +41,7 @@ class TaskCrashGuard:
     def __init__(self, guard: CrashGuard, directory: Location, attempt: int) -> None:
         self.guard = guard
         self.marker = directory / f"attempt-{attempt:03d}"
+        self.retried = attempt > 0   # an earlier attempt of this task died or failed
         self.crashes = collections.Counter(self._read_earlier(directory, attempt))
 
     @staticmethod

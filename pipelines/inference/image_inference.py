@@ -8,6 +8,7 @@ the rest of the batch goes on.
 """
 from __future__ import annotations
 
+import collections
 import os
 import time
 from dataclasses import dataclass
@@ -99,13 +100,27 @@ class ImageInference:
 
     def __call__(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         guard = self.crash_guard.for_task() if self.crash_guard is not None else None
+        rewritten = []   # label maps a retried task wrote: an earlier attempt may have died writing them
         for batch in batches:
             rows = self.process_batch(batch, guard)
+            if guard is not None and guard.retried:
+                rewritten.extend(row["mask_path"] for row in rows if row["mask_path"])
             if self.progress is not None:
                 self.progress.add(len(rows))
             yield pd.DataFrame(rows, columns=RESULT_COLUMNS)
         if guard is not None:
+            self.remove_temp_files_of(rewritten)
             guard.done()
+
+    def remove_temp_files_of(self, targets: list[str]) -> None:
+        """Remove the temp files an earlier, killed attempt left beside these label maps (one listing per
+        directory; only in retried tasks, which are rare)."""
+        directories = collections.defaultdict(set)
+        for target in targets:
+            directory, _, name = target.rpartition("/")
+            directories[directory].add(name)
+        for directory, names in directories.items():
+            self.output.sibling(directory).remove_temp_files(names)
 
     def process_batch(self, batch: pd.DataFrame, guard=None) -> list[dict]:
         rows, pending = [], []

@@ -70,6 +70,7 @@ class FileStore(Protocol):
     def read(self, uri: str) -> bytes: ...
     def exists(self, uri: str) -> bool: ...
     def list(self, uri: str, wanted: tuple[str, ...] | None) -> list[str]: ...
+    def remove_temp_files(self, directory_uri: str, names: set[str]) -> int: ...
 
 
 def file_store(uri: str, azure_credentials=None) -> FileStore:
@@ -144,6 +145,12 @@ class Location:
         """True for an existing file or directory (for Azure: a blob, or a prefix with blobs under it)."""
         return self.store.exists(self.uri)
 
+    def remove_temp_files(self, names: Iterable[str]) -> int:
+        """In this directory, remove the temp files that write_bytes_atomic calls for the files `names` left when
+        their process was killed between the temp file and the rename (a retried task calls it for what it
+        rewrote); one listing of the directory. Returns how many were removed."""
+        return self.store.remove_temp_files(self.uri, set(names))
+
     def list_files(self, extensions: Iterable[str] | str | None = None) -> list[str]:
         """Sorted URIs of the files under this location (recursive) whose extension is in `extensions`
         (case-insensitive). Hidden files and directories (names starting with '.' or '_') are skipped, as Spark
@@ -183,6 +190,15 @@ class LocalFiles:
     def list(self, uri: str, wanted: tuple[str, ...] | None) -> list[str]:
         return _list_local(uri, wanted)
 
+    def remove_temp_files(self, directory_uri: str, names: set[str]) -> int:
+        directory = to_local_path(directory_uri)
+        with os.scandir(directory) as entries:
+            stale = [entry.path for entry in entries if temp_file_target(entry.name) in names]
+        for path in stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        return len(stale)
+
 
 class AzureFiles:
     """Files as blobs, through one AzureBlobStore (its SDK clients made at the first call, one per account)."""
@@ -212,6 +228,9 @@ class AzureFiles:
                 found.append(blob.uri)
         return sorted(found)
 
+    def remove_temp_files(self, directory_uri: str, names: set[str]) -> int:
+        return 0   # one blob upload per write: no temp files
+
 
 class FsspecFiles:
     def write_atomic(self, uri: str, data: bytes, durable: bool = True) -> None:
@@ -225,6 +244,14 @@ class FsspecFiles:
         except BaseException:
             fs.rm(temp)
             raise
+
+    def remove_temp_files(self, directory_uri: str, names: set[str]) -> int:
+        fs, directory = _fsspec(directory_uri)
+        stale = [path for path in fs.ls(directory.rstrip("/"), detail=False)
+                 if temp_file_target(path.rstrip("/").rpartition("/")[2]) in names]
+        for path in stale:
+            fs.rm(path)
+        return len(stale)
 
     def read(self, uri: str) -> bytes:
         fs, path = _fsspec(uri)
@@ -258,6 +285,15 @@ def _list_local(text: str, wanted: tuple[str, ...] | None) -> list[str]:
             paths.extend(Path(directory) / name for name in files
                          if not is_hidden(name) and has_extension(name, wanted))
     return sorted(("file://" + str(path)) if as_uri else str(path) for path in paths)
+
+
+def temp_file_target(name: str) -> str | None:
+    """The file name a write_bytes_atomic temp file named `name` was for (`.img.png.k3j_x9a2.tmp` -> `img.png`: a
+    dot, the name, a dot, a random part without dots, `.tmp`), None for any other name."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return None
+    target, _, random_part = name[1:-len(".tmp")].rpartition(".")
+    return target if target and random_part else None
 
 
 def _write_local_atomic(path: Path, data: bytes, durable: bool = True) -> None:
