@@ -9,6 +9,7 @@ the rest of the batch goes on.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -114,13 +115,16 @@ class ImageInference:
 
     def remove_temp_files_of(self, targets: list[str]) -> None:
         """Remove the temp files an earlier, killed attempt left beside these label maps (one listing per
-        directory; only in retried tasks, which are rare)."""
+        directory; only in retried tasks, which are rare). Housekeeping: a failure is logged, the task's rows stand."""
         directories = collections.defaultdict(set)
         for target in targets:
             directory, _, name = target.rpartition("/")
             directories[directory].add(name)
         for directory, names in directories.items():
-            self.output.sibling(directory).remove_temp_files(names)
+            try:
+                self.output.sibling(directory).remove_temp_files(names)
+            except Exception as err:  # noqa: BLE001
+                logging.getLogger(__name__).warning("could not remove temp files in %s: %s", directory, err)
 
     def process_batch(self, batch: pd.DataFrame, guard=None) -> list[dict]:
         rows, pending = [], []
