@@ -112,3 +112,33 @@ def test_a_partial_to_do_of_local_files_is_read_on_the_executors(spark, tmp_path
     for row in wave.collect():
         name = row.path.rsplit("/", 1)[-1]
         assert fetch(row.path) == (images / name).read_bytes()
+
+
+def test_the_listing_joins_the_file_index_only_when_it_holds_empty_files(spark, tmp_path):
+    """Spark's scan skips zero-byte files; whole_listing adds them back from the file index, and only then: a
+    listing without empty files is the scan itself (no join in its plan), counted once."""
+    images = tmp_path / "images"
+    for seed in range(3):
+        write_image(images / f"{seed}.jpg", seed)
+
+    def plan_text(frame) -> str:
+        return frame._jdf.queryExecution().optimizedPlan().toString()
+
+    passes = []
+
+    def count(frame):
+        passes.append(frame)
+        return (frame.count(),)
+
+    listing, counts = src.whole_listing(src.find_images(spark, str(images), [".jpg"]), count)
+    assert counts == (3,) and len(passes) == 1 and "Join" not in plan_text(listing), plan_text(listing)
+    listing.unpersist()
+
+    (images / "empty one.jpg").write_bytes(b"")
+    passes.clear()
+    listing, counts = src.whole_listing(src.find_images(spark, str(images), [".jpg"]), count)
+    rows = {Path(row.path).name: row.size for row in listing.collect()}
+    assert counts == (4,) and len(passes) == 2 and "Join" in plan_text(listing)
+    assert rows == {**{f"{seed}.jpg": (images / f"{seed}.jpg").stat().st_size for seed in range(3)}, "empty one.jpg": 0}
+    assert rows == {Path(row.path).name: row.size for row in src.list_images(spark, str(images), [".jpg"]).collect()}
+    listing.unpersist()

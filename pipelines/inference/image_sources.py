@@ -8,6 +8,10 @@ Two readers share one contract, a DataFrame with `path`, `size`, `modification_t
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -44,20 +48,41 @@ def extension_glob(extensions: list[str]) -> str:
     return "*.{" + ",".join(caseless(e) for e in extensions) + "}"
 
 
-def list_images(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True,
-                reader: str = "auto", azure_credentials=None) -> DataFrame:
-    """DataFrame[path, size, modification_time] of the images under `uri` (no content read)."""
+@dataclass(frozen=True)
+class ImageListing:
+    """The images found under a URI, not yet counted: `scanned`, DataFrame[path, size, modification_time] of every
+    image with bytes, and for Spark's binaryFile source the DataFrame it came from (`source`), whose file index also
+    holds the zero-byte files that Spark's scan silently skips (None: `scanned` is the whole listing, azure_sdk)."""
+
+    scanned: DataFrame
+    source: DataFrame | None = None
+
+    def indexed_files(self) -> int:
+        """Files in the source's index, zero-byte ones included (a number from the JVM: no Spark job, no list)."""
+        return len(self.source._jdf.inputFiles()) if self.source is not None else -1
+
+    def complete(self) -> DataFrame:
+        """The whole listing: `scanned` and the zero-byte files (size 0), which are inputs too (they end up in
+        errors/). Costs a join of the index against the scan: see whole_listing for when it is needed."""
+        if self.source is None:
+            return self.scanned
+        return self.scanned.unionByName(empty_files(self.scanned.sparkSession, self.source, self.scanned))
+
+
+def find_images(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True,
+                reader: str = "auto", azure_credentials=None) -> ImageListing:
+    """The images under `uri` (no content read); a missing path or an unreadable scheme is an InputError now."""
     if choose_reader(uri, reader) == "azure_sdk":
         from pipelines.io.azure_storage import list_blobs
 
         rows = list_blobs(uri, extensions, azure_credentials)
-        return spark.createDataFrame([tuple(r) for r in rows], LISTING_SCHEMA)
+        return ImageListing(spark.createDataFrame([tuple(r) for r in rows], LISTING_SCHEMA))
     try:
-        listing = (spark.read.format("binaryFile")
-                   .option("recursiveFileLookup", str(bool(recursive)).lower())
-                   .option("pathGlobFilter", extension_glob(extensions))
-                   .load(spark_read_path(uri)))
-        listing.schema  # noqa: B018  (forces the path check now, on the driver)
+        source = (spark.read.format("binaryFile")
+                  .option("recursiveFileLookup", str(bool(recursive)).lower())
+                  .option("pathGlobFilter", extension_glob(extensions))
+                  .load(spark_read_path(uri)))
+        source.schema  # noqa: B018  (forces the path check now, on the driver)
     except Exception as err:  # AnalysisException, Py4JJavaError: both carry the reason in the message
         text = str(err).splitlines()[0]
         if "PATH_NOT_FOUND" in text or "does not exist" in text:
@@ -67,9 +92,32 @@ def list_images(spark: SparkSession, uri: str, extensions: list[str], recursive:
                              "hadoop-azure for abfss://): install it on the cluster or use input.reader azure_sdk "
                              "with an az://container/prefix URI") from None
         raise
-    scanned = listing.select("path", F.col("length").alias("size"),
-                             F.col("modificationTime").alias("modification_time"))
-    return scanned.unionByName(empty_files(spark, listing, scanned))
+    scanned = source.select("path", F.col("length").alias("size"),
+                            F.col("modificationTime").alias("modification_time"))
+    return ImageListing(scanned, source)
+
+
+def list_images(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True,
+                reader: str = "auto", azure_credentials=None) -> DataFrame:
+    """DataFrame[path, size, modification_time] of the images under `uri` (no content read), zero-byte files
+    included (size 0)."""
+    return find_images(spark, uri, extensions, recursive, reader, azure_credentials).complete()
+
+
+def whole_listing(found: ImageListing, count: Callable[[DataFrame], tuple[int, ...]],
+                  storage: StorageLevel = StorageLevel.MEMORY_AND_DISK) -> tuple[DataFrame, tuple[int, ...]]:
+    """The whole listing, persisted, and `count` of it (a tuple whose first item is its rows), in one pass where no
+    file is empty: the scan is counted first, and only when the file index holds more files than the scan found
+    (zero-byte files) is the index joined against it and the result counted again. The join is a shuffle of every
+    path twice (10^7 rows at a data lake's scale) that almost every run would make to find nothing."""
+    listing = found.scanned.persist(storage)
+    counts = count(listing)
+    if found.source is None or counts[0] >= found.indexed_files():
+        return listing, counts
+    whole = found.complete().persist(storage)
+    counts = count(whole)
+    listing.unpersist()
+    return whole, counts
 
 
 def empty_files(spark: SparkSession, source: DataFrame, scanned: DataFrame) -> DataFrame:

@@ -211,13 +211,13 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     run_cfg, video = config.run, config.input.video
     # listed (the input path checked) before the lock: a missing input leaves no output directory behind
     say(f"run {plan.run_id}: listing {plan.input_uri}")
-    listing = src.list_images(spark, plan.input_uri, config.input.listed_extensions, config.input.recursive,
-                              plan.reader, plan.credentials).persist(StorageLevel.MEMORY_AND_DISK)
+    found = src.find_images(spark, plan.input_uri, config.input.listed_extensions, config.input.recursive,
+                            plan.reader, plan.credentials)
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
     lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
     previous_settings = {}
     try:
-        n_inputs, n_videos = count_inputs(listing, video)
+        listing, (n_inputs, n_videos) = src.whole_listing(found, lambda frame: count_inputs(frame, video))
         previous_settings = set_session_settings(spark, session_settings_for(n_inputs, config))
         units = work_units(spark, plan, listing, video, n_videos)
         n_units = units.count() if n_videos else n_inputs
