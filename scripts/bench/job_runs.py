@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,23 +15,33 @@ PROGRESS = re.compile(r"\[sparkseg\] \d+/\d+ images")
 
 
 def run_job(args: list[str], timeout_s: float = 900) -> dict:
-    """One `python jobs/infer_yolact.py ARGS`: wall seconds, seconds to the first progress line, lines printed,
-    summary.json."""
+    """One `python jobs/infer_yolact.py ARGS`: wall seconds (until the command exits, as a shell times it),
+    seconds to the first progress line, lines printed, summary.json; and `output_closed_s`, when its output pipe
+    closed: the Spark driver JVM it started holds the pipe until its own shutdown, which ends after the command."""
     command = [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), *args]
     started = time.monotonic()
-    first_progress, lines = None, []
-    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        for line in proc.stdout:   # ends when the job exits (its output pipe closes); the wait below is bounded
+    marks: dict[str, float] = {}
+    lines: list[str] = []
+
+    def read(stream) -> None:
+        for line in stream:
             lines.append(line.rstrip("\n"))
-            if first_progress is None and PROGRESS.search(line):
-                first_progress = time.monotonic() - started
+            if "first_progress_s" not in marks and PROGRESS.search(line):
+                marks["first_progress_s"] = time.monotonic() - started
+        marks["output_closed_s"] = time.monotonic() - started
+
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        reader = threading.Thread(target=read, args=(proc.stdout,), daemon=True)
+        reader.start()
         code = proc.wait(timeout=timeout_s)
-    wall = time.monotonic() - started
+        wall = time.monotonic() - started
+        reader.join(timeout=60)   # the JVM's shutdown is short; a stuck one must not hang the bench
     if code != 0:
         raise SystemExit(f"error: {' '.join(command)} exited {code}:\n" + "\n".join(lines[-30:]))
     output = Path(args[args.index("--output") + 1])
     summary = json.loads((output / "summary.json").read_text())
-    return {"wall_s": wall, "first_progress_s": first_progress, "lines": len(lines), "summary": summary}
+    return {"wall_s": wall, "first_progress_s": marks.get("first_progress_s"),
+            "output_closed_s": marks.get("output_closed_s"), "lines": len(lines), "summary": summary}
 
 
 def marginal_throughput(small_dir: Path, large_dir: Path, scratch: Path, job_args: list[str]) -> dict:
