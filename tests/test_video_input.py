@@ -252,3 +252,20 @@ def test_tables_written_before_the_frame_columns_stay_readable(spark, tmp_path):
                   .collect())
     assert keys == [("file:/in/a.jpg", None), ("file:/in/v.mp4", 0)]
     assert current_detections(spark, str(tmp_path / "out")).count() == 2
+
+
+def test_is_video_matches_extensions_case_insensitively(spark):
+    """is_video (a Spark regex, not lower()) agrees with Python's case-insensitive suffix test, also for non-ASCII
+    names and extensions holding regex characters."""
+    from pyspark.sql import functions as F
+
+    from pipelines.inference.video_sources import is_video
+
+    extensions = (".mp4", ".m+v", ".a\\Eb", ".ÉTÉ")
+    paths = ["file:/a/clip.mp4", "file:/a/CLIP.MP4", "file:/a/clip.Mp4.jpg", "file:/a/x.m+v", "file:/a/x.mmv",
+             "file:/a/x.A\\eB", "file:/a/x.ab", "file:/a/été.été", "file:/a/mp4", "file:/a/ü.MP4 ", "file:/a/b c.mP4"]
+    frame = spark.createDataFrame([(p,) for p in paths], "path string")
+    got = {row.path: row.video for row in frame.select("path", is_video(F.col("path"), extensions).alias("video"))
+           .collect()}
+    assert got == {p: p.lower().endswith(tuple(e.lower() for e in extensions)) for p in paths}
+    assert not frame.where(is_video(F.col("path"), ())).count()
