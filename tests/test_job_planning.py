@@ -8,8 +8,8 @@ import datetime as dt
 from pathlib import Path
 
 from pipelines.inference import image_sources as src
-from pipelines.inference.inference_job import (bytes_fetcher, index_todo, plan_job, run, tasks_per_wave, todo_listing,
-                                               wave_images)
+from pipelines.inference.inference_job import (bytes_fetcher, count_inputs, index_todo, plan_job, run, tasks_per_wave,
+                                               todo_listing, wave_images)
 from pipelines.job_config import JobConfig, load_config
 from pipelines.inference.model_manifest import load_manifest
 from pipelines.inference.video_sources import image_units
@@ -141,4 +141,31 @@ def test_the_listing_joins_the_file_index_only_when_it_holds_empty_files(spark, 
     assert counts == (4,) and len(passes) == 2 and "Join" in plan_text(listing)
     assert rows == {**{f"{seed}.jpg": (images / f"{seed}.jpg").stat().st_size for seed in range(3)}, "empty one.jpg": 0}
     assert rows == {Path(row.path).name: row.size for row in src.list_images(spark, str(images), [".jpg"]).collect()}
+    listing.unpersist()
+
+
+def test_a_to_do_that_is_the_listing_is_indexed_from_the_listing_count(spark, tmp_path):
+    """count_inputs counts the listing's rows per partition in its one pass; index_todo, given them for a to-do that
+    is the listing itself (a first run), makes no copy and no Spark job of its own and numbers the rows exactly as
+    its own pass would."""
+    images = tmp_path / "images"
+    for seed in range(7):
+        write_image(images / f"d{seed % 3}" / f"{seed}.jpg", seed)
+    video = JobConfig.from_dict(load_config()).input.video
+    listing, counts = src.whole_listing(src.find_images(spark, str(images), [".jpg"]),
+                                        lambda frame: count_inputs(frame, video))
+    assert counts.files == 7 and counts.videos == 0 and sum(counts.rows_per_partition.values()) == 7
+    assert len(counts.rows_per_partition) > 1, "the test needs a listing of several partitions"
+    units = image_units(listing)
+    context = spark.sparkContext
+    try:
+        context.setJobGroup(f"{GROUP}-index", "index from the listing's counts")
+        todo, indexed = index_todo(units, 3, counts.rows_per_partition)
+        assert todo is units and not context.statusTracker().getJobIdsForGroup(f"{GROUP}-index")
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    columns = ("path", "idx", "part", "part_key")
+    _, reference = index_todo(units, 3)
+    assert sorted(indexed.select(*columns).collect()) == sorted(reference.select(*columns).collect())
+    assert sorted(row.idx for row in indexed.collect()) == list(range(7))
     listing.unpersist()

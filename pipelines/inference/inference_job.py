@@ -13,6 +13,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -31,8 +32,8 @@ from pipelines.inference.image_inference import RESULT_SCHEMA, ImageInference
 from pipelines.inference.inference_tasks import inference_task_class
 from pipelines.results.table_index import counts_after_run
 from pipelines.results.coco_results import write_coco_results
-from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, done_keys, failed_paths, write_results,
-                                      write_summary)
+from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, done_keys, failed_paths, holds_tables,
+                                              write_results, write_summary)
 from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.spark.spark_session import ship_library, ship_once
 from pipelines.io.storage import Location
@@ -217,7 +218,11 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
     previous_settings = {}
     try:
-        listing, (n_inputs, n_videos) = src.whole_listing(found, lambda frame: count_inputs(frame, video))
+        # on disk only: each wave reads it back (index_todo), and MEMORY_AND_DISK would pull whole blocks of a
+        # 10^7-row listing into a 1 g driver's heap (see index_todo)
+        new_output = not holds_tables(spark, plan.output)   # under the lock: no other run writes to it now
+        listing, counts = src.whole_listing(found, lambda frame: count_inputs(frame, video), StorageLevel.DISK_ONLY)
+        n_inputs, n_videos = counts.files, counts.videos
         previous_settings = set_session_settings(spark, session_settings_for(n_inputs, config))
         units = work_units(spark, plan, listing, video, n_videos)
         n_units = units.count() if n_videos else n_inputs
@@ -240,13 +245,14 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
         if n_todo:
             task = make_task(spark, plan, settings, progress)
             with progress:
-                totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions)
+                own_rows = counts.rows_per_partition if todo is units and not n_videos else None   # the listing's
+                totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions, own_rows)
         listing.unpersist()
         units.unpersist()
         if config.output.coco_results:
             write_coco_results(spark, plan.output)
         summary = make_summary(spark, plan, settings, totals, n_inputs, n_todo, partitions, time.time() - started,
-                               n_units=n_units, n_videos=n_videos)
+                               n_units=n_units, n_videos=n_videos, new_output=new_output)
         write_summary(plan.output, summary)
         if config.output.overlays:
             summary["report"] = render_report(plan.output_uri)
@@ -278,11 +284,23 @@ def tasks_per_wave(inference: InferenceSettings, parallelism: int, wave_images: 
     return max(1, min(wanted, wave_images))
 
 
-def count_inputs(listing: DataFrame, video: VideoSettings) -> tuple[int, int]:
-    """(files listed, videos among them), in one pass."""
-    row = listing.agg(F.count(F.lit(1)).alias("files"), F.sum(F.when(
-        videos.is_video(F.col("path"), video.extensions), 1).otherwise(0)).alias("videos")).first()
-    return int(row["files"]), int(row["videos"] or 0)
+class InputCounts(NamedTuple):
+    """What one pass over the listing counts: its files, the videos among them, and its rows per partition (the
+    first pass of assign_partitions, when the to-do is the listing itself)."""
+
+    files: int
+    videos: int
+    rows_per_partition: dict[int, int]
+
+
+def count_inputs(listing: DataFrame, video: VideoSettings) -> InputCounts:
+    """Files listed, videos among them and rows per partition of `listing`, in one pass (one row per partition
+    reaches the driver)."""
+    rows = listing.groupBy(F.spark_partition_id().alias("partition")).agg(
+        F.count(F.lit(1)).alias("files"),
+        F.sum(F.when(videos.is_video(F.col("path"), video.extensions), 1).otherwise(0)).alias("videos")).collect()
+    return InputCounts(sum(row["files"] for row in rows), sum(row["videos"] for row in rows),
+                       {row["partition"]: row["files"] for row in rows})
 
 
 def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame, video: VideoSettings,
@@ -321,12 +339,12 @@ def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
 
 
 def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings: RuntimeSettings, todo: DataFrame,
-              n_todo: int, n_inputs: int, partitions: int) -> dict:
+              n_todo: int, n_inputs: int, partitions: int, rows_per_partition: dict[int, int] | None = None) -> dict:
     """Process the to-do images in waves of `run.commit_every`, each committed on its own (a killed driver loses
-    at most one wave); return the summed aggregates."""
+    at most one wave); return the summed aggregates. `rows_per_partition`: see index_todo."""
     run_cfg = plan.config.run
     totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
-    todo, indexed = index_todo(todo, partitions)
+    todo, indexed = index_todo(todo, partitions, rows_per_partition)
     wave_size = run_cfg.commit_every or n_todo
     for number, first in enumerate(range(0, n_todo, wave_size)):
         count = min(wave_size, n_todo - first)
@@ -350,13 +368,19 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
     return totals
 
 
-def index_todo(todo: DataFrame, partitions: int) -> tuple[DataFrame, DataFrame]:
+def index_todo(todo: DataFrame, partitions: int,
+               rows_per_partition: dict[int, int] | None = None) -> tuple[DataFrame, DataFrame]:
     """The to-do, detached from the output table and persisted (unpersist it when the run is done), and its rows
-    with assign_partitions' dense `idx` and balancing key, computed from that one persisted copy."""
+    with assign_partitions' dense `idx` and balancing key, computed from that one persisted copy. Where the to-do is
+    the persisted listing's own rows (nothing done before, or run.force), `rows_per_partition` gives them per
+    partition (count_inputs): it is indexed as it is, without a copy or a pass of its own."""
+    order = ("path", "segment_start")
+    if rows_per_partition is not None:
+        return todo, src.assign_partitions(todo, partitions, order, rows_per_partition)
     # on disk only: read back once per wave; MEMORY_AND_DISK pulled whole blocks of a 10^7-row to-do back into a 1 g
     # driver's heap (OutOfMemoryError in BlockManager.maybeCacheDiskBytesInMemory, bench_planning)
     todo = without_table_lineage(todo).persist(StorageLevel.DISK_ONLY)
-    return todo, src.assign_partitions(todo, partitions, order=("path", "segment_start"))
+    return todo, src.assign_partitions(todo, partitions, order)
 
 
 def without_table_lineage(df: DataFrame) -> DataFrame:
@@ -392,9 +416,11 @@ def wave_results(images: DataFrame, task: ImageInference, plan: JobPlan,
 
 
 def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, totals: dict, n_inputs: int,
-                 n_todo: int, partitions: int, elapsed: float, n_units: int | None = None, n_videos: int = 0) -> dict:
+                 n_todo: int, partitions: int, elapsed: float, n_units: int | None = None, n_videos: int = 0,
+                 new_output: bool = False) -> dict:
     """The run's summary. Counts: `inputs` files listed, `videos` of them videos, `units` images + video segments,
-    `skipped` units already done, `done`/`failed` result rows (images and video frames), `frames` of `done`."""
+    `skipped` units already done, `done`/`failed` result rows (images and video frames), `frames` of `done`.
+    `new_output`: the output held no tables when the run began (table_index.counts_after_run)."""
     n_units = n_inputs if n_units is None else n_units
     manifest = plan.manifest
     processed = totals["done"] + totals["failed"]
@@ -417,7 +443,7 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
         "config": asdict(plan.config),
         "table": counts_after_run(spark, plan.output, manifest.model_sha256, plan.run_id,   # current rows
                                   {"detections": int(totals["done"]), "errors": int(totals["failed"])},
-                                  one_record_per_key=not n_videos),
+                                  one_record_per_key=not n_videos, new_output=new_output),
     }
 
 

@@ -142,6 +142,14 @@ def hadoop_path_exists(spark: SparkSession, uri: str) -> bool:
     return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
 
 
+def holds_tables(spark: SparkSession, output: Location) -> bool:
+    """Whether detections/ or errors/ exist at `output` (a new output has neither); no Spark job, no listing of a
+    table's files on the Hadoop writer's stores."""
+    if choose_writer(output.uri) == "spark":
+        return any(hadoop_path_exists(spark, (output / name).uri) for name in TABLES)
+    return any((output / name).list_files([".parquet"]) for name in TABLES)
+
+
 def failed_paths(spark: SparkSession, output: Location, run_id: str, limit: int = 10) -> list[str]:
     """The first `limit` paths (sorted) recorded in errors/ by run `run_id`."""
     errors = read_table(spark, output / "errors")

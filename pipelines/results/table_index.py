@@ -57,12 +57,14 @@ def write_index(output: Location, counts: dict) -> None:
 
 
 def counts_after_run(spark: SparkSession, output: Location, model_sha256: str, run_id: str,
-                     written: dict[str, int], one_record_per_key: bool = False) -> dict:
+                     written: dict[str, int], one_record_per_key: bool = False, new_output: bool = False) -> dict:
     """incremental.table_counts(output, model) after run `run_id`, which appended `written` rows
     ({"detections": n, "errors": m}); updates the index. `one_record_per_key`: the run wrote at most one record per
-    image or video frame (runs without videos: a video unit that fails writes one error row per segment)."""
+    image or video frame (runs without videos: a video unit that fails writes one error row per segment).
+    `new_output`: neither table existed when the run took the output's lock, so they hold its rows and no others
+    (nothing to count)."""
     index = read_index(output) or {}
-    rows = table_rows(spark, output)
+    rows = {t: written.get(t, 0) for t in TABLES} if new_output else table_rows(spark, output)
     known = index.get("rows") or {}
     models = dict(index.get("models") or {})
     trusted = model_sha256 in models and all(rows[t] == int(known.get(t, -1)) + written.get(t, 0) for t in TABLES)
