@@ -3,8 +3,9 @@
     .venv/bin/python scripts/bench_planning.py [--sizes 100000,1000000,10000000] [--driver-memory 1g]
 
 For each size N, in a fresh local[2] driver (spark.driver.memory 1g), what run_plan does before inference:
-listing count, shuffle sizing, todo_listing (the done-keys anti-join, broadcast only below run.broadcast_max_rows)
-and assign_partitions (dense index, balanced partitions) over the to-do, for
+listing count (count_inputs: files and rows per partition), shuffle sizing, todo_listing (the done-keys anti-join,
+broadcast only below run.broadcast_max_rows) and assign_partitions (dense index, balanced partitions) over the to-do
+(a first run indexes the listing with its own counts), for
 - a first run: N listed, nothing done;
 - an incremental run: N + 1,000 listed, N done (the 1,000 new are to do).
 Listings are generated in the JVM (spark.range), done tables written once to work/bench/planning/<N>/ as Parquet.
@@ -79,8 +80,8 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from pipelines.inference.inference_job import (index_todo, session_settings_for, set_session_settings,
-                                                   todo_listing)
+    from pipelines.inference.inference_job import (count_inputs, index_todo, session_settings_for,
+                                                   set_session_settings, todo_listing)
     from pipelines.job_config import JobConfig, load_config
     from pipelines.spark.spark_session import local_session
     from pipelines.inference.video_sources import image_units
@@ -96,14 +97,15 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
     manifest = SimpleNamespace(model_sha256=SHA)   # todo_listing reads only the model's hash
     start = time.perf_counter()
     listed = image_units(listing(spark, 0, size + (NEW_IMAGES if scenario == "incremental" else 0)))
-    listed = listed.persist(StorageLevel.MEMORY_AND_DISK)
-    n_inputs = listed.count()
+    listed = listed.persist(StorageLevel.DISK_ONLY)
     config = JobConfig.from_dict(load_config())   # the job's defaults: shuffles sized, broadcast bound
+    counts = count_inputs(listed, config.input.video)
+    n_inputs = counts.files
     set_session_settings(spark, session_settings_for(n_inputs, config))
     target = str(output) if scenario == "incremental" else str(work / "nothing-here")
     todo = todo_listing(spark, listed, target, manifest, False, config.run.broadcast_max_rows)
-    n_todo = todo.count()
-    todo, indexed = index_todo(todo, 2)
+    n_todo = n_inputs if todo is listed else todo.count()   # nothing done: the listing itself, as in run_plan
+    todo, indexed = index_todo(todo, 2, counts.rows_per_partition if todo is listed else None)
     n_indexed = indexed.count()
     seconds = time.perf_counter() - start
     result = {"size": size, "scenario": scenario, "inputs": n_inputs, "todo": n_todo, "indexed": n_indexed,
