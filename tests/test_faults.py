@@ -136,27 +136,29 @@ def wait_for(condition, timeout_s: float, what: str, job: subprocess.Popen | Non
 @pytest.mark.cluster
 def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
     images = tmp_path / "images"
-    names = copies(images, 40)
+    names = copies(images, 120)
     log = tmp_path / "job.log"
     config = tmp_path / "progress.yaml"
     config.write_text("run:\n  progress_interval_s: 1\n")
     events = tmp_path / "events"
     events.mkdir()
     job = start_job("--config", str(config), "--input", str(images), "--output", str(tmp_path / "out"),
-                    "--partitions", "10", "--master", cluster.master_url, "--conf", "spark.eventLog.enabled=true",
+                    "--partitions", "30", "--master", cluster.master_url, "--conf", "spark.eventLog.enabled=true",
                     "--conf", f"spark.eventLog.dir={events.as_uri()}", "--conf", "spark.eventLog.compress=false",
                     "--conf", "spark.eventLog.rolling.enabled=false", log=log)
     try:
         # once tasks are finishing, kill a Worker JVM (its executor dies with it, with the task it was running:
-        # 10 tasks on 2 one-core executors, so both are busy until the last few)
-        wait_for(lambda: re.search(r"\[sparkseg\] [1-9]\d*/40", log.read_text(errors="replace")),
+        # 30 tasks of 4 images on 2 one-core executors, so both are busy until the last few; warm executors end a
+        # task in ~0.5 s, and the kill comes up to ~1.5 s after the first (progress interval + polling): ~7 s of
+        # tasks are left then)
+        wait_for(lambda: re.search(r"\[sparkseg\] [1-9]\d*/120", log.read_text(errors="replace")),
                  600, "the first finished tasks", job)
         cluster.kill_worker(0)
         assert job.wait(timeout=900) == 0, log.read_text(errors="replace")[-3000:]
     finally:
         job.kill()
     detections, errors = assert_exactly_once(spark, tmp_path / "out", names)
-    assert len(detections) == 40 and not errors
+    assert len(detections) == 120 and not errors
     metrics = parse_event_log(find_event_log(events))
     assert metrics.failed_tasks >= 1 and metrics.retried_tasks >= 1, "the killed executor's task must have re-run"
 

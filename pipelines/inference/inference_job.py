@@ -5,6 +5,7 @@ the sweeps call. The family picks the executor-side postprocess; everything else
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import shutil
@@ -23,6 +24,7 @@ from pipelines.errors import RunFailed
 from pipelines.inference import image_sources as src
 from pipelines.inference import video_sources as videos
 from pipelines.inference.crash_guard import MARKER_DIR, CrashGuard
+from pipelines.inference.executor_warmup import ExecutorWarmUp
 from pipelines.job_config import InferenceSettings, JobConfig, VideoSettings, local_path, resolve_local
 from pipelines.inference.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
 from pipelines.inference.openvino_runtime import RuntimeSettings
@@ -244,7 +246,7 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
         totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
         if n_todo:
             task = make_task(spark, plan, settings, progress)
-            with progress:
+            with progress, warm_up(spark, plan, task, partitions):
                 own_rows = counts.rows_per_partition if todo is units and not n_videos else None   # the listing's
                 totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions, own_rows)
         listing.unpersist()
@@ -319,6 +321,14 @@ def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame, video: Vi
     units = videos.image_units(listing.where(~is_video)).unionByName(
         videos.video_units(clips, video, bytes_fetcher(plan)))
     return units.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def warm_up(spark: SparkSession, plan: JobPlan, task: ImageInference, partitions: int):
+    """The native engine's executors started while the driver plans (executor_warmup), one task per core the first
+    round of `partitions` tasks uses; nothing for BigDL, whose executors run no Python model."""
+    if plan.engine != "native":
+        return contextlib.nullcontext()
+    return ExecutorWarmUp(spark, task, min(partitions, spark.sparkContext.defaultParallelism), plan.run_id)
 
 
 def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
