@@ -8,6 +8,7 @@ are a property of the cluster, so each shape needs its own.
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,24 @@ def test_unschedulable_and_unavailable_points_are_recorded_not_run(tmp_path):
 def test_shipped_sweep_configs_load(name):
     config = load_sweep_config(REPO / "conf" / name)
     assert config.mode == "standalone" and config.points()
+
+
+def test_the_event_log_leaves_the_executors_warm_up_out_of_the_inference_stages(tmp_path):
+    from pipelines.inference.executor_warmup import JOB_GROUP_PREFIX
+    from pipelines.sweeps.event_log import PYTHON_SQL_METRIC, parse_event_log
+
+    def task_end(stage: int, records: int, executor: str, start: int) -> dict:
+        return {"Event": "SparkListenerTaskEnd", "Stage ID": stage, "Task End Reason": {"Reason": "Success"},
+                "Task Info": {"Attempt": 0, "Executor ID": executor, "Launch Time": start, "Finish Time": start + 10,
+                              "Accumulables": [{"Name": PYTHON_SQL_METRIC, "Update": 5},
+                                               {"Name": "internal.metrics.input.recordsRead", "Update": records}]}}
+
+    events = [{"Event": "SparkListenerJobStart", "Job ID": 0, "Stage IDs": [0],
+               "Properties": {"spark.jobGroup.id": f"{JOB_GROUP_PREFIX}run-1"}},
+              task_end(0, 1, "0", 100), task_end(0, 1, "1", 100),
+              {"Event": "SparkListenerJobStart", "Job ID": 1, "Stage IDs": [1, 2], "Properties": {}},
+              task_end(2, 4, "0", 200), task_end(2, 4, "1", 200)]
+    log = tmp_path / "app"
+    log.write_text("".join(json.dumps(event) + "\n" for event in events))
+    metrics = parse_event_log(log)
+    assert metrics.inference_stages == [2] and metrics.partition_images == [4, 4] and metrics.tasks == 4

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import pandas as pd
-from pyspark.sql import SparkSession
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
+JOB_GROUP_PREFIX = "sparkseg-warm-up-"   # + the run id: what the Spark UI and event logs show (sweeps skip it)
 
 
 class LoadModel:
@@ -37,7 +39,7 @@ class ExecutorWarmUp:
 
     def __init__(self, spark: SparkSession, task, tasks: int, name: str) -> None:
         self.spark, self.task, self.tasks = spark, task, max(1, tasks)
-        self.group = f"sparkseg-warm-up-{name}"
+        self.group = f"{JOB_GROUP_PREFIX}{name}"
         self._thread: threading.Thread | None = None
 
     def _run(self) -> None:

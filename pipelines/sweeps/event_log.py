@@ -12,7 +12,7 @@ Definitions (all from SparkListenerTaskEnd events):
   `one_frame_s` = the longest executor busy time / images, the paper's "one frame time".
 - executor task time: per executor, the sum of its attempts' durations (what the Spark UI's Executors tab shows).
 - inference stages: stages that ran Python code through Spark SQL (their tasks report "time to execute Python
-  code": mapInPandas, pandas UDFs). Partition sizes: the records each successful task of those stages read from
+  code": mapInPandas, pandas UDFs), except the jobs that warm the executors up (executor_warmup). Partition sizes: the records each successful task of those stages read from
   the shuffle that balanced the images (or from its input, when there was no shuffle).
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.errors import UsageError
+from pipelines.inference.executor_warmup import JOB_GROUP_PREFIX as WARM_UP_GROUP_PREFIX
 
 PYTHON_SQL_METRIC = "time to execute Python code"
 
@@ -102,6 +103,7 @@ def parse_event_log(path: str | Path) -> AppMetrics:
     metrics = AppMetrics()
     intervals: dict[str, list[tuple[int, int]]] = {}
     python_stages: set[int] = set()
+    warm_up_stages: set[int] = set()
     task_reads: list[tuple[int, bool, float, float]] = []   # (stage, success, shuffle records, input records)
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
@@ -115,6 +117,9 @@ def parse_event_log(path: str | Path) -> AppMetrics:
             kind = event.get("Event")
             if kind == "SparkListenerApplicationStart":
                 metrics.app_id = event.get("App ID")
+            elif kind == "SparkListenerJobStart":
+                if str(event.get("Properties", {}).get("spark.jobGroup.id", "")).startswith(WARM_UP_GROUP_PREFIX):
+                    warm_up_stages.update(event.get("Stage IDs", []))
             elif kind == "SparkListenerExecutorAdded":
                 metrics.executors += 1
             elif kind == "SparkListenerTaskEnd":
@@ -136,6 +141,7 @@ def parse_event_log(path: str | Path) -> AppMetrics:
     for executor, spans in intervals.items():
         metrics.executor_busy_s[executor] = _union_length_ms(spans) / 1000.0
         metrics.executor_task_time_s[executor] = sum(end - start for start, end in spans) / 1000.0
+    python_stages -= warm_up_stages
     metrics.inference_stages = sorted(python_stages)
     metrics.partition_images = [int(shuffle or records) for stage, success, shuffle, records in task_reads
                                 if success and stage in python_stages]
