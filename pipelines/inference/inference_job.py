@@ -220,9 +220,9 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
     previous_settings = {}
     try:
+        new_output = not holds_tables(spark, plan.output)   # under the lock: no other run writes to it now
         # on disk only: each wave reads it back (index_todo), and MEMORY_AND_DISK would pull whole blocks of a
         # 10^7-row listing into a 1 g driver's heap (see index_todo)
-        new_output = not holds_tables(spark, plan.output)   # under the lock: no other run writes to it now
         listing, counts = src.whole_listing(found, lambda frame: count_inputs(frame, video), StorageLevel.DISK_ONLY)
         n_inputs, n_videos = counts.files, counts.videos
         previous_settings = set_session_settings(spark, session_settings_for(n_inputs, config))

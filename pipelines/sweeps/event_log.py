@@ -12,8 +12,9 @@ Definitions (all from SparkListenerTaskEnd events):
   `one_frame_s` = the longest executor busy time / images, the paper's "one frame time".
 - executor task time: per executor, the sum of its attempts' durations (what the Spark UI's Executors tab shows).
 - inference stages: stages that ran Python code through Spark SQL (their tasks report "time to execute Python
-  code": mapInPandas, pandas UDFs), except the jobs that warm the executors up (executor_warmup). Partition sizes: the records each successful task of those stages read from
-  the shuffle that balanced the images (or from its input, when there was no shuffle).
+  code": mapInPandas, pandas UDFs), except the jobs that warm the executors up (executor_warmup). Partition sizes:
+  the records each successful task of those stages read from the shuffle that balanced the images (or from its
+  input, when there was no shuffle).
 """
 from __future__ import annotations
 
