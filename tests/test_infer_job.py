@@ -84,6 +84,10 @@ def test_second_run_skips_everything_and_deleted_outputs_are_recomputed(spark, s
     output = tmp_path / "out"
     first = run(spark, job_config(sample_images, output))
     assert first["counts"]["done"] == first["counts"]["inputs"]
+    # no image failed: errors/ is written once, empty and readable with its columns, and never appended to after
+    error_parts = sorted((output / "errors").glob("part-*.parquet"))
+    errors = spark.read.parquet(str(output / "errors"))
+    assert len(error_parts) == 1 and errors.count() == 0 and {"path", "stage", "message"} <= set(errors.columns)
     second = run(spark, job_config(sample_images, output))
     assert second["counts"]["skipped"] == first["counts"]["inputs"]
     assert second["counts"]["done"] == second["counts"]["failed"] == 0
@@ -100,6 +104,7 @@ def test_second_run_skips_everything_and_deleted_outputs_are_recomputed(spark, s
     forced_config["run"]["force"] = True
     forced = run(spark, forced_config)
     assert forced["counts"]["done"] == first["counts"]["inputs"] and forced["counts"]["skipped"] == 0
+    assert sorted((output / "errors").glob("part-*.parquet")) == error_parts
 
 
 def test_bad_input_corpus_every_file_accounted_for(spark, tmp_path):

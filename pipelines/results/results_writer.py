@@ -50,13 +50,22 @@ def write_results(results: DataFrame, output: Location, file_prefix: str = "part
     )
     detections = observed.where("status = 'ok'").select(*DETECTION_COLUMNS)   # the first write: observes every row
     errors = results.where("status = 'error'").selectExpr(*ERROR_COLUMNS)
-    if choose_writer(output.uri) == "spark":
+    spark_writer = choose_writer(output.uri) == "spark"
+    if spark_writer:
         detections.write.mode("append").parquet((output / "detections").uri)
-        errors.write.mode("append").parquet((output / "errors").uri)
     else:
-        for frame, name in ((detections, "detections"), (errors, "errors")):
-            upload_parquet_parts(frame, output / name, file_prefix)
-    return {key: (value or 0) for key, value in totals.get.items()}
+        upload_parquet_parts(detections, output / "detections", file_prefix)
+    counts = {key: (value or 0) for key, value in totals.get.items()}
+    # A wave without failures scans nothing for them (the scan of the persisted results cost ~2 ms per image); a
+    # Hadoop output still gets its errors/ table, empty, so that it can always be read.
+    if counts["failed"]:
+        if spark_writer:
+            errors.write.mode("append").parquet((output / "errors").uri)
+        else:
+            upload_parquet_parts(errors, output / "errors", file_prefix)
+    elif spark_writer and not hadoop_path_exists(results.sparkSession, (output / "errors").uri):
+        errors.limit(0).write.mode("append").parquet((output / "errors").uri)   # planned empty: reads nothing
+    return counts
 
 
 def upload_parquet_parts(frame: DataFrame, table: Location, file_prefix: str) -> None:
