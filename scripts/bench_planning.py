@@ -80,7 +80,7 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from pipelines.inference.inference_job import (count_inputs, index_todo, session_settings_for,
+    from pipelines.inference.inference_job import (count_inputs, index_todo, planning_settings, session_settings_for,
                                                    set_session_settings, todo_listing)
     from pipelines.job_config import JobConfig, load_config
     from pipelines.spark.spark_session import local_session
@@ -95,10 +95,11 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
         spark.stop()
         return {}
     manifest = SimpleNamespace(model_sha256=SHA)   # todo_listing reads only the model's hash
+    config = JobConfig.from_dict(load_config())   # the job's defaults: shuffles sized, broadcast bound
     start = time.perf_counter()
+    set_session_settings(spark, planning_settings(config))
     listed = image_units(listing(spark, 0, size + (NEW_IMAGES if scenario == "incremental" else 0)))
     listed = listed.persist(StorageLevel.DISK_ONLY)
-    config = JobConfig.from_dict(load_config())   # the job's defaults: shuffles sized, broadcast bound
     counts = count_inputs(listed, config.input.video)
     n_inputs = counts.files
     set_session_settings(spark, session_settings_for(n_inputs, config))

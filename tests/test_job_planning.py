@@ -31,7 +31,7 @@ def test_a_small_run_needs_a_handful_of_tasks(spark, tmp_path):
     for seed in range(3):
         write_image(images / f"{seed}.jpg", seed)
     context = spark.sparkContext
-    before = spark.conf.get("spark.sql.shuffle.partitions")
+    before, adaptive = spark.conf.get("spark.sql.shuffle.partitions"), spark.conf.get("spark.sql.adaptive.enabled")
     try:
         for number, new in enumerate((3, 1)):   # a new output, then a resume with one new image
             if number:
@@ -44,9 +44,14 @@ def test_a_small_run_needs_a_handful_of_tasks(spark, tmp_path):
             # 200 shuffle partitions one such run took ~700 tasks
             assert max(tasks) <= 2 * context.defaultParallelism and sum(tasks) <= 60, \
                 f"run {number}: {sum(tasks)} tasks for {new} images: {tasks}"
+            # one job per step, the wave's inference and detections write in one (3 and 11 jobs here; with
+            # adaptive execution, which ran each query stage as a job of its own, 7 and 22)
+            jobs = context.statusTracker().getJobIdsForGroup(f"{GROUP}-{number}")
+            assert len(jobs) <= (4, 12)[number], f"run {number}: {len(jobs)} jobs, stages' tasks {tasks}"
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)
     assert spark.conf.get("spark.sql.shuffle.partitions") == before, "the job must give the session back as it was"
+    assert spark.conf.get("spark.sql.adaptive.enabled") == adaptive
 
 
 def test_a_wave_is_split_into_rounds_of_small_tasks_over_every_core():

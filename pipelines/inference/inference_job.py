@@ -111,9 +111,17 @@ def shuffle_partitions_for(rows: int) -> int:
     return max(1, -(-int(rows) // ROWS_PER_SHUFFLE_PARTITION))
 
 
+def planning_settings(config: JobConfig) -> dict[str, str]:
+    """The SQL settings a job runs with from its first query: no adaptive execution (unless the config's spark.conf
+    sets it). Every shuffle is sized by the job and every join strategy chosen by it, so it has nothing to re-plan;
+    with it, a wave's persisted results were materialized by a stage of their own and read back by another for the
+    detections write (~2 ms per image on 2 cores), and the listing's count ran as 3 jobs."""
+    return {} if "spark.sql.adaptive.enabled" in config.spark.conf else {"spark.sql.adaptive.enabled": "false"}
+
+
 def session_settings_for(rows: int, config: JobConfig) -> dict[str, str]:
-    """The SQL settings a job of `rows` units runs with: Arrow batches of inference.batch_size images, and planning
-    shuffles sized to the job (unless the config's spark.conf sets them)."""
+    """The SQL settings a job of `rows` units runs with once they are counted: Arrow batches of
+    inference.batch_size images, and planning shuffles sized to the job (unless the config's spark.conf sets them)."""
     settings = {"spark.sql.execution.arrow.maxRecordsPerBatch": str(config.inference.batch_size)}
     if "spark.sql.shuffle.partitions" not in config.spark.conf:
         settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions_for(rows))
@@ -220,12 +228,13 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
     previous_settings = {}
     try:
+        previous_settings = set_session_settings(spark, planning_settings(config))
         new_output = not holds_tables(spark, plan.output)   # under the lock: no other run writes to it now
         # on disk only: each wave reads it back (index_todo), and MEMORY_AND_DISK would pull whole blocks of a
         # 10^7-row listing into a 1 g driver's heap (see index_todo)
         listing, counts = src.whole_listing(found, lambda frame: count_inputs(frame, video), StorageLevel.DISK_ONLY)
         n_inputs, n_videos = counts.files, counts.videos
-        previous_settings = set_session_settings(spark, session_settings_for(n_inputs, config))
+        previous_settings.update(set_session_settings(spark, session_settings_for(n_inputs, config)))
         units = work_units(spark, plan, listing, video, n_videos)
         n_units = units.count() if n_videos else n_inputs
         todo = todo_listing(spark, units, plan.output, plan.manifest, run_cfg.force, run_cfg.broadcast_max_rows)

@@ -28,10 +28,6 @@ DEFAULT_CONF = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # Our partitions are balanced on purpose; AQE must not merge them.
     "spark.sql.adaptive.coalescePartitions.enabled": "false",
-    # Every shuffle is sized by the job and every join strategy chosen by it (inference_job), so adaptive execution
-    # has nothing to re-plan; with it, the persisted results of a wave were materialized as a stage of their own and
-    # read back by another for the detections write (~2 ms per image on 2 cores), and each count ran as 3 jobs.
-    "spark.sql.adaptive.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     # The status store the progress line reads (running tasks) is written on every task event: by default a stage's
     # entry is rewritten at most every 100 ms, so tasks starting together with their stage showed as 0 running until
