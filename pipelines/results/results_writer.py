@@ -50,22 +50,24 @@ def write_results(results: DataFrame, output: Location, file_prefix: str = "part
     )
     detections = observed.where("status = 'ok'").select(*DETECTION_COLUMNS)   # the first write: observes every row
     errors = results.where("status = 'error'").selectExpr(*ERROR_COLUMNS)
-    spark_writer = choose_writer(output.uri) == "spark"
-    if spark_writer:
-        detections.write.mode("append").parquet((output / "detections").uri)
-    else:
-        upload_parquet_parts(detections, output / "detections", file_prefix)
+    append_rows(detections, output / "detections", file_prefix)
     counts = {key: (value or 0) for key, value in totals.get.items()}
     # A wave without failures scans nothing for them (the scan of the persisted results cost ~2 ms per image); a
     # Hadoop output still gets its errors/ table, empty, so that it can always be read.
     if counts["failed"]:
-        if spark_writer:
-            errors.write.mode("append").parquet((output / "errors").uri)
-        else:
-            upload_parquet_parts(errors, output / "errors", file_prefix)
-    elif spark_writer and not hadoop_path_exists(results.sparkSession, (output / "errors").uri):
-        errors.limit(0).write.mode("append").parquet((output / "errors").uri)   # planned empty: reads nothing
+        append_rows(errors, output / "errors", file_prefix)
+    elif choose_writer(output.uri) == "spark" and not hadoop_path_exists(results.sparkSession,
+                                                                          (output / "errors").uri):
+        append_rows(errors.limit(0), output / "errors", file_prefix)   # planned empty: reads nothing
     return counts
+
+
+def append_rows(frame: DataFrame, table: Location, file_prefix: str) -> None:
+    """Append `frame` to `table` (detections/ or errors/) with the output's writer (choose_writer)."""
+    if choose_writer(table.uri) == "spark":
+        frame.write.mode("append").parquet(table.uri)
+    else:
+        upload_parquet_parts(frame, table, file_prefix)
 
 
 def upload_parquet_parts(frame: DataFrame, table: Location, file_prefix: str) -> None:
