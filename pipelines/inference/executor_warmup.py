@@ -1,11 +1,10 @@
-"""Executors' Python workers started, and the model loading in them, while the driver lists and plans.
+"""Executors' Python workers started, and the model loaded in them, while the driver plans the first wave.
 
 The first task on each core pays for starting a Python worker (fork and imports) and for verifying and compiling
-the model (executor_cache): ~1.8 s per first-round task on 2 cores for the bundled model. `ExecutorWarmUp` runs that
-start-up as a job of its own, one tiny task per core, from a driver thread while the main thread goes on. Each task
-starts its worker (the imports) and the model's load in a thread of that worker (LazyModel.start_loading), and ends:
-its core is free again for the listing's own jobs while the worker compiles, and the worker goes back to Spark's
-idle pool, where the inference tasks find it with the model loaded (or wait for the load under way).
+the model (executor_cache): ~1.8 s per first-round task on 2 cores for the bundled model, after the driver has
+planned the wave (index, balancing shuffle, the wave's plan). `ExecutorWarmUp` runs that start-up as a job of its
+own, one tiny task per core, from a driver thread while the main thread plans: the workers go back to Spark's idle
+pool with the model in their cache, and the inference tasks find them there.
 
 Best effort: the warm-up has its own job group; a failure is logged at debug level (an inference task that loads
 the model reports any error as its own), and the job is cancelled if it is still running when the run ends.
@@ -25,14 +24,13 @@ JOB_GROUP_PREFIX = "sparkseg-warm-up-"   # + the run id: what the Spark UI and e
 
 
 class LoadModel:
-    """The warm-up's mapInPandas function: starts loading `task`'s model into this worker's cache (in a thread of
-    the worker), passes its rows on."""
+    """The warm-up's mapInPandas function: loads `task`'s model into this worker's cache, passes its rows on."""
 
     def __init__(self, task) -> None:
         self.task = task
 
     def __call__(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        self.task.cached_model().start_loading()
+        self.task.model()
         yield from batches
 
 

@@ -95,13 +95,9 @@ class ImageInference:
             return float(self.score_threshold)
         return float(self.postprocess.get(manifest_key, 0.05))
 
-    def cached_model(self) -> LazyModel:
-        """This worker's cache entry of the model: `cached_model()()` loads it once, `start_loading()` in a thread."""
-        return LazyModel((self.model_sha256, self.settings),
-                         lambda: load_executor_model(self.model_dir, self.model_sha256, self.settings))
-
     def model(self) -> ExecutorModel:
-        return self.cached_model()()
+        return LazyModel((self.model_sha256, self.settings),
+                         lambda: load_executor_model(self.model_dir, self.model_sha256, self.settings))()
 
     def __call__(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         guard = self.crash_guard.for_task() if self.crash_guard is not None else None

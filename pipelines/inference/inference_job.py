@@ -226,15 +226,10 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
                             plan.reader, plan.credentials)
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
     lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
-    previous_settings, warm = {}, contextlib.ExitStack()
+    previous_settings = {}
     try:
         previous_settings = set_session_settings(spark, planning_settings(config))
         new_output = not holds_tables(spark, plan.output)   # under the lock: no other run writes to it now
-        settings = runtime_settings(spark, config.inference)
-        task = None
-        if new_output or run_cfg.force:   # all that is listed is to do: warm up beside the listing's count
-            task = make_task(spark, plan, settings)
-            warm.enter_context(warm_up(spark, plan, task, spark.sparkContext.defaultParallelism))
         # on disk only: each wave reads it back (index_todo), and MEMORY_AND_DISK would pull whole blocks of a
         # 10^7-row listing into a 1 g driver's heap (see index_todo)
         listing, counts = src.whole_listing(found, lambda frame: count_inputs(frame, video), StorageLevel.DISK_ONLY)
@@ -251,6 +246,7 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
             say(f"{n_inputs} images, {n_todo} to do ({n_inputs - n_todo} already done for this model)")
         partitions = tasks_per_wave(config.inference, spark.sparkContext.defaultParallelism,
                                     min(run_cfg.commit_every or n_todo, n_todo))
+        settings = runtime_settings(spark, config.inference)
         if n_videos:   # progress counts result rows: images and video frames
             todo_rows = todo.where(F.col("segment_start").isNull()).count() + videos.expected_frames(todo, video)
             progress = ProgressReporter(spark, todo_rows, run_cfg.progress_interval_s, unit="images+frames")
@@ -258,14 +254,10 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
             progress = ProgressReporter(spark, n_todo, run_cfg.progress_interval_s)
         totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
         if n_todo:
-            if task is None:
-                task = make_task(spark, plan, settings)
-                warm.enter_context(warm_up(spark, plan, task, partitions))
-            with progress:
+            task = make_task(spark, plan, settings, progress)
+            with progress, warm_up(spark, plan, task, partitions):
                 own_rows = counts.rows_per_partition if todo is units and not n_videos else None   # the listing's
-                totals = run_waves(spark, plan, replace(task, progress=progress.accumulator), settings, todo, n_todo,
-                                   n_inputs, partitions, own_rows)
-        warm.close()
+                totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions, own_rows)
         listing.unpersist()
         units.unpersist()
         if config.output.coco_results:
@@ -282,7 +274,6 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
                             f"{max_fraction}): see {plan.output_uri}/errors and summary.json")
         return summary
     finally:
-        warm.close()
         lock.release()
         restore_session_settings(spark, previous_settings)
 
@@ -349,9 +340,9 @@ def warm_up(spark: SparkSession, plan: JobPlan, task: ImageInference, partitions
     return ExecutorWarmUp(spark, task, min(partitions, spark.sparkContext.defaultParallelism), plan.run_id)
 
 
-def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings) -> ImageInference:
-    """The executor-side function (small, picklable; without a progress accumulator: the run adds its own); the
-    model ships separately, once per executor."""
+def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
+              progress: ProgressReporter) -> ImageInference:
+    """The executor-side function (small, picklable); the model ships separately, once per executor."""
     manifest, inference, output = plan.manifest, plan.config.inference, plan.config.output
     return inference_task_class(plan.family)(
         model_dir=ship_model(spark, manifest), model_sha256=manifest.model_sha256,
@@ -362,6 +353,7 @@ def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings) -> 
         masks=output.masks, score_threshold=output.score_threshold,
         max_image_pixels=inference.max_image_pixels, jpeg_draft=inference.jpeg_draft,
         fetch_bytes=bytes_fetcher(plan),
+        progress=progress.accumulator,
         video=plan.config.input.video, frames_per_batch=inference.batch_size)
 
 
