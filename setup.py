@@ -12,6 +12,7 @@ CORE = [
     "pandas>=2.0,<3",
     "pyyaml>=6",
     "pycocotools>=2.0.7",
+    "zlib-ng>=0.5",   # label-map PNGs deflated ~4x faster than by zlib (pipelines.ops.mask_outputs)
     "fsspec>=2023.1",
     # PyAV (FFmpeg bundled in its wheels): video input, decoded on the executors (pipelines.ops.video_decode)
     "av>=12,<19",

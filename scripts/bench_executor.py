@@ -177,6 +177,15 @@ def worker(task, paths: list[str], batch_size: int, barrier, results, model_only
                  "errors": [r["error_message"] for r in rows if r["status"] != "ok"][:3]})
 
 
+def process_shares(paths: list[Path], processes: int) -> list[list[Path]]:
+    """Each process's images: whole cycles of EXECUTOR_SIZES (image i has size i mod 8), dealt round-robin, so that
+    P dividing the number of cycles gives every process the same pixels to decode and mask (dealing single images
+    round-robin would give one of 2 processes all the 1920x1080 and 1600x1200 ones: 24% more pixels, and the wall
+    time is the slowest process's)."""
+    cycle = len(EXECUTOR_SIZES)
+    return [[p for i, p in enumerate(paths) if (i // cycle) % processes == k] for k in range(processes)]
+
+
 def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeout_s: float,
                  model_only: bool = False) -> dict:
     """P spawned processes, each the same task over an equal share of the images (as P single-core tasks)."""
@@ -185,7 +194,7 @@ def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeo
         os.environ.setdefault(name, "1")
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(processes), ctx.Queue()
-    shares = [[str(p) for p in paths[i::processes]] for i in range(processes)]
+    shares = [[str(p) for p in part] for part in process_shares(paths, processes)]
     procs = [ctx.Process(target=worker, args=(task, share, batch_size, barrier, results, model_only))
              for share in shares]
     for proc in procs:

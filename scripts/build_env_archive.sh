@@ -15,7 +15,7 @@
 #   --force                rebuild even when the archive is up to date
 # Environment: PYTHON (interpreter the fresh env is made from, default python3: the same major.minor as the
 # driver's), PACKER_PYTHON (a Python with venv-pack, default <repo>/.venv/bin/python), SMOKE_IMPORTS (modules the
-# packed env must import; default "numpy openvino pandas pyarrow PIL pycocotools pipelines").
+# packed env must import; default "numpy openvino pandas pyarrow PIL pycocotools zlib_ng pipelines").
 #
 # What is in the fresh env: this package (not editable) and setup.py's CORE deps plus the extras, at the versions of
 # constraints.txt; NOT torch (executors never need it) and NOT pyspark/py4j (the cluster's Spark puts its own
@@ -128,7 +128,7 @@ fi
 
 # Smoke test: what an executor imports (SMOKE_IMPORTS overrides the list), from / (not the checkout's modules).
 # shellcheck disable=SC2086  (a list of module names)
-(cd / && "$PREFIX/bin/python" -W ignore - ${SMOKE_IMPORTS:-numpy openvino pandas pyarrow PIL pycocotools pipelines}) <<'EOF'
+(cd / && "$PREFIX/bin/python" -W ignore - ${SMOKE_IMPORTS:-numpy openvino pandas pyarrow PIL pycocotools zlib_ng pipelines}) <<'EOF'
 import importlib, sys
 
 versions = [f"{name} {getattr(importlib.import_module(name), '__version__', '')}".strip() for name in sys.argv[1:]]

@@ -30,7 +30,7 @@ BIGDL_PINS=("bigdl-dllib-spark3==2.4.0" "bigdl-orca-spark3==2.4.0" "bigdl-core==
 # This repo's small runtime deps (setup.py CORE minus the above), in versions that work with numpy 1.26
 # (pycocotools 2.0.10: 2.0.8 still pulls matplotlib), and the test runner (pytest.ini asks for --timeout).
 REPO_PINS=(
-    "pillow==11.3.0" "pyyaml==6.0.2" "pandas==2.2.3" "pycocotools==2.0.10" "fsspec==2024.12.0"
+    "pillow==11.3.0" "pyyaml==6.0.2" "pandas==2.2.3" "pycocotools==2.0.10" "fsspec==2024.12.0" "zlib-ng==1.1.0"
     "pytest==8.3.5" "pytest-timeout==2.3.1"
 )
 

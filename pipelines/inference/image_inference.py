@@ -207,5 +207,7 @@ class ImageInference:
                 target = mask_output_path(self.output.uri, row["path"], self.input_root)
             else:
                 target = frame_mask_output_path(self.output.uri, row["path"], self.input_root, row["frame_index"])
-            self.output.sibling(target).write_bytes_atomic(labels.png())
+            # atomic (a reader never sees half a PNG) but not fsynced: the result rows that name it are written by
+            # Spark, which does not fsync either, so a crashed machine loses both and the task runs again
+            self.output.sibling(target).write_bytes_atomic(labels.png(), durable=False)
             row["mask_path"] = target

@@ -37,8 +37,13 @@ class YolactInference(ImageInference):
                     "score": float(det.scores[i]), "box": [int(v) for v in boxes[i]], "mask": None})
             labels = LabelMapBuilder(height, width) if self.masks == "rle_and_png" else None
             if self.masks != "none":
+                empty_rle = None   # the same for every empty mask of the image (~40% of them at conf 0.05)
                 for instance, box in zip(instances, yp.box_masks(det, raw["proto"], width, height)):
-                    instance["mask"] = encode_rle_box(box.mask, box.top, box.left, height, width)
+                    if box.mask.size == 0:
+                        empty_rle = empty_rle or encode_rle_box(box.mask, 0, 0, height, width)
+                        instance["mask"] = dict(empty_rle)
+                    else:
+                        instance["mask"] = encode_rle_box(box.mask, box.top, box.left, height, width)
                     if labels is not None:
                         labels.add_box(box.mask, box.top, box.left)
             row["instances"] = instances

@@ -78,7 +78,9 @@ def bilinear_row_blocks(x: np.ndarray, rows: AxisTable, cols: AxisTable,
 
     # Width pass over those rows, gathered in the source's dtype and converted after (exact).
     by_width = np.empty((n_src, n_out_cols) + trailing, dtype=np.float32)
-    step = max(1, block_elements // max(1, x.shape[1] * channels, n_out_cols * channels))
+    # a block's temporaries are [rows, n_out_cols(, C)] float32; rows gathered by index are copied whole first
+    row_copy = 0 if contiguous else x.shape[1] * channels * x.itemsize // 4   # (in float32 units)
+    step = max(1, block_elements // max(1, row_copy, n_out_cols * channels))
     for start in range(0, n_src, step):
         stop = min(start + step, n_src)
         src = x[first + start:first + stop] if contiguous else x[src_rows[start:stop]]

@@ -11,19 +11,20 @@ when there are fewer than 256 instances, else uint16, and is stored as an 8-bit 
 Box-local masks (a bool window at (top, left) of an otherwise empty image, what the executors produce) are encoded
 and painted without a full-size mask: `encode_rle_box` builds the column-major runs of the full image arithmetically
 (the zeros outside the window are never materialized) and gives the same bytes as `pycocotools.mask.encode` of the
-full-size mask; `LabelMapBuilder.add_box` paints only the window. Label-map PNGs use a fast zlib level.
+full-size mask; `LabelMapBuilder.add_box` paints only the window. Label-map PNGs are deflated by zlib-ng (the same
+format as zlib's, ~4x faster at level 1 with the run-length strategy).
 """
 from __future__ import annotations
 
 import binascii
 import io
 import struct
-import zlib
 from typing import Iterable, Sequence
 
 import numpy as np
 from PIL import Image
 from pycocotools import mask as coco_mask
+from zlib_ng import zlib_ng
 
 MAX_INSTANCES = 65535  # labels must fit a 16-bit PNG
 PNG_COMPRESS_LEVEL = 1  # zlib level of label-map and overlay PNGs: ~2x faster than Pillow's default 6
@@ -195,7 +196,9 @@ def label_map_png(labels: np.ndarray) -> bytes:
     Written here rather than by Pillow, which runs PNG's adaptive row filtering (all five filters tried on every
     row) with no way to turn it off: 7.3 ms of a 1.1 Mpx label map even at zlib level 0, against 2.8 ms for rows
     stored unfiltered (filter type 0) and deflated with zlib's run-length strategy, which also suits label maps
-    (long runs of one label) better: files ~1.5x smaller than Pillow's at level 1. Any PNG reader decodes it.
+    (long runs of one label) better: files ~1.5x smaller than Pillow's at level 1. zlib-ng deflates them ~4x faster
+    than zlib into streams of the same size (2.07 -> 0.52 ms per 1.1 Mpx bench label map, AVX-512 Xeon). Any PNG
+    reader decodes it.
     """
     if labels.ndim != 2 or labels.dtype not in (np.uint8, np.uint16):
         raise ValueError(f"label map must be uint8 or uint16 [H, W], got {labels.dtype} {labels.shape}")
@@ -205,7 +208,7 @@ def label_map_png(labels: np.ndarray) -> bytes:
     depth = 8 * labels.dtype.itemsize
     scanlines = np.zeros((height, 1 + width * labels.dtype.itemsize), np.uint8)   # each row: filter byte 0 + row
     scanlines[:, 1:] = labels.astype(">u2", copy=False).view(np.uint8) if depth == 16 else labels
-    deflate = zlib.compressobj(PNG_COMPRESS_LEVEL, zlib.DEFLATED, 15, 8, zlib.Z_RLE)
+    deflate = zlib_ng.compressobj(PNG_COMPRESS_LEVEL, zlib_ng.DEFLATED, 15, 8, zlib_ng.Z_RLE)
     pixels = deflate.compress(scanlines.data) + deflate.flush()
     header = struct.pack(">IIBBBBB", width, height, depth, 0, 0, 0, 0)   # grayscale, deflate, no interlace
     return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", pixels) + _png_chunk(b"IEND", b"")
