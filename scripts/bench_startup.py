@@ -7,7 +7,8 @@ Cases, each a plain `python jobs/infer_yolact.py` (local[*], the JVM started by 
   progress line, wall seconds until the command exits (as a shell times it), lines printed, and when its output
   closed (the driver JVM it started holds the pipe until its own shutdown ends, after the command);
 - 200 images (scripts/bench/images.py, 480-800 px JPEGs, the bundled model): wall, and overhead = wall minus the
-  model's stage seconds (summary.json, summed over tasks) divided by the cores that ran them in parallel;
+  model's stage seconds (summary.json, summed over tasks) divided by the cores that ran them in parallel, split into
+  phases by when the job's own lines appear (run_phases);
 - worker start: a fresh local[2] session's first Python job (mapInPandas, 2 tasks) minus the same job run again
   (the Python worker daemon's and workers' start);
 - empty incremental: the same 200-image job again with nothing new, on an output holding `--history-runs` earlier
@@ -95,6 +96,19 @@ print(json.dumps(walls))
 """
 
 
+def run_phases(run: dict) -> dict:
+    """Where a run's wall time goes, from the lines it printed (job_runs.PHASE_LINES): start-up (imports, JVM,
+    session), listing and resume planning, the inference span (executor warm-up, the waves' planning, tasks and
+    writes) beyond the model's seconds, and the end (summary, table counts, SparkContext.stop, exit)."""
+    marks = run["marks"]
+    if not {"listing", "planned", "finished"} <= marks.keys():
+        return {}
+    inference = marks["finished"] - marks["planned"]
+    return {"phase_start_s": marks["listing"], "phase_listing_s": marks["planned"] - marks["listing"],
+            "phase_inference_s": inference, "phase_inference_beyond_model_s": inference - model_seconds(run["summary"]),
+            "phase_end_s": run["wall_s"] - marks["finished"]}
+
+
 def conf_of(extra: list[str]) -> dict:
     """The Spark settings of a configuration's `--conf KEY=VALUE` arguments."""
     return dict(value.split("=", 1) for flag, value in zip(extra, extra[1:]) if flag == "--conf")
@@ -135,6 +149,7 @@ def measure(args) -> list[dict]:
                    "images": args.images, "run_wall_s": first["wall_s"],
                    "run_model_s": model_seconds(first["summary"]),
                    "run_overhead_s": first["wall_s"] - model_seconds(first["summary"]),
+                   **run_phases(first),
                    "empty_after_1_run_s": once["wall_s"],
                    "empty_after_history_first_s": after_history[0]["wall_s"],
                    "empty_after_history_s": after_history[1]["wall_s"], "history_runs": args.history_runs,
@@ -152,6 +167,11 @@ def report(rows: list[dict], args) -> str:
               ("demo_lines", "demo: lines printed"), ("run_wall_s", f"{args.images} images: wall s"),
               ("run_model_s", f"{args.images} images: model s (stage s / parallel tasks)"),
               ("run_overhead_s", f"{args.images} images: overhead s"),
+              ("phase_start_s", "  of which start-up: imports, JVM, session (to the listing line) s"),
+              ("phase_listing_s", "  of which listing and resume planning (to the 'N images, M to do' line) s"),
+              ("phase_inference_beyond_model_s", "  of which inference span beyond the model s (warm-up, planning, "
+                                                 "Spark and Arrow per image, writes)"),
+              ("phase_end_s", "  of which end: summary, table counts, SparkContext.stop, exit s"),
               ("empty_after_1_run_s", "empty incremental after 1 run: wall s"),
               ("empty_after_history_first_s", f"empty incremental after {args.history_runs} runs, first: wall s"),
               ("empty_after_history_s", f"empty incremental after {args.history_runs} runs, again: wall s")]
@@ -162,7 +182,8 @@ def report(rows: list[dict], args) -> str:
              f"--history-runs {args.history_runs} --configs '{','.join(args.configs)}'`).", "",
              "| measure | " + " | ".join(args.configs) + " |", "|---|" + "---:|" * len(args.configs)]
     for key, label in fields:
-        cells = [statistics.median(r[key] for r in rows if r["config"] == name) for name in args.configs]
+        cells = [statistics.median(values) if (values := [r[key] for r in rows if r["config"] == name and key in r])
+                 else "n/a" for name in args.configs]   # phases: n/a where a run's lines lacked a phase's mark
         lines.append(f"| {label} | " + " | ".join(f"{c:.1f}" if isinstance(c, float) else str(c) for c in cells) + " |")
     loads = [r["load_1min"] for r in rows]
     lines += ["", f"1-minute load average after each repeat: {min(loads):.1f}-{max(loads):.1f}."]

@@ -12,22 +12,34 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRESS = re.compile(r"\[sparkseg\] \d+/\d+ images")
+# The lines (stderr, unbuffered) that end the job's first phases (pipelines.inference.inference_job.run_plan):
+# `listing` when the session is up and the listing starts, `planned` when the to-do is counted
+PHASE_LINES = {"listing": re.compile(r"\[sparkseg\] run \S+: listing "),
+               "planned": re.compile(r"\[sparkseg\] \d+ (images, |files \()")}
 
 
 def run_job(args: list[str], timeout_s: float = 900) -> dict:
     """One `python jobs/infer_yolact.py ARGS`: wall seconds (until the command exits, as a shell times it),
-    seconds to the first progress line, lines printed, summary.json; and `output_closed_s`, when its output pipe
-    closed: the Spark driver JVM it started holds the pipe until its own shutdown, which ends after the command."""
+    seconds to the first progress line, lines printed, summary.json; `output_closed_s`, when its output pipe
+    closed: the Spark driver JVM it started holds the pipe until its own shutdown, which ends after the command; and
+    `marks`, seconds from the command to the first line of each PHASE_LINES and to the last progress line
+    (`finished`: every image done and written)."""
     command = [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), *args]
     started = time.monotonic()
     marks: dict[str, float] = {}
+    phases: dict[str, float] = {}
     lines: list[str] = []
 
     def read(stream) -> None:
         for line in stream:
             lines.append(line.rstrip("\n"))
-            if "first_progress_s" not in marks and PROGRESS.search(line):
-                marks["first_progress_s"] = time.monotonic() - started
+            now = time.monotonic() - started
+            if PROGRESS.search(line):
+                marks.setdefault("first_progress_s", now)
+                phases["finished"] = now
+            for name, pattern in PHASE_LINES.items():
+                if name not in phases and pattern.search(line):
+                    phases[name] = now
         marks["output_closed_s"] = time.monotonic() - started
 
     with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
@@ -41,7 +53,7 @@ def run_job(args: list[str], timeout_s: float = 900) -> dict:
     output = Path(args[args.index("--output") + 1])
     summary = json.loads((output / "summary.json").read_text())
     return {"wall_s": wall, "first_progress_s": marks.get("first_progress_s"),
-            "output_closed_s": marks.get("output_closed_s"), "lines": len(lines), "summary": summary}
+            "output_closed_s": marks.get("output_closed_s"), "lines": len(lines), "summary": summary, "marks": phases}
 
 
 def marginal_throughput(small_dir: Path, large_dir: Path, scratch: Path, job_args: list[str]) -> dict:
