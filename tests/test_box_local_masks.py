@@ -149,6 +149,31 @@ def test_new_masks_equal_previous_on_random_r50_like_outputs(seed, width, height
                                   np.stack(list(ref.instance_masks(det, proto, width, height))))
 
 
+def picks_box_local_probabilities(det, proto_size: int) -> bool:
+    """Whether box_masks computes the probabilities inside each box only (its rule, BOX_LOCAL_SETUP_PIXELS)."""
+    keep_rows, keep_cols = yp.crop_windows(det.boxes, proto_size, proto_size)
+    area = int(np.dot(keep_rows.sum(axis=1), keep_cols.sum(axis=1)))
+    return area + len(det) * yp.BOX_LOCAL_SETUP_PIXELS < len(det) * proto_size * proto_size
+
+
+@pytest.mark.parametrize("proto_size, box_scale, box_local", [(138, 0.3, True), (138, 6.0, False), (64, 0.3, False),
+                                                              (200, 1.0, True)])
+def test_masks_are_the_same_whether_probabilities_are_box_local_or_whole(proto_size, box_scale, box_local):
+    """box_masks computes the probabilities only inside the padded boxes where the proto is large against them;
+    either way the masks are the whole-proto reference's (boxes touching every border, 1-px, outside)."""
+    rng = np.random.default_rng(proto_size)
+    proto = np.maximum(rng.normal(0, 1.5, (proto_size, proto_size, 32)), 0).astype(np.float32)
+    det = random_detections(rng, 60)
+    centers = (det.boxes[:, :2] + det.boxes[:, 2:]) / 2
+    halves = (det.boxes[:, 2:] - det.boxes[:, :2]) / 2 * np.float32(box_scale)
+    det = yp.Detections(boxes=np.concatenate([centers - halves, centers + halves], 1).astype(np.float32),
+                        coeffs=det.coeffs, classes=det.classes, scores=det.scores)
+    assert picks_box_local_probabilities(det, proto_size) == box_local
+    for width, height in ((640, 480), (97, 1300)):
+        np.testing.assert_array_equal(yp.assemble_masks(det, proto, width, height),
+                                      np.stack(list(ref.instance_masks(det, proto, width, height))))
+
+
 @pytest.fixture(scope="module")
 def bundled():
     manifest = load_manifest(DEFAULT_MODEL_DIR)
