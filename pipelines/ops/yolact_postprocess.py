@@ -401,11 +401,11 @@ def _cropped_box_masks(logits: np.ndarray, row_spans: list[tuple[int, int]], col
                 block = np.zeros((r1 - r0 + 2, c1 - c0 + 2), dtype=np.float32)   # proto rows r0-1..r1, cols c0-1..c1
                 block[1:-1, 1:-1] = sigmoid_inplace(logits[r0:r1, c0:c1, i].copy())
                 hot = block > MASK_THRESHOLD
-                rows = _output_window(row_axis, hot.any(axis=1), r0 - 1)
+                rows = _hot_output_range(row_axis, hot.any(axis=1), r0 - 1)
             if rows is None:
                 yield BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
                 continue
-            cols = _output_window(col_axis, hot.any(axis=0), c0 - 1)
+            cols = _hot_output_range(col_axis, hot.any(axis=0), c0 - 1)
             yield _box_mask(block, row_axis, col_axis, rows, cols, (r0 - 1, c0 - 1))
 
     return masks()
@@ -420,25 +420,30 @@ def _spans(keep: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b)) if k else (0, 0) for a, b, k in zip(start, stop, keep.any(axis=1))]
 
 
-def _output_window(axis: AxisTable, hot: np.ndarray, offset: int) -> tuple[int, int] | None:
-    """_output_windows for one mask whose hot line (bool [p]) covers source indices offset .. offset + p - 1."""
+def _output_windows(axis: AxisTable, hot: np.ndarray) -> tuple[list[int], list[int]]:
+    """Per mask, _output_range of its first and last hot proto pixel along this axis (hot: bool [n, P]); start -1
+    where a mask has none."""
+    first = hot.argmax(axis=1)
+    last = hot.shape[1] - 1 - hot[:, ::-1].argmax(axis=1)
+    start, stop = _output_range(axis, first, last)
+    return np.where(hot.any(axis=1), start, -1).tolist(), stop.tolist()
+
+
+def _hot_output_range(axis: AxisTable, hot: np.ndarray, offset: int) -> tuple[int, int] | None:
+    """_output_range of one mask's hot line (bool [p] over proto indices offset .. offset + p - 1); None if none."""
     index = np.flatnonzero(hot)
     if index.size == 0:
         return None
-    i0, i1, _ = axis
-    start = int(np.searchsorted(i1, offset + index[0], side="left"))
-    return start, max(int(np.searchsorted(i0, offset + index[-1], side="right")), start)
+    start, stop = _output_range(axis, offset + int(index[0]), offset + int(index[-1]))
+    return int(start), int(stop)
 
 
-def _output_windows(axis: AxisTable, hot: np.ndarray) -> tuple[list[int], list[int]]:
-    """Per mask, the output range [start, stop) whose source pixels i0 or i1 fall between its first and last hot
-    proto pixel along this axis (hot: bool [n, P]); start -1 where a mask has none."""
+def _output_range(axis: AxisTable, first, last):
+    """The output range [start, stop) whose bilinear sources i0 or i1 fall between proto pixels first and last
+    (ints, or arrays of them): the rows or cols a mask's window needs along this axis."""
     i0, i1, _ = axis
-    first = hot.argmax(axis=1)
-    last = hot.shape[1] - 1 - hot[:, ::-1].argmax(axis=1)
     start = np.searchsorted(i1, first, side="left")
-    stop = np.maximum(np.searchsorted(i0, last, side="right"), start)
-    return np.where(hot.any(axis=1), start, -1).tolist(), stop.tolist()
+    return start, np.maximum(np.searchsorted(i0, last, side="right"), start)
 
 
 def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable, rows: tuple[int, int],
