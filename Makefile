@@ -24,7 +24,8 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=24"
 
-# Inference only: pyspark, openvino, numpy, pillow, pyarrow, pandas, pycocotools, zlib-ng; matplotlib for the report. No torch.
+# Inference only: pyspark, openvino, numpy, numba, pillow, pyarrow, pandas, pycocotools, zlib-ng; matplotlib for the
+# report. No torch.
 $(VENV)/.stamp-infer: setup.py constraints.txt | $(PY)
 	$(PIP) install -c constraints.txt -e ".[report]"
 	touch $@

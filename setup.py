@@ -13,6 +13,7 @@ CORE = [
     "pyyaml>=6",
     "pycocotools>=2.0.7",
     "zlib-ng>=0.5",   # label-map PNGs deflated ~4x faster than by zlib (pipelines.ops.mask_outputs)
+    "numba>=0.60",    # the per-pixel loops of resize, masks and label maps (pipelines.ops.compiled_loops)
     "fsspec>=2023.1",
     # PyAV (FFmpeg bundled in its wheels): video input, decoded on the executors (pipelines.ops.video_decode)
     "av>=12,<19",

@@ -31,7 +31,7 @@ BIGDL_PINS=("bigdl-dllib-spark3==2.4.0" "bigdl-orca-spark3==2.4.0" "bigdl-core==
 # (pycocotools 2.0.10: 2.0.8 still pulls matplotlib), and the test runner (pytest.ini asks for --timeout).
 REPO_PINS=(
     "pillow==11.3.0" "pyyaml==6.0.2" "pandas==2.2.3" "pycocotools==2.0.10" "fsspec==2024.12.0" "zlib-ng==1.1.0"
-    "pytest==8.3.5" "pytest-timeout==2.3.1"
+    "numba==0.68.1" "llvmlite==0.50.0" "pytest==8.3.5" "pytest-timeout==2.3.1"
 )
 
 if ! "$PYTHON" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 11)))'; then

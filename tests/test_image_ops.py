@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipelines.ops.image_ops import bilinear_axis, bilinear_row_blocks, resize_bilinear
+from pipelines.ops.compiled_loops import resample, resample_above
+from pipelines.ops.image_ops import bilinear_axis, resize_bilinear
 
 
 def torch_resize(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -50,18 +51,26 @@ def test_bilinear_axis_indices_and_weights_match_torch_sampling():
     assert i1.max() == in_size - 1 and w1.dtype == np.float32
 
 
-def test_row_blocks_give_the_same_values_for_any_block_size():
-    x = np.random.default_rng(2).random((23, 31, 2), dtype=np.float32)
-    rows, cols = bilinear_axis(23, 57), bilinear_axis(31, 40)
-    whole = resize_bilinear(x, (57, 40))
-    pieces = np.full_like(whole, np.nan)
-    for sl, block in bilinear_row_blocks(x, rows, cols, block_elements=7):
-        assert block.shape[0] <= max(1, 7 // (40 * 2))
-        pieces[sl] = block
-    np.testing.assert_array_equal(pieces, whole)
-    # A window (sub-range of both tables) gives the same values as the full resize there.
-    window = [(sl, b) for sl, b in bilinear_row_blocks(x, tuple(a[10:30] for a in rows), tuple(a[5:9] for a in cols))]
-    np.testing.assert_array_equal(np.concatenate([b for _, b in window]), whole[10:30, 5:9])
+@pytest.mark.parametrize("in_shape, size", [((23, 31), (57, 40)), ((97, 61), (13, 9)), ((6, 1), (6, 11))])
+def test_a_window_of_the_tables_gives_the_whole_resize_there_and_its_threshold(in_shape, size):
+    x = np.random.default_rng(2).random(in_shape, dtype=np.float32)
+    rows, cols = bilinear_axis(in_shape[0], size[0]), bilinear_axis(in_shape[1], size[1])
+    whole = resize_bilinear(x, size)
+    r0, r1, c0, c1 = size[0] // 4, size[0] - 1, size[1] // 3, size[1]
+    window = np.full((r1 - r0, c1 - c0), np.nan, np.float32)
+    resample(x, *(a[r0:r1] for a in rows), *(a[c0:c1] for a in cols), window)
+    np.testing.assert_array_equal(window, whole[r0:r1, c0:c1])
+    above = np.zeros_like(window, dtype=bool)
+    threshold = float(np.median(whole))
+    resample_above(x, *(a[r0:r1] for a in rows), *(a[c0:c1] for a in cols), threshold, above)
+    np.testing.assert_array_equal(above, whole[r0:r1, c0:c1] > np.float32(threshold))
+
+
+def test_channels_are_resized_as_separate_planes():
+    x = np.random.default_rng(3).integers(0, 256, (19, 23, 4), dtype=np.uint8)
+    together = resize_bilinear(x, (40, 9))
+    for c in range(4):
+        np.testing.assert_array_equal(together[..., c], resize_bilinear(np.ascontiguousarray(x[..., c]), (40, 9)))
 
 
 @pytest.mark.parametrize("x, size", [(np.zeros((2, 2, 2, 2)), (3, 3)), (np.zeros((0, 4)), (3, 3)),

@@ -1,21 +1,13 @@
-"""Bilinear resampling in numpy that matches ``torch.nn.functional.interpolate``.
+"""Bilinear resampling that matches ``torch.nn.functional.interpolate``.
 
 Matches ``mode='bilinear', align_corners=False, antialias=False`` with ``size=`` given (no scale factor): the same
 float32 source-index arithmetic and the same operation order as torch's generic CPU kernel (interpolate along the
-width, then along the height). Separable and evaluated in row blocks, so memory stays bounded for large images.
+width, then along the height). The tables (which source pixels, which weights) are built here in numpy; the
+per-pixel loop is `compiled_loops.resample`, which reads only the source rows the output needs.
 """
 from __future__ import annotations
 
-from typing import Iterator
-
 import numpy as np
-
-# Float32 elements per temporary block (256 KiB): bounds memory whatever the image size, and small enough that a
-# block pass's two temporaries stay in a core's L2 cache (measured: 4x faster than 16 MiB blocks for 138 -> 8000
-# upsampling; the executors' box-local masks 16 % faster than with 1 MiB blocks, 11.9 vs 14.3 ms per bench image
-# on an EPYC with 512 KiB L2 per core, where 128 Ki-element blocks are as fast and 32 Ki slower; image
-# preprocess unchanged).
-BLOCK_ELEMENTS = 1 << 16
 
 AxisTable = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -44,67 +36,6 @@ def bilinear_axis(in_size: int, out_size: int) -> AxisTable:
     return i0, i1, w1
 
 
-def bilinear_row_blocks(x: np.ndarray, rows: AxisTable, cols: AxisTable,
-                        block_elements: int = BLOCK_ELEMENTS) -> Iterator[tuple[slice, np.ndarray]]:
-    """Evaluate a separable bilinear resample block by block.
-
-    x: [H, W] or [H, W, C] (any numeric dtype). rows/cols: ``(i0, i1, w1)`` tables from :func:`bilinear_axis`,
-    or any contiguous sub-range of them (to evaluate only a window of the output).
-    Yields ``(out_rows, block)``: a slice of output rows (0-based within ``rows``) and a fresh float32 block
-    [rows in slice, len(cols)(, C)]. Each value is ``(x[y0,x0]*wx0 + x[y0,x1]*wx1)*wy0 + (x[y1,x0]*wx0 +
-    x[y1,x1]*wx1)*wy1`` in float32, in that order.
-    """
-    y0, y1, wy1 = rows
-    x0, x1, wx1 = cols
-    n_out_rows, n_out_cols = len(y0), len(x0)
-    if n_out_rows == 0 or n_out_cols == 0:
-        return
-    trailing = x.shape[2:]
-    channels = int(np.prod(trailing)) if trailing else 1
-    # column weights repeated per channel: the width pass multiplies [rows, cols * channels] arrays (a
-    # broadcast over a trailing axis of 3 runs numpy's inner loop 3 elements at a time: ~8x slower)
-    wx0 = np.repeat(np.float32(1) - wx1, channels)
-    wx1 = np.repeat(wx1, channels)
-
-    # The source rows the output rows need (at most 2 per output row): when upsampling, the contiguous range
-    # between the first and the last (no sort); when downsampling, only those rows.
-    first, last = int(y0[0]), int(y1[-1])
-    contiguous = last - first < 2 * n_out_rows
-    if contiguous:
-        n_src, p0, p1 = last - first + 1, y0 - first, y1 - first
-    else:
-        src_rows = np.unique(np.concatenate([y0, y1]))
-        n_src, p0, p1 = len(src_rows), np.searchsorted(src_rows, y0), np.searchsorted(src_rows, y1)
-
-    # Width pass over those rows, gathered in the source's dtype and converted after (exact).
-    by_width = np.empty((n_src, n_out_cols) + trailing, dtype=np.float32)
-    # a block's temporaries are [rows, n_out_cols(, C)] float32; rows gathered by index are copied whole first
-    row_copy = 0 if contiguous else x.shape[1] * channels * x.itemsize // 4   # (in float32 units)
-    step = max(1, block_elements // max(1, row_copy, n_out_cols * channels))
-    for start in range(0, n_src, step):
-        stop = min(start + step, n_src)
-        src = x[first + start:first + stop] if contiguous else x[src_rows[start:stop]]
-        left = np.take(src, x0, axis=1).astype(np.float32, copy=False).reshape(len(src), -1)
-        left *= wx0
-        right = np.take(src, x1, axis=1).astype(np.float32, copy=False).reshape(len(src), -1)
-        right *= wx1
-        left += right
-        by_width[start:stop] = left.reshape((len(src), n_out_cols) + trailing)
-
-    # Height pass, one block of output rows at a time.
-    row_extra = (1,) * (1 + len(trailing))
-    wy0 = np.float32(1) - wy1
-    step = max(1, block_elements // (n_out_cols * channels))
-    for start in range(0, n_out_rows, step):
-        sl = slice(start, min(start + step, n_out_rows))
-        top = np.take(by_width, p0[sl], axis=0)
-        top *= wy0[sl].reshape((-1,) + row_extra)
-        bottom = np.take(by_width, p1[sl], axis=0)
-        bottom *= wy1[sl].reshape((-1,) + row_extra)
-        top += bottom
-        yield sl, top
-
-
 def resize_bilinear(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Resize over the first two axes like torch ``F.interpolate(bilinear, align_corners=False)``.
 
@@ -116,10 +47,26 @@ def resize_bilinear(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         raise ValueError(f"resize_bilinear: x must be a non-empty [H, W] or [H, W, C] array, got shape {x.shape}")
     if len(size) != 2 or int(size[0]) < 1 or int(size[1]) < 1:
         raise ValueError(f"resize_bilinear: size must be (height, width) with both >= 1, got {size!r}")
+    from pipelines.ops.compiled_loops import resample   # numba: loaded where pixels are processed, not on the driver
+
     height, width = int(size[0]), int(size[1])
-    out = np.empty((height, width) + x.shape[2:], dtype=np.float32)
-    rows = bilinear_axis(x.shape[0], height)
-    cols = bilinear_axis(x.shape[1], width)
-    for sl, block in bilinear_row_blocks(x, rows, cols):
-        out[sl] = block
-    return out
+    trailing = x.shape[2:]
+    channels = int(np.prod(trailing)) if trailing else 1
+    if x.dtype not in (np.uint8, np.float32):
+        x = x.astype(np.float32)   # what the resize reads anyway; the kernel is compiled for uint8 and float32
+    flat = np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1] * channels)   # [H, W * C]: a view
+    out = np.empty((height, width * channels), dtype=np.float32)
+    resample(flat, *bilinear_axis(x.shape[0], height), *channel_columns(bilinear_axis(x.shape[1], width), channels),
+             out)
+    return out.reshape((height, width) + trailing)
+
+
+def channel_columns(cols: AxisTable, channels: int) -> AxisTable:
+    """An axis table of pixel columns -> the same for the columns of a [H, W * channels] view (interleaved
+    channels): source index i becomes i * channels + c, each weight repeated per channel."""
+    if channels == 1:
+        return cols
+    i0, i1, w1 = cols
+    offsets = np.arange(channels, dtype=np.int64)
+    return ((i0[:, None] * channels + offsets).ravel(), (i1[:, None] * channels + offsets).ravel(),
+            np.repeat(w1, channels))

@@ -14,7 +14,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from pipelines.ops.image_ops import AxisTable, bilinear_axis, bilinear_row_blocks
+from pipelines.ops.compiled_loops import resample_above
+from pipelines.ops.image_ops import AxisTable, bilinear_axis
 
 NMS_CHOICES = ("fast", "per_class", "cross_class")
 VARIANCES = (0.1, 0.2)  # center, size
@@ -457,11 +458,9 @@ def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable, rows:
     <= 0.5 (rounding is monotone, and x * 0.5 is exact): such pixels are False without being computed.
     """
     (row_start, row_stop), (col_start, col_stop) = rows, cols
-    window = np.zeros((row_stop - row_start, col_stop - col_start), dtype=bool)
-    row_part = _table_part(row_axis, row_start, row_stop, origin[0])
-    col_part = _table_part(col_axis, col_start, col_stop, origin[1])
-    for sl, block in bilinear_row_blocks(probs, row_part, col_part):
-        np.greater(block, MASK_THRESHOLD, out=window[sl])
+    window = np.empty((row_stop - row_start, col_stop - col_start), dtype=bool)
+    resample_above(probs, *_table_part(row_axis, row_start, row_stop, origin[0]),
+                   *_table_part(col_axis, col_start, col_stop, origin[1]), MASK_THRESHOLD, window)
     return BoxMask(row_start, col_start, window)
 
 
