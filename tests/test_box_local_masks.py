@@ -82,6 +82,20 @@ def test_box_rle_random_masks_and_positions():
         assert_box_rle_equals_coco(mask, top, left, height, width)
 
 
+def test_box_rle_wide_masks_and_strided_views():
+    # windows of many 8-column groups (the RLE scans 8 columns per test), full-height ones (runs joined across
+    # columns), and masks given as strided views of a larger array
+    rng = np.random.default_rng(14)
+    for _ in range(200):
+        height, width = int(rng.integers(1, 120)), int(rng.integers(1, 400))
+        h = height if rng.random() < 0.3 else int(rng.integers(1, height + 1))
+        w = int(rng.integers(1, width + 1))
+        top, left = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
+        mask = rng.random((h, 2 * w)) < rng.choice([0.01, 0.5, 0.99])
+        assert_box_rle_equals_coco(mask[:, ::2], top, left, height, width)
+        assert_box_rle_equals_coco(np.ascontiguousarray(mask[:, :w]), top, left, height, width)
+
+
 def test_box_rle_rejects_windows_outside_the_image():
     with pytest.raises(ValueError, match="does not fit"):
         encode_rle_box(np.ones((2, 2), bool), 3, 0, 4, 4)

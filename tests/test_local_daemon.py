@@ -3,8 +3,11 @@ pyspark from the installed package, only where the workers run this interpreter 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from pipelines.spark.spark_session import LOCAL_DAEMON_DIR, LOCAL_DAEMON_MODULE, local_daemon_settings
+import pipelines
+from pipelines.spark.spark_session import (LIBRARY_DIR_VARIABLE, LOCAL_DAEMON_DIR, LOCAL_DAEMON_MODULE,
+                                           local_daemon_settings)
 
 
 def worker_facts(_):
@@ -25,12 +28,29 @@ def test_local_workers_import_the_installed_pyspark_with_pandas_loaded(spark):
     assert facts == [(pyspark.__file__, True)] * 2, facts
 
 
+def compiled_loops_facts(_):
+    import sys as worker_sys
+
+    module = worker_sys.modules.get("pipelines.ops.compiled_loops")   # looked up before anything imports it here
+    yield None if module is None else module.__file__, module is not None and len(module.resample.signatures) > 0
+
+
+def test_local_workers_find_the_compiled_loops_loaded_from_the_drivers_library(spark):
+    """The daemon imported pipelines.ops.compiled_loops from the driver's own files (not the shipped zip, which
+    numba cannot cache) and loaded its machine code before forking the workers."""
+    from pipelines.ops import compiled_loops
+
+    facts = spark.sparkContext.parallelize([0, 1], 2).mapPartitions(compiled_loops_facts).collect()
+    assert facts == [(compiled_loops.__file__, True)] * 2, facts
+
+
 def test_local_masters_get_the_daemon_and_keep_the_callers_pythonpath(monkeypatch):
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.delenv("SPARK_HOME", raising=False)
     settings = local_daemon_settings({"spark.executorEnv.PYTHONPATH": "/opt/extra"}, "local[2]")
     assert settings["spark.python.daemon.module"] == LOCAL_DAEMON_MODULE
     assert settings["spark.executorEnv.PYTHONPATH"].split(":") == ["/opt/extra", str(LOCAL_DAEMON_DIR)]
+    assert settings[f"spark.executorEnv.{LIBRARY_DIR_VARIABLE}"] == str(Path(pipelines.__file__).resolve().parent)
 
 
 def test_clusters_other_interpreters_and_the_callers_own_daemon_keep_sparks(monkeypatch, tmp_path):

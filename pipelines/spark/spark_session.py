@@ -86,12 +86,14 @@ def quick_start_options(conf: dict) -> dict:
 
 LOCAL_DAEMON_DIR = Path(__file__).resolve().parent / "local_daemon"   # holds only the daemon module (its docstring)
 LOCAL_DAEMON_MODULE = "sparkseg_local_daemon"
+LIBRARY_DIR_VARIABLE = "SPARKSEG_LIBRARY_DIR"   # the driver's pipelines/, for the daemon to preload it from there
 
 
 def local_daemon_settings(conf: dict, master: str) -> dict:
     """`conf` with the Python workers of a `local[...]` master started by sparkseg_local_daemon (pyspark imported
     from the installed package's bytecode instead of pyspark.zip's sources, pandas and pyarrow imported once before
-    the fork): a session's first Python job 2.1 -> 0.9 s beyond the same job again on 2 cores (make bench-startup).
+    the fork, and the compiled pixel loops where the interpreter's `pipelines` is this driver's): a session's first
+    Python job 2.1 -> 0.9 s beyond the same job again on 2 cores (make bench-startup).
     Only where that is safe: the workers run this interpreter (PYSPARK_PYTHON), whose pyspark is the pip-installed
     one the JVM takes pyspark.zip from (no other SPARK_HOME), and the caller set no daemon module of its own.
     Clusters keep Spark's daemon."""
@@ -109,7 +111,9 @@ def local_daemon_settings(conf: dict, master: str) -> dict:
         return conf
     key = "spark.executorEnv.PYTHONPATH"
     path = os.pathsep.join(entry for entry in (conf.get(key), str(LOCAL_DAEMON_DIR)) if entry)
-    return {**conf, "spark.python.daemon.module": LOCAL_DAEMON_MODULE, key: path}
+    library = str(Path(__file__).resolve().parents[1])
+    return {**conf, "spark.python.daemon.module": LOCAL_DAEMON_MODULE, key: path,
+            f"spark.executorEnv.{LIBRARY_DIR_VARIABLE}": library}
 
 
 def local_session(app_name: str = "sparkseg", master: str = "local[*]", conf: dict | None = None,
