@@ -42,3 +42,11 @@ def test_a_run_warms_its_executors_up_in_a_job_group_of_its_own(spark, tmp_path)
     assert summary["counts"]["done"] == 3
     tracker = spark.sparkContext.statusTracker()
     assert tracker.getJobIdsForGroup(f"sparkseg-warm-up-{summary['run_id']}"), "no warm-up job"
+    # and before it, while the driver listed the input of this new output, a one-task job that started a worker
+    assert tracker.getJobIdsForGroup(f"sparkseg-warm-up-{summary['run_id']}-workers"), "no early worker start"
+    # a resume may find nothing new: its workers start only once it knows it has images to do
+    write_image(images / "new.jpg", 7)
+    resumed = run(spark, job_config(images, tmp_path / "out"))
+    assert resumed["counts"]["done"] == 1
+    assert tracker.getJobIdsForGroup(f"sparkseg-warm-up-{resumed['run_id']}")
+    assert not tracker.getJobIdsForGroup(f"sparkseg-warm-up-{resumed['run_id']}-workers")

@@ -5,7 +5,9 @@ the model (executor_cache) and for loading the compiled pixel loops (~0.6 s): ~1
 cores for the bundled model, after the driver has planned the wave (index, balancing shuffle, the wave's plan).
 `ExecutorWarmUp` runs that start-up as a job of its own, one tiny task per core, from a driver thread while the
 main thread plans: the workers go back to Spark's idle pool with the model in their cache, and the inference tasks
-find them there.
+find them there. Earlier still, while the driver lists the input of a run that will infer all it lists (a new
+output, or `run.force`), a job of one task starts the first worker (in local mode the job's daemon too, which loads
+numba's compiled loops once before it forks the workers): a 200-image run on 2 cores 0.36 s less wall.
 
 Best effort: the warm-up has its own job group; a failure is logged at debug level (an inference task that loads
 the model reports any error as its own), and the job is cancelled if it is still running when the run ends.
@@ -39,21 +41,30 @@ class LoadModel:
         yield from batches
 
 
-class ExecutorWarmUp:
-    """`with ExecutorWarmUp(spark, task, tasks, name):` runs the warm-up job beside the block."""
+def load_compiled_loops(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """The early start's mapInPandas function: the compiled pixel loops loaded in this worker, its rows passed on."""
+    from pipelines.ops import compiled_loops
 
-    def __init__(self, spark: SparkSession, task, tasks: int, name: str) -> None:
-        self.spark, self.task, self.tasks = spark, task, max(1, tasks)
+    compiled_loops.load()
+    yield from batches
+
+
+class ExecutorWarmUp:
+    """`with ExecutorWarmUp(spark, function, tasks, name, what):` runs `function` (a mapInPandas function: LoadModel,
+    load_compiled_loops) as a job of `tasks` tiny tasks beside the block, in job group JOB_GROUP_PREFIX + name."""
+
+    def __init__(self, spark: SparkSession, function, tasks: int, name: str, what: str) -> None:
+        self.spark, self.function, self.tasks, self.what = spark, function, max(1, tasks), what
         self.group = f"{JOB_GROUP_PREFIX}{name}"
         self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
         try:
-            self.spark.sparkContext.setJobGroup(self.group, "sparkseg: start Python workers, load the model")
+            self.spark.sparkContext.setJobGroup(self.group, f"sparkseg: {self.what}")
             frame = self.spark.range(0, self.tasks, numPartitions=self.tasks)
-            frame.mapInPandas(LoadModel(self.task), frame.schema).collect()
+            frame.mapInPandas(self.function, frame.schema).collect()
         except Exception as err:  # noqa: BLE001  (best effort: the inference tasks load the model themselves)
-            log.debug("executor warm-up did not complete: %s", err)
+            log.debug("executor warm-up (%s) did not complete: %s", self.what, err)
 
     def __enter__(self) -> "ExecutorWarmUp":
         self._thread = threading.Thread(target=self._run, name=self.group, daemon=True)
