@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     logging.basicConfig(level=logging.WARNING, format="sparkseg: %(levelname)s: %(message)s")
     from pipelines.errors import SparkSegError, report_error
     from pipelines.inference.inference_job import plan_job, run_plan
-    from pipelines.spark.spark_session import job_session, warn_unknown_spark_settings
+    from pipelines.spark.spark_session import job_session, stop_session, warn_unknown_spark_settings
 
     try:
         config = build_config(args, family)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     except SparkSegError as err:
         return report_error(err)
     finally:
-        spark.stop()
+        stop_session(spark)
     print_summary(summary)
     return 0
 

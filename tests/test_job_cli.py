@@ -96,3 +96,26 @@ def test_export_without_torch_names_the_extra_to_install(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "needs torch" in done.stderr and "pip install -c constraints.txt -e '.[export]'" in done.stderr
+
+
+STOP_THEN_START_AGAIN = """
+from pyspark import SparkContext
+from pipelines.spark.spark_session import local_session, stop_session
+
+for name in ("first", "second"):
+    spark = local_session(name, "local[1]")
+    counted = spark.sparkContext.accumulator(0)
+    spark.sparkContext.parallelize([1, 2, 3], 1).foreach(lambda value: counted.add(value))
+    stop_session(spark)
+    print(name, counted.value, SparkContext._active_spark_context is None)
+"""
+
+
+def test_the_commands_stop_leaves_no_context_and_a_next_session_counts_its_accumulators():
+    """stop_session (the commands' stop, without PySpark's wait for its accumulator server): the context is gone,
+    a session started after it in the same process gets a server of its own, and the process ends cleanly."""
+    done = subprocess.run([sys.executable, "-c", STOP_THEN_START_AGAIN], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["first", "6", "True", "second", "6", "True"], done.stdout + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Exception" not in done.stderr, done.stderr[-3000:]

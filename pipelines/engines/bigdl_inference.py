@@ -20,10 +20,10 @@ from pyspark.sql import functions as F
 
 from pipelines.engines.bigdl_engine import CV_8UC3, bigdl_predict, bigdl_preprocess, ir_outputs
 from pipelines.inference.executor_cache import LazyModel
-from pipelines.inference.image_inference import (INSTANCES_TYPE, RESULT_COLUMNS, RESULT_SCHEMA, ImageInference,
+from pipelines.inference.image_inference import (RESULT_COLUMNS, ImageInference,
                                                  fail, load_executor_model, new_row, timed)
 from pipelines.ops.image_decode import decode_image
-from pipelines.results.result_rows import FRAME_COLUMNS
+from pipelines.results.result_schema import FRAME_COLUMNS, INSTANCES_TYPE, RESULT_SCHEMA
 
 DECODED_SCHEMA = (
     "path string, size long, modification_time timestamp, height int, width int, "

@@ -24,7 +24,7 @@ from pipelines.inference.executor_cache import LazyModel
 from pipelines.ops.image_decode import decode_image, decode_image_reduced, reuse_decode_memory
 from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
 from pipelines.ops.preprocess import preprocess_rgb
-from pipelines.results.result_rows import (INSTANCES_TYPE, MAX_MESSAGE, RESULT_COLUMNS, RESULT_SCHEMA,  # noqa: F401
+from pipelines.results.result_rows import (MAX_MESSAGE, RESULT_COLUMNS,  # noqa: F401
                                    STAGES, fail, new_row, timed)   # (re-exported: the families and tests use them)
 from pipelines.inference.video_inference import is_segment, segment_rows
 

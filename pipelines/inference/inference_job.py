@@ -30,10 +30,11 @@ from pipelines.inference.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, M
 from pipelines.inference.openvino_runtime import RuntimeSettings
 from pipelines.io.output_paths import qualify_root
 from pipelines.inference.progress import ProgressReporter, say
-from pipelines.inference.image_inference import RESULT_SCHEMA, ImageInference
+from pipelines.inference.image_inference import ImageInference
 from pipelines.inference.inference_tasks import inference_task_class
 from pipelines.results.table_index import counts_after_run
 from pipelines.results.coco_results import write_coco_results
+from pipelines.results.result_schema import RESULT_SCHEMA
 from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, done_keys, failed_paths, holds_tables,
                                               write_results, write_summary)
 from pipelines.io.run_lock import LockSettings, RunLock

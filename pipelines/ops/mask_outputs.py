@@ -26,7 +26,6 @@ from PIL import Image
 from pycocotools import mask as coco_mask
 from zlib_ng import zlib_ng
 
-from pipelines.ops.compiled_loops import paint, rle_counts
 
 MAX_INSTANCES = 65535  # labels must fit a 16-bit PNG
 PNG_COMPRESS_LEVEL = 1  # zlib level of label-map and overlay PNGs: ~2x faster than Pillow's default 6
@@ -53,6 +52,8 @@ def rle_counts_box(mask: np.ndarray, top: int, left: int, height: int, width: in
     Column-major runs, starting with a (possibly empty) run of zeros, no trailing empty run, as pycocotools'
     rleEncode (compiled_loops.rle_counts).
     """
+    from pipelines.ops.compiled_loops import rle_counts   # numba: loaded where pixels are processed
+
     binary = _as_binary_mask(mask)
     h, w = binary.shape
     top, left, height, width = int(top), int(left), int(height), int(width)
@@ -215,6 +216,8 @@ def read_label_map_png(data: bytes) -> np.ndarray:
 
 def _paint(labels: np.ndarray, mask: np.ndarray, label: int) -> None:
     """labels[mask & background] = label, in place (labels may be a view: a window of the label map)."""
+    from pipelines.ops.compiled_loops import paint   # numba: loaded where pixels are processed, not on the driver
+
     paint(labels, mask, label)
 
 

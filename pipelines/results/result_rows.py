@@ -1,6 +1,6 @@
-"""The result rows every inference task returns: RESULT_SCHEMA (declared here, once), a new row per image or video
-frame, per-stage timing and error rows. No pyspark, no model: shared by images (image_inference) and video
-frames (video_inference)."""
+"""The result rows every inference task returns: their RESULT_COLUMNS (typed by result_schema.RESULT_SCHEMA on the
+driver), a new row per image or video frame, per-stage timing and error rows. No pyspark, no model: shared by
+images (image_inference) and video frames (video_inference)."""
 from __future__ import annotations
 
 import time
@@ -10,19 +10,6 @@ from pipelines.ops.image_decode import ImageDecodeError
 from pipelines.ops.video_decode import VideoDecodeError
 
 STAGES = ("read", "preprocess", "infer", "postprocess", "write")
-INSTANCES_TYPE = ("array<struct<class_id:int, class_name:string, score:float, box:array<int>, "
-                  "mask:struct<size:array<int>, counts:string>>>")
-# one schema for every family; `mask` is null for box-only models
-RESULT_SCHEMA = (
-    f"path string, status string, width int, height int, instances {INSTANCES_TYPE}, mask_path string, "
-    "error_stage string, error_type string, error_message string, "
-    "size long, modification_time timestamp, "
-    # video frames (null for images): the frame's 0-based index in presentation order, its presentation time, and
-    # the segment [segment_start, segment_end) it was decoded in (the unit of resume; pipelines.inference.video_sources)
-    "frame_index int, timestamp_s double, segment_start int, segment_end int, "
-    "timings struct<read_s:double, preprocess_s:double, infer_s:double, postprocess_s:double, write_s:double>"
-)
-FRAME_COLUMNS = {"frame_index": "int", "timestamp_s": "double", "segment_start": "int", "segment_end": "int"}
 MAX_MESSAGE = 2000
 RESULT_COLUMNS = ["path", "status", "width", "height", "instances", "mask_path", "error_stage", "error_type",
                   "error_message", "size", "modification_time", "frame_index", "timestamp_s", "segment_start",

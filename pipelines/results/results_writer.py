@@ -14,12 +14,14 @@ import json
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
 
 from pipelines.io.storage import Location, spark_read_path
-from pipelines.results.result_rows import FRAME_COLUMNS, STAGES
+from pipelines.results.result_rows import STAGES
+from pipelines.results.result_schema import FRAME_COLUMNS, RESULT_SCHEMA
 from pipelines.io.uris import store_of
 
-# The tables' columns, from result_rows.RESULT_SCHEMA. The video frame columns are null for images; tables written
+# The tables' columns, from result_schema.RESULT_SCHEMA. The video frame columns are null for images; tables written
 # before they existed get them as nulls when read (read_table), so old outputs stay readable and resumable.
 DETECTION_COLUMNS = ["path", "width", "height", "instances", "mask_path", "size", "modification_time", "timings",
                      "model_name", "model_sha256", "run_id", *FRAME_COLUMNS]
@@ -128,13 +130,12 @@ def read_table(spark: SparkSession, table: Location | str) -> DataFrame | None:
 def table_schema(spark: SparkSession, table_uri: str):
     """The schema the job writes detections/ or errors/ with (from RESULT_SCHEMA; no Spark job), None for other
     tables. Reading with it, Parquet files that lack a column give nulls, whichever file Spark would have sampled."""
-    from pipelines.results.result_rows import RESULT_SCHEMA
-
     name = table_uri.rstrip("/").rsplit("/", 1)[-1]
     columns = {"detections": DETECTION_COLUMNS, "errors": ERROR_COLUMNS}.get(name)
     if columns is None:
         return None
-    written = spark.createDataFrame([], f"{RESULT_SCHEMA}, model_name string, model_sha256 string, run_id string")
+    run_columns = [StructField(name, StringType()) for name in ("model_name", "model_sha256", "run_id")]
+    written = spark.createDataFrame([], StructType(RESULT_SCHEMA.fields + run_columns))
     return written.selectExpr(*columns).schema
 
 

@@ -59,7 +59,7 @@ def run_train_job(args: argparse.Namespace, load_config: Callable, run_training:
         cfg = load_config(args.config, overrides_from(args))
     except SparkSegError as err:
         return report_error(err)
-    from pipelines.spark.spark_session import job_session
+    from pipelines.spark.spark_session import job_session, stop_session
     from pipelines.training.launcher import session_conf
 
     spark = job_session(cfg.spark.master, cfg.spark.app_name, session_conf(cfg))
@@ -68,6 +68,6 @@ def run_train_job(args: argparse.Namespace, load_config: Callable, run_training:
     except SparkSegError as err:
         return report_error(err)
     finally:
-        spark.stop()
+        stop_session(spark)
     print(json.dumps({k: summary.get(k) for k in summary_keys}, indent=2))
     return 0
