@@ -13,30 +13,56 @@ else the user's cache directory, or NUMBA_CACHE_DIR): a fresh checkout compiles 
 argument types), later processes load the machine code (~0.6 s for numba's import and the first function, ms for
 the others; `load` does it before the first image). Where no place is found (this module imported from the zip
 that `spark_session.ship_library` adds on a cluster whose Python env lacks sparkseg, or a read-only install
-without a writable home) each process compiles for itself. Imported only where pixels are processed (the
-executors), never by the driver's planning code.
+without a writable home) each process compiles for itself. numba itself is imported at the first use of a kernel
+(`__getattr__`): the driver imports this module with the task modules, never calls it, and never loads numba.
 """
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 
-import numba
 import numpy as np
 
 log = logging.getLogger(__name__)
 _ONE = np.float32(1.0)
+KERNELS = ("resample", "resample_above", "rle_counts", "paint")   # attributes of this module once compiled
+_HELPERS = ("_width_pass",)   # what the kernels call: compiled first, in place (the kernels find them by name)
+_COMPILING = threading.Lock()
 
 
-def _compiled(function):
-    """numba.njit, with the disk cache where numba can place one."""
-    try:
-        return numba.njit(cache=True, nogil=True)(function)
-    except RuntimeError as err:   # numba: "cannot cache function ...: no locator available for file ..."
-        log.debug("%s compiled in each process: %s", function.__name__, err)
-        return numba.njit(nogil=True)(function)
+def __getattr__(name: str):
+    """The kernels exist from their first use in a process (PEP 562): importing this module costs nothing, and
+    numba is imported only where pixels are processed (the driver imports the task modules but never calls them).
+    After the first use they are plain module attributes."""
+    if name in KERNELS:
+        _compile()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@_compiled
+def _compile() -> None:
+    """Put each kernel in the module as numba.njit of its Python source function (`_<name>`), with the disk cache
+    where numba can place one."""
+    with _COMPILING:
+        module = globals()
+        if all(name in module for name in KERNELS):
+            return
+        import numba
+
+        def jit(function):
+            try:
+                return numba.njit(cache=True, nogil=True)(function)
+            except RuntimeError as err:   # numba: "cannot cache function ...: no locator available for file ..."
+                log.debug("%s compiled in each process: %s", function.__name__, err)
+                return numba.njit(nogil=True)(function)
+
+        for name in _HELPERS:
+            module[name] = jit(module[name])
+        for name in KERNELS:
+            module[name] = jit(module[f"_{name}"])
+
+
 def _width_pass(src, y0, y1, x0, x1, wx1):
     """The width pass of the source rows the output rows read (all of them when upsampling, at most 2 per output
     row when downsampling): (float32 [needed rows, len(x0)], int64 [rows y0[0]..y1[-1]] -> its row there, or -1).
@@ -61,8 +87,7 @@ def _width_pass(src, y0, y1, x0, x1, wx1):
     return by_width, slot
 
 
-@_compiled
-def resample(src, y0, y1, wy1, x0, x1, wx1, out):
+def _resample(src, y0, y1, wy1, x0, x1, wx1, out):
     """out = bilinear(src), separable: ``(src[y0,x0]*wx0 + src[y0,x1]*wx1)*wy0 + (src[y1,x0]*wx0 + src[y1,x1]*wx1)*wy1``
     in float32, in that order (torch's: the width pass, then the height pass), with w0 = 1 - w1 in float32.
 
@@ -82,8 +107,7 @@ def resample(src, y0, y1, wy1, x0, x1, wx1, out):
             target[c] = upper[c] * weight0 + lower[c] * weight1
 
 
-@_compiled
-def resample_above(src, y0, y1, wy1, x0, x1, wx1, threshold, out):
+def _resample_above(src, y0, y1, wy1, x0, x1, wx1, threshold, out):
     """out = resample(src) > threshold, without the float32 output: bool [len(y0), len(x0)], written (a mask
     window: src is a mask's probabilities, the tables the window's part of the image's)."""
     if y0.shape[0] == 0 or x0.shape[0] == 0:
@@ -99,8 +123,7 @@ def resample_above(src, y0, y1, wy1, x0, x1, wx1, threshold, out):
             target[c] = upper[c] * weight0 + lower[c] * weight1 > limit
 
 
-@_compiled
-def rle_counts(mask, top, left, height, width):
+def _rle_counts(mask, top, left, height, width):
     """COCO's uncompressed RLE counts (uint32) of bool mask [h, w] (h, w >= 1) placed at (top, left) in an
     otherwise all-False [height, width] image: the lengths of the column-major runs, starting with a (possibly empty)
     run of zeros, without an empty last run (pycocotools' rleEncode).
@@ -164,8 +187,7 @@ def rle_counts(mask, top, left, height, width):
     return counts[:k]
 
 
-@_compiled
-def paint(labels, mask, label):
+def _paint(labels, mask, label):
     """labels[mask & (labels == 0)] = label, in place. labels: uint8 or uint16 [h, w] (a label map, or a view of
     a window of one); mask: bool [h, w]."""
     for r in range(mask.shape[0]):
@@ -178,10 +200,12 @@ def paint(labels, mask, label):
 def load() -> None:
     """Compile, or load from the disk cache, each function for the argument types the executors pass (a tiny call
     each), so that a worker's first image does not wait for it."""
+    kernels = sys.modules[__name__]   # its attributes compile them (__getattr__)
     index, weight = np.zeros(1, np.int64), np.zeros(1, np.float32)
-    resample(np.zeros((1, 1), np.uint8), index, index, weight, index, index, weight, np.empty((1, 1), np.float32))
-    resample_above(np.zeros((1, 1), np.float32), index, index, weight, index, index, weight, 0.5,
-                   np.empty((1, 1), bool))
+    kernels.resample(np.zeros((1, 1), np.uint8), index, index, weight, index, index, weight,
+                     np.empty((1, 1), np.float32))
+    kernels.resample_above(np.zeros((1, 1), np.float32), index, index, weight, index, index, weight, 0.5,
+                           np.empty((1, 1), bool))
     labels, mask = np.zeros((2, 2), np.uint8), np.ones((1, 1), bool)
-    paint(labels[:1, :1], mask, 1)
-    rle_counts(mask, 0, 0, 2, 2)
+    kernels.paint(labels[:1, :1], mask, 1)
+    kernels.rle_counts(mask, 0, 0, 2, 2)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipelines.ops import compiled_loops
+
 AxisTable = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
@@ -47,8 +49,6 @@ def resize_bilinear(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         raise ValueError(f"resize_bilinear: x must be a non-empty [H, W] or [H, W, C] array, got shape {x.shape}")
     if len(size) != 2 or int(size[0]) < 1 or int(size[1]) < 1:
         raise ValueError(f"resize_bilinear: size must be (height, width) with both >= 1, got {size!r}")
-    from pipelines.ops.compiled_loops import resample   # numba: loaded where pixels are processed, not on the driver
-
     height, width = int(size[0]), int(size[1])
     trailing = x.shape[2:]
     channels = int(np.prod(trailing)) if trailing else 1
@@ -56,8 +56,8 @@ def resize_bilinear(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         x = x.astype(np.float32)   # what the resize reads anyway; the kernel is compiled for uint8 and float32
     flat = np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1] * channels)   # [H, W * C]: a view
     out = np.empty((height, width * channels), dtype=np.float32)
-    resample(flat, *bilinear_axis(x.shape[0], height), *channel_columns(bilinear_axis(x.shape[1], width), channels),
-             out)
+    compiled_loops.resample(flat, *bilinear_axis(x.shape[0], height),
+                            *channel_columns(bilinear_axis(x.shape[1], width), channels), out)
     return out.reshape((height, width) + trailing)
 
 

@@ -26,6 +26,8 @@ from PIL import Image
 from pycocotools import mask as coco_mask
 from zlib_ng import zlib_ng
 
+from pipelines.ops import compiled_loops
+
 
 MAX_INSTANCES = 65535  # labels must fit a 16-bit PNG
 PNG_COMPRESS_LEVEL = 1  # zlib level of label-map and overlay PNGs: ~2x faster than Pillow's default 6
@@ -52,8 +54,6 @@ def rle_counts_box(mask: np.ndarray, top: int, left: int, height: int, width: in
     Column-major runs, starting with a (possibly empty) run of zeros, no trailing empty run, as pycocotools'
     rleEncode (compiled_loops.rle_counts).
     """
-    from pipelines.ops.compiled_loops import rle_counts   # numba: loaded where pixels are processed
-
     binary = _as_binary_mask(mask)
     h, w = binary.shape
     top, left, height, width = int(top), int(left), int(height), int(width)
@@ -63,7 +63,7 @@ def rle_counts_box(mask: np.ndarray, top: int, left: int, height: int, width: in
         raise ValueError(f"box mask {h}x{w} at (top={top}, left={left}) does not fit a {height}x{width} image")
     if h == 0 or w == 0:
         return np.array([height * width], dtype=np.uint32)
-    return rle_counts(binary, top, left, height, width)
+    return compiled_loops.rle_counts(binary, top, left, height, width)
 
 
 def decode_rle(rle: dict) -> np.ndarray:
@@ -216,9 +216,7 @@ def read_label_map_png(data: bytes) -> np.ndarray:
 
 def _paint(labels: np.ndarray, mask: np.ndarray, label: int) -> None:
     """labels[mask & background] = label, in place (labels may be a view: a window of the label map)."""
-    from pipelines.ops.compiled_loops import paint   # numba: loaded where pixels are processed, not on the driver
-
-    paint(labels, mask, label)
+    compiled_loops.paint(labels, mask, label)
 
 
 def _as_binary_mask(mask: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from pipelines.ops import compiled_loops
 from pipelines.ops.image_ops import AxisTable, bilinear_axis
 
 NMS_CHOICES = ("fast", "per_class", "cross_class")
@@ -456,11 +457,9 @@ def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable, rows:
     fl(1 - w) + w rounding to 1, so when its four sources are all <= 0.5 (zeros of the crop included) it is
     <= 0.5 (rounding is monotone, and x * 0.5 is exact): such pixels are False without being computed.
     """
-    from pipelines.ops.compiled_loops import resample_above   # numba: loaded where pixels are processed
-
     (row_start, row_stop), (col_start, col_stop) = rows, cols
     window = np.empty((row_stop - row_start, col_stop - col_start), dtype=bool)
-    resample_above(probs, *_table_part(row_axis, row_start, row_stop, origin[0]),
+    compiled_loops.resample_above(probs, *_table_part(row_axis, row_start, row_stop, origin[0]),
                    *_table_part(col_axis, col_start, col_stop, origin[1]), MASK_THRESHOLD, window)
     return BoxMask(row_start, col_start, window)
 
