@@ -12,15 +12,22 @@ Compiled on first use in a process and cached on disk where numba finds a place 
 else the user's cache directory, or NUMBA_CACHE_DIR): a fresh checkout compiles once (~1 s per function and
 argument types), later processes load the machine code (~0.6 s for numba's import and the first function, ms for
 the others; `load` does it before the first image). Where no place is found (this module imported from the zip
-that `spark_session.ship_library` adds on a cluster whose Python env lacks sparkseg, or a read-only install
-without a writable home) each process compiles for itself. numba itself is imported at the first use of a kernel
-(`__getattr__`): the driver imports this module with the task modules, never calls it, and never loads numba.
+that `spark_session.ship_library` adds on a cluster whose Python env lacks sparkseg) the kernels come from a file
+copy of this module in the temp directory, compiled by a machine's first worker and cached beside it; with no
+writable place at all (a read-only install without a writable home) each process compiles for itself. numba itself
+is imported at the first use of a kernel (`__getattr__`): the driver imports this module with the task modules,
+never calls it, and never loads numba.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import logging
+import os
 import sys
+import tempfile
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -43,10 +50,15 @@ def __getattr__(name: str):
 
 def _compile() -> None:
     """Put each kernel in the module as numba.njit of its Python source function (`_<name>`), with the disk cache
-    where numba can place one."""
+    where numba can place one; imported from a zip, the kernels of a file copy of this module (_file_copy)."""
     with _COMPILING:
         module = globals()
         if all(name in module for name in KERNELS):
+            return
+        if not os.path.isfile(__file__):
+            copy = _file_copy()
+            for name in KERNELS:
+                module[name] = getattr(copy, name)
             return
         import numba
 
@@ -61,6 +73,29 @@ def _compile() -> None:
             module[name] = jit(module[name])
         for name in KERNELS:
             module[name] = jit(module[f"_{name}"])
+
+
+def _file_copy():
+    """This module loaded from a file copy of its source, for when it was imported from a zip (the library archive
+    spark_session.ship_library adds on clusters whose Python env lacks sparkseg): numba caches machine code only
+    beside a real source file, so each Python worker would compile the kernels again (~2 s). The copy,
+    <temp dir>/sparkseg-compiled-loops-<source hash>/sparkseg_compiled_loops.py, is written once per machine and
+    version of the source (atomically, never rewritten: numba's cache is keyed by the file's time stamp); the first
+    worker compiles, the others load its cache."""
+    source = importlib.util.find_spec(__name__).loader.get_source(__name__)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"sparkseg-compiled-loops-{digest}" / "sparkseg_compiled_loops.py"
+    if not path.is_file():
+        path.parent.mkdir(exist_ok=True)
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        staging.write_text(source, encoding="utf-8")
+        os.replace(staging, path)
+    name = f"sparkseg_compiled_loops_{digest}"   # in sys.modules: numba's cached code names its module
+    spec = importlib.util.spec_from_file_location(name, path)
+    copy = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    copy._compile()
+    return copy
 
 
 def _width_pass(src, y0, y1, x0, x1, wx1):
