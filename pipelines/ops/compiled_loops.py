@@ -11,12 +11,11 @@ into an FMA only under fast-math flags, which nothing here sets); tests compare 
 Compiled on first use in a process and cached on disk where numba finds a place (``__pycache__`` beside this file,
 else the user's cache directory, or NUMBA_CACHE_DIR): a fresh checkout compiles once (~1 s per function and
 argument types), later processes load the machine code (~0.6 s for numba's import and the first function, ms for
-the others; `load` does it before the first image). Where no place is found (this module imported from the zip
-that `spark_session.ship_library` adds on a cluster whose Python env lacks sparkseg) the kernels come from a file
-copy of this module in the temp directory, compiled by a machine's first worker and cached beside it; with no
-writable place at all (a read-only install without a writable home) each process compiles for itself. numba itself
-is imported at the first use of a kernel (`__getattr__`): the driver imports this module with the task modules,
-never calls it, and never loads numba.
+the others; `load` does it before the first image). Imported from the zip that `spark_session.ship_library` adds
+on a cluster whose Python env lacks sparkseg (no file to cache beside), the kernels come from a file copy of this
+module in the temp directory, compiled by a machine's first worker and cached beside it; with no writable place at
+all each process compiles for itself. numba itself is imported at the first use of a kernel (`__getattr__`): the
+driver imports this module with the task modules, never calls it, and never loads numba.
 """
 from __future__ import annotations
 
@@ -56,10 +55,14 @@ def _compile() -> None:
         if all(name in module for name in KERNELS):
             return
         if not os.path.isfile(__file__):
-            copy = _file_copy()
-            for name in KERNELS:
-                module[name] = getattr(copy, name)
-            return
+            try:
+                copy = _file_copy()
+            except OSError as err:   # no writable temp directory: compiled here, in each process
+                log.debug("no file copy of %s: %s", __name__, err)
+            else:
+                for name in KERNELS:
+                    module[name] = getattr(copy, name)
+                return
         import numba
 
         def jit(function):
@@ -78,7 +81,7 @@ def _compile() -> None:
 def _file_copy():
     """This module loaded from a file copy of its source, for when it was imported from a zip (the library archive
     spark_session.ship_library adds on clusters whose Python env lacks sparkseg): numba caches machine code only
-    beside a real source file, so each Python worker would compile the kernels again (~2 s). The copy,
+    beside a real source file, so each Python worker would compile the kernels again (3.5 s here). The copy,
     <temp dir>/sparkseg-compiled-loops-<source hash>/sparkseg_compiled_loops.py, is written once per machine and
     version of the source (atomically, never rewritten: numba's cache is keyed by the file's time stamp); the first
     worker compiles, the others load its cache."""
