@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 from pathlib import Path
 
 from pipelines.inference import image_sources as src
@@ -90,8 +91,10 @@ def test_done_keys_are_broadcast_only_below_the_bound(spark, tmp_path):
     mtime = dt.datetime(2026, 1, 1)
     listing = spark.createDataFrame([(f"file:/data/{i:06d}.jpg", 1000 + i, mtime) for i in range(9)],
                                     src.LISTING_SCHEMA)
-    for bound, join in ((5, "SortMergeJoin"), (6, "BroadcastHashJoin")):
-        todo = todo_listing(spark, listing, str(tmp_path), manifest, force=False, broadcast_max_rows=bound)
+    # the tables' rows known without a pass (table_index.rows_before_run) or not: the same choice
+    for (bound, join), table_rows in itertools.product(((5, "SortMergeJoin"), (6, "BroadcastHashJoin")), (None, 6)):
+        todo = todo_listing(spark, listing, str(tmp_path), manifest, force=False, broadcast_max_rows=bound,
+                            table_rows=table_rows)
         assert sorted(row.path[-10:] for row in todo.collect()) == ["000006.jpg", "000007.jpg", "000008.jpg"]
         plan = final_plan(todo)
         assert join in plan, plan

@@ -1,13 +1,15 @@
 """The summary's table counts come from each run's own records plus a small index (<output>/_sparkseg_counts.json),
 and equal a full rescan of the output (incremental.table_counts) after any sequence of incremental runs and on a new
-output; an index that does not match the tables (missing, or behind a killed run) is rebuilt by one rescan."""
+output; an index that does not match the tables (missing, behind a killed run, or without the digests of their
+files) is rebuilt by one rescan, and one that matches them gives their rows without opening a file."""
 from __future__ import annotations
 
 import json
 
 from pipelines.results.incremental import table_counts
 from pipelines.inference.inference_job import run
-from pipelines.results.table_index import INDEX_NAME
+from pipelines.io.storage import Location
+from pipelines.results.table_index import INDEX_NAME, rows_before_run, table_rows
 from tests.job_helpers import job_config
 from tests.test_incremental import write_image
 
@@ -15,10 +17,14 @@ from tests.test_incremental import write_image
 def test_counts_after_incremental_runs_equal_a_full_rescan(spark, tmp_path):
     images, output = tmp_path / "images", tmp_path / "out"
     index = output / INDEX_NAME
+    indexes = []   # the index before each step's run
 
-    def stale_index():   # as if a run died after its writes, before its index update
+    def index_behind_the_last_run():   # as if the last run died after its writes, before its index update
+        index.write_bytes(indexes[-2])
+
+    def index_of_an_older_release():   # rows and counts, no digests of the tables' files
         data = json.loads(index.read_text())
-        data["rows"]["detections"] -= 1
+        del data["files"]
         index.write_text(json.dumps(data))
 
     steps = [
@@ -27,14 +33,20 @@ def test_counts_after_incremental_runs_equal_a_full_rescan(spark, tmp_path):
         ("c broken", lambda: (images / "c.jpg").write_bytes(b"no longer a jpeg")),
         ("nothing new", lambda: None),
         ("c fixed, index gone", lambda: (write_image(images / "c.jpg", 12), index.unlink())),
-        ("b replaced, index stale", lambda: (write_image(images / "b.jpg", 13), stale_index())),
+        ("b replaced, index behind the last run", lambda: (write_image(images / "b.jpg", 13),
+                                                          index_behind_the_last_run())),
+        ("nothing new, an older release's index", index_of_an_older_release),
         ("e new", lambda: write_image(images / "e.jpg", 14)),
     ]
     for what, change in steps:
+        indexes.append(index.read_bytes() if index.exists() else b"")
         change()
         summary = run(spark, job_config(images, output))
         assert summary["table"] == table_counts(spark, str(output), summary["model"]["sha256"]), what
-        assert json.loads(index.read_text())["models"][summary["model"]["sha256"]] == summary["table"], what
+        written = json.loads(index.read_text())
+        assert written["models"][summary["model"]["sha256"]] == summary["table"], what
+        assert written["rows"] == table_rows(spark, Location.of(str(output))), what
+        assert rows_before_run(Location.of(str(output))) == written["rows"], what   # what the next run will trust
     assert summary["table"] == {"images": 5, "errors": 0, "superseded_rows": 4}   # old a, c (twice), b
     # a new output's first run (its counts need no rescan), with an error among its records
     (images / "f.jpg").write_bytes(b"not a jpeg")

@@ -2,10 +2,13 @@
 instead of ranking every record of the output's history on every run.
 
 `<output>/_sparkseg_counts.json` holds, per model sha256, incremental.table_counts' numbers ({"images", "errors",
-"superseded_rows"}) and the total rows of detections/ and errors/ (all models) they describe. After a run:
-- the index is trusted only when the tables now hold exactly its rows plus this run's (Parquet row counts, read
-  from the files' footers); anything else (no index yet, a model it never counted, a run killed between its writes
-  and its index update) means one full rescan (incremental.table_counts), whose result becomes the new index;
+"superseded_rows"}), the total rows of detections/ and errors/ (all models) they describe, and a digest of each
+table's file names then. Before a run (under its lock), tables whose files are still the ones the index saw hold
+its rows: nothing is opened (rows_before_run), and that total bounds the run's done keys (its broadcast). After it:
+- the index is trusted only when the tables now hold exactly its rows plus this run's (known as above, else Parquet
+  row counts read from every file's footer); anything else (no index yet, a model it never counted, a run killed
+  between its writes and its index update) means one full rescan (incremental.table_counts), whose result becomes
+  the new index;
 - this run's paths are the only ones whose current record changed: each one's previous current record (if any)
   becomes superseded, and its new record counts as an image or an error. Only those paths' earlier records are read
   (a semi-join on this run's paths, column-pruned), and a run with nothing new reads none.
@@ -13,6 +16,7 @@ Runs on one output never overlap (the run lock) and run ids sort by start time, 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 
@@ -37,6 +41,29 @@ def table_rows(spark: SparkSession, output: Location) -> dict[str, int]:
     return rows
 
 
+def table_files(output: Location) -> dict[str, str]:
+    """{table: a digest of its Parquet files' names} (one listing per table, no file opened; hidden files and
+    directories, e.g. a killed write's _temporary/, skipped as Spark's reader skips them)."""
+    digests = {}
+    for name in TABLES:
+        try:
+            files = (output / name).list_files([".parquet"])
+        except FileNotFoundError:   # no such table yet (a local output)
+            files = []
+        names = "\n".join(sorted(uri.rsplit("/", 1)[-1] for uri in files))
+        digests[name] = hashlib.sha256(names.encode()).hexdigest()
+    return digests
+
+
+def rows_before_run(output: Location) -> dict[str, int] | None:
+    """{"detections": rows, "errors": rows} (all models) when the tables hold exactly the files the index saw, as its
+    rows; None when unknown (no index, an index older than file digests, files added or removed since)."""
+    index = read_index(output)
+    if not index or "files" not in index:
+        return None
+    return {t: int(index["rows"][t]) for t in TABLES} if index["files"] == table_files(output) else None
+
+
 def read_index(output: Location) -> dict | None:
     index = output / INDEX_NAME
     try:
@@ -57,14 +84,18 @@ def write_index(output: Location, counts: dict) -> None:
 
 
 def counts_after_run(spark: SparkSession, output: Location, model_sha256: str, run_id: str,
-                     written: dict[str, int], one_record_per_key: bool = False, new_output: bool = False) -> dict:
+                     written: dict[str, int], one_record_per_key: bool = False, new_output: bool = False,
+                     rows_before: dict[str, int] | None = None) -> dict:
     """incremental.table_counts(output, model) after run `run_id`, which appended `written` rows
     ({"detections": n, "errors": m}); updates the index. `one_record_per_key`: the run wrote at most one record per
     image or video frame (runs without videos: a video unit that fails writes one error row per segment).
     `new_output`: neither table existed when the run took the output's lock, so they hold its rows and no others
-    (nothing to count)."""
+    (nothing to count). `rows_before`: rows_before_run's answer under the run's lock (the run added `written`)."""
     index = read_index(output) or {}
-    rows = {t: written.get(t, 0) for t in TABLES} if new_output else table_rows(spark, output)
+    if new_output or rows_before is not None:
+        rows = {t: (0 if new_output else rows_before[t]) + written.get(t, 0) for t in TABLES}
+    else:
+        rows = table_rows(spark, output)
     known = index.get("rows") or {}
     models = dict(index.get("models") or {})
     trusted = model_sha256 in models and all(rows[t] == int(known.get(t, -1)) + written.get(t, 0) for t in TABLES)
@@ -81,7 +112,7 @@ def counts_after_run(spark: SparkSession, output: Location, model_sha256: str, r
         if not all(rows[t] == int(known.get(t, -1)) + written.get(t, 0) for t in TABLES):
             models = {}   # rows the index never saw (other models' too): those models are counted afresh later
     models[model_sha256] = counts
-    write_index(output, {"rows": rows, "models": models})
+    write_index(output, {"rows": rows, "files": table_files(output), "models": models})
     return counts
 
 
