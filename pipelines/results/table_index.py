@@ -58,10 +58,11 @@ def table_files(output: Location) -> dict[str, str]:
 def rows_before_run(output: Location) -> dict[str, int] | None:
     """{"detections": rows, "errors": rows} (all models) when the tables hold exactly the files the index saw, as its
     rows; None when unknown (no index, an index older than file digests, files added or removed since)."""
-    index = read_index(output)
-    if not index or "files" not in index:
+    index = read_index(output) or {}
+    rows = index.get("rows") or {}
+    if "files" not in index or any(t not in rows for t in TABLES):
         return None
-    return {t: int(index["rows"][t]) for t in TABLES} if index["files"] == table_files(output) else None
+    return {t: int(rows[t]) for t in TABLES} if index["files"] == table_files(output) else None
 
 
 def read_index(output: Location) -> dict | None:
