@@ -28,7 +28,6 @@ from zlib_ng import zlib_ng
 
 from pipelines.ops import compiled_loops
 
-
 MAX_INSTANCES = 65535  # labels must fit a 16-bit PNG
 PNG_COMPRESS_LEVEL = 1  # zlib level of label-map and overlay PNGs: ~2x faster than Pillow's default 6
 

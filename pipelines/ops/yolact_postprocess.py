@@ -460,7 +460,7 @@ def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable, rows:
     (row_start, row_stop), (col_start, col_stop) = rows, cols
     window = np.empty((row_stop - row_start, col_stop - col_start), dtype=bool)
     compiled_loops.resample_above(probs, *_table_part(row_axis, row_start, row_stop, origin[0]),
-                   *_table_part(col_axis, col_start, col_stop, origin[1]), MASK_THRESHOLD, window)
+                                  *_table_part(col_axis, col_start, col_stop, origin[1]), MASK_THRESHOLD, window)
     return BoxMask(row_start, col_start, window)
 
 

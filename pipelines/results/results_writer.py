@@ -134,7 +134,7 @@ def table_schema(spark: SparkSession, table_uri: str):
     columns = {"detections": DETECTION_COLUMNS, "errors": ERROR_COLUMNS}.get(name)
     if columns is None:
         return None
-    run_columns = [StructField(name, StringType()) for name in ("model_name", "model_sha256", "run_id")]
+    run_columns = [StructField(column, StringType()) for column in ("model_name", "model_sha256", "run_id")]
     written = spark.createDataFrame([], StructType(RESULT_SCHEMA.fields + run_columns))
     return written.selectExpr(*columns).schema
 
