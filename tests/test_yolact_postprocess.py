@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
+from pipelines.ops import compiled_loops
 from pipelines.ops.image_ops import resize_bilinear
 from pipelines.ops.yolact_postprocess import (
     Detections, assemble_masks, box_pixels, crop_masks, decode_boxes, detect, instance_masks, make_priors,
@@ -249,6 +250,39 @@ def test_fast_nms_matches_plain_torch_reference(seed, top_k, max_num):
     assert len(det) > 6  # NMS removed some but not all
     assert_same_detections(det, torch_fast_nms(*head, top_k=top_k, max_num=max_num))
 
+
+
+@pytest.mark.parametrize("seed, n, num_classes, k, levels", [
+    (0, 19248, 80, 200, 0),   # R50 550's priors and classes
+    (1, 3000, 8, 200, 5),     # scores on 5 levels: ties everywhere, also at rank k
+    (2, 150, 4, 200, 0),      # fewer candidates than k
+    (3, 500, 3, 1, 2),        # k = 1 among ties
+    (4, 3000, 3, 200, -1),    # the sampled candidates score highest: the floor guessed from them keeps too few
+    (5, 3000, 3, 200, -2),    # the sampled candidates score lowest: the floor keeps too many
+])
+def test_class_top_k_is_the_stable_sorts_first_k(seed, n, num_classes, k, levels):
+    """Candidates as numpy's max (a NaN in a row makes it none; the threshold compared in float32) and each class's
+    k best by descending score, of equal scores the lower position: a stable sort's first k, also where the
+    kernel's guess from a sample of the candidates is wrong."""
+    rng = np.random.default_rng(seed)
+    conf = rng.random((n, num_classes + 1), dtype=np.float32) * np.float32(0.2)
+    if levels > 0:
+        conf = np.round(conf * levels) / levels
+    if levels < 0:   # every prior a candidate (class 0 above 0.05); the kernel samples every 16th candidate
+        conf[:, 1] = 0.5
+        conf[::16, 1:] = 0.9 if levels == -1 else 0.06
+    else:
+        conf[::7, 2] = np.nan
+        conf[::11, 1:] = np.float32(0.05)   # exactly the threshold: not above it
+    conf = conf.astype(np.float32)
+    candidates, order, ranked = compiled_loops.class_top_k(conf, np.float32(0.05), k)
+    foreground = conf[:, 1:]
+    expected = np.flatnonzero(foreground.max(axis=1) > 0.05)
+    scores = foreground[expected].T
+    expected_order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    assert np.array_equal(candidates, expected)
+    assert np.array_equal(order, expected_order)
+    assert np.array_equal(ranked, np.take_along_axis(scores, expected_order, axis=1))
 
 
 def full_fast_nms_detect(loc, conf, mask, priors, conf_thresh=0.05, nms_thresh=0.5, top_k=200, max_num=100):

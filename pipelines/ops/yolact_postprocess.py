@@ -129,23 +129,26 @@ def detect(loc: np.ndarray, conf: np.ndarray, mask: np.ndarray, priors: np.ndarr
     loc, conf, mask, priors = _check_detect_inputs(loc, conf, mask, priors)
     if top_k < 1 or max_num_detections < 1:
         raise ValueError(f"detect: top_k and max_num_detections must be >= 1, got {top_k}, {max_num_detections}")
-    foreground = np.ascontiguousarray(conf[:, 1:].T)             # [C, N]: one transposing copy, rows reduced fast
-    candidates = np.flatnonzero(foreground.max(axis=0) > conf_thresh)
+    if nms == "fast":   # candidates and each class's top_k in one compiled pass over conf
+        candidates, order, ranked = compiled_loops.class_top_k(np.ascontiguousarray(conf), np.float32(conf_thresh),
+                                                               top_k)
+    else:
+        foreground = np.ascontiguousarray(conf[:, 1:].T)         # [C, N]: one transposing copy, rows reduced fast
+        candidates = np.flatnonzero(foreground.max(axis=0) > conf_thresh)
     if candidates.size == 0:
         return Detections.empty(mask.shape[1])
-    every = candidates.size == foreground.shape[1]                # common for untrained or low-threshold models
+    every = candidates.size == loc.shape[0]                       # common for untrained or low-threshold models
     boxes = decode_boxes(loc if every else loc[candidates], priors if every else priors[candidates])  # [n, 4]
     coeffs = mask if every else mask[candidates]                 # [n, mask_dim]
-    scores = foreground if every else np.take(foreground, candidates, axis=1)   # [C, n]
 
     if nms == "fast":
-        rows, cols = _fast_nms(boxes, scores, nms_thresh, top_k, max_num_detections)
-    elif nms == "per_class":
-        rows, cols = _per_class_nms(boxes, scores, nms_thresh, conf_thresh)
+        rows, cols, kept_scores = _fast_nms(boxes, order, ranked, nms_thresh, max_num_detections)
     else:
-        return _cross_class_nms(boxes, coeffs, scores, nms_thresh, top_k)
-
-    kept_scores = scores[rows, cols]
+        scores = foreground if every else np.take(foreground, candidates, axis=1)   # [C, n]
+        if nms == "cross_class":
+            return _cross_class_nms(boxes, coeffs, scores, nms_thresh, top_k)
+        rows, cols = _per_class_nms(boxes, scores, nms_thresh, conf_thresh)
+        kept_scores = scores[rows, cols]
     best = np.argsort(-kept_scores, kind="stable")[:max_num_detections]
     rows, cols = rows[best], cols[best]
     return Detections(boxes=boxes[cols], coeffs=coeffs[cols], classes=rows.astype(np.int64),
@@ -169,26 +172,14 @@ def _check_detect_inputs(loc, conf, mask, priors):
     return loc, conf, mask, priors
 
 
-def _top_k_desc(scores: np.ndarray, k: int) -> np.ndarray:
-    """scores [C, n] -> [C, k] column indices of each row's k best, by descending score (ties: lower index)."""
-    n_classes, n = scores.shape
-    if k < n:
-        idx = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        idx.sort(axis=1)
-    else:
-        idx = np.broadcast_to(np.arange(n), (n_classes, n))
-    order = np.argsort(-np.take_along_axis(scores, idx, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(idx, order, axis=1)
-
-
-def _fast_nms(boxes, scores, nms_thresh, top_k, max_num_detections):
-    """Fast NMS per class (SPEC 6.2) -> (class rows, candidate cols) of the kept entries, class-major, as far as
-    the max_num_detections best kept entries need: the decision of each class's entries scoring >= tau, tau
-    lowered until at least max_num_detections of them are kept. Exact: an entry's decision depends only on the
-    higher-scored entries of its class (all scoring >= tau too), and every entry left undecided scores below tau,
-    so below every kept entry returned (R50 550, 80 classes x top_k 200: detect ~60 -> ~8 ms here)."""
-    order = _top_k_desc(scores, min(top_k, scores.shape[1]))  # [C, K]
-    ranked = np.take_along_axis(scores, order, axis=1)        # [C, K], descending along each row
+def _fast_nms(boxes, order, ranked, nms_thresh, max_num_detections):
+    """Fast NMS per class (SPEC 6.2) over each class's top_k candidates (order [C, K] columns of boxes, ranked
+    [C, K] their scores, descending along each row: compiled_loops.class_top_k) -> (class rows, candidate cols,
+    scores) of the kept entries, class-major, as far as the max_num_detections best kept entries need: the decision
+    of each class's entries scoring >= tau, tau lowered until at least max_num_detections of them are kept. Exact:
+    an entry's decision depends only on the higher-scored entries of its class (all scoring >= tau too), and every
+    entry left undecided scores below tau, so below every kept entry returned (R50 550, 80 classes x top_k 200:
+    detect ~60 -> ~8 ms here)."""
     descending = np.sort(ranked, axis=None)[::-1]
     budget = 4 * max_num_detections
     while True:
@@ -198,7 +189,7 @@ def _fast_nms(boxes, scores, nms_thresh, top_k, max_num_detections):
             break
         budget *= 4
     rows = np.broadcast_to(np.arange(order.shape[0])[:, None], order.shape)
-    return rows[keep], order[keep]
+    return rows[keep], order[keep], ranked[keep]
 
 
 def _fast_nms_prefixes(boxes, order, depth, nms_thresh) -> np.ndarray:
