@@ -32,8 +32,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 _ONE = np.float32(1.0)
-KERNELS = ("resample", "resample_above", "rle_counts", "paint", "class_top_k")   # attributes of this module once compiled
-_HELPERS = ("_width_pass", "_sift_down", "_score_key")   # what the kernels call: compiled first, in place (the kernels find them by name)
+KERNELS = ("resample", "resample_above", "mask_window", "rle_counts", "paint", "class_top_k")   # attributes of this module once compiled
+_HELPERS = ("_width_pass", "_sift_down", "_score_key", "_search", "_hot_range")   # what the kernels call: compiled first, in place (the kernels find them by name)
 _COMPILING = threading.Lock()
 
 
@@ -159,6 +159,53 @@ def _resample_above(src, y0, y1, wy1, x0, x1, wx1, threshold, out):
         weight0 = _ONE - weight1
         for c in range(x0.shape[0]):
             target[c] = upper[c] * weight0 + lower[c] * weight1 > limit
+
+
+def _search(table, value, right):
+    """numpy's searchsorted(table, value, side="right" if right else "left") on a non-decreasing int64 table."""
+    low, high = 0, table.shape[0]
+    while low < high:
+        middle = (low + high) // 2
+        if table[middle] < value or (right and table[middle] == value):
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _hot_range(first, last, i0, i1):
+    """The output range [start, stop) whose bilinear sources i0 or i1 fall between source pixels first and last:
+    the rows (or cols) of a mask's window along one axis."""
+    start = _search(i1, first, False)
+    return start, max(_search(i0, last, True), start)
+
+
+def _mask_window(probs, origin_row, origin_col, y0, y1, wy1, x0, x1, wx1, threshold):
+    """One mask's window: (top, left, bool [h, w]) with window[r, c] = bilinear(probs) > threshold at image pixel
+    (top + r, left + c), over the output rows and cols whose bilinear sources include a pixel of probs above the
+    threshold (everywhere else the value is provably <= threshold: `yolact_postprocess._box_mask`); (0, 0, [0, 0])
+    when there is none. probs: float32 [h_src, w_src], the block of the source whose [0, 0] is source pixel
+    (origin_row, origin_col); y0 .. wx1: the whole image's `image_ops.bilinear_axis` tables."""
+    limit = np.float32(threshold)
+    first_row, last_row, first_col, last_col = -1, -1, probs.shape[1], -1
+    for r in range(probs.shape[0]):
+        line = probs[r]
+        for c in range(probs.shape[1]):
+            if line[c] > limit:
+                if first_row < 0:
+                    first_row = r
+                last_row = r
+                first_col = min(first_col, c)
+                last_col = max(last_col, c)
+    if first_row < 0:
+        return 0, 0, np.zeros((0, 0), np.bool_)
+    row_start, row_stop = _hot_range(origin_row + first_row, origin_row + last_row, y0, y1)
+    col_start, col_stop = _hot_range(origin_col + first_col, origin_col + last_col, x0, x1)
+    window = np.empty((row_stop - row_start, col_stop - col_start), np.bool_)
+    resample_above(probs, y0[row_start:row_stop] - origin_row, y1[row_start:row_stop] - origin_row,
+                   wy1[row_start:row_stop], x0[col_start:col_stop] - origin_col, x1[col_start:col_stop] - origin_col,
+                   wx1[col_start:col_stop], threshold, window)
+    return row_start, col_start, window
 
 
 def _rle_counts(mask, top, left, height, width):
@@ -356,6 +403,7 @@ def load() -> None:
                      np.empty((1, 1), np.float32))
     kernels.resample_above(np.zeros((1, 1), np.float32), index, index, weight, index, index, weight, 0.5,
                            np.empty((1, 1), bool))
+    kernels.mask_window(np.ones((1, 1), np.float32), 0, 0, index, index, weight, index, index, weight, 0.5)
     labels, mask = np.zeros((2, 2), np.uint8), np.ones((1, 1), bool)
     kernels.paint(labels[:1, :1], mask, 1)
     kernels.rle_counts(mask, 0, 0, 2, 2)

@@ -366,18 +366,7 @@ def box_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop:
     probs = sigmoid_inplace(np.ascontiguousarray(np.moveaxis(logits, 2, 0)))   # [n, Ph, Pw]
     if crop:
         probs *= keep_rows[:, :, None] & keep_cols[:, None, :]
-    hot = probs > MASK_THRESHOLD                                      # [n, Ph, Pw]
-    row_start, row_stop = _output_windows(row_axis, hot.any(axis=2))
-    col_start, col_stop = _output_windows(col_axis, hot.any(axis=1))
-
-    def masks() -> Iterator[BoxMask]:
-        for i in range(n):
-            if row_start[i] < 0:
-                yield BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
-                continue
-            yield _box_mask(probs[i], row_axis, col_axis, (row_start[i], row_stop[i]), (col_start[i], col_stop[i]))
-
-    return masks()
+    return (_box_mask(probs[i], row_axis, col_axis) for i in range(n))
 
 
 def _cropped_box_masks(logits: np.ndarray, row_spans: list[tuple[int, int]], col_spans: list[tuple[int, int]],
@@ -386,21 +375,13 @@ def _cropped_box_masks(logits: np.ndarray, row_spans: list[tuple[int, int]], col
     [start, stop) of row_spans[i], col_spans[i]), in a block with a one-pixel margin of zeros for the bilinear
     sources just outside the box: zeros, as the crop makes them. The same values, windows and masks as over the
     whole proto. logits: [Ph, Pw, n]."""
-    def masks() -> Iterator[BoxMask]:
-        for i, ((r0, r1), (c0, c1)) in enumerate(zip(row_spans, col_spans)):
-            rows = None
-            if r1 > r0 and c1 > c0:
-                block = np.zeros((r1 - r0 + 2, c1 - c0 + 2), dtype=np.float32)   # proto rows r0-1..r1, cols c0-1..c1
-                block[1:-1, 1:-1] = sigmoid_inplace(logits[r0:r1, c0:c1, i].copy())
-                hot = block > MASK_THRESHOLD
-                rows = _hot_output_range(row_axis, hot.any(axis=1), r0 - 1)
-            if rows is None:
-                yield BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
-                continue
-            cols = _hot_output_range(col_axis, hot.any(axis=0), c0 - 1)
-            yield _box_mask(block, row_axis, col_axis, rows, cols, (r0 - 1, c0 - 1))
-
-    return masks()
+    for i, ((r0, r1), (c0, c1)) in enumerate(zip(row_spans, col_spans)):
+        if r1 > r0 and c1 > c0:
+            block = np.zeros((r1 - r0 + 2, c1 - c0 + 2), dtype=np.float32)   # proto rows r0-1..r1, cols c0-1..c1
+            block[1:-1, 1:-1] = sigmoid_inplace(logits[r0:r1, c0:c1, i].copy())
+            yield _box_mask(block, row_axis, col_axis, (r0 - 1, c0 - 1))
+        else:
+            yield BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
 
 
 def _spans(keep: np.ndarray) -> list[tuple[int, int]]:
@@ -412,53 +393,20 @@ def _spans(keep: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b)) if k else (0, 0) for a, b, k in zip(start, stop, keep.any(axis=1))]
 
 
-def _output_windows(axis: AxisTable, hot: np.ndarray) -> tuple[list[int], list[int]]:
-    """Per mask, _output_range of its first and last hot proto pixel along this axis (hot: bool [n, P]); start -1
-    where a mask has none."""
-    first = hot.argmax(axis=1)
-    last = hot.shape[1] - 1 - hot[:, ::-1].argmax(axis=1)
-    start, stop = _output_range(axis, first, last)
-    return np.where(hot.any(axis=1), start, -1).tolist(), stop.tolist()
-
-
-def _hot_output_range(axis: AxisTable, hot: np.ndarray, offset: int) -> tuple[int, int] | None:
-    """_output_range of one mask's hot line (bool [p] over proto indices offset .. offset + p - 1); None if none."""
-    index = np.flatnonzero(hot)
-    if index.size == 0:
-        return None
-    start, stop = _output_range(axis, offset + int(index[0]), offset + int(index[-1]))
-    return int(start), int(stop)
-
-
-def _output_range(axis: AxisTable, first, last):
-    """The output range [start, stop) whose bilinear sources i0 or i1 fall between proto pixels first and last
-    (ints, or arrays of them): the rows or cols a mask's window needs along this axis."""
-    i0, i1, _ = axis
-    start = np.searchsorted(i1, first, side="left")
-    return start, np.maximum(np.searchsorted(i0, last, side="right"), start)
-
-
-def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable, rows: tuple[int, int],
-              cols: tuple[int, int], origin: tuple[int, int] = (0, 0)) -> BoxMask:
-    """bilinear(probs) > 0.5 over the output window rows x cols ([start, stop) each), whose sources are the
-    proto pixels > 0.5 and their neighbours. `origin`: the proto (row, col) of probs[0, 0] when probs is a block
-    of the proto (the tables' source indices are the proto's).
+def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable,
+              origin: tuple[int, int] = (0, 0)) -> BoxMask:
+    """bilinear(probs) > 0.5 over the output window whose bilinear sources (i0 or i1) fall between the first and
+    the last proto row (col) holding a pixel > 0.5, in one compiled call (compiled_loops.mask_window); an empty
+    BoxMask where no pixel is > 0.5. probs: a mask's probabilities over the proto, or a block of them whose
+    [0, 0] is proto pixel `origin` (the tables' source indices are the proto's).
 
     Exact: every output value is (a*wx0 + b*wx1)*wy0 + (c*wx0 + d*wx1)*wy1 in float32 with weights >= 0 and
     fl(1 - w) + w rounding to 1, so when its four sources are all <= 0.5 (zeros of the crop included) it is
     <= 0.5 (rounding is monotone, and x * 0.5 is exact): such pixels are False without being computed.
     """
-    (row_start, row_stop), (col_start, col_stop) = rows, cols
-    window = np.empty((row_stop - row_start, col_stop - col_start), dtype=bool)
-    compiled_loops.resample_above(probs, *_table_part(row_axis, row_start, row_stop, origin[0]),
-                                  *_table_part(col_axis, col_start, col_stop, origin[1]), MASK_THRESHOLD, window)
-    return BoxMask(row_start, col_start, window)
-
-
-def _table_part(axis: AxisTable, start: int, stop: int, origin: int) -> AxisTable:
-    """Entries [start, stop) of an axis table, with source indices counted from `origin`."""
-    i0, i1, w1 = (a[start:stop] for a in axis)
-    return (i0, i1, w1) if origin == 0 else (i0 - origin, i1 - origin, w1)
+    top, left, window = compiled_loops.mask_window(probs, origin[0], origin[1], *row_axis, *col_axis,
+                                                   MASK_THRESHOLD)
+    return BoxMask(int(top), int(left), window)
 
 
 def instance_masks(det: Detections, proto: np.ndarray, width: int, height: int,
