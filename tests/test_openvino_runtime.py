@@ -43,3 +43,21 @@ def test_batch_equals_images_one_at_a_time(tmp_path, make_ir):
         for name, value in alone.items():
             np.testing.assert_array_equal(outputs[name][index], value)
     np.testing.assert_array_equal(outputs["scaled"], batch * 2)
+
+
+def test_a_result_or_a_view_of_one_is_never_written_by_a_later_call(tmp_path):
+    """infer reuses the arrays of a previous result that nothing holds any more (new pages would be faulted in each
+    call): a result, or a view of one, that is still held keeps its values through later calls."""
+    settings = RuntimeSettings(precision="f32", threads=1, streams=1)
+    ir = CompiledIR(_static_ir(tmp_path), settings)
+    rng = np.random.default_rng(3)
+    first, second, third = (rng.random((4, 3, 8, 8), dtype=np.float32) for _ in range(3))
+    held = ir.infer(first)
+    view = ir.infer(second)["scaled"][1]          # the result itself dropped, a view of it kept
+    for batch in (third, first, third[:2]):       # the next calls may reuse what nobody holds
+        ir.infer(batch)
+    np.testing.assert_array_equal(held["scaled"], first * 2)
+    np.testing.assert_array_equal(view, second[1] * 2)
+    again, fresh = ir.infer(third), CompiledIR(_static_ir(tmp_path), settings).infer(third)
+    for name in ("scaled", "pooled"):
+        np.testing.assert_array_equal(again[name], fresh[name])
