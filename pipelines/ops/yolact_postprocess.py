@@ -131,7 +131,7 @@ def detect(loc: np.ndarray, conf: np.ndarray, mask: np.ndarray, priors: np.ndarr
         raise ValueError(f"detect: top_k and max_num_detections must be >= 1, got {top_k}, {max_num_detections}")
     if nms == "fast":   # candidates and each class's top_k in one compiled pass over conf
         candidates, order, ranked = compiled_loops.class_top_k(np.ascontiguousarray(conf), np.float32(conf_thresh),
-                                                               top_k)
+                                                               int(top_k))
     else:
         foreground = np.ascontiguousarray(conf[:, 1:].T)         # [C, N]: one transposing copy, rows reduced fast
         candidates = np.flatnonzero(foreground.max(axis=0) > conf_thresh)
