@@ -32,8 +32,10 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 _ONE = np.float32(1.0)
-KERNELS = ("resample", "resample_above", "mask_window", "rle_counts", "paint", "class_top_k")   # attributes of this module once compiled
-_HELPERS = ("_width_pass", "_sift_down", "_score_key", "_search", "_hot_range")   # what the kernels call: compiled first, in place (the kernels find them by name)
+# attributes of this module once compiled
+KERNELS = ("resample", "resample_above", "mask_window", "rle_counts", "paint", "class_top_k")
+# what the kernels call: compiled first, in place (the kernels find them by name)
+_HELPERS = ("_width_pass", "_score_key", "_search", "_hot_range")
 _COMPILING = threading.Lock()
 
 
@@ -282,20 +284,6 @@ def _paint(labels, mask, label):
                 target[c] = label
 
 
-def _sift_down(heap, at, size):
-    """Restore the min-heap heap[:size] below position `at`."""
-    while True:
-        child = 2 * at + 1
-        if child >= size:
-            return
-        if child + 1 < size and heap[child + 1] < heap[child]:
-            child += 1
-        if heap[at] <= heap[child]:
-            return
-        heap[at], heap[child] = heap[child], heap[at]
-        at = child
-
-
 _LOW_32 = np.uint64(0xFFFFFFFF)
 _SIGN_32 = np.uint64(0x80000000)
 _SAMPLE_STRIDE = 16   # class_top_k estimates each class's k-th best score from every 16th candidate
@@ -318,7 +306,7 @@ def _class_top_k(conf, threshold, k):
     (the score of rank ~1.5 k / stride among every _SAMPLE_STRIDE-th candidate, taken in the pass that finds the
     candidates: conf is read twice in all, ~1.5 ms each for R50's 6 MB); a second pass keeps the candidates
     scoring >= their class's floor. A class that kept >= k of them holds its best k among them (the k-th best
-    scores >= the floor); the others (a bad guess, rare) are done again with the floor at -inf. Kept entries are
+    scores >= the floor); the others (a bad guess, rare) sort every candidate's key. Kept entries are
     ranked by _score_key, so ties go to the lower position. A heap in one pass would replace ~k (1 + ln(n / k))
     roots per class (89,000 per image for R50's 80 classes): 5 ms more.
     """
@@ -370,21 +358,12 @@ def _class_top_k(conf, threshold, k):
     order = np.empty((n_classes, size), np.int64)
     ranked = np.empty((n_classes, size), np.float32)
     for c in range(n_classes):
-        if count[c] < size or count[c] > capacity:   # a bad guess: every candidate, in a heap of the best k
-            keys = np.empty(size, np.uint64)
+        if count[c] < size or count[c] > capacity:   # a bad guess: every candidate's key
+            keys = np.empty(n, np.uint64)
             for j in range(n):
                 p = candidates[j]
-                key = _score_key(bits[p, c + 1] if conf[p, c + 1] != 0 else 0, j)
-                if j < size:
-                    at = j
-                    while at > 0 and keys[(at - 1) // 2] > key:
-                        keys[at] = keys[(at - 1) // 2]
-                        at = (at - 1) // 2
-                    keys[at] = key
-                elif key > keys[0]:
-                    keys[0] = key
-                    _sift_down(keys, 0, size)
-            keys = np.sort(keys)
+                keys[j] = _score_key(bits[p, c + 1] if conf[p, c + 1] != 0 else 0, j)
+            keys = np.sort(keys)[n - size:]
         else:
             keys = np.sort(kept[c, :count[c]])[count[c] - size:]
         for j in range(size):
