@@ -57,3 +57,35 @@ def test_job_reads_and_writes_azure_blob_storage(spark, azurite, monkeypatch, tm
     everything = b"".join(client.download_blob(n).readall() for n in client.list_blobs(name_starts_with="out/"))
     for secret in (ACCOUNT_KEY.encode(), azurite.connection_string.encode()):
         assert secret not in everything
+
+
+def test_a_blob_table_is_read_on_the_executors_with_old_files_given_null_frame_columns(spark, azurite):
+    """The azure_sdk writer's tables are read by the executors, the driver holding only the file names (a 10^7-row
+    history must not pass through it), with the credentials the driver resolved; a file from before the video
+    frame columns reads them as nulls, as Spark's reader does for the Hadoop writer's files."""
+    from pipelines.io.azure_storage import AzureCredentials
+    from pipelines.io.storage import Location
+    from pipelines.results.results_writer import arrow_schema_of, read_table, table_schema
+    from pipelines.results.result_schema import FRAME_COLUMNS
+
+    container = azurite.create_container()
+    table = Location(f"az://{container}/out/errors", AzureCredentials(connection_string=azurite.connection_string))
+    assert read_table(spark, table) is None
+    schema = arrow_schema_of(table_schema(spark, table.uri))
+    rows = [{"path": f"az://{container}/in/{n}.jpg", "stage": "decode", "error_type": "ValueError",
+             "message": "not a jpeg", "size": n, "modification_time": None, "model_name": "m", "model_sha256": "s",
+             "run_id": f"run-{n}", "frame_index": n if n % 2 else None} for n in range(6)]
+    for start in range(0, 6, 2):   # three files, the first without the frame columns
+        part = pa.Table.from_pylist(rows[start:start + 2], schema=schema)
+        if start == 0:
+            part = part.drop_columns(list(FRAME_COLUMNS))
+        buffer = io.BytesIO()
+        pq.write_table(part, buffer)
+        (table / f"part-{start}.parquet").write_bytes_atomic(buffer.getvalue())
+
+    frame = read_table(spark, table)
+    assert "MapInArrow" in frame._jdf.queryExecution().executedPlan().toString()   # rows made by executor tasks
+    read = sorted((row.asDict() for row in frame.collect()), key=lambda row: row["size"])
+    expected = [{**row, "frame_index": None if row["size"] < 2 else row["frame_index"]} for row in rows]
+    assert [{key: row[key] for key in expected[0]} for row in read] == expected
+    assert all(row[name] is None for row in read[:2] for name in FRAME_COLUMNS)

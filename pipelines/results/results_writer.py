@@ -74,13 +74,7 @@ def append_rows(frame: DataFrame, table: Location, file_prefix: str) -> None:
 
 def upload_parquet_parts(frame: DataFrame, table: Location, file_prefix: str) -> None:
     """Each task writes its rows as Parquet blobs named <prefix>-<partition>-<batch>.parquet under `table`."""
-    import inspect
-
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    # pyspark 4 needs the session time zone for timestamps; pyspark 3.5 always used UTC and takes no argument
-    tz = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
-    arrow_schema = to_arrow_schema(frame.schema, **tz)
+    arrow_schema = arrow_schema_of(frame.schema)
 
     def upload(batches):
         import io
@@ -102,6 +96,17 @@ def upload_parquet_parts(frame: DataFrame, table: Location, file_prefix: str) ->
     frame.mapInPandas(upload, "rows long").collect()
 
 
+def arrow_schema_of(schema: StructType):
+    """The Arrow schema of a Spark schema as the azure_sdk writer's files hold it (timestamps in UTC)."""
+    import inspect
+
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    # pyspark 4 needs the session time zone for timestamps; pyspark 3.5 always used UTC and takes no argument
+    tz = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
+    return to_arrow_schema(schema, **tz)
+
+
 def read_table(spark: SparkSession, table: Location | str) -> DataFrame | None:
     """detections/ or errors/ (a Location, or a URI with the environment's credentials) as a DataFrame, from either
     writer; None when nothing was written yet."""
@@ -116,15 +121,40 @@ def read_table(spark: SparkSession, table: Location | str) -> DataFrame | None:
             return with_frame_columns(reader.parquet(spark_read_path(table_uri)))
         except Exception:  # noqa: BLE001  (a directory without Parquet files yet, e.g. a killed first wave)
             return None
-    import io
+    return read_uploaded_table(spark, table)
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    tables = [pq.read_table(io.BytesIO(table.sibling(uri).read_bytes())) for uri in table.list_files([".parquet"])]
-    if not tables:
+def read_uploaded_table(spark: SparkSession, table: Location) -> DataFrame | None:
+    """The azure_sdk writer's Parquet files of `table`, read on the executors (a few files per task): the driver
+    lists the file names and never holds the rows. Files written before the frame columns get them as nulls."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    files = table.list_files([".parquet"])
+    if not files:
         return None
-    return with_frame_columns(spark.createDataFrame(pa.concat_tables(tables, promote_options="default").to_pandas()))
+    schema = table_schema(spark, table.uri)
+    if schema is None:   # not one of the job's tables: the first file's schema (its footer)
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = from_arrow_schema(pq.read_schema(pa.BufferReader(table.sibling(files[0]).read_bytes())))
+    arrow_schema = arrow_schema_of(schema)
+    store = table.store   # pickles its credentials, resolved here on the driver (executors may lack them)
+
+    def read_files(batches):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for batch in batches:
+            for uri in batch.column(0).to_pylist():
+                data = pq.read_table(pa.BufferReader(store.read(uri)))
+                columns = [data.column(field.name).cast(field.type) if field.name in data.column_names
+                           else pa.nulls(data.num_rows, field.type) for field in arrow_schema]
+                yield from pa.Table.from_arrays(columns, schema=arrow_schema).to_batches()
+
+    names = spark.sparkContext.parallelize([(uri,) for uri in files],
+                                           min(len(files), spark.sparkContext.defaultParallelism))
+    return spark.createDataFrame(names, "uri string").mapInArrow(read_files, schema)
 
 
 def table_schema(spark: SparkSession, table_uri: str):
