@@ -16,7 +16,8 @@ from pipelines.datasets.synthetic_roads import RoadSceneConfig, render_scene
 from pipelines.results.incremental import current_detections
 from pipelines.inference.inference_job import plan_job, run, work_units
 from pipelines.job_cli import build_config, parse_args
-from pipelines.results.results_writer import FRAME_COLUMNS, done_keys, read_table
+from pipelines.results.done_index import done_keys
+from pipelines.results.results_writer import FRAME_COLUMNS, read_table
 from tests.job_helpers import job_config, read_rows
 from tests.test_faults import start_job, wait_for
 

@@ -32,10 +32,11 @@ from pipelines.io.output_paths import qualify_root
 from pipelines.inference.progress import ProgressReporter, say
 from pipelines.inference.image_inference import ImageInference
 from pipelines.inference.inference_tasks import inference_task_class
+from pipelines.results.done_index import done_keys, update_after_run
 from pipelines.results.table_index import counts_after_run, rows_before_run
 from pipelines.results.coco_results import write_coco_results
 from pipelines.results.result_schema import RESULT_SCHEMA
-from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, done_keys, failed_paths, holds_tables,
+from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, failed_paths, holds_tables,
                                               write_results, write_summary)
 from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.spark.spark_session import ship_library, ship_once
@@ -272,6 +273,7 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
                 totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions, own_rows)
         listing.unpersist()
         units.unpersist()
+        update_after_run(spark, plan.output)   # the resume index, when the tables outgrew it
         if config.output.coco_results:
             write_coco_results(spark, plan.output)
         summary = make_summary(spark, plan, settings, totals, n_inputs, n_todo, partitions, time.time() - started,

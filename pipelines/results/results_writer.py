@@ -72,8 +72,9 @@ def append_rows(frame: DataFrame, table: Location, file_prefix: str) -> None:
         upload_parquet_parts(frame, table, file_prefix)
 
 
-def upload_parquet_parts(frame: DataFrame, table: Location, file_prefix: str) -> None:
-    """Each task writes its rows as Parquet blobs named <prefix>-<partition>-<batch>.parquet under `table`."""
+def upload_parquet_parts(frame: DataFrame, table: Location, file_prefix: str) -> list[str]:
+    """Each task writes its rows as Parquet blobs named <prefix>-<partition>-<batch>.parquet under `table`;
+    returns their URIs."""
     arrow_schema = arrow_schema_of(frame.schema)
 
     def upload(batches):
@@ -91,9 +92,9 @@ def upload_parquet_parts(frame: DataFrame, table: Location, file_prefix: str) ->
                 pq.write_table(pa.Table.from_pandas(batch, schema=arrow_schema, preserve_index=False), buffer)
                 name = f"{file_prefix}-{partition:05d}-{number:04d}.parquet"
                 (table / name).write_bytes_atomic(buffer.getvalue())
-            yield pd.DataFrame({"rows": [len(batch)]})
+                yield pd.DataFrame({"uri": [(table / name).uri]})
 
-    frame.mapInPandas(upload, "rows long").collect()
+    return sorted({row.uri for row in frame.mapInPandas(upload, "uri string").collect()})
 
 
 def arrow_schema_of(schema: StructType):
@@ -107,32 +108,36 @@ def arrow_schema_of(schema: StructType):
     return to_arrow_schema(schema, **tz)
 
 
-def read_table(spark: SparkSession, table: Location | str) -> DataFrame | None:
+def read_table(spark: SparkSession, table: Location | str, files: list[str] | None = None,
+               schema: StructType | None = None) -> DataFrame | None:
     """detections/ or errors/ (a Location, or a URI with the environment's credentials) as a DataFrame, from either
-    writer; None when nothing was written yet."""
+    writer; None when nothing was written yet. `files`: only these Parquet files of the table (URIs as list_files
+    gives them); `schema`: the files' schema (default: the job's, for detections/ and errors/)."""
     table = Location.of(table)
     table_uri = table.uri
-    if choose_writer(table_uri) == "spark":
-        if not hadoop_path_exists(spark, table_uri):   # a new output: asking Spark would log a Java stack trace
-            return None
-        schema = table_schema(spark, table_uri)   # files of runs before the frame columns lack them: read as null
-        try:
-            reader = spark.read if schema is None else spark.read.schema(schema)
-            return with_frame_columns(reader.parquet(spark_read_path(table_uri)))
-        except Exception:  # noqa: BLE001  (a directory without Parquet files yet, e.g. a killed first wave)
-            return None
-    return read_uploaded_table(spark, table)
+    schema = schema or table_schema(spark, table_uri)  # files of runs before the frame columns lack them: read as null
+    if choose_writer(table_uri) != "spark":
+        return read_uploaded_table(spark, table, files, schema)
+    if files is None and not hadoop_path_exists(spark, table_uri):   # a new output: Spark would log a stack trace
+        return None
+    try:
+        reader = spark.read if schema is None else spark.read.schema(schema)
+        paths = [spark_read_path(uri) for uri in files] if files is not None else [spark_read_path(table_uri)]
+        return with_frame_columns(reader.parquet(*paths)) if paths else None
+    except Exception:  # noqa: BLE001  (a directory without Parquet files yet, e.g. a killed first wave)
+        return None
 
 
-def read_uploaded_table(spark: SparkSession, table: Location) -> DataFrame | None:
-    """The azure_sdk writer's Parquet files of `table`, read on the executors (a few files per task): the driver
-    lists the file names and never holds the rows. Files written before the frame columns get them as nulls."""
+def read_uploaded_table(spark: SparkSession, table: Location, files: list[str] | None = None,
+                        schema: StructType | None = None) -> DataFrame | None:
+    """The azure_sdk writer's Parquet files of `table` (or only `files`), read on the executors (a few files per
+    task): the driver lists the file names and never holds the rows. Columns of `schema` a file lacks (files
+    written before the frame columns) are read as nulls."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    files = table.list_files([".parquet"])
+    files = table.list_files([".parquet"]) if files is None else files
     if not files:
         return None
-    schema = table_schema(spark, table.uri)
     if schema is None:   # not one of the job's tables: the first file's schema (its footer)
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -199,25 +204,6 @@ def failed_paths(spark: SparkSession, output: Location, run_id: str, limit: int 
         return []
     return [row.path for row in errors.where(F.col("run_id") == run_id).select("path").orderBy("path")
             .limit(limit).collect()]
-
-
-def done_keys(spark: SparkSession, output: Location | str, model_sha256: str) -> DataFrame | None:
-    """(path, size, modification_time, segment_start, segment_end) of every record of this model in detections/ or
-    errors/ (not deduplicated: an anti-join needs no distinct, and skipping it saves a shuffle; segment_start is null for images,
-    a video's records are per segment). None when nothing has been written yet."""
-    frames = []
-    for name in TABLES:
-        frame = read_table(spark, Location.of(output) / name)
-        if frame is None:
-            continue
-        frames.append(frame.where(F.col("model_sha256") == model_sha256)
-                      .select("path", "size", "modification_time", "segment_start", "segment_end"))
-    if not frames:
-        return None
-    keys = frames[0]
-    for frame in frames[1:]:
-        keys = keys.unionByName(frame)
-    return keys
 
 
 def write_summary(output: Location, summary: dict) -> None:

@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from pipelines.results.incremental import (TABLES, ranked_keys, read_tables, record_keys, renamed_keys, same_record,
                                    table_counts)
 from pipelines.io.storage import Location
+from pipelines.results.done_index import table_file_names
 from pipelines.results.results_writer import read_table
 
 log = logging.getLogger(__name__)
@@ -42,17 +43,9 @@ def table_rows(spark: SparkSession, output: Location) -> dict[str, int]:
 
 
 def table_files(output: Location) -> dict[str, str]:
-    """{table: a digest of its Parquet files' names} (one listing per table, no file opened; hidden files and
-    directories, e.g. a killed write's _temporary/, skipped as Spark's reader skips them)."""
-    digests = {}
-    for name in TABLES:
-        try:
-            files = (output / name).list_files([".parquet"])
-        except FileNotFoundError:   # no such table yet (a local output)
-            files = []
-        names = "\n".join(sorted(uri.rsplit("/", 1)[-1] for uri in files))
-        digests[name] = hashlib.sha256(names.encode()).hexdigest()
-    return digests
+    """{table: a digest of its Parquet files' names} (one listing per table, no file opened)."""
+    return {table: hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()
+            for table, names in table_file_names(output).items()}
 
 
 def rows_before_run(output: Location) -> dict[str, int] | None:
