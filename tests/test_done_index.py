@@ -124,3 +124,16 @@ def test_the_index_of_a_blob_output(spark, azurite):
     for model in ("model-a", "model-b"):
         keys, opened = planned_keys(spark, output, model)
         assert keys == history.keys(model)
+
+
+def test_the_levels_cover_every_table_file_once(spark, tmp_path):
+    output = Location(str(tmp_path / "out"))
+    history = History(spark, output)
+    history.add_files(50, 20)
+    update_after_run(spark, output)
+    history.add_files(COMPACT_AFTER_FILES + 1, 1)
+    assert update_after_run(spark, output) == "recent"
+    levels = index_levels(output)
+    base, recent = (set(levels[name]["covers"]["detections"]) for name in ("base", "recent"))
+    assert not base & recent and base | recent == set(done_index.table_file_names(output)["detections"])
+    assert levels["base"]["rows"] == 50 * 20 and levels["recent"]["rows"] == COMPACT_AFTER_FILES + 1

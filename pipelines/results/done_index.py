@@ -85,8 +85,9 @@ def covered_files(manifest: dict | None) -> dict[str, set[str]]:
 
 
 def read_keys(spark: SparkSession, output: Location, levels: list[dict],
-              table_files: dict[str, list[str]]) -> DataFrame | None:
-    """KEY_COLUMNS of the index `levels` and of the table files `table_files` ({table: URIs}); None for none."""
+              table_files: dict[str, list[str] | None]) -> DataFrame | None:
+    """KEY_COLUMNS of the index `levels` and of the table files `table_files` ({table: URIs, or None for all of its
+    files, listed by Spark's reader}); None for none."""
     parts = []
     for level in levels:
         slot = output / INDEX_DIR / level["slot"]
@@ -94,8 +95,9 @@ def read_keys(spark: SparkSession, output: Location, levels: list[dict],
             parts.append(read_table(spark, slot, files=[(slot / name).uri for name in level["files"]],
                                     schema=KEY_SCHEMA))
     for table in TABLES:
-        if table_files.get(table):
-            parts.append(read_table(spark, output / table, files=table_files[table]))
+        files = table_files.get(table, [])
+        if files is None or files:
+            parts.append(read_table(spark, output / table, files=files))
     parts = [part.select(*KEY_COLUMNS) for part in parts if part is not None]
     if not parts:
         return None
@@ -115,9 +117,11 @@ def all_done_keys(spark: SparkSession, output: Location,
     return read_keys(spark, output, levels, uncovered_files(files_now, covered_files(manifest)))
 
 
-def uncovered_files(files_now: dict[str, dict[str, str]], covered: dict[str, set[str]]) -> dict[str, list[str]]:
+def uncovered_files(files_now: dict[str, dict[str, str]],
+                    covered: dict[str, set[str]]) -> dict[str, list[str] | None]:
+    """{table: URIs of its files the index does not cover; None where it covers none (the whole table is read)}."""
     return {table: [uri for name, uri in sorted(files_now[table].items()) if name not in covered[table]]
-            for table in TABLES}
+            if covered[table] else None for table in TABLES}
 
 
 def done_keys(spark: SparkSession, output: Location | str, model_sha256: str,
@@ -138,16 +142,16 @@ def update_after_run(spark: SparkSession, output: Location) -> str | None:
     written = read_manifest(output) or {}
     manifest = usable_manifest(output, files_now, written)
     levels = dict((manifest or {}).get("levels") or {})
-    uncovered = uncovered_files(files_now, covered_files(manifest))
-    if sum(len(files) for files in uncovered.values()) <= COMPACT_AFTER_FILES:
+    covered = covered_files(manifest)
+    uncovered = uncovered_files(files_now, covered)
+    if sum(len(files_now[table]) - len(covered[table]) for table in TABLES) <= COMPACT_AFTER_FILES:
         return None
     base, recent = levels.get("base"), levels.get("recent")
     into_recent = base is not None and BASE_RATIO * (
         (recent or {}).get("rows", 0) + read_keys(spark, output, [], uncovered).count()) <= base["rows"]
     if into_recent:   # recent's keys and the new files' into recent's other slot
         keys = read_keys(spark, output, [recent] if recent else [], uncovered)
-        covers = {table: sorted(set((recent or {}).get("covers", {}).get(table, ()))
-                                | {uri.rsplit("/", 1)[-1] for uri in uncovered[table]}) for table in TABLES}
+        covers = {table: sorted(files_now[table].keys() - set(base["covers"].get(table, ()))) for table in TABLES}
         name = "recent"
     else:   # everything into base; recent emptied
         keys = read_keys(spark, output, [level for level in (base, recent) if level], uncovered)
