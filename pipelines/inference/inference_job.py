@@ -32,7 +32,7 @@ from pipelines.io.output_paths import qualify_root
 from pipelines.inference.progress import ProgressReporter, say
 from pipelines.inference.image_inference import ImageInference
 from pipelines.inference.inference_tasks import inference_task_class
-from pipelines.results.done_index import done_keys, update_after_run
+from pipelines.results.done_index import done_keys, table_file_names, update_after_run
 from pipelines.results.table_index import counts_after_run, rows_before_run
 from pipelines.results.coco_results import write_coco_results
 from pipelines.results.result_schema import RESULT_SCHEMA
@@ -82,15 +82,16 @@ ROWS_PER_SHUFFLE_PARTITION = 100_000
 
 
 def todo_listing(spark: SparkSession, listing: DataFrame, output: Location | str, manifest: ModelManifest,
-                 force: bool, broadcast_max_rows: int, table_rows: int | None = None) -> DataFrame:
+                 force: bool, broadcast_max_rows: int, table_rows: int | None = None,
+                 table_files: dict[str, dict[str, str]] | None = None) -> DataFrame:
     """Images not yet recorded for this model (same path, size and modification time), unless `force`. The done
     keys are broadcast only up to `broadcast_max_rows`; beyond, a sort-merge anti-join: neither the driver's nor an
     executor's memory grows with the history. `table_rows`: the tables' records of every model, where known without
     a pass (table_index.rows_before_run), an upper bound of the done keys; else they are counted (one column-pruned
-    pass)."""
+    pass). `table_files`: the tables' files (done_index.table_file_names), where the caller listed them."""
     if force:
         return listing
-    done = done_keys(spark, output, manifest.model_sha256)
+    done = done_keys(spark, output, manifest.model_sha256, table_files)
     if done is None:
         return listing
     broadcast = (table_rows is not None and table_rows <= broadcast_max_rows) or done.count() <= broadcast_max_rows
@@ -241,7 +242,8 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
     try:
         previous_settings = set_session_settings(spark, planning_settings(config))
         new_output = not holds_tables(spark, plan.output)   # under the lock: no other run writes to it now
-        rows_before = None if new_output else rows_before_run(plan.output)
+        tables_before = None if new_output else table_file_names(plan.output)
+        rows_before = None if new_output else rows_before_run(plan.output, tables_before)
         # on disk only: each wave reads it back (index_todo), and MEMORY_AND_DISK would pull whole blocks of a
         # 10^7-row listing into a 1 g driver's heap (see index_todo)
         listing, counts = src.whole_listing(found, lambda frame: count_inputs(frame, video), StorageLevel.DISK_ONLY)
@@ -250,7 +252,7 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
         units = work_units(spark, plan, listing, video, n_videos)
         n_units = units.count() if n_videos else n_inputs
         todo = todo_listing(spark, units, plan.output, plan.manifest, run_cfg.force, run_cfg.broadcast_max_rows,
-                            sum(rows_before.values()) if rows_before else None)
+                            sum(rows_before.values()) if rows_before else None, tables_before)
         n_todo = n_units if todo is units else todo.count()   # the units themselves: nothing done before, or force
         if n_videos:
             say(f"{n_inputs} files ({n_videos} videos in {n_units - n_inputs + n_videos} segments), {n_todo} images "
@@ -273,11 +275,13 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
                 totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions, own_rows)
         listing.unpersist()
         units.unpersist()
-        update_after_run(spark, plan.output)   # the resume index, when the tables outgrew it
+        tables_after = table_file_names(plan.output)
+        update_after_run(spark, plan.output, tables_after)   # the resume index, when the tables outgrew it
         if config.output.coco_results:
             write_coco_results(spark, plan.output)
         summary = make_summary(spark, plan, settings, totals, n_inputs, n_todo, partitions, time.time() - started,
-                               n_units=n_units, n_videos=n_videos, new_output=new_output, rows_before=rows_before)
+                               n_units=n_units, n_videos=n_videos, new_output=new_output, rows_before=rows_before,
+                               tables_after=tables_after)
         write_summary(plan.output, summary)
         if config.output.overlays:
             summary["report"] = render_report(plan.output_uri)
@@ -462,11 +466,12 @@ def wave_results(images: DataFrame, task: ImageInference, plan: JobPlan,
 
 def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, totals: dict, n_inputs: int,
                  n_todo: int, partitions: int, elapsed: float, n_units: int | None = None, n_videos: int = 0,
-                 new_output: bool = False, rows_before: dict[str, int] | None = None) -> dict:
+                 new_output: bool = False, rows_before: dict[str, int] | None = None,
+                 tables_after: dict[str, dict[str, str]] | None = None) -> dict:
     """The run's summary. Counts: `inputs` files listed, `videos` of them videos, `units` images + video segments,
     `skipped` units already done, `done`/`failed` result rows (images and video frames), `frames` of `done`.
     `new_output`: the output held no tables when the run began; `rows_before`: their rows then, where known
-    (table_index.counts_after_run)."""
+    (table_index.counts_after_run); `tables_after`: the tables' files now (done_index.table_file_names)."""
     n_units = n_inputs if n_units is None else n_units
     manifest = plan.manifest
     processed = totals["done"] + totals["failed"]
@@ -490,7 +495,7 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
         "table": counts_after_run(spark, plan.output, manifest.model_sha256, plan.run_id,   # current rows
                                   {"detections": int(totals["done"]), "errors": int(totals["failed"])},
                                   one_record_per_key=not n_videos, new_output=new_output,
-                                  rows_before=rows_before),
+                                  rows_before=rows_before, files_now=tables_after),
     }
 
 

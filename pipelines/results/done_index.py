@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -135,10 +135,12 @@ def done_keys(spark: SparkSession, output: Location | str, model_sha256: str,
     return keys.where(F.col("model_sha256") == model_sha256).drop("model_sha256")
 
 
-def update_after_run(spark: SparkSession, output: Location) -> str | None:
+def update_after_run(spark: SparkSession, output: Location,
+                     files_now: dict[str, dict[str, str]] | None = None) -> str | None:
     """At the end of a run (under its lock): when more than COMPACT_AFTER_FILES table files are not covered by the
-    index, merge them into a level of it. Returns the level rewritten ("recent", "base"), None when none was."""
-    files_now = table_file_names(output)
+    index, merge them into a level of it. Returns the level rewritten ("recent", "base"), None when none was.
+    `files_now`: table_file_names(output), listed by the caller."""
+    files_now = table_file_names(output) if files_now is None else files_now
     written = read_manifest(output) or {}
     manifest = usable_manifest(output, files_now, written)
     levels = dict((manifest or {}).get("levels") or {})
@@ -160,8 +162,9 @@ def update_after_run(spark: SparkSession, output: Location) -> str | None:
         levels.pop("recent", None)
     in_use = ((written.get("levels") or {}).get(name) or {}).get("slot")   # even where unusable: left whole
     slot = f"{name}-b" if in_use == f"{name}-a" else f"{name}-a"
-    files = write_keys(spark, keys, output / INDEX_DIR / slot)
-    rows = read_table(spark, output / INDEX_DIR / slot, files=files, schema=KEY_SCHEMA).count() if files else 0
+    written_rows = Observation(f"sparkseg-done-index-{name}")
+    files = write_keys(spark, keys.observe(written_rows, F.count(F.lit(1)).alias("rows")), output / INDEX_DIR / slot)
+    rows = written_rows.get["rows"]
     levels[name] = {"slot": slot, "files": [uri.rsplit("/", 1)[-1] for uri in files], "rows": rows, "covers": covers}
     (output / INDEX_DIR / INDEX_MANIFEST).write_bytes_atomic((json.dumps({"levels": levels}) + "\n").encode())
     log.info("%s: resume index level %s rewritten (%d keys)", output.uri, name, rows)

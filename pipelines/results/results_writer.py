@@ -128,21 +128,14 @@ def read_table(spark: SparkSession, table: Location | str, files: list[str] | No
         return None
 
 
-def read_uploaded_table(spark: SparkSession, table: Location, files: list[str] | None = None,
-                        schema: StructType | None = None) -> DataFrame | None:
+def read_uploaded_table(spark: SparkSession, table: Location, files: list[str] | None,
+                        schema: StructType) -> DataFrame | None:
     """The azure_sdk writer's Parquet files of `table` (or only `files`), read on the executors (a few files per
     task): the driver lists the file names and never holds the rows. Columns of `schema` a file lacks (files
     written before the frame columns) are read as nulls."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     files = table.list_files([".parquet"]) if files is None else files
     if not files:
         return None
-    if schema is None:   # not one of the job's tables: the first file's schema (its footer)
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        schema = from_arrow_schema(pq.read_schema(pa.BufferReader(table.sibling(files[0]).read_bytes())))
     arrow_schema = arrow_schema_of(schema)
     store = table.store   # pickles its credentials, resolved here on the driver (executors may lack them)
 

@@ -42,20 +42,22 @@ def table_rows(spark: SparkSession, output: Location) -> dict[str, int]:
     return rows
 
 
-def table_files(output: Location) -> dict[str, str]:
-    """{table: a digest of its Parquet files' names} (one listing per table, no file opened)."""
-    return {table: hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()
-            for table, names in table_file_names(output).items()}
+def table_files(output: Location, files_now: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
+    """{table: a digest of its Parquet files' names} (`files_now`: done_index.table_file_names(output), listed by
+    the caller; else one listing per table), no file opened."""
+    files_now = table_file_names(output) if files_now is None else files_now
+    return {table: hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest() for table, names in files_now.items()}
 
 
-def rows_before_run(output: Location) -> dict[str, int] | None:
+def rows_before_run(output: Location, files_now: dict[str, dict[str, str]] | None = None) -> dict[str, int] | None:
     """{"detections": rows, "errors": rows} (all models) when the tables hold exactly the files the index saw, as its
-    rows; None when unknown (no index, an index older than file digests, files added or removed since)."""
+    rows; None when unknown (no index, an index older than file digests, files added or removed since).
+    `files_now`: the tables' files, as table_files takes them."""
     index = read_index(output) or {}
     rows = index.get("rows") or {}
     if "files" not in index or any(t not in rows for t in TABLES):
         return None
-    return {t: int(rows[t]) for t in TABLES} if index["files"] == table_files(output) else None
+    return {t: int(rows[t]) for t in TABLES} if index["files"] == table_files(output, files_now) else None
 
 
 def read_index(output: Location) -> dict | None:
@@ -79,12 +81,14 @@ def write_index(output: Location, counts: dict) -> None:
 
 def counts_after_run(spark: SparkSession, output: Location, model_sha256: str, run_id: str,
                      written: dict[str, int], one_record_per_key: bool = False, new_output: bool = False,
-                     rows_before: dict[str, int] | None = None) -> dict:
+                     rows_before: dict[str, int] | None = None,
+                     files_now: dict[str, dict[str, str]] | None = None) -> dict:
     """incremental.table_counts(output, model) after run `run_id`, which appended `written` rows
     ({"detections": n, "errors": m}); updates the index. `one_record_per_key`: the run wrote at most one record per
     image or video frame (runs without videos: a video unit that fails writes one error row per segment).
     `new_output`: neither table existed when the run took the output's lock, so they hold its rows and no others
-    (nothing to count). `rows_before`: rows_before_run's answer under the run's lock (the run added `written`)."""
+    (nothing to count). `rows_before`: rows_before_run's answer under the run's lock (the run added `written`).
+    `files_now`: the tables' files after the run, as table_files takes them."""
     index = read_index(output) or {}
     if new_output or rows_before is not None:
         rows = {t: (0 if new_output else rows_before[t]) + written.get(t, 0) for t in TABLES}
@@ -106,7 +110,7 @@ def counts_after_run(spark: SparkSession, output: Location, model_sha256: str, r
         if not all(rows[t] == int(known.get(t, -1)) + written.get(t, 0) for t in TABLES):
             models = {}   # rows the index never saw (other models' too): those models are counted afresh later
     models[model_sha256] = counts
-    write_index(output, {"rows": rows, "files": table_files(output), "models": models})
+    write_index(output, {"rows": rows, "files": table_files(output, files_now), "models": models})
     return counts
 
 
