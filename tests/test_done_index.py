@@ -137,3 +137,15 @@ def test_the_levels_cover_every_table_file_once(spark, tmp_path):
     base, recent = (set(levels[name]["covers"]["detections"]) for name in ("base", "recent"))
     assert not base & recent and base | recent == set(done_index.table_file_names(output)["detections"])
     assert levels["base"]["rows"] == 50 * 20 and levels["recent"]["rows"] == COMPACT_AFTER_FILES + 1
+
+
+def test_an_index_that_cannot_be_written_is_a_warning_and_planning_reads_the_tables(spark, tmp_path, caplog):
+    output = Location(str(tmp_path / "out"))
+    history = History(spark, output)
+    history.add_files(COMPACT_AFTER_FILES + 1, 2)
+    (tmp_path / "out" / INDEX_DIR).write_bytes(b"a file where the index's directory should be")
+    with caplog.at_level("WARNING", logger="pipelines.results.done_index"):
+        assert update_after_run(spark, output) is None
+    assert "the resume index was not updated" in caplog.text
+    for model in ("model-a", "model-b"):
+        assert planned_keys(spark, output, model)[0] == history.keys(model)

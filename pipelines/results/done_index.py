@@ -139,7 +139,20 @@ def update_after_run(spark: SparkSession, output: Location,
                      files_now: dict[str, dict[str, str]] | None = None) -> str | None:
     """At the end of a run (under its lock): when more than COMPACT_AFTER_FILES table files are not covered by the
     index, merge them into a level of it. Returns the level rewritten ("recent", "base"), None when none was.
-    `files_now`: table_file_names(output), listed by the caller."""
+    `files_now`: table_file_names(output), listed by the caller. A failure is a warning: the run's results are
+    committed, and the index is only a shortcut (the next run reads the files it does not cover, and tries again)."""
+    try:
+        return merge_uncovered_files(spark, output, files_now)
+    except Exception as err:  # noqa: BLE001 (storage or Spark errors alike)
+        first_line = (str(err).strip().splitlines() or [""])[0][:300]
+        log.warning("%s: the resume index was not updated (%s: %s); the next run reads the table files it does not "
+                    "cover and tries again", (output / INDEX_DIR).uri, type(err).__name__, first_line)
+        return None
+
+
+def merge_uncovered_files(spark: SparkSession, output: Location,
+                          files_now: dict[str, dict[str, str]] | None = None) -> str | None:
+    """update_after_run's merge, failures raised."""
     files_now = table_file_names(output) if files_now is None else files_now
     written = read_manifest(output) or {}
     manifest = usable_manifest(output, files_now, written)
