@@ -44,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the training process")
     parser.add_argument("--data", default=None, help="where the synthetic data and shards go (default: a temp dir)")
     parser.add_argument("--out", default=str(REPO / "reports"), help="report directory")
+    parser.add_argument("--profile", type=int, default=0,
+                        help="also profile this many steps without input (torch.profiler): the device's busy share "
+                             "of the wall time, host waits, the top kernels (OUT/<name>_profile.txt)")
     return parser.parse_args(argv)
 
 
@@ -153,6 +156,44 @@ def step_without_input(session, rows: dict, plan: list[list[int]], warmup: int, 
     return steps * len(plan[0]) / (time.perf_counter() - started)
 
 
+def profile_steps(session, rows: dict, plan: list[list[int]], steps: int) -> tuple[dict, str]:
+    """torch.profiler over `steps` steps without input (after 3 untimed): the device's busy share of the window
+    (union of kernel intervals / wall), host-side waits (synchronizations, scalar reads) per step, top kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from pipelines.training.loader import micro_batch_stream
+
+    cached = itertools.cycle(list(micro_batch_stream(rows, plan[:2], session.loader_spec(0))))
+    stepper = session.steps(cached, [1] * (steps + 3))
+    for _ in range(3):
+        next(stepper)
+    synchronize(session.device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if session.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        started = time.perf_counter()
+        for _ in stepper:
+            pass
+        synchronize(session.device)
+        wall = time.perf_counter() - started
+    intervals = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if e.device_type == DeviceType.CUDA)
+    busy, end = 0.0, float("-inf")
+    for start, stop in intervals:
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    averages = prof.key_averages()
+    waits = {e.key: e.count / steps for e in averages
+             if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                          "aten::_local_scalar_dense", "aten::nonzero", "cudaMemcpyAsync")}
+    summary = {"profiled_steps": steps, "wall_ms_per_step": round(wall * 1000 / steps, 2),
+               "device_busy_ms_per_step": round(busy / 1000 / steps, 2),
+               "device_busy_share": round(busy / 1e6 / wall, 3) if wall else None, "host_calls_per_step": waits}
+    sort_key = "self_cuda_time_total" if session.device.type == "cuda" else "self_cpu_time_total"
+    return summary, averages.table(sort_by=sort_key, row_limit=25, max_name_column_width=70)
+
+
 def loader_only(session, rows: dict, plan: list[list[int]]) -> float:
     """images/s the loader workers deliver alone (first micro-batch excluded: worker start)."""
     from pipelines.training.loader import micro_batch_stream
@@ -188,6 +229,12 @@ def measure(args, device, prepared: Path, rows: dict, config: str, size: int, ba
     result["step_without_input_images_per_s"] = round(
         step_without_input(session, rows, plan, args.warmup, args.steps), 1)
     result["loader_only_images_per_s"] = round(loader_only(session, rows, plan[:args.steps]), 1)
+    if args.profile:
+        result["profile"], table = profile_steps(session, rows, plan, args.profile)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / f"training_{device.type}_profile.txt", "a") as f:
+            f.write(f"## {config} {size} batch {batch} {precision}: {json.dumps(result['profile'])}\n{table}\n")
     result["ratio_full_to_ceiling"] = round(result["full_step_images_per_s"] / result["ceiling_images_per_s"], 3)
     if device.type == "cuda":
         result["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 1)

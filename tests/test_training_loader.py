@@ -54,6 +54,36 @@ def test_workers_build_the_same_micro_batches_as_the_rank(plain_shards):
             assert torch.equal(a.targets.small_masks[size], b.targets.small_masks[size])
 
 
+def test_workers_match_the_micro_batches_as_the_rank_would(plain_shards):
+    """LoaderSpec.loss: the workers match each micro-batch to the priors (with the masks_to_train draw) and count its
+    positives; equal to the rank's own matching of the same targets. A matched micro-batch moves to another device
+    whole (here: a copy on the CPU), and a rank's step with such micro-batches does not match them again."""
+    from pipelines.training.batches import map_tensors
+
+    prepared, count = plain_shards
+    rows = ShardIndex.open(str(prepared / "train")).read(range(count))
+    generator = torch.Generator().manual_seed(1)
+    priors = torch.cat([torch.rand(300, 2, generator=generator), 0.1 + 0.4 * torch.rand(300, 2, generator=generator)],
+                       dim=1)
+    loss = YolactLoss(LossConfig(masks_to_train=3), priors)
+    micro = [[0, 5, 2], [3, 1, 4]]
+    spec = LoaderSpec(SPEC, AugmentConfig(), seed=3, epoch=0, mask_sizes=MASK_SIZES, workers=2, prefetch=1, loss=loss)
+    built = list(micro_batch_stream(rows, micro, spec))
+    assert sum(mb.num_positives for mb in built) > 0
+    for mb in built:
+        expected = loss.match(mb.targets)
+        assert mb.num_positives == num_positives(expected)
+        got, want = [], []
+        map_tensors(mb.matches, got.append)
+        map_tensors(expected, want.append)
+        assert len(got) == len(want) == 8            # conf, gt_index, loc, gt_box; the slots: 3 indices, scale
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert (mb.matches.slots.count, mb.matches.slots.limit) == (expected.slots.count, expected.slots.limit)
+        moved = mb.to(torch.device("cpu"))
+        assert moved.matches.slots.count == expected.slots.count and moved.num_positives == mb.num_positives
+        assert torch.equal(moved.matches.conf, expected.conf)
+
+
 def test_packed_small_masks_give_the_loss_of_full_size_masks(plain_shards):
     prepared, count = plain_shards
     rows = ShardIndex.open(str(prepared / "train")).read(range(count))

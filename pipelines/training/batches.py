@@ -5,6 +5,7 @@ trains it, and again after a resume.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +15,7 @@ from pycocotools import mask as mask_utils
 from pipelines.ops.image_decode import decode_image
 from pipelines.training import photometric
 from pipelines.training.augment import AugmentConfig, Sample, augment, to_network_input
-from pipelines.training.yolact_loss import PackedTargets, Targets
+from pipelines.training.yolact_loss import PackedTargets, Targets, YolactLoss, num_positives
 
 
 @dataclass(frozen=True)
@@ -31,21 +32,26 @@ class MicroBatch:
     images: torch.Tensor        # [b, 3, S, S] normalized RGB
     targets: list[Targets] | PackedTargets
     indices: list[int]          # global sample indices
-    matches: object = None      # boxes.BatchMatch, set where the loss is computed
+    matches: object = None      # boxes.BatchMatch (with its MaskSlots), set where the loss is computed: in the
+    #                             input workers when they are given the loss, else by the rank before its step
     colour: torch.Tensor | None = None  # [b, 5] photometric draws: images are resized RGB 0-255, not yet
     #                                     distorted nor normalized (finish_images does both where they run)
+    num_positives: int | None = None    # positive priors of matches, counted where they were made (no device wait)
 
     def pin_memory(self) -> "MicroBatch":
         """Page-locked copies (DataLoader's pin_memory thread calls this) for asynchronous copies to a GPU."""
         targets = self.targets.pin_memory() if isinstance(self.targets, PackedTargets) else self.targets
-        return MicroBatch(self.images.pin_memory(), targets, self.indices, self.matches, self.colour)
+        return dataclasses.replace(self, images=self.images.pin_memory(), targets=targets,
+                                   matches=map_tensors(self.matches, torch.Tensor.pin_memory))
 
     def to(self, device: torch.device) -> "MicroBatch":
         targets = (self.targets.to(device, non_blocking=True) if isinstance(self.targets, PackedTargets)
                    else [Targets(t.boxes.to(device), t.labels.to(device), t.masks.to(device), t.seed)
                          for t in self.targets])
         colour = self.colour.to(device) if self.colour is not None else None
-        return MicroBatch(self.images.to(device, non_blocking=True), targets, self.indices, self.matches, colour)
+        matches = map_tensors(self.matches, lambda t: t.to(device, non_blocking=True))
+        return dataclasses.replace(self, images=self.images.to(device, non_blocking=True), targets=targets,
+                                   matches=matches, colour=colour)
 
     def record_stream(self, stream) -> None:
         """Tell the CUDA allocator these tensors (copied on another stream) are used on `stream`."""
@@ -53,6 +59,7 @@ class MicroBatch:
         if isinstance(self.targets, PackedTargets):
             t = self.targets
             tensors += [t.boxes, t.labels, t.valid, t.full_masks, *(t.small_masks or {}).values()]
+        map_tensors(self.matches, tensors.append)
         for tensor in tensors:
             if tensor is not None:
                 tensor.record_stream(stream)
@@ -64,7 +71,18 @@ class MicroBatch:
         images = photometric.apply_torch(self.images, self.colour.to(self.images.device))
         mean = images.new_tensor(spec.mean_rgb)[None, :, None, None]
         std = images.new_tensor(spec.std_rgb)[None, :, None, None]
-        return MicroBatch((images - mean) / std, self.targets, self.indices, self.matches)
+        return dataclasses.replace(self, images=(images - mean) / std, colour=None)
+
+
+def map_tensors(value, fn):
+    """value with fn applied to each tensor field (dataclasses such as boxes.BatchMatch and its MaskSlots, nested);
+    None and other values as they are."""
+    if torch.is_tensor(value):
+        return fn(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: map_tensors(getattr(value, f.name), fn)
+                                             for f in dataclasses.fields(value)})
+    return value
 
 
 def row_to_sample(row: dict) -> Sample:
@@ -82,12 +100,15 @@ def sample_seed(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec, augment_cfg: AugmentConfig | None,
-                     seed: int, epoch: int, mask_sizes: list[tuple[int, int]] | None = None) -> MicroBatch:
+                     seed: int, epoch: int, mask_sizes: list[tuple[int, int]] | None = None,
+                     loss: YolactLoss | None = None) -> MicroBatch:
     """augment_cfg None: no augmentation (validation). mask_sizes (the loss's proto and semantic sizes): the input
     workers' form: targets come packed with their masks already downsampled to those sizes (PackedTargets, uint8)
     instead of a list of full-size float masks (the same loss, a fraction of the bytes to move between processes
     and to a GPU), and the colour distortion and normalization are left to ``MicroBatch.finish_images`` (the same
-    draws, applied batched where the model runs)."""
+    draws, applied batched where the model runs). loss (with mask_sizes): the micro-batch also comes matched to the
+    loss's priors (``YolactLoss.match`` on the CPU, where it is built), with its positives counted, so the rank's
+    step neither matches nor waits for the device to count."""
     mean = np.asarray(spec.mean_rgb, dtype=np.float32)
     std = np.asarray(spec.std_rgb, dtype=np.float32)
     images, targets = [], []
@@ -104,5 +125,8 @@ def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec,
         targets.append(Targets(boxes=boxes, labels=labels, masks=masks, seed=int(rng.integers(2**31))))
     if mask_sizes is None:
         return MicroBatch(images=torch.stack(images), targets=targets, indices=list(indices))
-    return MicroBatch(images=torch.stack(images), targets=PackedTargets.pack(targets, mask_sizes),
-                      indices=list(indices), colour=photometric.draws_tensor(deferred))
+    packed = PackedTargets.pack(targets, mask_sizes)
+    matches = loss.match(packed) if loss is not None else None
+    return MicroBatch(images=torch.stack(images), targets=packed, indices=list(indices),
+                      matches=matches, colour=photometric.draws_tensor(deferred),
+                      num_positives=num_positives(matches) if matches is not None else None)

@@ -34,10 +34,12 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, tor
                          state: dict[str, dict]) -> int:
     """Put name-keyed state back into the optimizer for the parameters it holds; returns how many were set."""
     loaded = 0
+    fused = bool(optimizer.defaults.get("fused"))
     for name, param in params.items():
         if name in state:
-            # moments follow the parameter's device; scalar counters (Adam's step) stay where torch keeps them
-            optimizer.state[param] = {k: (v.to(param.device, copy=True) if v.dim() else v.clone())
+            # moments follow the parameter's device; scalar counters (Adam's step) stay where torch keeps them:
+            # on the CPU, except for a fused optimizer, which reads them on the parameters' device
+            optimizer.state[param] = {k: (v.to(param.device, copy=True) if v.dim() or fused else v.clone())
                                       if torch.is_tensor(v) else v for k, v in state[name].items()}
             loaded += 1
     return loaded

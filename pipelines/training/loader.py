@@ -10,6 +10,7 @@ and resumes reproduce whatever the worker count. With 0 workers the micro-batche
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,13 +19,15 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipelines.training.augment import AugmentConfig
 from pipelines.training.batches import InputSpec, MicroBatch, make_micro_batch
+from pipelines.training.yolact_loss import YolactLoss
 
 
 @dataclass(frozen=True)
 class LoaderSpec:
     """How micro-batches are made: input, augmentation (None: none), seed and epoch of the draws, the loss's mask
     sizes (targets packed at those sizes; None: full-size target list), worker processes, prefetch per worker,
-    page-locked memory (for asynchronous copies to a GPU)."""
+    page-locked memory (for asynchronous copies to a GPU), and the loss whose matching runs where the micro-batches
+    are built (None: the rank matches them)."""
 
     input_spec: InputSpec
     augment: AugmentConfig | None
@@ -34,6 +37,7 @@ class LoaderSpec:
     workers: int = 0
     prefetch: int = 2
     pin_memory: bool = False
+    loss: YolactLoss | None = None
 
 
 class MicroBatchDataset(Dataset):
@@ -48,7 +52,8 @@ class MicroBatchDataset(Dataset):
     def __getitem__(self, i: int) -> MicroBatch:
         s = self.spec
         sizes = list(s.mask_sizes) if s.mask_sizes is not None else None
-        return make_micro_batch(self.rows, self.micro_batches[i], s.input_spec, s.augment, s.seed, s.epoch, sizes)
+        return make_micro_batch(self.rows, self.micro_batches[i], s.input_spec, s.augment, s.seed, s.epoch, sizes,
+                                s.loss if sizes is not None else None)
 
 
 def micro_batch_stream(rows: dict[int, dict], micro_batches: list[list[int]], spec: LoaderSpec
@@ -66,5 +71,11 @@ def micro_batch_stream(rows: dict[int, dict], micro_batches: list[list[int]], sp
     yield from loader
 
 
+WORKER_NICENESS = 5
+
+
 def _one_thread(_worker_id: int) -> None:
     torch.set_num_threads(1)     # workers are the parallelism; intra-op threads would oversubscribe the cores
+    # below the rank's priority: when the cores are all busy, the rank's thread (which launches the device's work)
+    # goes first; a worker that preempts it leaves the GPU idle, one that waits only delays a prefetched batch
+    os.nice(WORKER_NICENESS)

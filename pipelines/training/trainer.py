@@ -154,7 +154,8 @@ class TrainingSession(RankSessionBase):
     def loader_spec(self, epoch: int) -> LoaderSpec:
         d = self.cfg.data
         return LoaderSpec(self.input_spec, self.cfg.augment, self.cfg.train.seed, epoch, self.mask_sizes,
-                          d.loader_workers, d.loader_prefetch, pin_memory=self.device.type == "cuda")
+                          d.loader_workers, d.loader_prefetch, pin_memory=self.device.type == "cuda",
+                          loss=self.loss if self.topo.last_stage else None)
 
     def epoch_micro_batches(self, epoch: int, first: int, last: int) -> list[list[list[int]]]:
         """Per step from first to last (excluded): this rank's micro-batches (global sample indices)."""
@@ -177,12 +178,15 @@ class TrainingSession(RankSessionBase):
         return [mb.finish_images(self.input_spec) for mb in moved]
 
     def match_step(self, batches: list) -> Normalizer:
-        """Match the micro-batches where the loss is computed; the global normalizer (positives summed over ranks)."""
+        """Match the micro-batches where the loss is computed (unless the input workers did); the global normalizer
+        (positives summed over ranks)."""
         positives = 0
         if self.topo.last_stage:
             for mb in batches:
-                mb.matches = self.loss.match(mb.targets)
-                positives += num_positives(mb.matches)
+                if mb.matches is None:
+                    mb.matches = self.loss.match(mb.targets)
+                    mb.num_positives = num_positives(mb.matches)
+                positives += mb.num_positives
         positives = int(all_reduce_sum(torch.tensor([positives], dtype=torch.int64), self.topo))
         return Normalizer(positives, self.cfg.train.global_batch)
 
