@@ -54,36 +54,6 @@ def test_workers_build_the_same_micro_batches_as_the_rank(plain_shards):
             assert torch.equal(a.targets.small_masks[size], b.targets.small_masks[size])
 
 
-def test_workers_match_the_micro_batches_as_the_rank_would(plain_shards):
-    """LoaderSpec.loss: the workers match each micro-batch to the priors (with the masks_to_train draw) and count its
-    positives; equal to the rank's own matching of the same targets. A matched micro-batch moves to another device
-    whole (here: a copy on the CPU), and a rank's step with such micro-batches does not match them again."""
-    from pipelines.training.batches import map_tensors
-
-    prepared, count = plain_shards
-    rows = ShardIndex.open(str(prepared / "train")).read(range(count))
-    generator = torch.Generator().manual_seed(1)
-    priors = torch.cat([torch.rand(300, 2, generator=generator), 0.1 + 0.4 * torch.rand(300, 2, generator=generator)],
-                       dim=1)
-    loss = YolactLoss(LossConfig(masks_to_train=3), priors)
-    micro = [[0, 5, 2], [3, 1, 4]]
-    spec = LoaderSpec(SPEC, AugmentConfig(), seed=3, epoch=0, mask_sizes=MASK_SIZES, workers=2, prefetch=1, loss=loss)
-    built = list(micro_batch_stream(rows, micro, spec))
-    assert sum(mb.num_positives for mb in built) > 0
-    for mb in built:
-        expected = loss.match(mb.targets)
-        assert mb.num_positives == num_positives(expected)
-        got, want = [], []
-        map_tensors(mb.matches, got.append)
-        map_tensors(expected, want.append)
-        assert len(got) == len(want) == 8            # conf, gt_index, loc, gt_box; the slots: 3 indices, scale
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
-        assert (mb.matches.slots.count, mb.matches.slots.limit) == (expected.slots.count, expected.slots.limit)
-        moved = mb.to(torch.device("cpu"))
-        assert moved.matches.slots.count == expected.slots.count and moved.num_positives == mb.num_positives
-        assert torch.equal(moved.matches.conf, expected.conf)
-
-
 def test_packed_small_masks_give_the_loss_of_full_size_masks(plain_shards):
     prepared, count = plain_shards
     rows = ShardIndex.open(str(prepared / "train")).read(range(count))
@@ -142,6 +112,29 @@ def test_training_steps_with_loader_workers_and_bf16(plain_shards, tmp_path):
     assert summary["state"]["step"] == 2 and summary["precision"] == "bf16" and summary["device"] == "cpu"
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "step_00000002.pt", weights_only=True)
     assert all(v.device.type == "cpu" for v in checkpoint["model"].values())
+
+
+def test_micro_batches_arrive_on_the_device_matched(plain_shards, tmp_path):
+    """TrainingSession.to_device matches each micro-batch to the priors as it moves it (on CUDA on the copy stream,
+    while the step in flight runs) and counts its positives; the step's normalizer sums those counts."""
+    from pipelines.training.config import TrainConfig
+    from pipelines.training.topology import make_topology
+    from pipelines.training.trainer import TrainingSession
+
+    prepared, count = plain_shards
+    cfg = TrainConfig.from_dict({
+        "run_dir": str(tmp_path / "run"), "data": {"prepared": str(prepared)}, "model": {"max_size": 64},
+        "distributed": {"threads_per_process": 1, "use_gpu": False},
+        "train": {"global_batch": 4, "micro_batch": 2}})
+    session = TrainingSession(cfg, make_topology("local", 1))
+    rows = ShardIndex.open(str(prepared / "train")).read(range(count))
+    built = list(micro_batch_stream(rows, [[0, 1], [2, 3]], session.loader_spec(0)))
+    moved = session.to_device(built)
+    for before, after in zip(built, moved):
+        assert before.matches is None and after.matches is not None
+        expected = session.loss.match(before.targets)
+        assert after.num_positives == num_positives(expected) and torch.equal(after.matches.conf, expected.conf)
+    assert session.normalizer(moved).num_positives == sum(mb.num_positives for mb in moved) > 0
 
 
 def test_use_gpu_true_without_cuda_is_a_usage_error():

@@ -15,7 +15,7 @@ from pycocotools import mask as mask_utils
 from pipelines.ops.image_decode import decode_image
 from pipelines.training import photometric
 from pipelines.training.augment import AugmentConfig, Sample, augment, to_network_input
-from pipelines.training.yolact_loss import PackedTargets, Targets, YolactLoss, num_positives
+from pipelines.training.yolact_loss import PackedTargets, Targets
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,10 @@ class MicroBatch:
     images: torch.Tensor        # [b, 3, S, S] normalized RGB
     targets: list[Targets] | PackedTargets
     indices: list[int]          # global sample indices
-    matches: object = None      # boxes.BatchMatch (with its MaskSlots), set where the loss is computed: in the
-    #                             input workers when they are given the loss, else by the rank before its step
+    matches: object = None      # boxes.BatchMatch (with its MaskSlots), set where the loss is computed
     colour: torch.Tensor | None = None  # [b, 5] photometric draws: images are resized RGB 0-255, not yet
     #                                     distorted nor normalized (finish_images does both where they run)
-    num_positives: int | None = None    # positive priors of matches, counted where they were made (no device wait)
+    num_positives: int | None = None    # positive priors of matches, counted when they were made
 
     def pin_memory(self) -> "MicroBatch":
         """Page-locked copies (DataLoader's pin_memory thread calls this) for asynchronous copies to a GPU."""
@@ -100,15 +99,12 @@ def sample_seed(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec, augment_cfg: AugmentConfig | None,
-                     seed: int, epoch: int, mask_sizes: list[tuple[int, int]] | None = None,
-                     loss: YolactLoss | None = None) -> MicroBatch:
+                     seed: int, epoch: int, mask_sizes: list[tuple[int, int]] | None = None) -> MicroBatch:
     """augment_cfg None: no augmentation (validation). mask_sizes (the loss's proto and semantic sizes): the input
     workers' form: targets come packed with their masks already downsampled to those sizes (PackedTargets, uint8)
     instead of a list of full-size float masks (the same loss, a fraction of the bytes to move between processes
     and to a GPU), and the colour distortion and normalization are left to ``MicroBatch.finish_images`` (the same
-    draws, applied batched where the model runs). loss (with mask_sizes): the micro-batch also comes matched to the
-    loss's priors (``YolactLoss.match`` on the CPU, where it is built), with its positives counted, so the rank's
-    step neither matches nor waits for the device to count."""
+    draws, applied batched where the model runs)."""
     mean = np.asarray(spec.mean_rgb, dtype=np.float32)
     std = np.asarray(spec.std_rgb, dtype=np.float32)
     images, targets = [], []
@@ -125,8 +121,5 @@ def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec,
         targets.append(Targets(boxes=boxes, labels=labels, masks=masks, seed=int(rng.integers(2**31))))
     if mask_sizes is None:
         return MicroBatch(images=torch.stack(images), targets=targets, indices=list(indices))
-    packed = PackedTargets.pack(targets, mask_sizes)
-    matches = loss.match(packed) if loss is not None else None
-    return MicroBatch(images=torch.stack(images), targets=packed, indices=list(indices),
-                      matches=matches, colour=photometric.draws_tensor(deferred),
-                      num_positives=num_positives(matches) if matches is not None else None)
+    return MicroBatch(images=torch.stack(images), targets=PackedTargets.pack(targets, mask_sizes),
+                      indices=list(indices), colour=photometric.draws_tensor(deferred))

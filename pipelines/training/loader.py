@@ -19,15 +19,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipelines.training.augment import AugmentConfig
 from pipelines.training.batches import InputSpec, MicroBatch, make_micro_batch
-from pipelines.training.yolact_loss import YolactLoss
 
 
 @dataclass(frozen=True)
 class LoaderSpec:
     """How micro-batches are made: input, augmentation (None: none), seed and epoch of the draws, the loss's mask
     sizes (targets packed at those sizes; None: full-size target list), worker processes, prefetch per worker,
-    page-locked memory (for asynchronous copies to a GPU), and the loss whose matching runs where the micro-batches
-    are built (None: the rank matches them)."""
+    page-locked memory (for asynchronous copies to a GPU)."""
 
     input_spec: InputSpec
     augment: AugmentConfig | None
@@ -37,7 +35,6 @@ class LoaderSpec:
     workers: int = 0
     prefetch: int = 2
     pin_memory: bool = False
-    loss: YolactLoss | None = None
 
 
 class MicroBatchDataset(Dataset):
@@ -52,8 +49,7 @@ class MicroBatchDataset(Dataset):
     def __getitem__(self, i: int) -> MicroBatch:
         s = self.spec
         sizes = list(s.mask_sizes) if s.mask_sizes is not None else None
-        return make_micro_batch(self.rows, self.micro_batches[i], s.input_spec, s.augment, s.seed, s.epoch, sizes,
-                                s.loss if sizes is not None else None)
+        return make_micro_batch(self.rows, self.micro_batches[i], s.input_spec, s.augment, s.seed, s.epoch, sizes)
 
 
 def micro_batch_stream(rows: dict[int, dict], micro_batches: list[list[int]], spec: LoaderSpec

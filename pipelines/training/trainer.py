@@ -154,8 +154,7 @@ class TrainingSession(RankSessionBase):
     def loader_spec(self, epoch: int) -> LoaderSpec:
         d = self.cfg.data
         return LoaderSpec(self.input_spec, self.cfg.augment, self.cfg.train.seed, epoch, self.mask_sizes,
-                          d.loader_workers, d.loader_prefetch, pin_memory=self.device.type == "cuda",
-                          loss=self.loss if self.topo.last_stage else None)
+                          d.loader_workers, d.loader_prefetch, pin_memory=self.device.type == "cuda")
 
     def epoch_micro_batches(self, epoch: int, first: int, last: int) -> list[list[list[int]]]:
         """Per step from first to last (excluded): this rank's micro-batches (global sample indices)."""
@@ -163,30 +162,35 @@ class TrainingSession(RankSessionBase):
                 for step in range(first, last)]
 
     def to_device(self, batches: list) -> list:
-        """Micro-batches (on the CPU, pinned on a GPU rank) -> on this rank's device, colours distorted and
-        normalized. On CUDA the copies run on a side stream, so they overlap the step in flight; no host wait."""
+        """Micro-batches (on the CPU, pinned on a GPU rank) -> on this rank's device, matched to the priors where
+        the loss is computed, colours distorted and normalized. On CUDA the copies and the matching run on a side
+        stream: they overlap the step in flight, and the host's waits for the matching's counts (positives, the
+        masks_to_train draw) wait for that stream only, never for the step."""
         if self.device.type != "cuda":
-            return [mb.to(self.device).finish_images(self.input_spec) for mb in batches]
+            moved = [mb.to(self.device) for mb in batches]
+            self.match(moved)
+            return [mb.finish_images(self.input_spec) for mb in moved]
         if self.copy_stream is None:
             self.copy_stream = torch.cuda.Stream(self.device)
         with torch.cuda.stream(self.copy_stream):
             moved = [mb.to(self.device) for mb in batches]
+            self.match(moved)
         compute = torch.cuda.current_stream(self.device)
         compute.wait_stream(self.copy_stream)
         for mb in moved:
             mb.record_stream(compute)
         return [mb.finish_images(self.input_spec) for mb in moved]
 
-    def match_step(self, batches: list) -> Normalizer:
-        """Match the micro-batches where the loss is computed (unless the input workers did); the global normalizer
-        (positives summed over ranks)."""
-        positives = 0
+    def match(self, batches: list) -> None:
+        """Set each micro-batch's matches and positives count where the loss is computed (the last stage)."""
         if self.topo.last_stage:
             for mb in batches:
-                if mb.matches is None:
-                    mb.matches = self.loss.match(mb.targets)
-                    mb.num_positives = num_positives(mb.matches)
-                positives += mb.num_positives
+                mb.matches = self.loss.match(mb.targets)
+                mb.num_positives = num_positives(mb.matches)
+
+    def normalizer(self, batches: list) -> Normalizer:
+        """The step's global normalizer: positives of the matched micro-batches summed over the ranks."""
+        positives = sum(mb.num_positives for mb in batches) if self.topo.last_stage else 0
         positives = int(all_reduce_sum(torch.tensor([positives], dtype=torch.int64), self.topo))
         return Normalizer(positives, self.cfg.train.global_batch)
 
@@ -204,14 +208,14 @@ class TrainingSession(RankSessionBase):
     def train_step(self, batches: list) -> torch.Tensor:
         """One step on this rank's micro-batches (batches.MicroBatch, on the CPU) -> the global loss terms."""
         batches = self.to_device(batches)
-        return self.finish_step(self.launch_step(batches, self.match_step(batches)))
+        return self.finish_step(self.launch_step(batches, self.normalizer(batches)))
 
     def steps(self, stream, micro_per_step: list[int]):
         """Run len(micro_per_step) steps on micro-batches from stream; yields each step's loss terms. The next
         step's micro-batches are fetched and sent to the device while this step's forward/backward runs."""
         pending = self.to_device([next(stream) for _ in range(micro_per_step[0])]) if micro_per_step else None
         for k in range(len(micro_per_step)):
-            launched = self.launch_step(pending, self.match_step(pending))
+            launched = self.launch_step(pending, self.normalizer(pending))
             following = (self.to_device([next(stream) for _ in range(micro_per_step[k + 1])])
                          if k + 1 < len(micro_per_step) else None)
             yield self.finish_step(launched)
