@@ -97,25 +97,33 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def ceiling(session, batch: int, size: int, steps: int, warmup: int) -> float:
-    """images/s of forward + backward with a trivial loss (sum of every output's mean), input already on the device."""
-    import torch
-
+def model_only_steps(session, images, steps: int) -> None:
+    """Forward + backward of the model with a trivial loss (sum of every output's mean), `steps` times."""
     from pipelines.training.trainer import autocast_for
 
     model, device = session.model, session.device
-    images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
-    started = 0.0
-    for step in range(warmup + steps):
-        if step == warmup:
-            synchronize(device)
-            started = time.perf_counter()
+    for _ in range(steps):
         model.zero_grad(set_to_none=True)
         with autocast_for(device, session.cfg.train.precision):
             outputs = model(images)
             loss = sum(v.float().mean() for v in outputs.values())
         loss.backward()
-    synchronize(device)
+
+
+def ceiling_images(session, batch: int, size: int):
+    import torch
+
+    return torch.randn(batch, 3, size, size, device=session.device).contiguous(memory_format=torch.channels_last)
+
+
+def ceiling(session, batch: int, size: int, steps: int, warmup: int) -> float:
+    """images/s of forward + backward with a trivial loss, input already on the device (model_only_steps)."""
+    images = ceiling_images(session, batch, size)
+    model_only_steps(session, images, warmup)
+    synchronize(session.device)
+    started = time.perf_counter()
+    model_only_steps(session, images, steps)
+    synchronize(session.device)
     return steps * batch / (time.perf_counter() - started)
 
 
@@ -157,24 +165,38 @@ def step_without_input(session, rows: dict, plan: list[list[int]], warmup: int, 
 
 
 def profile_steps(session, rows: dict, plan: list[list[int]], steps: int) -> tuple[dict, str]:
-    """torch.profiler over `steps` steps without input (after 3 untimed): the device's busy share of the window
-    (union of kernel intervals / wall), host-side waits (synchronizations, scalar reads) per step, top kernels."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
+    """torch.profiler over `steps` steps without input and over `steps` model-only steps (each after 3 untimed):
+    the device's busy share of the window (union of kernel intervals / wall), the host's waits for the device and
+    other host calls per step, and the step's top operations by device time and by host time."""
     from pipelines.training.loader import micro_batch_stream
 
     cached = itertools.cycle(list(micro_batch_stream(rows, plan[:2], session.loader_spec(0))))
     stepper = session.steps(cached, [1] * (steps + 3))
     for _ in range(3):
         next(stepper)
-    synchronize(session.device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if session.device.type == "cuda" else [])
+    step_summary, averages = profiled(session.device, steps, lambda: [None for _ in stepper])
+    images = ceiling_images(session, len(plan[0]), session.input_spec.size)
+    model_only_steps(session, images, 3)
+    ceiling_summary, _ = profiled(session.device, steps, lambda: model_only_steps(session, images, steps))
+    tables = [averages.table(sort_by=key, row_limit=20, max_name_column_width=70)
+              for key in (("self_cuda_time_total", "self_cpu_time_total") if session.device.type == "cuda"
+                          else ("self_cpu_time_total",))]
+    return {"step": step_summary, "model_only": ceiling_summary}, "\n".join(tables)
+
+
+WAIT_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def profiled(device, steps: int, run) -> tuple[dict, object]:
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         started = time.perf_counter()
-        for _ in stepper:
-            pass
-        synchronize(session.device)
+        run()
+        synchronize(device)
         wall = time.perf_counter() - started
     intervals = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
                        if e.device_type == DeviceType.CUDA)
@@ -184,14 +206,13 @@ def profile_steps(session, rows: dict, plan: list[list[int]], steps: int) -> tup
             busy += stop - max(start, end)
             end = stop
     averages = prof.key_averages()
-    waits = {e.key: e.count / steps for e in averages
-             if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-                          "aten::_local_scalar_dense", "aten::nonzero", "cudaMemcpyAsync")}
-    summary = {"profiled_steps": steps, "wall_ms_per_step": round(wall * 1000 / steps, 2),
-               "device_busy_ms_per_step": round(busy / 1000 / steps, 2),
-               "device_busy_share": round(busy / 1e6 / wall, 3) if wall else None, "host_calls_per_step": waits}
-    sort_key = "self_cuda_time_total" if session.device.type == "cuda" else "self_cpu_time_total"
-    return summary, averages.table(sort_by=sort_key, row_limit=25, max_name_column_width=70)
+    calls = {e.key: round(e.count / steps, 2) for e in averages
+             if e.key in (*WAIT_CALLS, "aten::_local_scalar_dense", "aten::nonzero", "cudaMemcpyAsync")}
+    waited = sum(e.self_cpu_time_total for e in averages if e.key in WAIT_CALLS) / 1000 / steps
+    return {"profiled_steps": steps, "wall_ms_per_step": round(wall * 1000 / steps, 2),
+            "device_busy_ms_per_step": round(busy / 1000 / steps, 2),
+            "device_busy_share": round(busy / 1e6 / wall, 3) if wall else None,
+            "host_wait_ms_per_step": round(waited, 2), "host_calls_per_step": calls}, averages
 
 
 def loader_only(session, rows: dict, plan: list[list[int]]) -> float:
