@@ -10,7 +10,6 @@ and resumes reproduce whatever the worker count. With 0 workers the micro-batche
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -67,11 +66,5 @@ def micro_batch_stream(rows: dict[int, dict], micro_batches: list[list[int]], sp
     yield from loader
 
 
-WORKER_NICENESS = 5
-
-
 def _one_thread(_worker_id: int) -> None:
     torch.set_num_threads(1)     # workers are the parallelism; intra-op threads would oversubscribe the cores
-    # below the rank's priority: when the cores are all busy, the rank's thread (which launches the device's work)
-    # goes first; a worker that preempts it leaves the GPU idle, one that waits only delays a prefetched batch
-    os.nice(WORKER_NICENESS)
