@@ -163,22 +163,22 @@ class TrainingSession(RankSessionBase):
 
     def to_device(self, batches: list) -> list:
         """Micro-batches (on the CPU, pinned on a GPU rank) -> on this rank's device, matched to the priors where
-        the loss is computed, colours distorted and normalized. On CUDA the copies and the matching run on a side
-        stream: they overlap the step in flight, and the host's waits for the matching's counts (positives, the
-        masks_to_train draw) wait for that stream only, never for the step."""
-        if self.device.type != "cuda":
-            moved = [mb.to(self.device) for mb in batches]
-            self.match(moved)
-            return [mb.finish_images(self.input_spec) for mb in moved]
-        if self.copy_stream is None:
+        the loss is computed, colours distorted and normalized. The targets go first and are matched before the
+        images are sent, so the matching's waits for its counts (positives, the masks_to_train draw) never wait for
+        the images' copy. On CUDA all of it runs on a side stream: it overlaps the step in flight, and those waits
+        wait for that stream only, never for the step."""
+        cuda = self.device.type == "cuda"
+        if cuda and self.copy_stream is None:
             self.copy_stream = torch.cuda.Stream(self.device)
-        with torch.cuda.stream(self.copy_stream):
-            moved = [mb.to(self.device) for mb in batches]
+        with torch.cuda.stream(self.copy_stream) if cuda else nullcontext():
+            moved = [mb.to(self.device, images=False) for mb in batches]
             self.match(moved)
-        compute = torch.cuda.current_stream(self.device)
-        compute.wait_stream(self.copy_stream)
-        for mb in moved:
-            mb.record_stream(compute)
+            moved = [mb.to(self.device) for mb in moved]
+        if cuda:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_stream(self.copy_stream)
+            for mb in moved:
+                mb.record_stream(compute)
         return [mb.finish_images(self.input_spec) for mb in moved]
 
     def match(self, batches: list) -> None:
