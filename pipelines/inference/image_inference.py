@@ -172,7 +172,7 @@ class ImageInference:
             return
         start = time.perf_counter()
         try:
-            outputs = model.ir.infer(np.stack([tensor for _, tensor in pending]))
+            outputs = model.ir.infer([tensor for _, tensor in pending])   # no stacked copy: each request copies its own
         except Exception:  # noqa: BLE001  (isolate the image that breaks the batch)
             outputs = None
         per_image = (time.perf_counter() - start) / len(pending)

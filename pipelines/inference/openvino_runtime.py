@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +64,9 @@ class CompiledIR:
         self._lock = threading.Lock()
         self._last_outputs: dict[str, np.ndarray] = {}   # the previous static-shape result, to reuse (_outputs)
 
-    def infer(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        """batch: [B, 3, H, W] float32 (the IR takes one image; the queue overlaps them). Outputs of static shape
+    def infer(self, batch: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """batch: B images [3, H, W] float32, as a list or a [B, 3, H, W] array (the IR takes one image; the queue
+        overlaps them, each request copying its image in: a list needs no stacked copy). Outputs of static shape
         are copied once, from each request straight into the [B, ...] result; dynamic ones per image, then joined.
         The result is the caller's: it is never written again while anything holds it or a view of it."""
         per_image: list[dict | None] = [None] * len(batch)
