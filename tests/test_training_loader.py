@@ -117,6 +117,7 @@ def test_training_steps_with_loader_workers_and_bf16(plain_shards, tmp_path):
 def test_micro_batches_arrive_on_the_device_matched(plain_shards, tmp_path):
     """TrainingSession.to_device matches each micro-batch to the priors as it moves it (on CUDA on the copy stream,
     while the step in flight runs) and counts its positives; the step's normalizer sums those counts."""
+    from pipelines.training.batches import map_tensors
     from pipelines.training.config import TrainConfig
     from pipelines.training.topology import make_topology
     from pipelines.training.trainer import TrainingSession
@@ -134,6 +135,9 @@ def test_micro_batches_arrive_on_the_device_matched(plain_shards, tmp_path):
         assert before.matches is None and after.matches is not None
         expected = session.loss.match(before.targets)
         assert after.num_positives == num_positives(expected) and torch.equal(after.matches.conf, expected.conf)
+        found = []                           # what MicroBatch.record_stream hands the CUDA allocator of the matches
+        map_tensors(after.matches, found.append)
+        assert len(found) == 8               # conf, gt_index, loc, gt_box; the slots' three indices and scale
     assert session.normalizer(moved).num_positives == sum(mb.num_positives for mb in moved) > 0
 
 
