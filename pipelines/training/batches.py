@@ -40,19 +40,17 @@ class MicroBatch:
     def pin_memory(self) -> "MicroBatch":
         """Page-locked copies (DataLoader's pin_memory thread calls this) for asynchronous copies to a GPU."""
         targets = self.targets.pin_memory() if isinstance(self.targets, PackedTargets) else self.targets
-        return dataclasses.replace(self, images=self.images.pin_memory(), targets=targets,
-                                   matches=map_tensors(self.matches, torch.Tensor.pin_memory))
+        return dataclasses.replace(self, images=self.images.pin_memory(), targets=targets)
 
     def to(self, device: torch.device, images: bool = True) -> "MicroBatch":
-        """This micro-batch on device (copies from page-locked memory are asynchronous); images=False: all but the
-        images, which stay where they are (``to`` again moves them)."""
+        """This unmatched micro-batch on device (copies from page-locked memory are asynchronous); images=False: all
+        but the images, which stay where they are."""
         targets = (self.targets.to(device, non_blocking=True) if isinstance(self.targets, PackedTargets)
                    else [Targets(t.boxes.to(device), t.labels.to(device), t.masks.to(device), t.seed)
                          for t in self.targets])
         colour = self.colour.to(device) if self.colour is not None else None
-        matches = map_tensors(self.matches, lambda t: t.to(device, non_blocking=True))
         return dataclasses.replace(self, images=self.images.to(device, non_blocking=True) if images else self.images,
-                                   targets=targets, matches=matches, colour=colour)
+                                   targets=targets, colour=colour)
 
     def record_stream(self, stream) -> None:
         """Tell the CUDA allocator these tensors (copied on another stream) are used on `stream`."""

@@ -50,7 +50,7 @@ def learning_rate(cfg, step: int, total_steps: int) -> float:
 def make_optimizer(cfg, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """SGD or AdamW of train; on a GPU the fused implementation (one kernel per step, not a launch per tensor)."""
     t = cfg.train
-    fused = bool(params) and all(p.is_cuda for p in params) or None
+    fused = True if params and all(p.is_cuda for p in params) else None   # None: torch's default
     if t.optimizer == "sgd":
         return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, fused=fused)
     return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, fused=fused)

@@ -12,6 +12,7 @@ device; the forward pass runs under ``train.precision`` (bf16 autocast or f32), 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from contextlib import nullcontext
@@ -173,7 +174,7 @@ class TrainingSession(RankSessionBase):
         with torch.cuda.stream(self.copy_stream) if cuda else nullcontext():
             moved = [mb.to(self.device, images=False) for mb in batches]
             self.match(moved)
-            moved = [mb.to(self.device) for mb in moved]
+            moved = [dataclasses.replace(mb, images=mb.images.to(self.device, non_blocking=True)) for mb in moved]
         if cuda:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_stream(self.copy_stream)
