@@ -165,11 +165,19 @@ def step_without_input(session, rows: dict, plan: list[list[int]], warmup: int, 
 
 
 def profile_steps(session, rows: dict, plan: list[list[int]], steps: int) -> tuple[dict, str]:
-    """torch.profiler over `steps` steps without input and over `steps` model-only steps (each after 3 untimed):
-    the device's busy share of the window (union of kernel intervals / wall), the host's waits for the device and
-    other host calls per step, and the step's top operations by device time and by host time."""
+    """torch.profiler over `steps` full steps (fed by the loader), `steps` steps without input and `steps`
+    model-only steps (each after 3 untimed): the device's busy share of the window (union of kernel intervals /
+    wall), the host's waits for the device and other host calls per step, and the step without input's top
+    operations by device time and by host time."""
     from pipelines.training.loader import micro_batch_stream
 
+    stream = micro_batch_stream(rows, micro_batch_plan(len(rows), len(plan[0]), steps + 3, seed=len(rows) + 1),
+                                session.loader_spec(0))
+    full_stepper = session.steps(stream, [1] * (steps + 3))
+    for _ in range(3):
+        next(full_stepper)
+    full_summary, _ = profiled(session.device, steps, lambda: [None for _ in full_stepper])
+    stream.close()
     cached = itertools.cycle(list(micro_batch_stream(rows, plan[:2], session.loader_spec(0))))
     stepper = session.steps(cached, [1] * (steps + 3))
     for _ in range(3):
@@ -181,7 +189,7 @@ def profile_steps(session, rows: dict, plan: list[list[int]], steps: int) -> tup
     tables = [averages.table(sort_by=key, row_limit=20, max_name_column_width=70)
               for key in (("self_cuda_time_total", "self_cpu_time_total") if session.device.type == "cuda"
                           else ("self_cpu_time_total",))]
-    return {"step": step_summary, "model_only": ceiling_summary}, "\n".join(tables)
+    return {"full_step": full_summary, "step": step_summary, "model_only": ceiling_summary}, "\n".join(tables)
 
 
 WAIT_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")

@@ -33,7 +33,7 @@ class MicroBatch:
     targets: list[Targets] | PackedTargets
     indices: list[int]          # global sample indices
     matches: object = None      # boxes.BatchMatch (with its MaskSlots), set where the loss is computed
-    colour: torch.Tensor | None = None  # [b, 5] photometric draws: images are resized RGB 0-255, not yet
+    colour: torch.Tensor | None = None  # [b, 5] photometric draws: images are resized uint8 RGB, not yet
     #                                     distorted nor normalized (finish_images does both where they run)
     num_positives: int | None = None    # positive priors of matches, counted when they were made
 
@@ -67,7 +67,7 @@ class MicroBatch:
         """Apply the deferred colour distortion and normalization (batched, on the images' device)."""
         if self.colour is None:
             return self
-        images = photometric.apply_torch(self.images, self.colour.to(self.images.device))
+        images = photometric.apply_torch(self.images.float(), self.colour.to(self.images.device))
         mean = images.new_tensor(spec.mean_rgb)[None, :, None, None]
         std = images.new_tensor(spec.std_rgb)[None, :, None, None]
         return dataclasses.replace(self, images=(images - mean) / std, colour=None)

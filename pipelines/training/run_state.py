@@ -48,12 +48,12 @@ def learning_rate(cfg, step: int, total_steps: int) -> float:
 
 
 def make_optimizer(cfg, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """SGD or AdamW of train; on a GPU the fused implementation (one kernel per step, not a launch per tensor)."""
+    """SGD or AdamW of train, fused (CPUs and GPUs: one pass over all tensors per step, not an operation per tensor;
+    a fused optimizer can skip its update on the device, see trainer.TrainingSession.gates_on_device)."""
     t = cfg.train
-    fused = True if params and all(p.is_cuda for p in params) else None   # None: torch's default
     if t.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, fused=fused)
-    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, fused=fused)
+        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, fused=True)
+    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, fused=True)
 
 
 @contextmanager
@@ -170,12 +170,13 @@ class RankSessionBase:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.cfg, self.state["step"], self.total_steps)
 
-    def step_optimizer(self, terms: torch.Tensor) -> torch.Tensor:
-        """Step the optimizer on the global loss terms unless they are not finite (then count a skipped step)."""
-        if math.isfinite(float(terms.sum())):
-            self.optimizer.step()
-        else:
+    def step_optimizer(self, terms: torch.Tensor, stepped_on_device: bool = False) -> torch.Tensor:
+        """Step the optimizer on the global loss terms unless they are not finite (then count a skipped step).
+        stepped_on_device: the update was launched already, gated on the device: only counted here."""
+        if not math.isfinite(float(terms.sum())):
             self.state["skipped_steps"] += 1
+        elif not stepped_on_device:
+            self.optimizer.step()
         return terms
 
     # -------------------------------------------------------------------------------------------------- run

@@ -59,6 +59,11 @@ class DataParallelRunner:
             on_device.append(terms_tensor(terms))
         return torch.stack(on_device).sum(dim=0)
 
+    def not_finite(self, terms: torch.Tensor) -> torch.Tensor:
+        """[] float32 on the terms' device: 1.0 when any rank's terms are not finite, else 0.0 (no wait)."""
+        flag = (~torch.isfinite(terms.sum())).float()
+        return all_reduce_sum(flag, self.topo).clamp(max=1.0)
+
     def reduce(self, terms: torch.Tensor) -> torch.Tensor:
         """The step's global loss terms on the CPU (summed over ranks); waits for the device."""
         return all_reduce_sum(terms.cpu(), self.topo)

@@ -32,7 +32,7 @@ from pipelines.training.loader import LoaderSpec, micro_batch_stream
 from pipelines.training.run_state import RankSessionBase, make_optimizer, new_run_state, rank_process
 from pipelines.training.sampler import GlobalBatchSampler
 from pipelines.training.shards import ShardIndex
-from pipelines.training.strategies import make_runner
+from pipelines.training.strategies import DataParallelRunner, make_runner
 from pipelines.training.topology import Topology, all_reduce_sum, make_topology
 from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, num_positives
 from pipelines.io import storage
@@ -83,6 +83,7 @@ class TrainingSession(RankSessionBase):
         # the sizes the loss compares masks at: prototypes and the semantic head (P3)
         self.mask_sizes = (tuple(self.model.proto_size()), tuple(self.model.feature_map_sizes()[0]))
         self.copy_stream = None         # CUDA: the side stream micro-batches are copied on
+        self.stepped_on_device = False  # the last launched step's update is gated on the device (gates_on_device)
         self.model = self.model.to(self.device)
         if cfg.train.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -200,11 +201,26 @@ class TrainingSession(RankSessionBase):
         self.set_learning_rate()
         self.optimizer.zero_grad(set_to_none=True)
         with autocast_for(self.device, self.cfg.train.precision):
-            return self.runner.run(batches, normalizer)
+            terms = self.runner.run(batches, normalizer)
+        self.stepped_on_device = self.gates_on_device
+        if self.stepped_on_device:
+            self.optimizer.found_inf = self.runner.not_finite(terms)
+            self.optimizer.step()
+        return terms
+
+    @property
+    def gates_on_device(self) -> bool:
+        """Whether the update is launched with the step, gated on the device: a fused optimizer skips it itself when
+        the terms are not finite (its found_inf, as under torch.amp.GradScaler), so on a GPU the next step is queued
+        without waiting for the host's check. Data-parallel runners only (the pipeline's terms come reduced on the
+        host), and not before the optimizer has state: a fused SGD whose first update is skipped keeps momentum
+        buffers it never initialized."""
+        return bool(self.optimizer.defaults.get("fused")) and bool(self.optimizer.state) \
+            and isinstance(self.runner, DataParallelRunner)
 
     def finish_step(self, launched: torch.Tensor) -> torch.Tensor:
         """Wait for the step, sum its loss terms over the ranks, step the optimizer unless they are not finite."""
-        return self.step_optimizer(self.runner.reduce(launched))
+        return self.step_optimizer(self.runner.reduce(launched), stepped_on_device=self.stepped_on_device)
 
     def train_step(self, batches: list) -> torch.Tensor:
         """One step on this rank's micro-batches (batches.MicroBatch, on the CPU) -> the global loss terms."""

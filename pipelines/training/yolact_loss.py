@@ -262,7 +262,10 @@ class YolactLoss:
             mask_t = gt[rows, gt_index].permute(0, 2, 3, 1)                            # [B, Ph, Pw, K]
         pred = torch.sigmoid(torch.bmm(proto.reshape(batch, mask_h * mask_w, mask_dim), chosen.transpose(1, 2)))
         pred = crop_batch(pred.reshape(batch, mask_h, mask_w, slots), boxes)
-        bce = F.binary_cross_entropy(torch.clamp(pred, 0, 1), mask_t, reduction="none").sum(dim=(1, 2))  # [B, K]
+        # a NaN prediction (an overflow upstream) makes its mask's term NaN, so that the step is skipped as not
+        # finite, instead of failing BCE's 0..1 check (an error on the CPU, a device-side assert on a GPU)
+        bce = (F.binary_cross_entropy(torch.nan_to_num(pred.clamp(0, 1), nan=0.0), mask_t, reduction="none")
+               + pred * 0).sum(dim=(1, 2))                                                              # [B, K]
         size = center_size(boxes.reshape(-1, 4)).reshape(batch, slots, 4)
         per_mask = bce / (size[..., 2] * mask_w) / (size[..., 3] * mask_h)
         return (torch.where(used, per_mask, 0.0).sum(dim=1) * scale).sum()
