@@ -3,7 +3,7 @@
 Two readers share one contract, a DataFrame with `path`, `size`, `modification_time` (listing) and later `content`:
 - `spark`: Spark's own binaryFile source, for every Hadoop URI the cluster can read (file://, hdfs://, abfss:// and
   wasbs:// where hadoop-azure is installed). Listing reads no file content.
-- `azure_sdk`: for clusters without hadoop-azure: the driver lists the container with the Azure SDK, executors read
+- `azure_sdk`: for clusters without hadoop-azure: executors list the container with the Azure SDK and read
   the bytes (credentials from the environment or a secret scope, shipped in the task closure, never logged).
 """
 from __future__ import annotations
@@ -74,10 +74,7 @@ def find_images(spark: SparkSession, uri: str, extensions: list[str], recursive:
                 reader: str = "auto", azure_credentials=None) -> ImageListing:
     """The images under `uri` (no content read); a missing path or an unreadable scheme is an InputError now."""
     if choose_reader(uri, reader) == "azure_sdk":
-        from pipelines.io.azure_storage import list_blobs
-
-        rows = list_blobs(uri, extensions, azure_credentials)
-        return ImageListing(spark.createDataFrame([tuple(r) for r in rows], LISTING_SCHEMA))
+        return ImageListing(blobs_listed_by_executors(spark, uri, extensions, azure_credentials))
     try:
         source = (spark.read.format("binaryFile")
                   .option("recursiveFileLookup", str(bool(recursive)).lower())
@@ -96,6 +93,22 @@ def find_images(spark: SparkSession, uri: str, extensions: list[str], recursive:
     scanned = source.select("path", F.col("length").alias("size"),
                             F.col("modificationTime").alias("modification_time"))
     return ImageListing(scanned, source)
+
+
+def blobs_listed_by_executors(spark: SparkSession, uri: str, extensions: list[str], credentials) -> DataFrame:
+    """DataFrame[path, size, modification_time] of the blobs under an Azure URI, listed by the executors: one task
+    walks the top level (the blobs directly under it and its virtual directories), the entries are spread over the
+    cluster and each task lists its directories, streaming. The driver checks the path and holds no name (a Python
+    list of 10^7 blobs would be gigabytes there). Always recursive, as the Azure listing is."""
+    from pipelines.io.azure_storage import blob_exists, listing_part, listing_top
+
+    if not blob_exists(uri, credentials):
+        raise InputError(f"{uri}: input path does not exist: check --input")
+    context = spark.sparkContext
+    top = context.parallelize([uri], 1).flatMap(lambda top_uri: listing_top(top_uri, extensions, credentials))
+    blobs = top.repartition(context.defaultParallelism).flatMap(
+        lambda entry: listing_part(entry, extensions, credentials))
+    return spark.createDataFrame(blobs, LISTING_SCHEMA)
 
 
 def list_images(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True,

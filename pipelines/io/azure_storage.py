@@ -1,6 +1,7 @@
 """Azure Blob / ADLS Gen2 through the Azure SDK, for clusters without the hadoop-azure jar.
 
-The driver lists (`list_blobs`), executors read (`read_blob`) and write (`write_blob`); the `AzureCredentials` travel
+Executors list (`listing_top`, then `listing_part` of each directory), read (`read_blob`) and write (`write_blob`);
+`list_blobs` lists on the calling process. The `AzureCredentials` travel
 to executors inside the task closure, so they pickle, but they never print: `repr`/`str` show the kind and
 account only, and every SDK error is re-raised as an OSError whose message has the secrets replaced by `***`
 (the original exception, whose attributes may hold signed URLs, is dropped).
@@ -18,7 +19,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple, TypeVar
+from typing import Callable, Iterable, Iterator, NamedTuple, TypeVar
 from urllib.parse import quote, quote_plus, unquote
 
 from pipelines.errors import SparkSegError, UsageError
@@ -308,26 +309,50 @@ class AzureBlobStore:
         return f"AzureBlobStore({self.credentials!r})"
 
     def list(self, uri: str, extensions: Iterable[str] | str | None = None) -> list[BlobInfo]:
-        """Blobs under `uri` (recursive; `uri` itself when it names a blob), sorted by URI, filtered by extension
-        (case-insensitive). ADLS directory markers are skipped."""
+        """Blobs under `uri` (recursive; `uri` itself when it names a blob and does not end in '/'), sorted by URI,
+        filtered by extension (case-insensitive). ADLS directory markers are skipped."""
+        return sorted(self.iter_list(uri, extensions))
+
+    def iter_list(self, uri: str, extensions: Iterable[str] | str | None = None) -> Iterator[BlobInfo]:
+        """`list`, streamed page by page in the service's order (nothing held: for an executor's share of a
+        listing of millions)."""
+        path = parse_blob_uri(uri)
+        wanted = normalize_extensions(extensions)
+        prefix, itself = path.path.rstrip("/"), not path.path.endswith("/")
+        log.debug("listing %s (extensions=%s) with %r", uri, wanted, self.credentials)
+        blobs = self._each("list", uri, lambda: self.container_client(path).list_blobs(
+            name_starts_with=prefix or None, include=["metadata"]))
+        for blob in blobs:
+            # "images" must not match "images2/..."
+            if not prefix or (itself and blob.name == prefix) or blob.name.startswith(prefix + "/"):
+                yield from _wanted(path, blob, wanted)
+
+    def walk_top(self, uri: str, extensions: Iterable[str] | str | None = None) -> Iterator[BlobInfo | str]:
+        """The top level of `list(uri)`, streamed: `uri` itself when `list` includes it and the blobs directly
+        under it (BlobInfo), and the URIs of its virtual directories (str, ending in '/'). `list` of each directory
+        completes the listing: the directories can be listed in parallel."""
         path = parse_blob_uri(uri)
         wanted = normalize_extensions(extensions)
         prefix = path.path.rstrip("/")
+        container = self.container_client(path)
+        if prefix and not path.path.endswith("/"):
+            def properties():
+                from azure.core.exceptions import ResourceNotFoundError
+                try:
+                    return container.get_blob_client(prefix).get_blob_properties()
+                except ResourceNotFoundError:
+                    return None
 
-        def collect() -> list[BlobInfo]:
-            container = self.container_client(path)
-            found = []
-            for blob in container.list_blobs(name_starts_with=prefix or None, include=["metadata"]):
-                name = blob.name
-                if prefix and name != prefix and not name.startswith(prefix + "/"):
-                    continue  # "images" must not match "images2/..."
-                if (blob.metadata or {}).get("hdi_isfolder") == "true" or not has_extension(name, wanted):
-                    continue
-                found.append(BlobInfo(path.uri_for(name), int(blob.size), blob.last_modified))
-            return sorted(found)
-
-        log.debug("listing %s (extensions=%s) with %r", uri, wanted, self.credentials)
-        return self._call("list", uri, collect)
+            itself = self._call("list", uri, properties)
+            if itself is not None:
+                yield from _wanted(path, itself, wanted)
+        entries = self._each("list", uri, lambda: container.walk_blobs(
+            name_starts_with=prefix + "/" if prefix else None, include=["metadata"], delimiter="/"))
+        for entry in entries:
+            if entry.name.endswith("/"):         # a BlobPrefix: a virtual directory
+                yield path.uri_for(entry.name)
+            else:
+                yield from _wanted(path, entry, wanted)
 
     def read(self, uri: str) -> bytes:
         """The whole blob."""
@@ -406,6 +431,12 @@ class AzureBlobStore:
         return ClientSecretCredential(tenant_id=creds.tenant_id, client_id=creds.client_id,
                                       client_secret=creds.client_secret)
 
+    def _each(self, action: str, uri: str, items: Callable[[], Iterable[T]]) -> Iterator[T]:
+        """The items of an SDK iterable (pages fetched as it is read), each failure translated as in `_call`."""
+        iterator = self._call(action, uri, lambda: iter(items()))
+        while (item := self._call(action, uri, lambda: next(iterator, _END))) is not _END:
+            yield item
+
     def _call(self, action: str, uri: str, operation: Callable[[], T]) -> T:
         """Run `operation`; turn any failure into an OSError/ValueError with a scrubbed message, chained to nothing."""
         try:
@@ -414,6 +445,16 @@ class AzureBlobStore:
             error = translate_error(exc, action, uri, self.credentials)
         # Raised outside the except block: the original (and its request URLs, headers) is not kept as __context__.
         raise error
+
+
+_END = object()
+
+
+def _wanted(path: BlobPath, blob, wanted) -> Iterator[BlobInfo]:
+    """The listed blob as a BlobInfo when it is one of the wanted (by extension, case-insensitive; ADLS directory
+    markers never)."""
+    if (blob.metadata or {}).get("hdi_isfolder") != "true" and has_extension(blob.name, wanted):
+        yield BlobInfo(path.uri_for(blob.name), int(blob.size), blob.last_modified)
 
 
 def _blob_path(uri: str) -> BlobPath:
@@ -446,6 +487,24 @@ def list_blobs(uri: str, extensions: Iterable[str] | str | None = None,
     """Driver side: (uri, size, mtime) of every blob under `uri`, recursive, extension filter case-insensitive."""
     with AzureBlobStore(creds) as store:
         return store.list(uri, extensions)
+
+
+def listing_top(uri: str, extensions: Iterable[str] | str | None = None,
+                creds: AzureCredentials | None = None) -> Iterator[BlobInfo | str]:
+    """Executor side, one task: `AzureBlobStore.walk_top` of `uri`, streamed."""
+    with AzureBlobStore(creds) as store:
+        yield from store.walk_top(uri, extensions)
+
+
+def listing_part(entry: BlobInfo | str, extensions: Iterable[str] | str | None = None,
+                 creds: AzureCredentials | None = None) -> Iterator[BlobInfo]:
+    """Executor side: an entry of `listing_top` as blobs: a blob as itself, a virtual directory as every blob under
+    it, streamed."""
+    if isinstance(entry, BlobInfo):
+        yield entry
+        return
+    with AzureBlobStore(creds) as store:
+        yield from store.iter_list(entry, extensions)
 
 
 def read_blob(uri: str, creds: AzureCredentials | None = None) -> bytes:
