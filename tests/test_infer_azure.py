@@ -1,5 +1,5 @@
-"""The inference job against Azure Blob storage (Azurite): images read through the Azure SDK path (listed on the
-driver, read on executors), detections/errors/masks/summary written back, read back by the test; no secret in
+"""The inference job against Azure Blob storage (Azurite): images read through the Azure SDK path (listed and read on
+the executors), detections/errors/masks/summary written back, read back by the test; no secret in
 anything written."""
 from __future__ import annotations
 
