@@ -139,6 +139,7 @@ def test_micro_batches_arrive_on_the_device_matched(plain_shards, tmp_path):
         assert before.matches is None and after.matches is not None
         expected = session.loss.match(before.targets)
         assert after.num_positives == num_positives(expected) and torch.equal(after.matches.conf, expected.conf)
+        assert after.num_positives == int(after.matches.positive.sum())      # counted with the draw, on the host
         found = []                           # what MicroBatch.record_stream hands the CUDA allocator of the matches
         map_tensors(after.matches, found.append)
         assert len(found) == 8               # conf, gt_index, loc, gt_box; the slots' three indices and scale

@@ -132,7 +132,7 @@ class PackedTargets:
 class MaskSlots:
     """Where the kept positives (at most masks_to_train per image) go in the mask term's [B, count] slots:
     image_idx, prior_idx, slot_idx [P] (P kept positives in the batch), count (the most any image keeps), scale [B]
-    (positives / kept of each image)."""
+    (positives / kept of each image); everything the host needs is counted once, when they are made."""
 
     image_idx: torch.Tensor
     prior_idx: torch.Tensor
@@ -140,6 +140,7 @@ class MaskSlots:
     count: int
     scale: torch.Tensor
     limit: int                  # the masks_to_train it was drawn for
+    positives: int              # every positive of the batch, kept or not (read with the draw's counts)
 
 
 @dataclass(frozen=True)
@@ -187,11 +188,14 @@ class YolactLoss:
         return matches
 
     def mask_slots(self, matches: BatchMatch, seeds: list[int]) -> "MaskSlots":
-        kept, scale = self.kept_positives(matches.positive, seeds)
-        image_idx, prior_idx = torch.nonzero(kept, as_tuple=True)
+        counts = matches.positive.sum(dim=1).tolist()      # the one read on the host: the positives per image
+        kept, scale = self.kept_positives(matches.positive, seeds, counts)
+        kept_counts = [min(count, self.cfg.masks_to_train) for count in counts]
+        # sized from the counts, so that finding the kept positives does not wait for the device
+        image_idx, prior_idx = torch.nonzero_static(kept, size=sum(kept_counts)).unbind(1)
         slot_idx = (kept.long().cumsum(dim=1) - 1)[image_idx, prior_idx]
-        count = int(kept.sum(dim=1).max()) if image_idx.numel() else 0
-        return MaskSlots(image_idx, prior_idx, slot_idx, count, scale, self.cfg.masks_to_train)
+        return MaskSlots(image_idx, prior_idx, slot_idx, max(kept_counts, default=0), scale,
+                         self.cfg.masks_to_train, sum(counts))
 
     def sums(self, outputs: dict[str, torch.Tensor], targets, matches: BatchMatch) -> dict[str, torch.Tensor]:
         """outputs: Yolact train-mode dict (loc [B, N, 4], conf [B, N, C] logits, mask [B, N, k], proto
@@ -215,16 +219,19 @@ class YolactLoss:
         each = F.cross_entropy(conf.flatten(0, 1), conf_t.clamp(min=0).flatten(), reduction="none")
         return torch.where(chosen.flatten(), each, 0.0).sum()
 
-    def kept_positives(self, positive: torch.Tensor, seeds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def kept_positives(self, positive: torch.Tensor, seeds: list[int], counts: list[int] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """positive [B, N] -> (kept [B, N] bool: at most masks_to_train per image, a seeded draw; scale [B]
-        positives / kept). The draw is made on the CPU (the same positives on every device and rank)."""
-        counts = positive.sum(dim=1)
+        positives / kept). The draw is made on the CPU (the same positives on every device and rank). counts: the
+        positives per image, when the caller has read them already."""
+        per_image = positive.sum(dim=1)
+        counts = per_image.tolist() if counts is None else counts
         limit = self.cfg.masks_to_train
-        over = [(b, c) for b, c in enumerate(counts.tolist()) if c > limit]
+        over = [(b, c) for b, c in enumerate(counts) if c > limit]
         kept = positive
         if over:
             rank = positive.long().cumsum(dim=1) - 1                                   # [B, N] order among positives
-            selected = torch.ones(positive.shape[0], int(counts.max()), dtype=torch.bool, device="cpu")
+            selected = torch.ones(positive.shape[0], max(counts), dtype=torch.bool, device="cpu")
             for b, count in over:
                 generator = torch.Generator(device="cpu").manual_seed(int(seeds[b]))
                 order = torch.randperm(count, generator=generator, device="cpu")
@@ -232,7 +239,7 @@ class YolactLoss:
                 selected[b, order[:limit]] = True
             selected = selected.to(positive.device)
             kept = positive & selected.gather(1, rank.clamp(min=0))
-        scale = counts.float() / kept.sum(dim=1).clamp(min=1).float()
+        scale = per_image.float() / kept.sum(dim=1).clamp(min=1).float()
         return kept, scale
 
     def mask_sum(self, proto: torch.Tensor, coeffs: torch.Tensor, targets, matches: BatchMatch) -> torch.Tensor:
@@ -318,5 +325,5 @@ def downsample_masks_batch(masks: torch.Tensor, size: tuple[int, int]) -> torch.
 def num_positives(matches) -> int:
     """Positive priors of a BatchMatch (or a list of per-image matches)."""
     if isinstance(matches, BatchMatch):
-        return int(matches.positive.sum())
+        return matches.slots.positives if matches.slots is not None else int(matches.positive.sum())
     return int(sum(int(m.positive.sum()) for m in matches))
