@@ -18,7 +18,8 @@ CORE = [
     # PyAV (FFmpeg bundled in its wheels): video input, decoded on the executors (pipelines.ops.video_decode)
     "av>=12,<19",
 ]
-TORCH = ["torch>=2.4", "torchvision>=0.19"]
+# 2.6: nonzero_static on CUDA (the training matching), fused SGD/AdamW on CPUs
+TORCH = ["torch>=2.6", "torchvision>=0.21"]
 EXTRAS = {
     # PyTorch -> ONNX -> simplified ONNX -> OpenVINO IR, and the parity report.
     "export": TORCH + ["onnx>=1.16", "onnxruntime>=1.18", "onnxslim>=0.1.40", "nncf>=3.0,<4"],
