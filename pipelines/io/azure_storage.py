@@ -346,10 +346,12 @@ class AzureBlobStore:
             itself = self._call("list", uri, properties)
             if itself is not None:
                 yield from _wanted(path, itself, wanted)
+        from azure.storage.blob import BlobPrefix
+
         entries = self._each("list", uri, lambda: container.walk_blobs(
             name_starts_with=prefix + "/" if prefix else None, include=["metadata"], delimiter="/"))
         for entry in entries:
-            if entry.name.endswith("/"):         # a BlobPrefix: a virtual directory
+            if isinstance(entry, BlobPrefix):    # a virtual directory (its name ends in '/')
                 yield path.uri_for(entry.name)
             else:
                 yield from _wanted(path, entry, wanted)
