@@ -331,6 +331,8 @@ class AzureBlobStore:
         """The top level of `list(uri)`, streamed: `uri` itself when `list` includes it and the blobs directly
         under it (BlobInfo), and the URIs of its virtual directories (str, ending in '/'). `list` of each directory
         completes the listing: the directories can be listed in parallel."""
+        from azure.storage.blob import BlobPrefix
+
         path = parse_blob_uri(uri)
         wanted = normalize_extensions(extensions)
         prefix = path.path.rstrip("/")
@@ -346,8 +348,6 @@ class AzureBlobStore:
             itself = self._call("list", uri, properties)
             if itself is not None:
                 yield from _wanted(path, itself, wanted)
-        from azure.storage.blob import BlobPrefix
-
         entries = self._each("list", uri, lambda: container.walk_blobs(
             name_starts_with=prefix + "/" if prefix else None, include=["metadata"], delimiter="/"))
         for entry in entries:

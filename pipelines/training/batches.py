@@ -42,15 +42,14 @@ class MicroBatch:
         targets = self.targets.pin_memory() if isinstance(self.targets, PackedTargets) else self.targets
         return dataclasses.replace(self, images=self.images.pin_memory(), targets=targets)
 
-    def to(self, device: torch.device, images: bool = True) -> "MicroBatch":
-        """This unmatched micro-batch on device (copies from page-locked memory are asynchronous); images=False: all
-        but the images, which stay where they are."""
+    def targets_to(self, device: torch.device) -> "MicroBatch":
+        """This unmatched micro-batch with its targets and colour draws on device, its images where they are (they
+        go after the matching: trainer.TrainingSession.to_device). Copies from page-locked memory are asynchronous."""
         targets = (self.targets.to(device, non_blocking=True) if isinstance(self.targets, PackedTargets)
                    else [Targets(t.boxes.to(device), t.labels.to(device), t.masks.to(device), t.seed)
                          for t in self.targets])
         colour = self.colour.to(device) if self.colour is not None else None
-        return dataclasses.replace(self, images=self.images.to(device, non_blocking=True) if images else self.images,
-                                   targets=targets, colour=colour)
+        return dataclasses.replace(self, targets=targets, colour=colour)
 
     def record_stream(self, stream) -> None:
         """Tell the CUDA allocator these tensors (copied on another stream) are used on `stream`."""

@@ -173,7 +173,7 @@ class TrainingSession(RankSessionBase):
         if cuda and self.copy_stream is None:
             self.copy_stream = torch.cuda.Stream(self.device)
         with torch.cuda.stream(self.copy_stream) if cuda else nullcontext():
-            moved = [mb.to(self.device, images=False) for mb in batches]
+            moved = [mb.targets_to(self.device) for mb in batches]
             self.match(moved)
             moved = [dataclasses.replace(mb, images=mb.images.to(self.device, non_blocking=True)) for mb in moved]
         if cuda:
