@@ -6,7 +6,7 @@
 
 Per model and precision, in one run, in --rounds interleaved rounds (medians of per-round ratios reported):
 - benchmark_app on the IR with P streams x 1 thread (model only: no decode, no postprocess), the ceiling;
-- the executor function (`ImageInference.__call__` as mapInPandas calls it, pandas batches with a `content`
+- the executor function (`ImageInference.__call__` as mapInArrow calls it, Arrow batches with a `content`
   column) in P processes x 1 OpenVINO thread (1 stream), masks written (RLE + PNG label maps under a scratch
   output): "before" is the previous per-image code (scripts/bench/legacy_executor.py, the tests' reference),
   "after" the current one, "boxes only" the current one with output.masks none, and "jpeg_draft" the current one
@@ -128,11 +128,13 @@ def make_task(manifest, variant: str, precision: str, conf_thresh: float | None,
 
 
 def records(paths: list[Path], contents: list[bytes]):
-    import pandas as pd
+    """A mapInArrow input batch as the job's reader gives it (file: paths with their content)."""
+    import pyarrow as pa
 
-    return pd.DataFrame({"path": ["file:" + str(p) for p in paths], "content": contents,
-                         "size": [len(c) for c in contents],
-                         "modification_time": [dt.datetime(2026, 1, 1)] * len(paths)})
+    return pa.RecordBatch.from_pydict({
+        "path": ["file:" + str(p) for p in paths], "content": contents, "size": [len(c) for c in contents],
+        "modification_time": pa.array([dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)] * len(paths),
+                                      pa.timestamp("us", tz="UTC"))})
 
 
 def peak_rss_mib() -> float:
@@ -167,8 +169,8 @@ def worker(task, paths: list[str], batch_size: int, barrier, results, model_only
         return
     batches = (records(paths[i:i + batch_size], contents[i:i + batch_size]) for i in range(0, len(paths),
                                                                                           batch_size))
-    for frame in task(batches):
-        rows.extend(frame.to_dict("records"))
+    for batch in task(batches):
+        rows.extend(batch.to_pylist())
     ended, cpu = time.time(), time.process_time() - cpu_started
     stages = {s: sum(r["timings"][f"{s}_s"] for r in rows) for s in STAGES}
     results.put({"pid": os.getpid(), "images": len(rows), "failed": sum(r["status"] != "ok" for r in rows),
@@ -267,7 +269,7 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         f"**{facts['best_isa']}** ({', '.join(facts['isa']) or 'none of AMX/AVX-512/AVX2'}); OpenVINO "
         f"{facts['openvino']}, Python {facts['python']}; 1-min load average at start {facts['load_average'][0]:.2f}"
         f", at end {os.getloadavg()[0]:.2f} (other work on the machine skews both sides of each ratio)",
-        "- executor: `ImageInference.__call__` (what mapInPandas runs) in P spawned processes x 1 OpenVINO thread "
+        "- executor: `ImageInference.__call__` (what mapInArrow runs) in P spawned processes x 1 OpenVINO thread "
         "(1 stream), batches of %d, masks written (RLE + PNG label maps), every detection written; "
         "images/s = images / (last end - common start), after model load and one warm-up image" % args.batch_size,
         "- benchmark_app: P streams x P threads (1 per stream), `-hint none`, same IR and precision, model only",
@@ -455,7 +457,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--images", type=int, default=128, help="bench images per row (default 128)")
     parser.add_argument("--large-model-images", type=int, default=32,
                         help="images for models with an input over 400 px (R50 550; default 32)")
-    parser.add_argument("--batch-size", type=int, default=8, help="images per pandas batch (the job's default)")
+    parser.add_argument("--batch-size", type=int, default=8, help="images per Arrow batch (the job's default)")
     parser.add_argument("--seconds", type=int, default=15, help="benchmark_app duration (-t)")
     parser.add_argument("--int8", action="store_true",
                         help="also an INT8 copy of the bundled model (NNCF, scripts/bench/int8_model.py); on a machine "

@@ -10,9 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
 
+from pipelines.inference.crash_guard import CrashGuard, PoisonImage, TaskCrashGuard, crash_groups
 from pipelines.inference.inference_job import JobFailed, run
+from pipelines.io.storage import Location
 from pipelines.results.results_writer import read_table
 from pipelines.sweeps.standalone_cluster import ClusterConfig, StandaloneCluster
 from pipelines.sweeps.event_log import find_event_log, parse_event_log
@@ -80,6 +84,29 @@ def test_poison_image_becomes_an_error_row_and_the_job_goes_on(spark, tmp_path):
     _, errors = assert_exactly_once(spark, tmp_path / "out", names)
     assert [(Path(e.path).name, e.error_type) for e in errors] == [("poison.jpg", "PoisonImage")]
     assert "crashed its Python worker in 2 task attempts" in errors[0].message
+
+
+def test_the_images_in_flight_when_an_attempt_died_are_retried_one_group_each(tmp_path):
+    """A batch goes in flight with one marker write; after a death its images are suspects, each retried alone, so
+    the next death names one image; `threshold` deaths with an image in flight make it poison."""
+    guard = CrashGuard(Location(str(tmp_path / "scope")), threshold=2)
+    directory = guard.scope / "p00000"
+    records = [SimpleNamespace(path=name) for name in ("a", "b", "c", "d")]
+    first = TaskCrashGuard(guard, directory, 0)
+    assert crash_groups(records, first) == [records]
+    first.in_flight(["a", "b", "c"])                        # ... and the worker dies
+    second = TaskCrashGuard(guard, directory, 1)
+    assert [[r.path for r in group] for group in crash_groups(records, second)] == [["d"], ["a"], ["b"], ["c"]]
+    second.in_flight(["d"])
+    second.in_flight(["b"])                                 # dies again, on b alone
+    third = TaskCrashGuard(guard, directory, 2)
+    with pytest.raises(PoisonImage, match="b: crashed its Python worker in 2 task attempts"):
+        third.check("b")
+    for name in ("a", "c", "d"):
+        third.check(name)
+    assert [[r.path for r in group] for group in crash_groups(records, third)] == [["d"], ["a"], ["b"], ["c"]]
+    third.done()
+    assert TaskCrashGuard(guard, directory, 3).crashes == {"a": 1, "b": 2, "c": 1}
 
 
 def test_a_retried_task_removes_the_temp_files_a_killed_attempt_left(spark, tmp_path):

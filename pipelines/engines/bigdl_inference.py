@@ -54,6 +54,7 @@ class DecodeForBigDL:
                     with timed(row, "preprocess"):
                         if guard is not None:
                             guard.check(record.path)
+                            guard.in_flight([record.path])
                         rgb = decode_image(bytes(data), record.path, self.task.max_image_pixels)
                         height, width = int(rgb.shape[0]), int(rgb.shape[1])
                         # BigDL wraps `data` in an OpenCV Mat as it is: CV_8UC3 means BGR order.

@@ -2,10 +2,12 @@
 the whole task, and Spark's retries would crash on it again until the job fails. The guard makes the retries
 smarter.
 
-Before the risky per-image work a task records "in flight: <path>" in a marker for its (scope, partition, attempt)
-on shared storage, and clears it when the task ends normally. A retried task first reads the markers its earlier
-attempts left behind: an image that was in flight when `threshold` attempts died is not touched again and becomes
-an error row ("PoisonImage") instead, so the task, and the job, go on.
+Before the risky work on a group of images (a batch: decode, inference, postprocess) a task records them as "in
+flight" in a marker for its (scope, partition, attempt) on shared storage, one write per group, and clears it when
+the task ends normally. A retried task first reads the markers its earlier attempts left behind: an image that was
+in flight when `threshold` attempts died is not touched again and becomes an error row ("PoisonImage") instead, so
+the task, and the job, go on. The images in flight at an earlier death (suspects) are processed one group each,
+so a second death names its image alone.
 """
 from __future__ import annotations
 
@@ -46,25 +48,43 @@ class TaskCrashGuard:
 
     @staticmethod
     def _read_earlier(directory: Location, attempt: int) -> list[str]:
-        paths = []
+        """Every key in flight when an earlier attempt died, once per attempt."""
+        keys = []
         for earlier in range(attempt):
             marker = directory / f"attempt-{earlier:03d}"
             if marker.exists():
-                paths.extend(line for line in marker.read_bytes().decode().splitlines() if line)
-        return paths
+                keys.extend({line for line in marker.read_bytes().decode().splitlines() if line})
+        return keys
 
-    def check(self, path: str) -> None:
-        """Raise PoisonImage if `path` was in flight when `threshold` earlier attempts died; else mark it."""
-        crashes = self.crashes.get(path, 0)
+    def check(self, key: str) -> None:
+        """Raise PoisonImage if `key` (an image's path) was in flight when `threshold` earlier attempts died."""
+        crashes = self.crashes.get(key, 0)
         if crashes >= self.guard.threshold:
-            raise PoisonImage(f"{path}: crashed its Python worker in {crashes} task attempts; skipped so the job can "
+            raise PoisonImage(f"{key}: crashed its Python worker in {crashes} task attempts; skipped so the job can "
                               "go on. Check the file (a decoder bug or a malicious image) and remove or re-encode it")
-        self._write(path)
+
+    def suspected(self, key: str) -> bool:
+        """Was `key` in flight when an earlier attempt died? (Then it goes in a group of its own.)"""
+        return self.crashes.get(key, 0) > 0
+
+    def in_flight(self, keys: list[str]) -> None:
+        """Record `keys` as the ones being worked on, until the next call or done()."""
+        self._write("\n".join(keys))
 
     def done(self) -> None:
         """The task ends normally: nothing of it is in flight."""
         self._write("")
 
     def _write(self, text: str) -> None:
-        # once per image: no fsync, the marker only has to outlive a crashed Python worker (the page cache does)
+        # once per group: no fsync, the marker only has to outlive a crashed Python worker (the page cache does)
         self.marker.write_bytes_atomic(text.encode(), durable=False)
+
+
+def crash_groups(records: list, guard: TaskCrashGuard | None) -> list[list]:
+    """The records (with a .path) in the groups they are put in flight as: all together, except that each suspect
+    of an earlier attempt's death gets a group of its own."""
+    if guard is None or not guard.crashes:
+        return [records] if records else []
+    suspects = [record for record in records if guard.suspected(record.path)]
+    others = [record for record in records if not guard.suspected(record.path)]
+    return ([others] if others else []) + [[record] for record in suspects]

@@ -1,6 +1,7 @@
 """Transform: DataFrame of images (path, size, modification_time, content?) -> DataFrame of results, one row per
-image, `status` "ok" (instances) or "error" (stage, type, message). Runs on executors with numpy, Pillow and
-OpenVINO only. Model families (YOLACT, the detector) subclass `ImageInference` and implement `postprocess_one`.
+image, `status` "ok" (instances) or "error" (stage, type, message), as Arrow batches (mapInArrow: no pandas between
+Spark and the rows). Runs on executors with numpy, pyarrow, Pillow and OpenVINO only. Model families (YOLACT, the
+detector) subclass `ImageInference` and implement `postprocess_one`.
 
 Per image: read (content column, or fetched from Azure on the executor) -> decode -> preprocess -> infer (batched)
 -> postprocess -> (optional) PNG label map under masks/. A failure at any stage becomes an error row for that image;
@@ -16,16 +17,18 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
 from pipelines.io.storage import Location
 from pipelines.job_config import check_output_options
+from pipelines.inference.crash_guard import crash_groups
 from pipelines.inference.executor_cache import LazyModel
 from pipelines.ops.image_decode import decode_image, decode_image_reduced, reuse_decode_memory
 from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
 from pipelines.ops.preprocess import preprocess_rgb
 from pipelines.results.result_rows import (MAX_MESSAGE, RESULT_COLUMNS,  # noqa: F401
-                                   STAGES, fail, new_row, timed)   # (re-exported: the families and tests use them)
+                                   STAGES, fail, input_records, new_row, result_batch,
+                                   timed)   # (re-exported: the families and tests use them)
 from pipelines.inference.video_inference import is_segment, segment_rows
 
 
@@ -62,7 +65,7 @@ def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeS
 
 @dataclass(frozen=True)
 class ImageInference:
-    """The mapInPandas function. Small and picklable: the model itself is loaded on the executor, once per
+    """The mapInArrow function. Small and picklable: the model itself is loaded on the executor, once per
     Python worker, through LazyModel keyed by (model sha256, runtime settings)."""
 
     model_dir: str                 # driver path; executors use SparkFiles.get(basename) when not shared
@@ -99,16 +102,16 @@ class ImageInference:
         return LazyModel((self.model_sha256, self.settings),
                          lambda: load_executor_model(self.model_dir, self.model_sha256, self.settings))()
 
-    def __call__(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         guard = self.crash_guard.for_task() if self.crash_guard is not None else None
         rewritten = []   # label maps a retried task wrote: an earlier attempt may have died writing them
         for batch in batches:
-            rows = self.process_batch(batch, guard)
+            rows = self.process_batch(input_records(batch), guard)
             if guard is not None and guard.retried:
                 rewritten.extend(row["mask_path"] for row in rows if row["mask_path"])
             if self.progress is not None:
                 self.progress.add(len(rows))
-            yield pd.DataFrame(rows, columns=RESULT_COLUMNS)
+            yield result_batch(rows)
         if guard is not None:
             self.remove_temp_files_of(rewritten)
             guard.done()
@@ -126,18 +129,29 @@ class ImageInference:
             except Exception as err:  # noqa: BLE001
                 logging.getLogger(__name__).warning("could not remove temp files in %s: %s", directory, err)
 
-    def process_batch(self, batch: pd.DataFrame, guard=None) -> list[dict]:
-        rows, pending = [], []
-        has_content = "content" in batch.columns
-        for record in batch.itertuples(index=False):
+    def process_batch(self, records: list, guard=None) -> list[dict]:
+        """Records (objects with the input columns as attributes: path, content?, size, ...; video units) -> result
+        rows. With a crash guard, the images go in flight in groups (crash_guard.crash_groups), a unit alone."""
+        rows, images = [], []
+        for record in records:
             if is_segment(record):
                 rows.extend(segment_rows(self, record, guard))
-                continue
+            else:
+                images.append(record)
+        for group in crash_groups(images, guard):
+            if guard is not None:
+                guard.in_flight([record.path for record in group])
+            rows.extend(self.process_images(group, guard))
+        return rows
+
+    def process_images(self, records: list, guard=None) -> list[dict]:
+        rows, pending = [], []
+        for record in records:
             row = new_row(record)
             rows.append(row)
             try:
                 with timed(row, "read"):
-                    data = record.content if has_content else None
+                    data = getattr(record, "content", None)
                     if data is None and self.fetch_bytes is not None:
                         data = self.fetch_bytes(record.path)
                     if data is None:

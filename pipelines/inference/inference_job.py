@@ -461,7 +461,7 @@ def wave_results(images: DataFrame, task: ImageInference, plan: JobPlan,
         from pipelines.engines.bigdl_inference import bigdl_results
 
         return bigdl_results(images, task, plan.manifest, settings.precision)
-    return images.mapInPandas(task, RESULT_SCHEMA), []
+    return images.mapInArrow(task, RESULT_SCHEMA), []
 
 
 def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, totals: dict, n_inputs: int,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
-
-import pandas as pd
+from types import SimpleNamespace
 
 from pipelines.inference.model_manifest import load_manifest
 from pipelines.inference.openvino_runtime import RuntimeSettings
@@ -16,7 +15,7 @@ from pipelines.io.storage import Location
 def infer_files(model_dir: str | Path, paths: list[str | Path], output_uri: str, input_root: str,
                 settings: RuntimeSettings | None = None, masks: str = "rle",
                 batch_size: int = 8, family: str | None = None, score_threshold: float | None = None) -> list[dict]:
-    """Result rows (as the job's mapInPandas produces them) for local image files, in the given order.
+    """Result rows (as the job's mapInArrow produces them) for local image files, in the given order.
     family: "yolact", "detector", ... (default: the manifest's model); masks, score_threshold: as output.masks
     and output.score_threshold of the job (default: RLE only, no PNG written)."""
     from pipelines.inference.inference_tasks import inference_task_class
@@ -35,5 +34,5 @@ def infer_files(model_dir: str | Path, paths: list[str | Path], output_uri: str,
             # "file:/abs/path" is the form Spark's binaryFile source gives, so rows compare one to one.
             records.append({"path": "file:" + str(Path(path).resolve()), "content": Path(path).read_bytes(),
                             "size": stat.st_size, "modification_time": dt.datetime.fromtimestamp(stat.st_mtime)})
-        rows.extend(task.process_batch(pd.DataFrame(records)))
+        rows.extend(task.process_batch([SimpleNamespace(**record) for record in records]))
     return rows

@@ -43,7 +43,9 @@ def segment_rows(task, record, guard=None) -> list[dict]:
     rows, pending = [], []
     try:
         if guard is not None:
-            guard.check(f"{record.path}#segment={start}")   # a poison segment, not the whole video
+            key = f"{record.path}#segment={start}"   # a poison segment, not the whole video
+            guard.check(key)
+            guard.in_flight([key])
         # Spark-side module: images need none of it
         from pipelines.inference.video_sources import previous_timestamp_s, time_base, video_source
 

@@ -1,19 +1,45 @@
-"""The result rows every inference task returns: their RESULT_COLUMNS (typed by result_schema.RESULT_SCHEMA on the
-driver), a new row per image or video frame, per-stage timing and error rows. No pyspark, no model: shared by
+"""The result rows every inference task returns: their Arrow schema (RESULT_ARROW_SCHEMA, the one declaration of
+the result columns: the driver's RESULT_SCHEMA is derived from it), a new row per image or video frame, per-stage
+timing and error rows, and the Arrow batches mapInArrow exchanges with Spark. No pyspark, no model: shared by
 images (image_inference) and video frames (video_inference)."""
 from __future__ import annotations
 
 import time
 import traceback
+from types import SimpleNamespace
+
+import pyarrow as pa
 
 from pipelines.ops.image_decode import ImageDecodeError
 from pipelines.ops.video_decode import VideoDecodeError
 
 STAGES = ("read", "preprocess", "infer", "postprocess", "write")
 MAX_MESSAGE = 2000
-RESULT_COLUMNS = ["path", "status", "width", "height", "instances", "mask_path", "error_stage", "error_type",
-                  "error_message", "size", "modification_time", "frame_index", "timestamp_s", "segment_start",
-                  "segment_end", "timings"]
+_MASK = pa.struct([("size", pa.list_(pa.int32())), ("counts", pa.string())])
+_INSTANCE = pa.struct([("class_id", pa.int32()), ("class_name", pa.string()), ("score", pa.float32()),
+                       ("box", pa.list_(pa.int32())), ("mask", _MASK)])
+RESULT_ARROW_SCHEMA = pa.schema([
+    ("path", pa.string()), ("status", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
+    ("instances", pa.list_(_INSTANCE)), ("mask_path", pa.string()),
+    ("error_stage", pa.string()), ("error_type", pa.string()), ("error_message", pa.string()),
+    ("size", pa.int64()), ("modification_time", pa.timestamp("us", tz="UTC")),
+    # video frames (null for images): the frame's 0-based index in presentation order, its presentation time, and
+    # the segment [segment_start, segment_end) it was decoded in (the unit of resume; inference.video_sources)
+    ("frame_index", pa.int32()), ("timestamp_s", pa.float64()), ("segment_start", pa.int32()),
+    ("segment_end", pa.int32()),
+    ("timings", pa.struct([(f"{stage}_s", pa.float64()) for stage in STAGES])),
+])
+RESULT_COLUMNS = RESULT_ARROW_SCHEMA.names
+
+
+def input_records(batch: pa.RecordBatch) -> list[SimpleNamespace]:
+    """A mapInArrow input batch (images or video units) -> one record per row, its columns as attributes."""
+    return [SimpleNamespace(**row) for row in batch.to_pylist()]
+
+
+def result_batch(rows: list[dict]) -> pa.RecordBatch:
+    """Result rows (dicts with RESULT_COLUMNS and private keys, which are left out) -> a mapInArrow output batch."""
+    return pa.RecordBatch.from_pylist(rows, schema=RESULT_ARROW_SCHEMA)
 
 
 def new_row(record) -> dict:

@@ -129,15 +129,14 @@ def build_runner(engine: str, model_dir: str, precision: str, threads: int, stre
 
 def records(paths: list[Path]):
     import datetime as dt
-
-    import pandas as pd
+    from types import SimpleNamespace
 
     rows = []
     for path in paths:
         stat = path.stat()
-        rows.append({"path": "file:" + str(path.resolve()), "content": path.read_bytes(), "size": stat.st_size,
-                     "modification_time": dt.datetime.fromtimestamp(stat.st_mtime)})
-    return pd.DataFrame(rows)
+        rows.append(SimpleNamespace(path="file:" + str(path.resolve()), content=path.read_bytes(),
+                                    size=stat.st_size, modification_time=dt.datetime.fromtimestamp(stat.st_mtime)))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
