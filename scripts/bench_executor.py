@@ -500,8 +500,11 @@ def main(argv=None) -> int:
     for name, model_dir in model_rows(args):
         manifest = load_manifest(model_dir, verify=True)
         _, _, in_h, in_w = manifest.input["shape"]
-        count = args.large_model_images if max(in_h, in_w) > 400 else args.images
-        count = max(count, args.processes)
+        large_model = max(in_h, in_w) > 400
+        count = args.large_model_images if large_model else args.images
+        # whole cycles of the sizes for every process (process_shares): fewer would leave processes without images
+        whole = args.processes * len(EXECUTOR_SIZES)
+        count = -(-count // whole) * whole
         image_dir = bench_images.make_images(work / f"images-executor-{count}", count, sizes=EXECUTOR_SIZES)
         paths = bench_images.image_paths(image_dir)
         for precision in args.precisions:
@@ -515,7 +518,7 @@ def main(argv=None) -> int:
                             and not (v == "after_draft" and args.no_draft)]
                 measure_rounds(args, row, manifest, precision, conf, variants, image_dir, paths, work)
                 if not args.no_job and manifest.model == "yolact" and conf == row["manifest_conf_thresh"]:
-                    large = args.job_images if count == args.images else 4 * count
+                    large = 4 * count if large_model else args.job_images
                     row["job"] = measure_job(args, manifest, precision, conf, image_dir, paths, work, large)
             except Exception as err:  # noqa: BLE001  (one failed row must not lose the others)
                 log.exception("%s %s failed", name, precision)
