@@ -57,7 +57,8 @@ class TaskCrashGuard:
         return keys
 
     def check(self, key: str) -> None:
-        """Raise PoisonImage if `key` (an image's path) was in flight when `threshold` earlier attempts died."""
+        """Raise PoisonImage if `key` (an image's path, a video segment's) was in flight when `threshold` earlier
+        attempts died."""
         crashes = self.crashes.get(key, 0)
         if crashes >= self.guard.threshold:
             raise PoisonImage(f"{key}: crashed its Python worker in {crashes} task attempts; skipped so the job can "
