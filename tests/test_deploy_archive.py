@@ -24,7 +24,7 @@ MODEL_DIR = SAMPLES / "models" / "yolact_default"
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 
 # The driver, run by the packed env's own Python (no checkout on sys.path, as a YARN cluster-mode driver in its
-# container): probe the executors' Python workers (a pandas UDF, as inference uses) and the driver itself, then run
+# container): probe the executors' Python workers (a pandas UDF, as the warm-up and video scan use) and the driver itself, then run
 # the installed package's job CLI in the same application.
 PROBE_THEN_JOB = r'''
 import json, os, sys
