@@ -23,6 +23,7 @@ OVERRIDES = {  # command-line flag -> config key
     "batch_size": "inference.batch_size", "precision": "inference.precision", "engine": "inference.engine",
     "reader": "input.reader", "master": "spark.master", "masks": "output.masks",
     "score_threshold": "output.score_threshold", "frame_stride": "input.video.frame_stride", "fps": "input.video.fps",
+    "pin_cores": "inference.pin_cores",
 }
 
 
@@ -36,6 +37,9 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                         "spark.default.parallelism, more where a task would hold over inference.max_images_per_task)")
     parser.add_argument("--batch-size", type=int, help="images per Arrow batch on an executor")
     parser.add_argument("--precision", choices=["f32", "bf16", "auto"], help="OpenVINO inference precision")
+    parser.add_argument("--pin-cores", action="store_const", const=True,
+                        help="each executor Python worker on spark.task.cpus cores of its own (inference.pin_cores; "
+                             "for hosts that run nothing else)")
     parser.add_argument("--engine", choices=["native", "bigdl"], help="inference engine")
     parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"], help="how images are read")
     parser.add_argument("--master", help="Spark master when not run by spark-submit (default from the config)")

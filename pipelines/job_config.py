@@ -261,6 +261,7 @@ class InferenceSettings:
     precision: str      # f32 | bf16 | auto
     openvino_threads: int   # 0: spark.task.cpus
     openvino_streams: int   # 0: one per task
+    pin_cores: bool     # each Python worker on cores of its own (pipelines.inference.core_pinning)
     max_image_pixels: int
     nms: str            # fast | per_class | cross_class
     jpeg_draft: bool

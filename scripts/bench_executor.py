@@ -9,8 +9,9 @@ Per model and precision, in one run, in --rounds interleaved rounds (medians of 
 - the executor function (`ImageInference.__call__` as mapInArrow calls it, Arrow batches with a `content`
   column) in P processes x 1 OpenVINO thread (1 stream), masks written (RLE + PNG label maps under a scratch
   output): "before" is the previous per-image code (scripts/bench/legacy_executor.py, the tests' reference),
-  "after" the current one, "boxes only" the current one with output.masks none, and "jpeg_draft" the current one
-  with inference.jpeg_draft (reduced-size JPEG decode; not result-identical);
+  "after" the current one, "boxes only" the current one with output.masks none, "jpeg_draft" the current one
+  with inference.jpeg_draft (reduced-size JPEG decode; not result-identical), and "pinned" the current one with
+  inference.pin_cores (each process claims a core of its own);
 - the Spark job itself (`jobs/infer_yolact.py --master local[P]`, the same settings) over P x 8 and over
   --job-images images: its images/s beyond its fixed start-up and summary cost (YOLACT rows at the manifest's
   conf_thresh).
@@ -59,7 +60,8 @@ R50_EXPORT_GATES = ["--gate-ort-atol", "1e-3", "--gate-ov-fp16-ir-rel", "0.2", "
 CONF_STEPS = (0.01, 0.001, 1e-4, 0.0)
 VARIANTS = {"before": "previous per-image code", "after": "current code",
             "after_boxes": "current code, output.masks none (boxes only)",
-            "after_draft": "current code, inference.jpeg_draft (reduced JPEG decode; detections change)"}
+            "after_draft": "current code, inference.jpeg_draft (reduced JPEG decode; detections change)",
+            "after_pinned": "current code, inference.pin_cores (each process on a core of its own)"}
 
 
 # ----------------------------------------------------------------------------------------------------- machine
@@ -122,7 +124,8 @@ def make_task(manifest, variant: str, precision: str, conf_thresh: float | None,
     return cls(model_dir=str(manifest.root), model_sha256=manifest.model_sha256,
                class_names=tuple(manifest.class_names), input_spec=manifest.input,
                postprocess={**postprocess, "nms": postprocess.get("nms", "fast")},
-               settings=RuntimeSettings(precision=precision, threads=1, streams=1), output=Location(str(output)),
+               settings=RuntimeSettings(precision=precision, threads=1, streams=1,
+                                        pin_cores=variant == "after_pinned"), output=Location(str(output)),
                input_root=str(image_dir), masks="none" if variant == "after_boxes" else "rle_and_png",
                score_threshold=0.0, jpeg_draft=variant == "after_draft")
 
@@ -278,17 +281,18 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         "and after it in that round (the machine's speed may drift over minutes); img/s columns: the median round",
         "- before: the previous per-image code (full-size masks, RLE and label map; tests/reference_postprocess.py)"
         "; after: the current code; boxes only: `output.masks: none`; jpeg_draft: after with "
-        "`inference.jpeg_draft: true` (reduced-size JPEG decode: faster, but the model sees other pixels)",
+        "`inference.jpeg_draft: true` (reduced-size JPEG decode: faster, but the model sees other pixels); pinned: "
+        "after with `inference.pin_cores: true` (each process on a core of its own)",
         "",
         "| model | input | precision | P | images | det/img | benchmark_app img/s | before img/s | before ratio | "
         "after img/s | after ratio | after/before | boxes only img/s | boxes only ratio | jpeg_draft img/s | "
-        "jpeg_draft ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "jpeg_draft ratio | pinned img/s | pinned ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['model']} | | {r['precision']} | {r['processes']} | failed: {r['error']} |"
-                         + " |" * 11)
+                         + " |" * 13)
             continue
         ceiling = r["benchmark_app"]["images_per_s"]
         v = r["variants"]
@@ -299,7 +303,8 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
             f"{v['after']['detections_per_image']} | {ceiling} | {get('before') or ''} | {rat('before')} | "
             f"{get('after')} | **{rat('after')}** | "
             f"{round(get('after') / get('before'), 2) if get('before') else ''} | {get('after_boxes') or ''} | "
-            f"{rat('after_boxes')} | {get('after_draft') or ''} | {rat('after_draft')} |")
+            f"{rat('after_boxes')} | {get('after_draft') or ''} | {rat('after_draft')} | "
+            f"{get('after_pinned') or ''} | {rat('after_pinned')} |")
     lines += ["", "## CPU time per image (robust to other work on the machine)", "",
               "CPU ms per image, summed over the P processes, over the timed loop (after load and warm-up): "
               "'model only' runs just the compiled IR's infer on the same preprocessed images in the same harness "
@@ -465,6 +470,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-before", action="store_true", help="skip the previous code's row")
     parser.add_argument("--no-boxes-only", action="store_true", help="skip the output.masks none row")
     parser.add_argument("--no-draft", action="store_true", help="skip the inference.jpeg_draft row")
+    parser.add_argument("--no-pinned", action="store_true", help="skip the inference.pin_cores row")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of benchmark_app and the executor runs, interleaved; medians reported")
     parser.add_argument("--no-job", action="store_true", help="skip the Spark job row")
@@ -515,7 +521,8 @@ def main(argv=None) -> int:
                 row.update(conf_thresh=conf, calibration_detections=mean)
                 variants = [v for v in VARIANTS if not (v == "before" and args.no_before)
                             and not (v == "after_boxes" and (args.no_boxes_only or manifest.model != "yolact"))
-                            and not (v == "after_draft" and args.no_draft)]
+                            and not (v == "after_draft" and args.no_draft)
+                            and not (v == "after_pinned" and args.no_pinned)]
                 measure_rounds(args, row, manifest, precision, conf, variants, image_dir, paths, work)
                 if not args.no_job and manifest.model == "yolact" and conf == row["manifest_conf_thresh"]:
                     large = 4 * count if large_model else args.job_images

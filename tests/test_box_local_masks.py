@@ -279,8 +279,10 @@ def test_job_without_masks_has_the_full_runs_boxes_scores_and_classes(spark, tmp
     full_config = job_config(images, tmp_path / "full")
     none_config = job_config(images, tmp_path / "none")
     none_config["output"]["masks"] = "none"
+    none_config["inference"]["pin_cores"] = True   # changes which cores run it, not what it writes
     full, boxes_only = run(spark, full_config), run(spark, none_config)
     assert full["counts"]["done"] == boxes_only["counts"]["done"] == len(sample_paths())
+    assert boxes_only["runtime"]["pin_cores"] and not full["runtime"]["pin_cores"]
     full_rows = {r.path: r for r in read_rows(spark, tmp_path / "full", "detections")}
     none_rows = {r.path: r for r in read_rows(spark, tmp_path / "none", "detections")}
     assert set(full_rows) == set(none_rows)

@@ -75,7 +75,8 @@ def runtime_settings(spark: SparkSession, inference: InferenceSettings) -> Runti
     task_cpus = int(spark.sparkContext.getConf().get("spark.task.cpus", "1"))
     return RuntimeSettings.for_task_cpus(task_cpus, precision=inference.precision,
                                          threads=inference.openvino_threads or None,
-                                         streams=inference.openvino_streams or None)
+                                         streams=inference.openvino_streams or None,
+                                         pin_cores=inference.pin_cores)
 
 
 ROWS_PER_SHUFFLE_PARTITION = 100_000
@@ -490,7 +491,8 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
         "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
         "frames_per_second": round(totals.get("frames", 0) / elapsed, 3) if totals.get("frames") else 0.0,
         "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
-        "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams},
+        "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams,
+                    "pin_cores": settings.pin_cores},
         "config": asdict(plan.config),
         "table": counts_after_run(spark, plan.output, manifest.model_sha256, plan.run_id,   # current rows
                                   {"detections": int(totals["done"]), "errors": int(totals["failed"])},

@@ -12,20 +12,26 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.inference.core_pinning import pin_to_free_cores
+
 PRECISION_HINTS = {"f32": "f32", "bf16": "bf16", "auto": None}
 
 @dataclass(frozen=True)
 class RuntimeSettings:
-    """precision: f32 | bf16 | auto (device default: bf16 on AMX CPUs). threads/streams: None = OpenVINO default."""
+    """precision: f32 | bf16 | auto (device default: bf16 on AMX CPUs). threads/streams: None = OpenVINO default.
+    pin_cores: the process claims `threads` free cores and runs on them only (core_pinning; needs threads)."""
 
     precision: str = "auto"
     threads: int | None = None
     streams: int | None = None
     device: str = "CPU"
+    pin_cores: bool = False
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISION_HINTS:
             raise ValueError(f"precision '{self.precision}': choose one of {sorted(PRECISION_HINTS)}")
+        if self.pin_cores and not self.threads:
+            raise ValueError("pin_cores: give threads, the number of cores the process claims")
 
     def ov_config(self) -> dict:
         config: dict = {}
@@ -41,9 +47,10 @@ class RuntimeSettings:
 
     @classmethod
     def for_task_cpus(cls, task_cpus: int, precision: str = "auto", threads: int | None = None,
-                      streams: int | None = None) -> "RuntimeSettings":
+                      streams: int | None = None, pin_cores: bool = False) -> "RuntimeSettings":
         """Each concurrent task owns `task_cpus` cores: by default one stream with that many threads."""
-        return cls(precision=precision, threads=threads or max(1, task_cpus), streams=streams or 1)
+        return cls(precision=precision, threads=threads or max(1, task_cpus), streams=streams or 1,
+                   pin_cores=pin_cores)
 
 
 class CompiledIR:
@@ -53,6 +60,8 @@ class CompiledIR:
     def __init__(self, xml_path: str | Path, settings: RuntimeSettings) -> None:
         import openvino as ov
 
+        if settings.pin_cores:   # before compiling: the inference threads it starts inherit the affinity
+            pin_to_free_cores(settings.threads)
         core = ov.Core()
         self.settings = settings
         self.compiled = core.compile_model(str(xml_path), settings.device, settings.ov_config())
