@@ -24,8 +24,8 @@ MODEL_DIR = SAMPLES / "models" / "yolact_default"
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 
 # The driver, run by the packed env's own Python (no checkout on sys.path, as a YARN cluster-mode driver in its
-# container): probe the executors' Python workers (a pandas UDF, as the warm-up and video scan use) and the driver itself, then run
-# the installed package's job CLI in the same application.
+# container): probe the executors' Python workers (a pandas UDF, as the warm-up and video scan use) and the driver
+# itself, then run the installed package's job CLI in the same application.
 PROBE_THEN_JOB = r'''
 import json, os, sys
 from pyspark.sql import SparkSession

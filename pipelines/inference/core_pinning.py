@@ -35,6 +35,10 @@ def pin_to_free_cores(count: int, lock_dir: Path | None = None) -> set[int] | No
     free (the process stays as it was). Idempotent: a process that holds cores keeps them."""
     if _CORES:
         return set(_CORES)
+    if not hasattr(os, "sched_setaffinity"):
+        log.warning("inference.pin_cores: this platform cannot pin a process to cores (no sched_setaffinity): "
+                    "the worker stays unpinned")
+        return None
     lock_dir = lock_dir or default_lock_dir()
     lock_dir.mkdir(parents=True, exist_ok=True)
     claimed: dict[int, int] = {}

@@ -28,11 +28,16 @@ def infer_files(model_dir: str | Path, paths: list[str | Path], output_uri: str,
         score_threshold=score_threshold)
     rows = []
     for start in range(0, len(paths), batch_size):
-        records = []
-        for path in paths[start:start + batch_size]:
-            stat = os.stat(path)
-            # "file:/abs/path" is the form Spark's binaryFile source gives, so rows compare one to one.
-            records.append({"path": "file:" + str(Path(path).resolve()), "content": Path(path).read_bytes(),
-                            "size": stat.st_size, "modification_time": dt.datetime.fromtimestamp(stat.st_mtime)})
-        rows.extend(task.process_batch([SimpleNamespace(**record) for record in records]))
+        rows.extend(task.process_batch(local_file_records(paths[start:start + batch_size])))
     return rows
+
+
+def local_file_records(paths: list[str | Path]) -> list[SimpleNamespace]:
+    """The executor function's input records for local files, with their bytes. Paths as "file:/abs/path", the
+    form Spark's binaryFile source gives, so rows compare one to one with the job's."""
+    records = []
+    for path in paths:
+        stat = os.stat(path)
+        records.append(SimpleNamespace(path="file:" + str(Path(path).resolve()), content=Path(path).read_bytes(),
+                                       size=stat.st_size, modification_time=dt.datetime.fromtimestamp(stat.st_mtime)))
+    return records

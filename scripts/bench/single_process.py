@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from pipelines.inference.image_inference import ExecutorModel  # noqa: E402
 from pipelines.inference.model_manifest import load_manifest  # noqa: E402
 from pipelines.inference.openvino_runtime import RuntimeSettings  # noqa: E402
-from pipelines.inference.single_process import infer_files  # noqa: E402
+from pipelines.inference.single_process import infer_files, local_file_records  # noqa: E402
 from pipelines.io.storage import Location  # noqa: E402
 from pipelines.inference.yolact_inference import YolactInference  # noqa: E402
 
@@ -121,22 +121,10 @@ def build_runner(engine: str, model_dir: str, precision: str, threads: int, stre
     def run_fixed(paths: list[Path], batch_size: int) -> list[dict]:
         rows = []
         for first in range(0, len(paths), batch_size):
-            rows.extend(task.process_batch(records(paths[first:first + batch_size])))
+            rows.extend(task.process_batch(local_file_records(paths[first:first + batch_size])))
         return rows
 
     return run_fixed, {"threads": threads, "precision": precision, "images_per_call": 1}
-
-
-def records(paths: list[Path]):
-    import datetime as dt
-    from types import SimpleNamespace
-
-    rows = []
-    for path in paths:
-        stat = path.stat()
-        rows.append(SimpleNamespace(path="file:" + str(path.resolve()), content=path.read_bytes(),
-                                    size=stat.st_size, modification_time=dt.datetime.fromtimestamp(stat.st_mtime)))
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
