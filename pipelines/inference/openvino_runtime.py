@@ -54,8 +54,8 @@ class RuntimeSettings:
 
 
 class CompiledIR:
-    """A compiled IR with named outputs. `infer(batch)` runs images through its requests (one per stream, as
-    OpenVINO advises) and returns {output name: [B, ...] array}."""
+    """A compiled IR with named outputs. `infer(batch)` runs images through an async queue (one request per
+    stream) and returns {output name: [B, ...] array}."""
 
     def __init__(self, xml_path: str | Path, settings: RuntimeSettings) -> None:
         import openvino as ov
@@ -69,64 +69,35 @@ class CompiledIR:
         self.output_names = [out.get_any_name() for out in self.compiled.outputs]
         self._static_outputs = _static_output_shapes(self.compiled.outputs)
         self.num_requests = int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-        self._requests = [self.compiled.create_infer_request() for _ in range(self.num_requests)]
-        # each request's own tensors, put back after a batch so that no request keeps the caller's arrays alive
-        self._own_tensors = [{name: request.get_tensor(name) for name in [self.input_name, *self.output_names]}
-                             for request in self._requests]
+        self._queue = ov.AsyncInferQueue(self.compiled, self.num_requests)
         self._lock = threading.Lock()
         self._last_outputs: dict[str, np.ndarray] = {}   # the previous static-shape result, to reuse (_outputs)
 
     def infer(self, batch: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-        """batch: B images [3, H, W] float32, as a list or a [B, 3, H, W] array (the IR takes one image; the
-        requests overlap them). Inputs are read in place; outputs of static shape are written by OpenVINO straight
-        into the [B, ...] result (no copy either way), dynamic ones copied per image, then joined. The result is the
-        caller's: it is never written again while anything holds it or a view of it."""
-        import openvino as ov
+        """batch: B images [3, H, W] float32, as a list or a [B, 3, H, W] array (the IR takes one image; the queue
+        overlaps them, each request copying its image in: a list needs no stacked copy). Outputs of static shape
+        are copied once, from each request straight into the [B, ...] result; dynamic ones per image, then joined.
+        The result is the caller's: it is never written again while anything holds it or a view of it."""
+        per_image: list[dict | None] = [None] * len(batch)
+        outputs: dict[str, np.ndarray] | None = None
+
+        def collect(request, index):
+            if outputs is not None:
+                for name, out in outputs.items():
+                    out[index] = request.get_tensor(name).data[0]
+            else:
+                per_image[index] = {name: request.get_tensor(name).data.copy() for name in self.output_names}
 
         with self._lock:
-            static = self._static_outputs is not None
-            outputs = self._outputs(len(batch)) if static else None
-            per_image: list[dict] = []
-            started = []
-            try:
-                for index, image in enumerate(batch):
-                    slot = index % len(self._requests)
-                    request = self._requests[slot]
-                    if index >= len(self._requests):
-                        request.wait()
-                        if not static:
-                            per_image.append(self._copied_outputs(request))
-                    request.set_tensor(self.input_name, ov.Tensor(np.ascontiguousarray(image[None]),
-                                                                  shared_memory=True))
-                    if static:
-                        for name, out in outputs.items():
-                            request.set_tensor(name, ov.Tensor(out[index:index + 1], shared_memory=True))
-                    request.start_async()
-                    started.append(request)
-                for request in started[-len(self._requests):]:
-                    request.wait()
-                    if not static:
-                        per_image.append(self._copied_outputs(request))
-            finally:
-                self._settle(started[-len(self._requests):])
-        if static:
+            if self._static_outputs is not None:
+                outputs = self._outputs(len(batch))
+            self._queue.set_callback(collect)
+            for index, image in enumerate(batch):
+                self._queue.start_async({self.input_name: image[None]}, index)
+            self._queue.wait_all()
+        if outputs is not None:
             return dict(outputs)
         return {name: np.concatenate([image[name] for image in per_image]) for name in self.output_names}
-
-    def _copied_outputs(self, request) -> dict[str, np.ndarray]:
-        return {name: request.get_tensor(name).data.copy() for name in self.output_names}
-
-    def _settle(self, requests) -> None:
-        """After a batch, or an error in one: wait for every request still running (its error is the batch's,
-        raised already or to be raised), then give each request its own tensors back."""
-        for request in requests:
-            try:
-                request.wait()
-            except Exception:  # noqa: BLE001
-                pass
-        for request, own in zip(self._requests, self._own_tensors):
-            for name, tensor in own.items():
-                request.set_tensor(name, tensor)
 
     def _outputs(self, count: int) -> dict[str, np.ndarray]:
         """[count, ...] arrays for the static-shape outputs: the previous call's where nothing but this object holds
