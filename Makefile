@@ -79,11 +79,12 @@ test: $(VENV)/.stamp-test
 
 # The main suite in TEST_WORKERS processes (pytest-xdist), one test file per process at a time (--dist loadfile: a
 # file's module fixtures are built once). Its tests wait on processes they start (JVMs, clusters, jobs) much of the
-# time: 2 workers on 2 cores took it from ~28 to ~21 min.
+# time: 2 workers on 2 cores took it from ~28 to ~21 min. A worker that crashes (a segfault) fails its file and the run
+# (--max-worker-restart=0): xdist's replacement worker would hang the run, both sides waiting, until CI's time limit.
 TEST_WORKERS ?= 2
 test-main: $(VENV)/.stamp-test azurite browser jvm-archive
 	mkdir -p "$(PYTEST_TMP)"
-	$(PY) -m pytest -m "not bigdl" -n $(TEST_WORKERS) --dist loadfile --durations=25 --basetemp="$(PYTEST_TMP)/main" tests
+	$(PY) -m pytest -m "not bigdl" -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 --durations=25 --basetemp="$(PYTEST_TMP)/main" tests
 
 test-bigdl: bigdl-env
 	mkdir -p "$(PYTEST_TMP)"

@@ -22,8 +22,7 @@ import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-_HELD: list[int] = []          # lock file descriptors of this process's cores (open for the process's lifetime)
-_CORES: set[int] = set()
+_CLAIMED: dict[int, int] = {}   # this process's cores -> their lock file descriptors (open for its lifetime)
 
 
 def default_lock_dir() -> Path:
@@ -33,8 +32,8 @@ def default_lock_dir() -> Path:
 def pin_to_free_cores(count: int, lock_dir: Path | None = None) -> set[int] | None:
     """Claim `count` free cores and pin every thread of this process to them; the cores, or None where fewer are
     free (the process stays as it was). Idempotent: a process that holds cores keeps them."""
-    if _CORES:
-        return set(_CORES)
+    if _CLAIMED:
+        return set(_CLAIMED)
     if not hasattr(os, "sched_setaffinity"):
         log.warning("inference.pin_cores: this platform cannot pin a process to cores (no sched_setaffinity): "
                     "the worker stays unpinned")
@@ -58,12 +57,11 @@ def pin_to_free_cores(count: int, lock_dir: Path | None = None) -> set[int] | No
         log.info("inference.pin_cores: fewer than %d free cores among %s (lock files in %s): this worker stays "
                  "unpinned", count, sorted(os.sched_getaffinity(0)), lock_dir)
         return None
-    _HELD.extend(claimed.values())
-    _CORES.update(claimed)
+    _CLAIMED.update(claimed)
     for thread in os.listdir("/proc/self/task"):   # threads started earlier (a previous model's) too
         try:
-            os.sched_setaffinity(int(thread), _CORES)
+            os.sched_setaffinity(int(thread), claimed)
         except OSError:   # the thread ended meanwhile
             pass
-    log.info("inference.pin_cores: worker %d runs on cores %s", os.getpid(), sorted(_CORES))
-    return set(_CORES)
+    log.info("inference.pin_cores: worker %d runs on cores %s", os.getpid(), sorted(claimed))
+    return set(claimed)
