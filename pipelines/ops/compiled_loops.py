@@ -33,7 +33,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 _ONE = np.float32(1.0)
 # attributes of this module once compiled
-KERNELS = ("resample", "resample_above", "mask_window", "rle_counts", "paint", "class_top_k")
+KERNELS = ("resample", "resample_planes", "resample_above", "mask_window", "rle_counts", "paint", "class_top_k")
 # what the kernels call: compiled first, in place (the kernels find them by name)
 _HELPERS = ("_width_pass", "_score_key", "_search", "_hot_range")
 _COMPILING = threading.Lock()
@@ -145,6 +145,27 @@ def _resample(src, y0, y1, wy1, x0, x1, wx1, out):
         weight0 = _ONE - weight1
         for c in range(x0.shape[0]):
             target[c] = upper[c] * weight0 + lower[c] * weight1
+
+
+def _resample_planes(src, y0, y1, wy1, x0, x1, wx1, mean, std, out):
+    """A network input in one pass: out[k] = (resample(src)[:, k * width:(k + 1) * width] - mean[k]) / std[k], in
+    float32, in that order (the same values as resample, then the subtraction, then the division: no fused
+    operations). The column tables are plane-major (`image_ops.plane_columns`: plane k's columns, then plane
+    k + 1's), so each plane's height pass reads and writes contiguous memory. src: [h_src, w_src * C] uint8 or
+    float32 (interleaved channels); mean, std: float32 [K]; out: float32 [K, len(y0), width], written."""
+    if y0.shape[0] == 0 or x0.shape[0] == 0:
+        return
+    by_width, slot = _width_pass(src, y0, y1, x0, x1, wx1)
+    first = y0[0]
+    planes, width = out.shape[0], out.shape[2]
+    for r in range(y0.shape[0]):
+        upper, lower = by_width[slot[y0[r] - first]], by_width[slot[y1[r] - first]]
+        weight1 = wy1[r]
+        weight0 = _ONE - weight1
+        for k in range(planes):
+            target, shift, scale, at = out[k, r], mean[k], std[k], k * width
+            for c in range(width):
+                target[c] = (upper[at + c] * weight0 + lower[at + c] * weight1 - shift) / scale
 
 
 def _resample_above(src, y0, y1, wy1, x0, x1, wx1, threshold, out):
@@ -380,6 +401,8 @@ def load() -> None:
     index, weight = np.zeros(1, np.int64), np.zeros(1, np.float32)
     kernels.resample(np.zeros((1, 1), np.uint8), index, index, weight, index, index, weight,
                      np.empty((1, 1), np.float32))
+    kernels.resample_planes(np.zeros((1, 1), np.uint8), index, index, weight, index, index, weight, weight, weight + 1,
+                            np.empty((1, 1, 1), np.float32))
     kernels.resample_above(np.zeros((1, 1), np.float32), index, index, weight, index, index, weight, 0.5,
                            np.empty((1, 1), bool))
     kernels.mask_window(np.ones((1, 1), np.float32), 0, 0, index, index, weight, index, index, weight, 0.5)

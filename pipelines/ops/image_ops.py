@@ -61,6 +61,40 @@ def resize_bilinear(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return out.reshape((height, width) + trailing)
 
 
+def resize_normalized_planes(x: np.ndarray, size: tuple[int, int], channels: tuple[int, ...], mean: np.ndarray,
+                             std: np.ndarray) -> np.ndarray:
+    """``(resize_bilinear(x, size)[..., channels] - mean) / std`` as planes, in one pass: x [H, W, C] (read as
+    float32); channels: which of x's channels make the output planes, in order (e.g. (2, 1, 0) for BGR from RGB; a
+    channel not named is never resampled); mean, std: one float32 per output plane. Returns float32
+    [len(channels), height, width], equal bit for bit to the resize followed by numpy's subtraction and division."""
+    x = np.asarray(x)
+    if x.ndim != 3 or x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"resize_normalized_planes: x must be a non-empty [H, W, C] array, got shape {x.shape}")
+    if x.dtype not in (np.uint8, np.float32):
+        x = x.astype(np.float32)   # what the resize reads anyway; the kernel is compiled for uint8 and float32
+    if not channels or min(channels) < 0 or max(channels) >= x.shape[2]:
+        raise ValueError(f"resize_normalized_planes: channels {channels} must name channels of x's {x.shape[2]}")
+    height, width = int(size[0]), int(size[1])
+    if height < 1 or width < 1:
+        raise ValueError(f"resize_normalized_planes: size must be (height, width) with both >= 1, got {size!r}")
+    mean = np.ascontiguousarray(mean, dtype=np.float32).reshape(len(channels))
+    std = np.ascontiguousarray(std, dtype=np.float32).reshape(len(channels))
+    flat = np.ascontiguousarray(x).reshape(x.shape[0], -1)   # [H, W * C]: a view
+    out = np.empty((len(channels), height, width), dtype=np.float32)
+    compiled_loops.resample_planes(flat, *bilinear_axis(x.shape[0], height),
+                                   *plane_columns(bilinear_axis(x.shape[1], width), x.shape[2], channels),
+                                   mean, std, out)
+    return out
+
+
+def plane_columns(cols: AxisTable, channels: int, picks: tuple[int, ...]) -> AxisTable:
+    """An axis table of pixel columns -> the columns of a [H, W * channels] view (interleaved channels) that make
+    planes of the channels `picks`, plane-major: all of the first pick's columns, then the second's, ..."""
+    i0, i1, w1 = cols
+    picks = np.asarray(picks, dtype=np.int64)[:, None]
+    return ((i0 * channels + picks).ravel(), (i1 * channels + picks).ravel(), np.tile(w1, len(picks)))
+
+
 def channel_columns(cols: AxisTable, channels: int) -> AxisTable:
     """An axis table of pixel columns -> the same for the columns of a [H, W * channels] view (interleaved
     channels): source index i becomes i * channels + c, each weight repeated per channel."""
