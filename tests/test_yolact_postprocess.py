@@ -13,6 +13,7 @@ from pipelines.ops.yolact_postprocess import (
     Detections, assemble_masks, box_pixels, crop_masks, decode_boxes, detect, instance_masks, make_priors,
     mask_probabilities, pairwise_iou, postprocess,
 )
+from pipelines.ops.yolact_postprocess import _fast_nms_prefixes
 
 LEVELS_550 = [(69, 69), (35, 35), (18, 18), (9, 9), (5, 5)]
 SCALES_550 = [24, 48, 96, 192, 384]
@@ -326,6 +327,28 @@ def test_fast_nms_deciding_only_what_the_best_need_equals_deciding_all(seed, num
     np.testing.assert_array_equal(det.scores, scores)
     np.testing.assert_array_equal(det.boxes, boxes)
     np.testing.assert_array_equal(det.coeffs, coeffs)
+
+
+def test_compiled_fast_nms_decisions_equal_the_numpy_iou_blocks_on_degenerate_boxes():
+    """The compiled decisions against the former numpy ones (pairwise_iou over [c, D, D] blocks, triu, max <=
+    threshold): zero-area and identical boxes (0/0 is NaN: dropped), NaN and infinite coordinates, IoUs landing on
+    the threshold."""
+    rng = np.random.default_rng(11)
+    corners = np.round(rng.random((60, 2), dtype=np.float32) * 8) / 8
+    sizes = np.round(rng.random((60, 2), dtype=np.float32) * 4) / 8
+    boxes = np.concatenate([corners, corners + sizes], axis=1).astype(np.float32)   # IoUs like 1/2, 1/3 exactly
+    boxes[5] = boxes[6] = [0.25, 0.25, 0.25, 0.5]     # zero area, twice
+    boxes[9, 2] = np.nan
+    boxes[12] = [0.1, 0.1, np.inf, 0.4]
+    boxes[13] = [-np.inf, 0.0, 0.3, 0.3]
+    order = np.stack([rng.permutation(60)[:40] for _ in range(7)])
+    depth = np.array([40, 0, 1, 17, 40, 39, 2])
+    for threshold in (0.5, 1 / 3, 0.3, 0.0):
+        class_boxes = boxes[order]
+        with np.errstate(invalid="ignore"):
+            iou = np.triu(pairwise_iou(class_boxes, class_boxes), k=1)
+            want = (iou.max(axis=1) <= threshold) & (np.arange(order.shape[1]) < depth[:, None])
+        np.testing.assert_array_equal(_fast_nms_prefixes(boxes, order, depth, threshold), want)
 
 
 @pytest.mark.parametrize("seed", [4, 5])

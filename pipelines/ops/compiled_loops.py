@@ -33,9 +33,10 @@ import numpy as np
 log = logging.getLogger(__name__)
 _ONE = np.float32(1.0)
 # attributes of this module once compiled
-KERNELS = ("resample", "resample_planes", "resample_above", "mask_window", "rle_counts", "paint", "class_top_k")
+KERNELS = ("resample", "resample_planes", "resample_above", "mask_window", "rle_counts", "paint", "class_top_k",
+           "fast_nms_keep")
 # what the kernels call: compiled first, in place (the kernels find them by name)
-_HELPERS = ("_width_pass", "_score_key", "_search", "_hot_range")
+_HELPERS = ("_width_pass", "_score_key", "_search", "_hot_range", "_iou_above")
 _COMPILING = threading.Lock()
 
 
@@ -67,12 +68,12 @@ def _compile() -> None:
                 return
         import numba
 
-        def jit(function):
+        def jit(function):   # numpy's float semantics: x / 0 is inf or NaN (Python's would raise)
             try:
-                return numba.njit(cache=True, nogil=True)(function)
+                return numba.njit(cache=True, nogil=True, error_model="numpy")(function)
             except RuntimeError as err:   # numba: "cannot cache function ...: no locator available for file ..."
                 log.debug("%s compiled in each process: %s", function.__name__, err)
-                return numba.njit(nogil=True)(function)
+                return numba.njit(nogil=True, error_model="numpy")(function)
 
         for name in _HELPERS:
             module[name] = jit(module[name])
@@ -394,6 +395,40 @@ def _class_top_k(conf, threshold, k):
     return candidates[:n].copy(), order, ranked
 
 
+def _iou_above(boxes, i, j, threshold):
+    """Whether the IoU of x1y1x2y2 boxes i and j is above threshold, or NaN: yolact_postprocess.pairwise_iou's
+    float32 operations in its order (box i its `a`), where any NaN coordinate makes a NaN (as numpy's minimum and
+    maximum propagate it)."""
+    a, b = boxes[i], boxes[j]
+    for k in range(4):
+        if a[k] != a[k] or b[k] != b[k]:
+            return True
+    zero = np.float32(0)
+    inter_w = max(min(a[2], b[2]) - max(a[0], b[0]), zero)
+    inter_h = max(min(a[3], b[3]) - max(a[1], b[1]), zero)
+    inter = inter_w * inter_h
+    area_a = (a[2] - a[0]) * (a[3] - a[1])
+    area_b = (b[2] - b[0]) * (b[3] - b[1])
+    iou = inter / (area_a + area_b - inter)
+    return not iou <= threshold
+
+
+def _fast_nms_keep(boxes, order, depth, threshold, keep):
+    """Fast NMS decisions of the first depth[c] entries of each class row of order [C, K] (columns of boxes
+    [n, 4] float32 x1y1x2y2, by descending score): keep[c, j] = True iff no entry i < j of the row has an IoU with
+    it above threshold (float32) or NaN; keep: bool [C, K], written where j < depth[c]. Each decision stops at
+    the first such entry."""
+    for c in range(order.shape[0]):
+        row = order[c]
+        for j in range(depth[c]):
+            kept = True
+            for i in range(j):
+                if _iou_above(boxes, row[i], row[j], threshold):
+                    kept = False
+                    break
+            keep[c, j] = kept
+
+
 def load() -> None:
     """Compile, or load from the disk cache, each function for the argument types the executors pass (a tiny call
     each), so that a worker's first image does not wait for it."""
@@ -410,3 +445,5 @@ def load() -> None:
     kernels.paint(labels[:1, :1], mask, 1)
     kernels.rle_counts(mask, 0, 0, 2, 2)
     kernels.class_top_k(np.zeros((1, 2), np.float32), np.float32(0.5), 1)
+    kernels.fast_nms_keep(np.zeros((1, 4), np.float32), np.zeros((1, 1), np.int64), np.ones(1, np.int64),
+                          np.float32(0.5), np.zeros((1, 1), bool))

@@ -21,7 +21,6 @@ NMS_CHOICES = ("fast", "per_class", "cross_class")
 VARIANCES = (0.1, 0.2)  # center, size
 CROP_PADDING = 1  # proto pixels added on each side of the box before cropping the masks
 MASK_THRESHOLD = 0.5  # a pixel is in the mask iff its probability is > this (strict)
-_FAST_NMS_CLASS_BLOCK = 16  # classes per [c, K, K] IoU block in Fast NMS (bounds memory)
 # What one box's own setup costs in box_masks' box-local probabilities (~27 us of numpy calls), in pixels of the
 # whole-proto sigmoid it replaces (~3.5 ns each): measured on 2 cores, 64 x 64 (bundled, 89 boxes) and 138 x 138
 # (R50 550, 100 boxes) protos. Below it (small protos) one sigmoid over every mask's whole proto is cheaper.
@@ -195,15 +194,12 @@ def _fast_nms(boxes, order, ranked, nms_thresh, max_num_detections):
 def _fast_nms_prefixes(boxes, order, depth, nms_thresh) -> np.ndarray:
     """Fast NMS decisions of the first depth[c] entries of each class row of order [C, K] -> keep [C, K] bool
     (False beyond each class's depth): entry j is kept iff no higher-scored entry i < j of its class has
-    IoU > nms_thresh with it."""
+    IoU > nms_thresh with it (pairwise_iou's values; a NaN IoU drops it, as numpy's max over them would).
+    Compiled (compiled_loops.fast_nms_keep), each decision stopping at its first overlap: the [c, D, D] IoU blocks
+    in numpy took ~1 ms per R50 image."""
     keep = np.zeros(order.shape, dtype=bool)
-    classes = np.flatnonzero(depth)
-    width = int(depth.max(initial=0))
-    for start in range(0, len(classes), _FAST_NMS_CLASS_BLOCK):
-        block = classes[start:start + _FAST_NMS_CLASS_BLOCK]
-        class_boxes = boxes[order[block, :width]]                        # [c, D, 4]
-        iou = np.triu(pairwise_iou(class_boxes, class_boxes), k=1)      # iou[c, i, j], i scored above j
-        keep[block, :width] = (iou.max(axis=1) <= nms_thresh) & (np.arange(width) < depth[block, None])
+    compiled_loops.fast_nms_keep(np.ascontiguousarray(boxes, dtype=np.float32), np.ascontiguousarray(order),
+                                 depth.astype(np.int64), np.float32(nms_thresh), keep)
     return keep
 
 
@@ -374,11 +370,23 @@ def _cropped_box_masks(logits: np.ndarray, row_spans: list[tuple[int, int]], col
     """box_masks with the crop, each mask's probabilities computed only inside its padded box (proto rows and cols
     [start, stop) of row_spans[i], col_spans[i]), in a block with a one-pixel margin of zeros for the bilinear
     sources just outside the box: zeros, as the crop makes them. The same values, windows and masks as over the
-    whole proto. logits: [Ph, Pw, n]."""
+    whole proto. The blocks lie one after another in one buffer, margins -inf, and one sigmoid covers them all
+    (sigmoid(-inf) is 0 exactly; numpy's exp gives an element the same value wherever it sits): a few numpy calls
+    per image instead of six per mask. logits: [Ph, Pw, n]."""
+    shapes = [(r1 - r0 + 2, c1 - c0 + 2) if r1 > r0 and c1 > c0 else (0, 0)
+              for (r0, r1), (c0, c1) in zip(row_spans, col_spans)]
+    buffer = np.full(sum(h * w for h, w in shapes), -np.inf, dtype=np.float32)
+    blocks, at = [], 0
     for i, ((r0, r1), (c0, c1)) in enumerate(zip(row_spans, col_spans)):
-        if r1 > r0 and c1 > c0:
-            block = np.zeros((r1 - r0 + 2, c1 - c0 + 2), dtype=np.float32)   # proto rows r0-1..r1, cols c0-1..c1
-            block[1:-1, 1:-1] = sigmoid_inplace(logits[r0:r1, c0:c1, i].copy())
+        h, w = shapes[i]
+        block = buffer[at:at + h * w].reshape(h, w)   # proto rows r0-1..r1, cols c0-1..c1
+        at += h * w
+        if h:
+            block[1:-1, 1:-1] = logits[r0:r1, c0:c1, i]
+        blocks.append(block)
+    sigmoid_inplace(buffer)
+    for block, (r0, _), (c0, _) in zip(blocks, row_spans, col_spans):
+        if block.size:
             yield _box_mask(block, row_axis, col_axis, (r0 - 1, c0 - 1))
         else:
             yield BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
