@@ -326,7 +326,7 @@ def _class_top_k(conf, threshold, k):
 
     Every candidate enters every class (its scores <= threshold too). Per class, a floor is guessed from a sample
     (the score of rank ~1.5 k / stride among every _SAMPLE_STRIDE-th candidate, taken in the pass that finds the
-    candidates: conf is read twice in all, ~1.5 ms each for R50's 6 MB); a second pass keeps the candidates
+    candidates: conf is read twice in all, ~1 ms each for R50's 6 MB); a second pass keeps the candidates
     scoring >= their class's floor. A class that kept >= k of them holds its best k among them (the k-th best
     scores >= the floor); the others (a bad guess, rare) sort every candidate's key. Kept entries are
     ranked by _score_key, so ties go to the lower position. A heap in one pass would replace ~k (1 + ln(n / k))
@@ -342,12 +342,11 @@ def _class_top_k(conf, threshold, k):
     n = 0
     for p in range(n_priors):
         row = conf[p]
-        best = row[1]
-        nans = 0
+        above, nans = 0, 0   # counts, not max and any: reductions of compares, which vectorize
         for c in range(1, width):
+            above += row[c] > threshold
             nans += row[c] != row[c]
-            best = row[c] if row[c] > best else best
-        if nans > 0 or not best > threshold:
+        if nans > 0 or above == 0:
             continue
         if n % _SAMPLE_STRIDE == 0:   # in the sample: candidates 0, stride, 2 stride, ... (the row is in cache now)
             for c in range(n_classes):   # (2-d indexing: a row view per value costs a reference count)
@@ -372,6 +371,11 @@ def _class_top_k(conf, threshold, k):
     for j in range(n):
         p = candidates[j]
         row = conf[p]
+        hits = 0   # the row's classes at or above their floor, in a pass that vectorizes (most rows have none)
+        for c in range(n_classes):
+            hits += row[c + 1] >= floor[c]
+        if hits == 0:
+            continue
         for c in range(n_classes):
             if row[c + 1] >= floor[c]:
                 if count[c] < capacity:
