@@ -137,12 +137,13 @@ def detect(loc: np.ndarray, conf: np.ndarray, mask: np.ndarray, priors: np.ndarr
     if candidates.size == 0:
         return Detections.empty(mask.shape[1])
     every = candidates.size == loc.shape[0]                       # common for untrained or low-threshold models
-    boxes = decode_boxes(loc if every else loc[candidates], priors if every else priors[candidates])  # [n, 4]
+    loc, priors = (loc, priors) if every else (loc[candidates], priors[candidates])   # [n, 4] each
     coeffs = mask if every else mask[candidates]                 # [n, mask_dim]
 
     if nms == "fast":
-        rows, cols, kept_scores = _fast_nms(boxes, order, ranked, nms_thresh, max_num_detections)
+        boxes, rows, cols, kept_scores = _fast_nms(loc, priors, order, ranked, nms_thresh, max_num_detections)
     else:
+        boxes = decode_boxes(loc, priors)                         # [n, 4]
         scores = foreground if every else np.take(foreground, candidates, axis=1)   # [C, n]
         if nms == "cross_class":
             return _cross_class_nms(boxes, coeffs, scores, nms_thresh, top_k)
@@ -171,24 +172,33 @@ def _check_detect_inputs(loc, conf, mask, priors):
     return loc, conf, mask, priors
 
 
-def _fast_nms(boxes, order, ranked, nms_thresh, max_num_detections):
-    """Fast NMS per class (SPEC 6.2) over each class's top_k candidates (order [C, K] columns of boxes, ranked
-    [C, K] their scores, descending along each row: compiled_loops.class_top_k) -> (class rows, candidate cols,
-    scores) of the kept entries, class-major, as far as the max_num_detections best kept entries need: the decision
-    of each class's entries scoring >= tau, tau lowered until at least max_num_detections of them are kept. Exact:
-    an entry's decision depends only on the higher-scored entries of its class (all scoring >= tau too), and every
-    entry left undecided scores below tau, so below every kept entry returned (R50 550, 80 classes x top_k 200:
-    detect ~60 -> ~8 ms here)."""
+def _fast_nms(loc, priors, order, ranked, nms_thresh, max_num_detections):
+    """Fast NMS per class (SPEC 6.2) over each class's top_k candidates (order [C, K] rows of loc and priors [n, 4],
+    ranked [C, K] their scores, descending along each row: compiled_loops.class_top_k) -> (boxes [n, 4], class
+    rows, candidate cols, scores) of the kept entries, class-major, as far as the max_num_detections best kept
+    entries need: the decision of each class's entries scoring >= tau, tau lowered until at least
+    max_num_detections of them are kept. Exact: an entry's decision depends only on the higher-scored entries of
+    its class (all scoring >= tau too), and every entry left undecided scores below tau, so below every kept entry
+    returned (R50 550, 80 classes x top_k 200: detect ~60 -> ~8 ms here). Only the boxes of the entries decided
+    are decoded (decode_boxes row by row gives the same values): ~400 of R50's 19,248 priors, where an untrained
+    model makes every prior a candidate; the other rows of `boxes` are NaN."""
     descending = np.sort(ranked, axis=None)[::-1]
+    boxes = np.full(loc.shape, np.nan, dtype=np.float32)
+    decoded = np.zeros(loc.shape[0], dtype=bool)
     budget = 4 * max_num_detections
     while True:
         tau = descending[budget - 1] if budget < descending.size else -np.inf
-        keep = _fast_nms_prefixes(boxes, order, (ranked >= tau).sum(axis=1), nms_thresh)
+        depth = (ranked >= tau).sum(axis=1)
+        needed = order[np.arange(order.shape[1]) < depth[:, None]]
+        needed = np.unique(needed[~decoded[needed]])
+        boxes[needed] = decode_boxes(loc[needed], priors[needed])
+        decoded[needed] = True
+        keep = _fast_nms_prefixes(boxes, order, depth, nms_thresh)
         if tau == -np.inf or np.count_nonzero(keep) >= max_num_detections:
             break
         budget *= 4
     rows = np.broadcast_to(np.arange(order.shape[0])[:, None], order.shape)
-    return rows[keep], order[keep], ranked[keep]
+    return boxes, rows[keep], order[keep], ranked[keep]
 
 
 def _fast_nms_prefixes(boxes, order, depth, nms_thresh) -> np.ndarray:
