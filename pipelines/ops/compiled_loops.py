@@ -36,7 +36,7 @@ _ONE = np.float32(1.0)
 KERNELS = ("resample", "resample_planes", "resample_above", "mask_window", "rle_counts", "paint", "class_top_k",
            "fast_nms_keep")
 # what the kernels call: compiled first, in place (the kernels find them by name)
-_HELPERS = ("_width_pass", "_score_key", "_search", "_hot_range", "_iou_above")
+_HELPERS = ("_width_pass", "_width_row", "_score_key", "_search", "_hot_range", "_iou_above")
 _COMPILING = threading.Lock()
 
 
@@ -152,21 +152,42 @@ def _resample_planes(src, y0, y1, wy1, x0, x1, wx1, mean, std, out):
     """A network input in one pass: out[k] = (resample(src)[:, k * width:(k + 1) * width] - mean[k]) / std[k], in
     float32, in that order (the same values as resample, then the subtraction, then the division: no fused
     operations). The column tables are plane-major (`image_ops.plane_columns`: plane k's columns, then plane
-    k + 1's), so each plane's height pass reads and writes contiguous memory. src: [h_src, w_src * C] uint8 or
-    float32 (interleaved channels); mean, std: float32 [K]; out: float32 [K, len(y0), width], written."""
+    k + 1's), so each plane's height pass reads and writes contiguous memory; the width pass holds only the two
+    source rows the current output row reads (output rows read non-decreasing source rows), which stay in cache.
+    src: [h_src, w_src * C] uint8 or float32 (interleaved channels); mean, std: float32 [K]; out: float32
+    [K, len(y0), width], written."""
     if y0.shape[0] == 0 or x0.shape[0] == 0:
         return
-    by_width, slot = _width_pass(src, y0, y1, x0, x1, wx1)
-    first = y0[0]
     planes, width = out.shape[0], out.shape[2]
+    wx0 = np.empty(x0.shape[0], np.float32)
+    for c in range(x0.shape[0]):
+        wx0[c] = _ONE - wx1[c]
+    rows = np.empty((2, x0.shape[0]), np.float32)   # width passes of two source rows
+    held = np.full(2, -1, np.int64)                 # which source row each holds
+    u, v = 0, 1                                     # the rows of the upper and the lower source
     for r in range(y0.shape[0]):
-        upper, lower = by_width[slot[y0[r] - first]], by_width[slot[y1[r] - first]]
+        if held[u] != y0[r]:
+            if held[v] == y0[r]:   # the last output row's lower source is this one's upper
+                u, v = v, u
+            else:
+                _width_row(src[y0[r]], x0, x1, wx0, wx1, rows[u])
+                held[u] = y0[r]
+        if y1[r] != y0[r] and held[v] != y1[r]:
+            _width_row(src[y1[r]], x0, x1, wx0, wx1, rows[v])
+            held[v] = y1[r]
+        upper, lower = rows[u], rows[u] if y1[r] == y0[r] else rows[v]
         weight1 = wy1[r]
         weight0 = _ONE - weight1
         for k in range(planes):
             target, shift, scale, at = out[k, r], mean[k], std[k], k * width
             for c in range(width):
                 target[c] = (upper[at + c] * weight0 + lower[at + c] * weight1 - shift) / scale
+
+
+def _width_row(line, x0, x1, wx0, wx1, target):
+    """One source row's width pass: target[c] = line[x0[c]] * wx0[c] + line[x1[c]] * wx1[c] in float32."""
+    for c in range(x0.shape[0]):
+        target[c] = np.float32(line[x0[c]]) * wx0[c] + np.float32(line[x1[c]]) * wx1[c]
 
 
 def _resample_above(src, y0, y1, wy1, x0, x1, wx1, threshold, out):
