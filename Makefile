@@ -84,7 +84,8 @@ test: $(VENV)/.stamp-test
 TEST_WORKERS ?= 2
 test-main: $(VENV)/.stamp-test azurite browser jvm-archive
 	mkdir -p "$(PYTEST_TMP)"
-	$(PY) -m pytest -m "not bigdl" -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 --durations=25 --basetemp="$(PYTEST_TMP)/main" tests
+	$(PY) -m pytest -m "not bigdl" -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 --durations=25 \
+		--basetemp="$(PYTEST_TMP)/main" tests
 
 test-bigdl: bigdl-env
 	mkdir -p "$(PYTEST_TMP)"
