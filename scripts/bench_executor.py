@@ -164,8 +164,7 @@ def worker(task, paths: list[str], batch_size: int, barrier, results, model_only
     rows = []
     if model_only:
         for i in range(0, len(tensors), batch_size):
-            for _ in ir.each_output(tensors[i:i + batch_size]):   # as the executor: outputs read in place
-                pass
+            ir.infer(tensors[i:i + batch_size])
         ended, cpu = time.time(), time.process_time() - cpu_started
         results.put({"pid": os.getpid(), "images": len(tensors), "failed": 0, "instances": 0, "started": started,
                      "ended": ended, "cpu": cpu, "stages": {s: 0.0 for s in STAGES}, "errors": [],

@@ -1,5 +1,5 @@
-"""CompiledIR: each_output yields every image's outputs in place, in order, a failing image alone as its error;
-infer (copies) of a batch equals the images one at a time, for IRs whose outputs have static and dynamic shapes."""
+"""CompiledIR.infer: a batch through the async queue equals the images one at a time, for IRs whose outputs have
+static shapes (written straight into the batch result) and dynamic ones (joined per image)."""
 from __future__ import annotations
 
 import numpy as np
@@ -46,7 +46,8 @@ def test_batch_equals_images_one_at_a_time(tmp_path, make_ir):
 
 
 def test_a_result_or_a_view_of_one_is_never_written_by_a_later_call(tmp_path):
-    """infer returns copies: a result, or a view of one, keeps its values through later calls."""
+    """infer reuses the arrays of a previous result that nothing holds any more (new pages would be faulted in each
+    call): a result, or a view of one, that is still held keeps its values through later calls."""
     settings = RuntimeSettings(precision="f32", threads=1, streams=1)
     ir = CompiledIR(_static_ir(tmp_path), settings)
     rng = np.random.default_rng(3)
@@ -60,29 +61,3 @@ def test_a_result_or_a_view_of_one_is_never_written_by_a_later_call(tmp_path):
     again, fresh = ir.infer(third), CompiledIR(_static_ir(tmp_path), settings).infer(third)
     for name in ("scaled", "pooled"):
         np.testing.assert_array_equal(again[name], fresh[name])
-
-
-@pytest.mark.parametrize("streams", [1, 2])
-def test_each_output_yields_every_image_in_order_and_a_bad_image_as_its_error(tmp_path, streams):
-    ir = CompiledIR(_static_ir(tmp_path), RuntimeSettings(precision="f32", threads=1, streams=streams))
-    rng = np.random.default_rng(5)
-    images = [rng.random((3, 8, 8), dtype=np.float32) for _ in range(5)]
-    images[2] = rng.random((3, 4, 4), dtype=np.float32)   # not the IR's input shape
-    seen = []
-    for index, result in ir.each_output(images):
-        seen.append(index)
-        if index == 2:
-            assert isinstance(result, Exception)
-        else:   # read before the next image is asked for: the request's own memory
-            np.testing.assert_array_equal(result["scaled"], images[index] * 2)
-            np.testing.assert_allclose(result["pooled"], images[index].mean(axis=(1, 2)), rtol=1e-6)
-    assert seen == [0, 1, 2, 3, 4]
-
-
-def test_each_output_closed_early_leaves_the_requests_free_for_the_next_call(tmp_path):
-    ir = CompiledIR(_static_ir(tmp_path), RuntimeSettings(precision="f32", threads=1, streams=2))
-    images = np.random.default_rng(6).random((6, 3, 8, 8), dtype=np.float32)
-    outputs = ir.each_output(images)
-    next(outputs)   # the others are in flight
-    outputs.close()
-    np.testing.assert_array_equal(ir.infer(images)["scaled"], images * 2)

@@ -3,10 +3,10 @@ Executors keep one per Python worker through `pipelines.inference.executor_cache
 sha256 and these settings, so a new model (or new settings) never reuses a stale compiled model."""
 from __future__ import annotations
 
-import contextlib
 import os
+import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,9 +54,8 @@ class RuntimeSettings:
 
 
 class CompiledIR:
-    """A compiled IR with named outputs, run by one infer request per stream. `each_output(images)` yields each
-    image's outputs in place (the executors' path: no copy); `infer(batch)` returns {output name: [B, ...] array}
-    copies."""
+    """A compiled IR with named outputs. `infer(batch)` runs images through an async queue (one request per
+    stream) and returns {output name: [B, ...] array}."""
 
     def __init__(self, xml_path: str | Path, settings: RuntimeSettings) -> None:
         import openvino as ov
@@ -68,70 +67,66 @@ class CompiledIR:
         self.compiled = core.compile_model(str(xml_path), settings.device, settings.ov_config())
         self.input_name = self.compiled.inputs[0].get_any_name()
         self.output_names = [out.get_any_name() for out in self.compiled.outputs]
+        self._static_outputs = _static_output_shapes(self.compiled.outputs)
         self.num_requests = int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-        self._requests = [self.compiled.create_infer_request() for _ in range(self.num_requests)]
+        self._queue = ov.AsyncInferQueue(self.compiled, self.num_requests)
         self._lock = threading.Lock()
-
-    def each_output(self, images: Sequence[np.ndarray]) -> Iterator[tuple[int, dict[str, np.ndarray] | Exception]]:
-        """images: [3, H, W] float32 each (the IR takes one image) -> per image, in order, (index, {output name:
-        array without the batch axis}), or (index, the exception its inference raised: the others go on).
-
-        The requests run ahead by up to one image per stream (streams overlap), each copying its image in. The
-        arrays are the request's own output memory, not copies: they hold their values until the generator is
-        resumed, when the request may run the next image. Use them before asking for the next image, and copy what
-        must outlive that. Copying every output cost 1.7 % of YOLACT-R50 550's inference in bf16 and 7.5 % of the
-        bundled 256 px model's (2-core Xeon, one process per core). Holds this IR's lock while it runs; closing it
-        early waits for the requests in flight."""
-        with self._lock:
-            requests, in_flight, failed = self._requests, set(), {}
-
-            def start(index: int) -> None:
-                try:
-                    requests[index % len(requests)].start_async({self.input_name: images[index][None]})
-                    in_flight.add(index)
-                except Exception as err:  # noqa: BLE001  (a bad image fails alone)
-                    failed[index] = err
-
-            try:
-                for index in range(min(len(requests), len(images))):
-                    start(index)
-                for index in range(len(images)):
-                    request = requests[index % len(requests)]
-                    if index in in_flight:
-                        in_flight.discard(index)
-                        try:
-                            request.wait()
-                            result = {name: request.get_tensor(name).data[0] for name in self.output_names}
-                        except Exception as err:  # noqa: BLE001
-                            result = err
-                    else:
-                        result = failed.pop(index)
-                    yield index, result
-                    if index + len(requests) < len(images):
-                        start(index + len(requests))
-            finally:
-                for index in in_flight:   # closed early: no request may still be running at the next call
-                    try:
-                        requests[index % len(requests)].wait()
-                    except Exception:  # noqa: BLE001
-                        pass
+        self._last_outputs: dict[str, np.ndarray] = {}   # the previous static-shape result, to reuse (_outputs)
 
     def infer(self, batch: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-        """batch: B images [3, H, W] float32, as a list or a [B, 3, H, W] array -> {output name: [B, ...]}, the
-        caller's copies; the first image whose inference fails raises."""
-        if len(batch) == 0:
-            raise ValueError("infer: the batch is empty; give at least one image")
-        per_image: list[dict[str, np.ndarray]] = []
-        with contextlib.closing(self.each_output(batch)) as outputs:
-            for _, result in outputs:
-                if isinstance(result, Exception):
-                    raise result
-                per_image.append({name: value.copy() for name, value in result.items()})
-        return {name: np.stack([image[name] for image in per_image]) for name in self.output_names}
+        """batch: B images [3, H, W] float32, as a list or a [B, 3, H, W] array (the IR takes one image; the queue
+        overlaps them, each request copying its image in: a list needs no stacked copy). Outputs of static shape
+        are copied once, from each request straight into the [B, ...] result; dynamic ones per image, then joined.
+        The result is the caller's: it is never written again while anything holds it or a view of it."""
+        per_image: list[dict | None] = [None] * len(batch)
+        outputs: dict[str, np.ndarray] | None = None
+
+        def collect(request, index):
+            if outputs is not None:
+                for name, out in outputs.items():
+                    out[index] = request.get_tensor(name).data[0]
+            else:
+                per_image[index] = {name: request.get_tensor(name).data.copy() for name in self.output_names}
+
+        with self._lock:
+            if self._static_outputs is not None:
+                outputs = self._outputs(len(batch))
+            self._queue.set_callback(collect)
+            for index, image in enumerate(batch):
+                self._queue.start_async({self.input_name: image[None]}, index)
+            self._queue.wait_all()
+        if outputs is not None:
+            return dict(outputs)
+        return {name: np.concatenate([image[name] for image in per_image]) for name in self.output_names}
+
+    def _outputs(self, count: int) -> dict[str, np.ndarray]:
+        """[count, ...] arrays for the static-shape outputs: the previous call's where nothing but this object holds
+        them any more (no result, no view of one: a reference count of 2 is this dict's and the call's), else new
+        ones. New arrays of a large model's outputs are new pages each time (glibc maps large blocks afresh and
+        unmaps them when freed), which the copies fault in: YOLACT-R50 550 in bf16, 8 images a call, 7 ms of 112 per
+        image."""
+        last = self._last_outputs
+        if not (last and len(next(iter(last.values()))) == count
+                and all(sys.getrefcount(last[name]) == 2 for name in last)):
+            last = self._last_outputs = {name: np.empty((count,) + shape, dtype)
+                                         for name, (shape, dtype) in self._static_outputs.items()}
+        return last
 
     def infer_one(self, image: np.ndarray) -> dict[str, np.ndarray]:
         """image: [3, H, W] -> {name: output with its batch axis removed}."""
         return {name: value[0] for name, value in self.infer(image[None]).items()}
+
+
+def _static_output_shapes(ports) -> dict[str, tuple[tuple[int, ...], np.dtype]] | None:
+    """{output name: (shape without the batch axis, dtype)} when every output has a static shape and batch 1;
+    else None (outputs are then copied per image and joined)."""
+    outputs = {}
+    for port in ports:
+        shape = port.get_partial_shape()
+        if shape.is_dynamic or len(shape) == 0 or shape[0].get_length() != 1:
+            return None
+        outputs[port.get_any_name()] = (tuple(shape.to_shape())[1:], port.get_element_type().to_dtype())
+    return outputs
 
 
 def cpu_count() -> int:
