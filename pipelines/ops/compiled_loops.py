@@ -36,7 +36,7 @@ _ONE = np.float32(1.0)
 KERNELS = ("resample", "resample_planes", "resample_above", "mask_window", "rle_counts", "paint", "class_top_k",
            "fast_nms_keep")
 # what the kernels call: compiled first, in place (the kernels find them by name)
-_HELPERS = ("_width_pass", "_width_row", "_score_key", "_search", "_hot_range", "_iou_above")
+_HELPERS = ("_width_pass", "_width_row", "_complement", "_score_key", "_search", "_hot_range", "_iou_above")
 _COMPILING = threading.Lock()
 
 
@@ -116,15 +116,11 @@ def _width_pass(src, y0, y1, x0, x1, wx1):
             if slot[source] < 0:
                 slot[source] = needed
                 needed += 1
-    wx0 = np.empty(x0.shape[0], np.float32)
-    for c in range(x0.shape[0]):
-        wx0[c] = _ONE - wx1[c]
+    wx0 = _complement(wx1)
     by_width = np.empty((needed, x0.shape[0]), np.float32)
     for s in range(slot.shape[0]):
         if slot[s] >= 0:
-            line, target = src[first + s], by_width[slot[s]]
-            for c in range(x0.shape[0]):
-                target[c] = np.float32(line[x0[c]]) * wx0[c] + np.float32(line[x1[c]]) * wx1[c]
+            _width_row(src[first + s], x0, x1, wx0, wx1, by_width[slot[s]])
     return by_width, slot
 
 
@@ -159,9 +155,7 @@ def _resample_planes(src, y0, y1, wy1, x0, x1, wx1, mean, std, out):
     if y0.shape[0] == 0 or x0.shape[0] == 0:
         return
     planes, width = out.shape[0], out.shape[2]
-    wx0 = np.empty(x0.shape[0], np.float32)
-    for c in range(x0.shape[0]):
-        wx0[c] = _ONE - wx1[c]
+    wx0 = _complement(wx1)
     rows = np.empty((2, x0.shape[0]), np.float32)   # width passes of two source rows
     held = np.full(2, -1, np.int64)                 # which source row each holds
     u, v = 0, 1                                     # the rows of the upper and the lower source
@@ -182,6 +176,14 @@ def _resample_planes(src, y0, y1, wy1, x0, x1, wx1, mean, std, out):
             target, shift, scale, at = out[k, r], mean[k], std[k], k * width
             for c in range(width):
                 target[c] = (upper[at + c] * weight0 + lower[at + c] * weight1 - shift) / scale
+
+
+def _complement(weights):
+    """1 - weights in float32: the other weight of each bilinear pair."""
+    out = np.empty(weights.shape[0], np.float32)
+    for c in range(weights.shape[0]):
+        out[c] = _ONE - weights[c]
+    return out
 
 
 def _width_row(line, x0, x1, wx0, wx1, target):

@@ -44,17 +44,10 @@ def resize_bilinear(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     x: [H, W] or [H, W, C], any numeric dtype (read as float32). size: (height, width) of the output.
     Returns float32 [height, width(, C)].
     """
-    x = np.asarray(x)
-    if x.ndim not in (2, 3) or x.shape[0] < 1 or x.shape[1] < 1:
-        raise ValueError(f"resize_bilinear: x must be a non-empty [H, W] or [H, W, C] array, got shape {x.shape}")
-    if len(size) != 2 or int(size[0]) < 1 or int(size[1]) < 1:
-        raise ValueError(f"resize_bilinear: size must be (height, width) with both >= 1, got {size!r}")
-    height, width = int(size[0]), int(size[1])
+    x, height, width = _resize_source(x, size, "resize_bilinear", (2, 3))
     trailing = x.shape[2:]
     channels = int(np.prod(trailing)) if trailing else 1
-    if x.dtype not in (np.uint8, np.float32):
-        x = x.astype(np.float32)   # what the resize reads anyway; the kernel is compiled for uint8 and float32
-    flat = np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1] * channels)   # [H, W * C]: a view
+    flat = x.reshape(x.shape[0], x.shape[1] * channels)   # [H, W * C]: a view
     out = np.empty((height, width * channels), dtype=np.float32)
     compiled_loops.resample(flat, *bilinear_axis(x.shape[0], height),
                             *channel_columns(bilinear_axis(x.shape[1], width), channels), out)
@@ -67,24 +60,33 @@ def resize_normalized_planes(x: np.ndarray, size: tuple[int, int], channels: tup
     float32); channels: which of x's channels make the output planes, in order (e.g. (2, 1, 0) for BGR from RGB; a
     channel not named is never resampled); mean, std: one float32 per output plane. Returns float32
     [len(channels), height, width], equal bit for bit to the resize followed by numpy's subtraction and division."""
-    x = np.asarray(x)
-    if x.ndim != 3 or x.shape[0] < 1 or x.shape[1] < 1:
-        raise ValueError(f"resize_normalized_planes: x must be a non-empty [H, W, C] array, got shape {x.shape}")
-    if x.dtype not in (np.uint8, np.float32):
-        x = x.astype(np.float32)   # what the resize reads anyway; the kernel is compiled for uint8 and float32
+    x, height, width = _resize_source(x, size, "resize_normalized_planes", (3,))
     if not channels or min(channels) < 0 or max(channels) >= x.shape[2]:
         raise ValueError(f"resize_normalized_planes: channels {channels} must name channels of x's {x.shape[2]}")
-    height, width = int(size[0]), int(size[1])
-    if height < 1 or width < 1:
-        raise ValueError(f"resize_normalized_planes: size must be (height, width) with both >= 1, got {size!r}")
     mean = np.ascontiguousarray(mean, dtype=np.float32).reshape(len(channels))
     std = np.ascontiguousarray(std, dtype=np.float32).reshape(len(channels))
-    flat = np.ascontiguousarray(x).reshape(x.shape[0], -1)   # [H, W * C]: a view
+    flat = x.reshape(x.shape[0], -1)   # [H, W * C]: a view
     out = np.empty((len(channels), height, width), dtype=np.float32)
     compiled_loops.resample_planes(flat, *bilinear_axis(x.shape[0], height),
                                    *plane_columns(bilinear_axis(x.shape[1], width), x.shape[2], channels),
                                    mean, std, out)
     return out
+
+
+def _resize_source(x: np.ndarray, size: tuple[int, int], caller: str,
+                   ndims: tuple[int, ...]) -> tuple[np.ndarray, int, int]:
+    """(x as the resize kernels read it: C-contiguous uint8 or float32, other dtypes cast to float32; the output
+    height; its width), or a ValueError naming the caller when x is empty or has another number of axes than ndims,
+    or size is not (height, width) with both >= 1."""
+    x = np.asarray(x)
+    if x.ndim not in ndims or x.shape[0] < 1 or x.shape[1] < 1:
+        shapes = " or ".join(("[H, W]", "[H, W, C]")[n - 2] for n in ndims)
+        raise ValueError(f"{caller}: x must be a non-empty {shapes} array, got shape {x.shape}")
+    if len(size) != 2 or int(size[0]) < 1 or int(size[1]) < 1:
+        raise ValueError(f"{caller}: size must be (height, width) with both >= 1, got {size!r}")
+    if x.dtype not in (np.uint8, np.float32):
+        x = x.astype(np.float32)   # what the resize reads anyway; the kernels are compiled for uint8 and float32
+    return np.ascontiguousarray(x), int(size[0]), int(size[1])
 
 
 def plane_columns(cols: AxisTable, channels: int, picks: tuple[int, ...]) -> AxisTable:
