@@ -15,8 +15,8 @@ from pipelines.ops import yolact_postprocess as yp
 from pipelines.ops.image_decode import decode_image
 from pipelines.inference.image_inference import ExecutorModel, new_row
 from pipelines.inference.inference_job import run
-from pipelines.ops.mask_outputs import (LabelMapBuilder, encode_rle_box, read_label_map_png,
-                                    rle_counts_box)
+from pipelines.ops.mask_outputs import (LabelMapBuilder, encode_rle_box, encode_rle_counts, read_label_map_png,
+                                        rle_counts_box)
 from pipelines.inference.model_manifest import load_manifest
 from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
 from pipelines.ops.preprocess import preprocess_rgb
@@ -139,12 +139,28 @@ def reference_outputs(det, proto, width, height, class_names=("a", "b")):
 
 
 def new_outputs(det, proto, width, height):
+    """The RLEs and label map of box_masks mask by mask, checked equal to the executors' one-call encoding."""
     boxes = list(yp.box_masks(det, proto, width, height))
     rles = [encode_rle_box(b.mask, b.top, b.left, height, width) for b in boxes]
     labels = LabelMapBuilder(height, width)
     for b in boxes:
         labels.add_box(b.mask, b.top, b.left)
+    assert one_call_outputs(det, proto, width, height) == (rles, labels.label_map().tolist())
     return rles, labels.label_map()
+
+
+def one_call_outputs(det, proto, width, height, first_label=1):
+    """What the executors write: every mask's RLE and the label map (as lists) from MaskBlocks.encode; the same
+    RLEs again without a label map to paint. Labels start at first_label (earlier instances of the map stay)."""
+    blocks = yp.mask_blocks(det, proto, width, height)
+    builder = LabelMapBuilder(height, width)
+    builder.reserve(first_label - 1)
+    painted, first = builder.reserve(len(det))
+    assert first == first_label and builder.count == first_label - 1 + len(det)
+    rles = encode_rle_counts(*blocks.encode(height, width, painted, first), height, width)
+    unpainted = encode_rle_counts(*blocks.encode(height, width, np.zeros((0, 0), np.uint8), 1), height, width)
+    assert unpainted == rles and len(rles) == len(det)
+    return rles, builder.label_map().tolist()
 
 
 @pytest.mark.parametrize("seed, width, height", [(0, 550, 550), (1, 1920, 1080), (2, 480, 640), (3, 1, 1),
@@ -163,18 +179,11 @@ def test_new_masks_equal_previous_on_random_r50_like_outputs(seed, width, height
                                   np.stack(list(ref.instance_masks(det, proto, width, height))))
 
 
-def picks_box_local_probabilities(det, proto_size: int) -> bool:
-    """Whether box_masks computes the probabilities inside each box only (its rule, BOX_LOCAL_SETUP_PIXELS)."""
-    keep_rows, keep_cols = yp.crop_windows(det.boxes, proto_size, proto_size)
-    area = int(np.dot(keep_rows.sum(axis=1), keep_cols.sum(axis=1)))
-    return area + len(det) * yp.BOX_LOCAL_SETUP_PIXELS < len(det) * proto_size * proto_size
-
-
-@pytest.mark.parametrize("proto_size, box_scale, box_local", [(138, 0.3, True), (138, 6.0, False), (64, 0.3, False),
-                                                              (200, 1.0, True)])
-def test_masks_are_the_same_whether_probabilities_are_box_local_or_whole(proto_size, box_scale, box_local):
-    """box_masks computes the probabilities only inside the padded boxes where the proto is large against them;
-    either way the masks are the whole-proto reference's (boxes touching every border, 1-px, outside)."""
+@pytest.mark.parametrize("proto_size, box_scale", [(138, 0.3), (138, 6.0), (64, 0.3), (200, 1.0)])
+def test_box_local_probabilities_give_the_whole_protos_masks(proto_size, box_scale):
+    """mask_blocks computes the probabilities only inside the padded boxes; the masks are the whole-proto
+    reference's (small boxes, boxes covering the whole proto, boxes touching every border, 1-px, outside); without
+    the crop each block is the whole proto."""
     rng = np.random.default_rng(proto_size)
     proto = np.maximum(rng.normal(0, 1.5, (proto_size, proto_size, 32)), 0).astype(np.float32)
     det = random_detections(rng, 60)
@@ -182,10 +191,33 @@ def test_masks_are_the_same_whether_probabilities_are_box_local_or_whole(proto_s
     halves = (det.boxes[:, 2:] - det.boxes[:, :2]) / 2 * np.float32(box_scale)
     det = yp.Detections(boxes=np.concatenate([centers - halves, centers + halves], 1).astype(np.float32),
                         coeffs=det.coeffs, classes=det.classes, scores=det.scores)
-    assert picks_box_local_probabilities(det, proto_size) == box_local
     for width, height in ((640, 480), (97, 1300)):
         np.testing.assert_array_equal(yp.assemble_masks(det, proto, width, height),
                                       np.stack(list(ref.instance_masks(det, proto, width, height))))
+        new_outputs(det, proto, width, height)   # the executors' one-call encoding
+    np.testing.assert_array_equal(yp.assemble_masks(det, proto, 640, 480, crop=False),
+                                  np.stack(list(ref.instance_masks(det, proto, 640, 480, crop=False))))
+
+
+@pytest.mark.parametrize("count, first_label", [(0, 1), (1, 1), (300, 1), (10, 250), (3, 256)])
+def test_one_call_encoding_equals_mask_by_mask(count, first_label):
+    """MaskBlocks.encode (all masks, RLEs and label map in one compiled call) equals box_masks, encode_rle_box and
+    LabelMapBuilder.add_box: no detections, one, more than 255 (a uint16 label map), and labels that pass 255 part
+    way or start above it."""
+    rng = np.random.default_rng(count + first_label)
+    proto = np.maximum(rng.normal(0, 1.5, (138, 138, 32)), 0).astype(np.float32)
+    det = random_detections(rng, max(count, 8)).take(np.arange(count))
+    width, height = 120, 90
+    builder = LabelMapBuilder(height, width)
+    for _ in range(first_label - 1):
+        builder.add_box(np.zeros((0, 0), bool), 0, 0)
+    boxes = list(yp.box_masks(det, proto, width, height))
+    for b in boxes:
+        builder.add_box(b.mask, b.top, b.left)
+    rles, labels = one_call_outputs(det, proto, width, height, first_label)
+    assert rles == [encode_rle_box(b.mask, b.top, b.left, height, width) for b in boxes]
+    assert labels == builder.label_map().tolist()
+    assert np.asarray(labels).max(initial=0) >= (first_label if count else 0)
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,20 @@ import numpy as np
 from pipelines.ops import yolact_postprocess as yp
 from pipelines.inference.image_inference import ExecutorModel, ImageInference, timed
 
+NO_LABELS = np.zeros((0, 0), np.uint8)   # encode_masks' "no label map to paint"
+
 
 @dataclass(frozen=True)
 class YolactInference(ImageInference):
     """Instances with COCO RLE masks (``masks`` rle or rle_and_png) and a PNG label map per image (rle_and_png).
 
-    Masks are assembled, RLE-encoded and painted box-locally (`yp.box_masks`, `encode_rle_box`,
-    `LabelMapBuilder.add_box`): the cost grows with the area of the boxes, not with image pixels x detections.
+    Masks are assembled, RLE-encoded and painted box-locally, all of an image's in one compiled call
+    (`yp.mask_blocks(...).encode`, then `encode_rle_counts`): the cost grows with the area of the boxes, not with
+    image pixels x detections, and there is no Python per mask.
     """
 
     def postprocess_one(self, row: dict, raw: dict, model: ExecutorModel) -> None:
-        from pipelines.ops.mask_outputs import LabelMapBuilder, encode_rle_box
+        from pipelines.ops.mask_outputs import LabelMapBuilder, encode_rle_counts
 
         with timed(row, "postprocess"):
             post = {k: self.postprocess[k] for k in ("conf_thresh", "nms_thresh", "top_k", "max_num_detections")}
@@ -34,15 +37,11 @@ class YolactInference(ImageInference):
                          for class_id, score, box in zip(det.classes.tolist(), det.scores.tolist(), boxes.tolist())]
             labels = LabelMapBuilder(height, width) if self.masks == "rle_and_png" else None
             if self.masks != "none":
-                empty_rle = None   # the same for every empty mask of the image (~40% of them at conf 0.05)
-                for instance, box in zip(instances, yp.box_masks(det, raw["proto"], width, height)):
-                    if box.mask.size == 0:
-                        empty_rle = empty_rle or encode_rle_box(box.mask, 0, 0, height, width)
-                        instance["mask"] = dict(empty_rle)
-                    else:
-                        instance["mask"] = encode_rle_box(box.mask, box.top, box.left, height, width)
-                    if labels is not None:
-                        labels.add_box(box.mask, box.top, box.left)
+                painted, first_label = labels.reserve(len(det)) if labels is not None else (NO_LABELS, 1)
+                counts, ends = yp.mask_blocks(det, raw["proto"], width, height).encode(height, width, painted,
+                                                                                       first_label)
+                for instance, rle in zip(instances, encode_rle_counts(counts, ends, height, width)):
+                    instance["mask"] = rle
             row["instances"] = instances
         if labels is not None:
             self.write_label_map(row, labels)

@@ -1,6 +1,7 @@
 """The ops' per-pixel loops, compiled by numba: separable bilinear resampling (an image to the network's input, a
 mask window from the prototypes, with the threshold in the same pass), a mask's COCO RLE counts, and painting a
-mask into a label map; and Detect's per-class top-k over every prior's class scores (`class_top_k`).
+mask into a label map (all three for every mask of an image in one call: `encode_masks`); and Detect's per-class
+top-k over every prior's class scores (`class_top_k`) and its Fast NMS (`fast_nms_keep`).
 
 One pass in machine code where numpy needs five or six whole-array passes and a Python call per block: the bundled
 model's masks (~50 per image, upsampled 10-30x) cost 7.2 -> 1.1 ms per image for the upsample and threshold
@@ -33,8 +34,8 @@ import numpy as np
 log = logging.getLogger(__name__)
 _ONE = np.float32(1.0)
 # attributes of this module once compiled
-KERNELS = ("resample", "resample_planes", "resample_above", "mask_window", "rle_counts", "paint", "class_top_k",
-           "fast_nms_keep")
+KERNELS = ("resample", "resample_planes", "resample_above", "mask_window", "rle_counts", "paint", "fill_blocks",
+           "encode_masks", "class_top_k", "fast_nms_keep")
 # what the kernels call: compiled first, in place (the kernels find them by name)
 _HELPERS = ("_width_pass", "_width_row", "_complement", "_score_key", "_search", "_hot_range", "_iou_above")
 _COMPILING = threading.Lock()
@@ -329,6 +330,56 @@ def _paint(labels, mask, label):
                 target[c] = label
 
 
+def _fill_blocks(buffer, starts, shapes, origins, logits):
+    """buffer[starts[i]:][:rows * cols] as [rows, cols] = shapes[i], all but its one-pixel margin, = logits[origin
+    row + 1 .., origin col + 1 .., i] (origins[i]: the block's [0, 0] in the proto); blocks of shape (0, 0) and
+    the margins are not written. logits: float32 [Ph, Pw, n]."""
+    for i in range(starts.shape[0]):
+        rows, cols = shapes[i, 0], shapes[i, 1]
+        top, left = origins[i, 0] + 1, origins[i, 1] + 1
+        for r in range(1, rows - 1):
+            at = starts[i] + r * cols
+            for c in range(1, cols - 1):
+                buffer[at + c] = logits[top + r - 1, left + c - 1, i]
+
+
+def _encode_masks(blocks, starts, shapes, origins, y0, y1, wy1, x0, x1, wx1, threshold, height, width, labels,
+                  first_label):
+    """Every mask of an image in one call (no Python per mask): mask i's window from its block of probabilities
+    (mask_window), its COCO counts in the [height, width] image (rle_counts; [height * width] when the window is
+    empty), and, when labels is not [0, 0], the window painted into labels with label first_label + i (paint, in
+    order: the earlier mask keeps a pixel). Returns (counts uint32: all masks' counts one after another; ends int64
+    [n]: mask i's are counts[ends[i - 1]:ends[i]]).
+    blocks: float32, mask i's block of probabilities is blocks[starts[i]:][:rows * cols] as [rows, cols] =
+    shapes[i] ((0, 0): no pixel), its [0, 0] at source pixel origins[i]; y0 .. wx1: the image's bilinear tables."""
+    n = starts.shape[0]
+    ends = np.zeros(n, np.int64)
+    empty = np.full(1, height * width, np.uint32)
+    pieces = [empty]
+    total = 0
+    for i in range(n):
+        rows, cols = shapes[i, 0], shapes[i, 1]
+        piece = empty
+        if rows > 0 and cols > 0:
+            block = blocks[starts[i]:starts[i] + rows * cols].reshape(rows, cols)
+            top, left, window = mask_window(block, origins[i, 0], origins[i, 1], y0, y1, wy1, x0, x1, wx1,
+                                            threshold)
+            if window.shape[0] > 0 and window.shape[1] > 0:
+                piece = rle_counts(window, top, left, height, width)
+                if labels.shape[0] > 0:
+                    paint(labels[top:top + window.shape[0], left:left + window.shape[1]], window, first_label + i)
+        pieces.append(piece)
+        total += piece.shape[0]
+        ends[i] = total
+    counts = np.empty(total, np.uint32)
+    at = 0
+    for i in range(n):
+        piece = pieces[i + 1]
+        counts[at:at + piece.shape[0]] = piece
+        at += piece.shape[0]
+    return counts, ends
+
+
 _LOW_32 = np.uint64(0xFFFFFFFF)
 _SIGN_32 = np.uint64(0x80000000)
 _SAMPLE_STRIDE = 16   # class_top_k estimates each class's k-th best score from every 16th candidate
@@ -471,6 +522,11 @@ def load() -> None:
     labels, mask = np.zeros((2, 2), np.uint8), np.ones((1, 1), bool)
     kernels.paint(labels[:1, :1], mask, 1)
     kernels.rle_counts(mask, 0, 0, 2, 2)
+    kernels.fill_blocks(np.zeros(1, np.float32), index, np.ones((1, 2), np.int64), np.zeros((1, 2), np.int64),
+                        np.zeros((1, 1, 1), np.float32))
+    for painted in (labels, np.zeros((0, 0), np.uint8)):
+        kernels.encode_masks(np.ones(1, np.float32), index, np.ones((1, 2), np.int64), np.zeros((1, 2), np.int64),
+                             index, index, weight, index, index, weight, 0.5, 2, 2, painted, 1)
     kernels.class_top_k(np.zeros((1, 2), np.float32), np.float32(0.5), 1)
     kernels.fast_nms_keep(np.zeros((1, 4), np.float32), np.zeros((1, 1), np.int64), np.ones(1, np.int64),
                           np.float32(0.5), np.zeros((1, 1), bool))

@@ -11,7 +11,9 @@ when there are fewer than 256 instances, else uint16, and is stored as an 8-bit 
 Box-local masks (a bool window at (top, left) of an otherwise empty image, what the executors produce) are encoded
 and painted without a full-size mask: `encode_rle_box` builds the column-major runs of the full image arithmetically
 (the zeros outside the window are never materialized) and gives the same bytes as `pycocotools.mask.encode` of the
-full-size mask; `LabelMapBuilder.add_box` paints only the window. Label-map PNGs are deflated by zlib-ng (the same
+full-size mask; `LabelMapBuilder.add_box` paints only the window. The executors do both for all of an image's masks
+in one compiled call (`yolact_postprocess.MaskBlocks.encode` into `LabelMapBuilder.reserve`'s labels) and compress
+the counts with `encode_rle_counts`: the same bytes and pixels. Label-map PNGs are deflated by zlib-ng (the same
 format as zlib's, ~4x faster at level 1 with the run-length strategy).
 """
 from __future__ import annotations
@@ -45,6 +47,16 @@ def encode_rle_box(mask: np.ndarray, top: int, left: int, height: int, width: in
     counts = rle_counts_box(mask, top, left, height, width)
     rle = coco_mask.frPyObjects({"size": [height, width], "counts": counts}, height, width)
     return {"size": [int(height), int(width)], "counts": rle["counts"].decode("ascii")}
+
+
+def encode_rle_counts(counts: np.ndarray, ends: np.ndarray, height: int, width: int) -> list[dict]:
+    """Uncompressed COCO counts of several masks of a [height, width] image, one after another (mask i's end at
+    ends[i]: compiled_loops.encode_masks) -> their RLEs as `encode_rle_box` gives them, compressed in one call."""
+    if len(ends) == 0:
+        return []
+    pieces = np.split(counts, ends[:-1])
+    rles = coco_mask.frPyObjects([{"size": [height, width], "counts": piece} for piece in pieces], height, width)
+    return [{"size": [int(height), int(width)], "counts": rle["counts"].decode("ascii")} for rle in rles]
 
 
 def rle_counts_box(mask: np.ndarray, top: int, left: int, height: int, width: int) -> np.ndarray:
@@ -132,6 +144,18 @@ class LabelMapBuilder:
         if h and w:
             _paint(self._labels[top:top + h, left:left + w], binary, self.count)
         return self.count
+
+    def reserve(self, n: int) -> tuple[np.ndarray, int]:
+        """Labels for the next n instances, for a caller that paints them itself (compiled_loops.encode_masks):
+        (the label map, uint16 if the count reaches 256; the first of the n labels, count + 1). Paint instance k
+        of the n with label count + k only where the map is still 0, in score-descending order."""
+        if self.count + n > MAX_INSTANCES:
+            raise ValueError(f"more than {MAX_INSTANCES} instances cannot be stored in a 16-bit label map")
+        first = self.count + 1
+        self.count += n
+        if self.count >= 256 and self._labels.dtype == np.uint8:
+            self._labels = self._labels.astype(np.uint16)
+        return self._labels, first
 
     def label_map(self) -> np.ndarray:
         """The labels so far: uint8 [H, W] (fewer than 256 instances) or uint16 [H, W]."""

@@ -21,10 +21,6 @@ NMS_CHOICES = ("fast", "per_class", "cross_class")
 VARIANCES = (0.1, 0.2)  # center, size
 CROP_PADDING = 1  # proto pixels added on each side of the box before cropping the masks
 MASK_THRESHOLD = 0.5  # a pixel is in the mask iff its probability is > this (strict)
-# What one box's own setup costs in box_masks' box-local probabilities (~27 us of numpy calls), in pixels of the
-# whole-proto sigmoid it replaces (~3.5 ns each): measured on 2 cores, 64 x 64 (bundled, 89 boxes) and 138 x 138
-# (R50 550, 100 boxes) protos. Below it (small protos) one sigmoid over every mask's whole proto is cheaper.
-BOX_LOCAL_SETUP_PIXELS = 8192
 
 
 # ----------------------------------------------------------------------------------------------------- priors (SPEC 3)
@@ -347,68 +343,103 @@ class BoxMask:
         return out
 
 
-def box_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True) -> Iterator[BoxMask]:
-    """Yield one :class:`BoxMask` per detection, in score order (SPEC 7), computed box-locally.
+@dataclass
+class MaskBlocks:
+    """An image's mask probabilities before upsampling, one block per detection in score order: block i is
+    ``buffer[starts[i]:][:rows * cols]`` as [rows, cols] = shapes[i] ((0, 0): an empty mask), whose [0, 0] is proto
+    pixel origins[i] (rows and cols may extend one pixel past the proto: zeros there, as the crop makes them);
+    row_axis, col_axis: the proto -> image bilinear tables. Built by :func:`mask_blocks`."""
 
-    sigmoid(proto @ coeffs), zeroed outside the box padded by 1 proto pixel (``crop``), bilinear
-    (align_corners=False) to (height, width), then > 0.5. The upsample and threshold run only over the output
-    rows/cols whose bilinear sources include a proto pixel > 0.5 (within the padded box); everywhere else the
-    value is provably <= 0.5, so the full-size mask equals the full computation exactly. The window is at most
-    the padded box at the output resolution, and empty when no proto pixel is > 0.5. With ``crop``, where the
-    proto is large against the boxes (BOX_LOCAL_SETUP_PIXELS), the probabilities too are computed only inside each
-    padded box (_cropped_box_masks): the same values, so the same masks.
-    proto: [Ph, Pw, mask_dim] (NHWC without batch).
+    buffer: np.ndarray   # float32 [total]
+    starts: np.ndarray   # int64 [n]
+    shapes: np.ndarray   # int64 [n, 2]
+    origins: np.ndarray  # int64 [n, 2]
+    row_axis: AxisTable
+    col_axis: AxisTable
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def box_mask(self, i: int) -> BoxMask:
+        """Mask i over its window (_box_mask)."""
+        rows, cols = (int(v) for v in self.shapes[i])
+        if rows == 0 or cols == 0:
+            return BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
+        block = self.buffer[self.starts[i]:self.starts[i] + rows * cols].reshape(rows, cols)
+        return _box_mask(block, self.row_axis, self.col_axis, (int(self.origins[i, 0]), int(self.origins[i, 1])))
+
+    def encode(self, height: int, width: int, labels: np.ndarray,
+               first_label: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every mask as box_mask(i) gives it, in one compiled call (compiled_loops.encode_masks): (the COCO counts
+        uint32 of every mask in the [height, width] image, one after another; ends int64 [n]: mask i's counts end
+        there), each window painted into labels (uint8 or uint16 [height, width]; [0, 0]: none) with label
+        first_label + i where still 0."""
+        return compiled_loops.encode_masks(self.buffer, self.starts, self.shapes, self.origins, *self.row_axis,
+                                           *self.col_axis, MASK_THRESHOLD, height, width, labels, first_label)
+
+
+def box_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True) -> Iterator[BoxMask]:
+    """Yield one :class:`BoxMask` per detection, in score order (SPEC 7), computed box-locally (:func:`mask_blocks`,
+    then :func:`_box_mask`)."""
+    blocks = mask_blocks(det, proto, width, height, crop)
+    return (blocks.box_mask(i) for i in range(len(blocks)))
+
+
+def mask_blocks(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True) -> MaskBlocks:
+    """The probabilities each detection's mask is upsampled from (SPEC 7): sigmoid(proto @ coeffs), zeroed outside
+    the box padded by 1 proto pixel (``crop``); each mask is then bilinear (align_corners=False) to (height, width),
+    > 0.5, computed box-locally (:func:`_box_mask`: only over the output rows/cols whose bilinear sources include a
+    proto pixel > 0.5, within the padded box; everywhere else the value is provably <= 0.5, so the full-size mask
+    equals the full computation exactly). With ``crop`` the probabilities too are computed only inside each padded
+    box (_cropped_blocks): the same values, so the same masks, at a cost that grows with the boxes' area (never
+    more than over the whole proto: 2-core Xeon, 100 boxes covering the whole 64 x 64 or 138 x 138 proto, 2.5 and
+    9.1 ms against 2.5 and 9.3; boxes of 5-50 % of the side, 1.3 and 3.8 against 2.3 and 8.6); without, each
+    block is the whole proto. proto: [Ph, Pw, mask_dim] (NHWC without batch).
     """
     width, height = _check_image_size(width, height)
-    logits = mask_logits(det.coeffs, proto)  # [Ph, Pw, n]; checks inputs now, not at the first next()
+    logits = mask_logits(det.coeffs, proto)  # [Ph, Pw, n]
     proto_height, proto_width, n = logits.shape
     row_axis = bilinear_axis(proto_height, height)
     col_axis = bilinear_axis(proto_width, width)
     if crop:
         keep_rows, keep_cols = crop_windows(det.boxes, proto_height, proto_width)
-        boxes_area = int(np.dot(keep_rows.sum(axis=1), keep_cols.sum(axis=1)))   # proto pixels in the padded boxes
-        if boxes_area + n * BOX_LOCAL_SETUP_PIXELS < n * proto_height * proto_width:
-            return _cropped_box_masks(logits, _spans(keep_rows), _spans(keep_cols), row_axis, col_axis)
+        return _cropped_blocks(logits, _spans(keep_rows), _spans(keep_cols), row_axis, col_axis)
     probs = sigmoid_inplace(np.ascontiguousarray(np.moveaxis(logits, 2, 0)))   # [n, Ph, Pw]
-    if crop:
-        probs *= keep_rows[:, :, None] & keep_cols[:, None, :]
-    return (_box_mask(probs[i], row_axis, col_axis) for i in range(n))
+    size = proto_height * proto_width
+    return MaskBlocks(probs.reshape(-1), np.arange(n, dtype=np.int64) * size,
+                      np.tile(np.array([[proto_height, proto_width]], np.int64), (n, 1)), np.zeros((n, 2), np.int64),
+                      row_axis, col_axis)
 
 
-def _cropped_box_masks(logits: np.ndarray, row_spans: list[tuple[int, int]], col_spans: list[tuple[int, int]],
-                       row_axis: AxisTable, col_axis: AxisTable) -> Iterator[BoxMask]:
-    """box_masks with the crop, each mask's probabilities computed only inside its padded box (proto rows and cols
-    [start, stop) of row_spans[i], col_spans[i]), in a block with a one-pixel margin of zeros for the bilinear
-    sources just outside the box: zeros, as the crop makes them. The same values, windows and masks as over the
-    whole proto. The blocks lie one after another in one buffer, margins -inf, and one sigmoid covers them all
-    (sigmoid(-inf) is 0 exactly; numpy's exp gives an element the same value wherever it sits): a few numpy calls
-    per image instead of six per mask. logits: [Ph, Pw, n]."""
-    shapes = [(r1 - r0 + 2, c1 - c0 + 2) if r1 > r0 and c1 > c0 else (0, 0)
-              for (r0, r1), (c0, c1) in zip(row_spans, col_spans)]
-    buffer = np.full(sum(h * w for h, w in shapes), -np.inf, dtype=np.float32)
-    blocks, at = [], 0
-    for i, ((r0, r1), (c0, c1)) in enumerate(zip(row_spans, col_spans)):
-        h, w = shapes[i]
-        block = buffer[at:at + h * w].reshape(h, w)   # proto rows r0-1..r1, cols c0-1..c1
-        at += h * w
-        if h:
-            block[1:-1, 1:-1] = logits[r0:r1, c0:c1, i]
-        blocks.append(block)
+def _cropped_blocks(logits: np.ndarray, row_spans: np.ndarray, col_spans: np.ndarray, row_axis: AxisTable,
+                    col_axis: AxisTable) -> MaskBlocks:
+    """mask_blocks with the crop, each mask's probabilities computed only inside its padded box (proto rows and
+    cols [start, stop) of row_spans[i], col_spans[i]: int64 [n, 2]), in a block with a one-pixel margin of zeros for
+    the bilinear sources just outside the box: zeros, as the crop makes them. The same values, windows and masks as
+    over the whole proto. The blocks lie one after another in one buffer, margins -inf, filled in one compiled call
+    (compiled_loops.fill_blocks), and one sigmoid covers them all (sigmoid(-inf) is 0 exactly; numpy's exp gives an
+    element the same value wherever it sits): no Python per mask. logits: [Ph, Pw, n]."""
+    present = ((row_spans[:, 1] > row_spans[:, 0]) & (col_spans[:, 1] > col_spans[:, 0]))[:, None]
+    # proto rows start-1..stop, cols start-1..stop
+    shapes = np.where(present, np.stack([row_spans[:, 1], col_spans[:, 1]], 1)
+                      - np.stack([row_spans[:, 0], col_spans[:, 0]], 1) + 2, 0)
+    origins = np.where(present, np.stack([row_spans[:, 0], col_spans[:, 0]], 1) - 1, 0)
+    sizes = shapes[:, 0] * shapes[:, 1]
+    starts = np.cumsum(sizes) - sizes
+    buffer = np.full(int(sizes.sum()), -np.inf, dtype=np.float32)
+    compiled_loops.fill_blocks(buffer, starts, shapes, origins, np.ascontiguousarray(logits, dtype=np.float32))
     sigmoid_inplace(buffer)
-    for block, (r0, _), (c0, _) in zip(blocks, row_spans, col_spans):
-        if block.size:
-            yield _box_mask(block, row_axis, col_axis, (r0 - 1, c0 - 1))
-        else:
-            yield BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
+    return MaskBlocks(buffer, starts, shapes, origins, row_axis, col_axis)
 
 
-def _spans(keep: np.ndarray) -> list[tuple[int, int]]:
-    """keep [n, P] bool, each row one run of True (crop_windows) -> per row its [start, stop) ((0, 0) if none)."""
+def _spans(keep: np.ndarray) -> np.ndarray:
+    """keep [n, P] bool, each row one run of True (crop_windows) -> int64 [n, 2]: per row its [start, stop) ((0, 0)
+    if none)."""
     if keep.shape[1] == 0:
-        return [(0, 0)] * keep.shape[0]
+        return np.zeros((keep.shape[0], 2), np.int64)
     start = keep.argmax(axis=1)
     stop = keep.shape[1] - keep[:, ::-1].argmax(axis=1)
-    return [(int(a), int(b)) if k else (0, 0) for a, b, k in zip(start, stop, keep.any(axis=1))]
+    return np.where(keep.any(axis=1)[:, None], np.stack([start, stop], 1), 0).astype(np.int64)
 
 
 def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable,
