@@ -61,3 +61,18 @@ def test_a_result_or_a_view_of_one_is_never_written_by_a_later_call(tmp_path):
     again, fresh = ir.infer(third), CompiledIR(_static_ir(tmp_path), settings).infer(third)
     for name in ("scaled", "pooled"):
         np.testing.assert_array_equal(again[name], fresh[name])
+
+
+@pytest.mark.timeout(120, method="thread")   # before the fix, the call after the failed one waited forever (in C:
+# the signal method cannot interrupt it)
+@pytest.mark.parametrize("streams", [1, 2])
+def test_a_failed_start_leaves_the_ir_usable(tmp_path, streams):
+    """An image the IR cannot take (wrong shape) fails its call; the next calls, which the executors make to retry
+    a failed batch image by image, run (the queue never hands out a request whose start failed again)."""
+    ir = CompiledIR(_static_ir(tmp_path), RuntimeSettings(precision="f32", threads=1, streams=streams))
+    good = np.random.default_rng(5).random((3, 3, 8, 8), dtype=np.float32)
+    for _ in range(ir.num_requests + 1):   # more failures than the queue has requests
+        with pytest.raises(Exception):
+            ir.infer([good[0], np.zeros((3, 9, 8), np.float32), good[1]])
+    np.testing.assert_array_equal(ir.infer(good)["scaled"], good * 2)
+    np.testing.assert_array_equal(ir.infer_one(good[2])["scaled"], good[2] * 2)

@@ -92,12 +92,28 @@ class CompiledIR:
             if self._static_outputs is not None:
                 outputs = self._outputs(len(batch))
             self._queue.set_callback(collect)
-            for index, image in enumerate(batch):
-                self._queue.start_async({self.input_name: image[None]}, index)
-            self._queue.wait_all()
+            try:
+                for index, image in enumerate(batch):
+                    self._queue.start_async({self.input_name: image[None]}, index)
+                self._queue.wait_all()
+            except BaseException:
+                self._replace_queue()
+                raise
         if outputs is not None:
             return dict(outputs)
         return {name: np.concatenate([image[name] for image in per_image]) for name in self.output_names}
+
+    def _replace_queue(self) -> None:
+        """After a failed start or inference: the requests still running finish, and a new queue replaces the
+        old one. The queue never hands out again a request whose start failed (an input of the wrong shape), so
+        the next image would wait for it forever; the executors retry a failed batch image by image."""
+        import openvino as ov
+
+        try:
+            self._queue.wait_all()
+        except Exception:  # noqa: BLE001  (the error being raised is the caller's; this one adds nothing)
+            pass
+        self._queue = ov.AsyncInferQueue(self.compiled, self.num_requests)
 
     def _outputs(self, count: int) -> dict[str, np.ndarray]:
         """[count, ...] arrays for the static-shape outputs: the previous call's where nothing but this object holds
