@@ -108,14 +108,14 @@ bench-executor: $(VENV)/.stamp-test
 bench-int8: $(VENV)/.stamp-test
 	$(PY) scripts/bench_int8.py $(BENCH_INT8_ARGS)
 
-# The job's planning without image files: synthetic listings and done tables of 10^5..10^7 rows, driver memory 1g,
-# first and incremental runs -> reports/planning.md (BENCH_PLANNING_ARGS="--sizes 100000,1000000")
 # The job's own cost: first progress line and wall of `make demo`, overhead of a 200-image run, empty incremental
 # runs after 100 earlier runs; with and without the JVM class archive -> reports/startup.md, .json
 .PHONY: bench-startup
 bench-startup: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench_startup.py $(BENCH_STARTUP_ARGS)
 
+# The job's planning without image files: synthetic listings and done tables of 10^5..10^7 rows, driver memory 1g,
+# first and incremental runs -> reports/planning.md (BENCH_PLANNING_ARGS="--sizes 100000,1000000")
 .PHONY: bench-planning
 bench-planning: $(VENV)/.stamp-test
 	$(PY) scripts/bench_planning.py $(BENCH_PLANNING_ARGS)
