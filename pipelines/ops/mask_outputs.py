@@ -147,8 +147,8 @@ class LabelMapBuilder:
 
     def reserve(self, n: int) -> tuple[np.ndarray, int]:
         """Labels for the next n instances, for a caller that paints them itself (compiled_loops.encode_masks):
-        (the label map, uint16 if the count reaches 256; the first of the n labels, count + 1). Paint instance k
-        of the n with label count + k only where the map is still 0, in score-descending order."""
+        (the label map, uint16 if the count reaches 256; first, the first of the n labels). Paint the k-th of them
+        (k = 0 .. n - 1) with label first + k, only where the map is still 0, in score-descending order."""
         if self.count + n > MAX_INSTANCES:
             raise ValueError(f"more than {MAX_INSTANCES} instances cannot be stored in a 16-bit label map")
         first = self.count + 1

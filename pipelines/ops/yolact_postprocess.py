@@ -4,7 +4,8 @@ The one implementation used by the Spark executors (no torch there) and by the P
 reference (dbolya/yolact, see /work/shared/yolact/SPEC.md sections 3, 5, 6, 7) and does its math in float32 like
 the reference. Per image: ``detect(loc, conf, mask, priors)`` -> :class:`Detections`, then
 ``postprocess(det, proto, width, height)``, ``instance_masks(...)`` one mask at a time, or ``box_masks(...)``: each
-mask only over its box's window (what the executors encode and paint, never building a full-size mask).
+mask only over its box's window; ``mask_blocks(...).encode`` gives every mask's RLE counts and paints the label map
+in one compiled call (what the executors write, never building a full-size mask).
 """
 from __future__ import annotations
 
