@@ -49,9 +49,9 @@ def test_box_rle_equals_coco_for_every_position_of_full_and_empty_boxes(height, 
     for top, left, h, w in boxes:
         for fill in (np.ones((h, w), bool), np.zeros((h, w), bool)):
             assert_box_rle_equals_coco(fill, top, left, height, width)
-    # an empty window (a detection whose box was cropped away entirely)
-    assert encode_rle_box(np.zeros((0, 0), bool), 0, 0, height, width) == coco_full(np.zeros((0, 0)), 0, 0,
-                                                                                    height, width)
+    # an empty window (a detection whose box was cropped away entirely), also with rows but no cols or vice versa
+    for empty in (np.zeros((0, 0), bool), np.zeros((0, width), bool), np.zeros((height, 0), bool)):
+        assert encode_rle_box(empty, 0, 0, height, width) == coco_full(empty, 0, 0, height, width)
 
 
 def test_box_rle_hand_made_cases():
@@ -155,10 +155,9 @@ def one_call_outputs(det, proto, width, height, first_label=1):
     blocks = yp.mask_blocks(det, proto, width, height)
     builder = LabelMapBuilder(height, width)
     builder.reserve(first_label - 1)
-    painted, first = builder.reserve(len(det))
-    assert first == first_label and builder.count == first_label - 1 + len(det)
-    rles = encode_rle_counts(*blocks.encode(height, width, painted, first), height, width)
-    unpainted = encode_rle_counts(*blocks.encode(height, width, np.zeros((0, 0), np.uint8), 1), height, width)
+    rles = encode_rle_counts(*blocks.encode(builder), height, width)
+    assert builder.count == first_label - 1 + len(det)
+    unpainted = encode_rle_counts(*blocks.encode(), height, width)
     assert unpainted == rles and len(rles) == len(det)
     return rles, builder.label_map().tolist()
 

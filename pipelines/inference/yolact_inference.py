@@ -9,8 +9,6 @@ import numpy as np
 from pipelines.ops import yolact_postprocess as yp
 from pipelines.inference.image_inference import ExecutorModel, ImageInference, timed
 
-NO_LABELS = np.zeros((0, 0), np.uint8)   # encode_masks' "no label map to paint"
-
 
 @dataclass(frozen=True)
 class YolactInference(ImageInference):
@@ -37,9 +35,7 @@ class YolactInference(ImageInference):
                          for class_id, score, box in zip(det.classes.tolist(), det.scores.tolist(), boxes.tolist())]
             labels = LabelMapBuilder(height, width) if self.masks == "rle_and_png" else None
             if self.masks != "none":
-                painted, first_label = labels.reserve(len(det)) if labels is not None else (NO_LABELS, 1)
-                counts, ends = yp.mask_blocks(det, raw["proto"], width, height).encode(height, width, painted,
-                                                                                       first_label)
+                counts, ends = yp.mask_blocks(det, raw["proto"], width, height).encode(labels)
                 for instance, rle in zip(instances, encode_rle_counts(counts, ends, height, width)):
                     instance["mask"] = rle
             row["instances"] = instances

@@ -257,15 +257,17 @@ def _mask_window(probs, origin_row, origin_col, y0, y1, wy1, x0, x1, wx1, thresh
 
 
 def _rle_counts(mask, top, left, height, width):
-    """COCO's uncompressed RLE counts (uint32) of bool mask [h, w] (h, w >= 1) placed at (top, left) in an
-    otherwise all-False [height, width] image: the lengths of the column-major runs, starting with a (possibly empty)
-    run of zeros, without an empty last run (pycocotools' rleEncode).
+    """COCO's uncompressed RLE counts (uint32) of bool mask [h, w] placed at (top, left) in an otherwise all-False
+    [height, width] image: the lengths of the column-major runs, starting with a (possibly empty) run of zeros,
+    without an empty last run (pycocotools' rleEncode); [height * width] for an empty mask (h or w 0).
 
     Runs start and end where a pixel differs from the one above it (False above and below the mask); the changes
     are found row by row, eight columns per test, and ordered by column (rows are visited in order); a run that
     ends on the image's bottom row and one that starts on the next column's top row are one run.
     """
     h, w = mask.shape
+    if h == 0 or w == 0:
+        return np.full(1, height * width, np.uint32)
     per_row = (w + 7) // 8
     changed = np.zeros(per_row * 8, np.uint8)
     words = changed.view(np.uint64)
@@ -346,38 +348,31 @@ def _fill_blocks(buffer, starts, shapes, origins, logits):
 def _encode_masks(blocks, starts, shapes, origins, y0, y1, wy1, x0, x1, wx1, threshold, height, width, labels,
                   first_label):
     """Every mask of an image in one call (no Python per mask): mask i's window from its block of probabilities
-    (mask_window), its COCO counts in the [height, width] image (rle_counts; [height * width] when the window is
-    empty), and, when labels is not [0, 0], the window painted into labels with label first_label + i (paint, in
-    order: the earlier mask keeps a pixel). Returns (counts uint32: all masks' counts one after another; ends int64
-    [n]: mask i's are counts[ends[i - 1]:ends[i]]).
+    (mask_window), its COCO counts in the [height, width] image (rle_counts), and, when labels is not [0, 0], the
+    window painted into labels with label first_label + i (paint, in order: the earlier mask keeps a pixel).
+    Returns (counts uint32: all masks' counts one after another; ends int64 [n]: mask i's are
+    counts[ends[i - 1]:ends[i]]).
     blocks: float32, mask i's block of probabilities is blocks[starts[i]:][:rows * cols] as [rows, cols] =
     shapes[i] ((0, 0): no pixel), its [0, 0] at source pixel origins[i]; y0 .. wx1: the image's bilinear tables."""
     n = starts.shape[0]
     ends = np.zeros(n, np.int64)
-    empty = np.full(1, height * width, np.uint32)
-    pieces = [empty]
+    counts = np.empty(8 * n + 1, np.uint32)   # grown as needed
     total = 0
     for i in range(n):
         rows, cols = shapes[i, 0], shapes[i, 1]
-        piece = empty
-        if rows > 0 and cols > 0:
-            block = blocks[starts[i]:starts[i] + rows * cols].reshape(rows, cols)
-            top, left, window = mask_window(block, origins[i, 0], origins[i, 1], y0, y1, wy1, x0, x1, wx1,
-                                            threshold)
-            if window.shape[0] > 0 and window.shape[1] > 0:
-                piece = rle_counts(window, top, left, height, width)
-                if labels.shape[0] > 0:
-                    paint(labels[top:top + window.shape[0], left:left + window.shape[1]], window, first_label + i)
-        pieces.append(piece)
+        block = blocks[starts[i]:starts[i] + rows * cols].reshape(rows, cols)
+        top, left, window = mask_window(block, origins[i, 0], origins[i, 1], y0, y1, wy1, x0, x1, wx1, threshold)
+        piece = rle_counts(window, top, left, height, width)
+        if labels.shape[0] > 0:
+            paint(labels[top:top + window.shape[0], left:left + window.shape[1]], window, first_label + i)
+        if total + piece.shape[0] > counts.shape[0]:
+            grown = np.empty(max(2 * counts.shape[0], total + piece.shape[0]), np.uint32)
+            grown[:total] = counts[:total]
+            counts = grown
+        counts[total:total + piece.shape[0]] = piece
         total += piece.shape[0]
         ends[i] = total
-    counts = np.empty(total, np.uint32)
-    at = 0
-    for i in range(n):
-        piece = pieces[i + 1]
-        counts[at:at + piece.shape[0]] = piece
-        at += piece.shape[0]
-    return counts, ends
+    return counts[:total], ends
 
 
 _LOW_32 = np.uint64(0xFFFFFFFF)

@@ -72,8 +72,6 @@ def rle_counts_box(mask: np.ndarray, top: int, left: int, height: int, width: in
         raise ValueError(f"image size must be at least 1x1, got height={height}, width={width}")
     if h and w and (top < 0 or left < 0 or top + h > height or left + w > width):
         raise ValueError(f"box mask {h}x{w} at (top={top}, left={left}) does not fit a {height}x{width} image")
-    if h == 0 or w == 0:
-        return np.array([height * width], dtype=np.uint32)
     return compiled_loops.rle_counts(binary, top, left, height, width)
 
 

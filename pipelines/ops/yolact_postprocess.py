@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
 from pipelines.ops import compiled_loops
 from pipelines.ops.image_ops import AxisTable, bilinear_axis
 
+if TYPE_CHECKING:
+    from pipelines.ops.mask_outputs import LabelMapBuilder
+
 NMS_CHOICES = ("fast", "per_class", "cross_class")
 VARIANCES = (0.1, 0.2)  # center, size
 CROP_PADDING = 1  # proto pixels added on each side of the box before cropping the masks
 MASK_THRESHOLD = 0.5  # a pixel is in the mask iff its probability is > this (strict)
+_NO_LABEL_MAP = np.zeros((0, 0), np.uint8)   # compiled_loops.encode_masks' "no label map to paint"
 
 
 # ----------------------------------------------------------------------------------------------------- priors (SPEC 3)
@@ -369,14 +373,15 @@ class MaskBlocks:
         block = self.buffer[self.starts[i]:self.starts[i] + rows * cols].reshape(rows, cols)
         return _box_mask(block, self.row_axis, self.col_axis, (int(self.origins[i, 0]), int(self.origins[i, 1])))
 
-    def encode(self, height: int, width: int, labels: np.ndarray,
-               first_label: int) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, labels: LabelMapBuilder | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Every mask as box_mask(i) gives it, in one compiled call (compiled_loops.encode_masks): (the COCO counts
-        uint32 of every mask in the [height, width] image, one after another; ends int64 [n]: mask i's counts end
-        there), each window painted into labels (uint8 or uint16 [height, width]; [0, 0]: none) with label
-        first_label + i where still 0."""
+        uint32 of every mask in the image, one after another; ends int64 [n]: mask i's counts end there), for
+        `mask_outputs.encode_rle_counts`. With ``labels``, the next len(self) labels are reserved and mask i is
+        painted with the i-th of them where the map is still 0."""
+        painted, first = labels.reserve(len(self)) if labels is not None else (_NO_LABEL_MAP, 1)
+        height, width = len(self.row_axis[0]), len(self.col_axis[0])
         return compiled_loops.encode_masks(self.buffer, self.starts, self.shapes, self.origins, *self.row_axis,
-                                           *self.col_axis, MASK_THRESHOLD, height, width, labels, first_label)
+                                           *self.col_axis, MASK_THRESHOLD, height, width, painted, first)
 
 
 def box_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True) -> Iterator[BoxMask]:
@@ -420,11 +425,11 @@ def _cropped_blocks(logits: np.ndarray, row_spans: np.ndarray, col_spans: np.nda
     over the whole proto. The blocks lie one after another in one buffer, margins -inf, filled in one compiled call
     (compiled_loops.fill_blocks), and one sigmoid covers them all (sigmoid(-inf) is 0 exactly; numpy's exp gives an
     element the same value wherever it sits): no Python per mask. logits: [Ph, Pw, n]."""
-    present = ((row_spans[:, 1] > row_spans[:, 0]) & (col_spans[:, 1] > col_spans[:, 0]))[:, None]
-    # proto rows start-1..stop, cols start-1..stop
-    shapes = np.where(present, np.stack([row_spans[:, 1], col_spans[:, 1]], 1)
-                      - np.stack([row_spans[:, 0], col_spans[:, 0]], 1) + 2, 0)
-    origins = np.where(present, np.stack([row_spans[:, 0], col_spans[:, 0]], 1) - 1, 0)
+    start = np.stack([row_spans[:, 0], col_spans[:, 0]], 1)   # [n, 2]: (row, col)
+    stop = np.stack([row_spans[:, 1], col_spans[:, 1]], 1)
+    present = (stop > start).all(axis=1, keepdims=True)
+    shapes = np.where(present, stop - start + 2, 0)   # proto rows start-1..stop, cols start-1..stop
+    origins = np.where(present, start - 1, 0)
     sizes = shapes[:, 0] * shapes[:, 1]
     starts = np.cumsum(sizes) - sizes
     buffer = np.full(int(sizes.sum()), -np.inf, dtype=np.float32)
