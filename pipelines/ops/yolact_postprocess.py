@@ -366,10 +366,8 @@ class MaskBlocks:
         return len(self.starts)
 
     def box_mask(self, i: int) -> BoxMask:
-        """Mask i over its window (_box_mask)."""
+        """Mask i over its window (_box_mask; an empty block gives an empty one, as in encode)."""
         rows, cols = (int(v) for v in self.shapes[i])
-        if rows == 0 or cols == 0:
-            return BoxMask(0, 0, np.zeros((0, 0), dtype=bool))
         block = self.buffer[self.starts[i]:self.starts[i] + rows * cols].reshape(rows, cols)
         return _box_mask(block, self.row_axis, self.col_axis, (int(self.origins[i, 0]), int(self.origins[i, 1])))
 
