@@ -124,7 +124,8 @@ def test_a_partial_to_do_of_local_files_is_read_on_the_executors(spark, tmp_path
 
 def test_the_listing_joins_the_file_index_only_when_it_holds_empty_files(spark, tmp_path):
     """Spark's scan skips zero-byte files; whole_listing adds them back from the file index, and only then: a
-    listing without empty files is the scan itself (no join in its plan), counted once."""
+    listing without empty files is the scan itself (no join in its plan), counted once. (Spark's index lists the
+    Hadoop inputs; a local directory stands in for one here.)"""
     images = tmp_path / "images"
     for seed in range(3):
         write_image(images / f"{seed}.jpg", seed)
@@ -138,13 +139,13 @@ def test_the_listing_joins_the_file_index_only_when_it_holds_empty_files(spark, 
         passes.append(frame)
         return (frame.count(),)
 
-    listing, counts = src.whole_listing(src.find_images(spark, str(images), [".jpg"]), count)
+    listing, counts = src.whole_listing(src.spark_file_index(spark, str(images), [".jpg"]), count)
     assert counts == (3,) and len(passes) == 1 and "Join" not in plan_text(listing), plan_text(listing)
     listing.unpersist()
 
     (images / "empty one.jpg").write_bytes(b"")
     passes.clear()
-    listing, counts = src.whole_listing(src.find_images(spark, str(images), [".jpg"]), count)
+    listing, counts = src.whole_listing(src.spark_file_index(spark, str(images), [".jpg"]), count)
     rows = {Path(row.path).name: row.size for row in listing.collect()}
     assert counts == (4,) and len(passes) == 2 and "Join" in plan_text(listing)
     assert rows == {**{f"{seed}.jpg": (images / f"{seed}.jpg").stat().st_size for seed in range(3)}, "empty one.jpg": 0}

@@ -1,24 +1,29 @@
 """Read: list images from any storage into a DataFrame and spread them evenly over partitions.
 
 Two readers share one contract, a DataFrame with `path`, `size`, `modification_time` (listing) and later `content`:
-- `spark`: Spark's own binaryFile source, for every Hadoop URI the cluster can read (file://, hdfs://, abfss:// and
-  wasbs:// where hadoop-azure is installed). Listing reads no file content.
+- `spark`: Spark's own binaryFile source, for every Hadoop URI the cluster can read (hdfs://, abfss:// and
+  wasbs:// where hadoop-azure is installed). Listing reads no file content. Local `file:` inputs (a mount every
+  executor sees) are listed by the executors instead, the same rows (pipelines.io.local_listing), and read by path.
 - `azure_sdk`: for clusters without hadoop-azure: executors list the container with the Azure SDK and read
   the bytes (credentials from the environment or a secret scope, shipped in the task closure, never logged).
+
+Spark's file index lists on the driver and holds every file's status there (10^7 files: gigabytes of driver
+heap); the executor listings hold no name on the driver.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
-from pyspark import StorageLevel
+from pyspark import RDD, StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.errors import UsageError
 from pipelines.io.storage import spark_read_path, to_spark_uri
-from pipelines.io.uris import hadoop_path_string, store_of  # noqa: F401 (re-exported)
+from pipelines.io.uris import hadoop_path_string, normalize_extensions, store_of  # noqa: F401 (re-exported)
 from pipelines.spark.hash_partitioning import partition_keys
 
 LISTING_SCHEMA = T.StructType([
@@ -75,6 +80,13 @@ def find_images(spark: SparkSession, uri: str, extensions: list[str], recursive:
     """The images under `uri` (no content read); a missing path or an unreadable scheme is an InputError now."""
     if choose_reader(uri, reader) == "azure_sdk":
         return ImageListing(blobs_listed_by_executors(spark, uri, extensions, azure_credentials))
+    if reads_on_executors(uri):
+        return ImageListing(files_listed_by_executors(spark, uri, extensions, recursive))
+    return spark_file_index(spark, uri, extensions, recursive)
+
+
+def spark_file_index(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True) -> ImageListing:
+    """The images under a Hadoop URI from Spark's binaryFile source (its file index lists on the driver)."""
     try:
         source = (spark.read.format("binaryFile")
                   .option("recursiveFileLookup", str(bool(recursive)).lower())
@@ -106,9 +118,32 @@ def blobs_listed_by_executors(spark: SparkSession, uri: str, extensions: list[st
         raise InputError(f"{uri}: input path does not exist: check --input")
     context = spark.sparkContext
     top = context.parallelize([uri], 1).flatMap(lambda top_uri: listing_top(top_uri, extensions, credentials))
-    blobs = top.repartition(context.defaultParallelism).flatMap(
-        lambda entry: listing_part(entry, extensions, credentials))
+    blobs = spread(top, context.defaultParallelism).flatMap(lambda entry: listing_part(entry, extensions, credentials))
     return spark.createDataFrame(blobs, LISTING_SCHEMA)
+
+
+def files_listed_by_executors(spark: SparkSession, uri: str, extensions: list[str], recursive: bool) -> DataFrame:
+    """DataFrame[path, size, modification_time] of the files under a local `file:` input, listed by the executors as
+    blobs_listed_by_executors lists a container: one task walks the top level, the directories under it are
+    spread over the cluster and each task walks its own, streaming (pipelines.io.local_listing). The driver checks
+    the path and holds no name."""
+    from pipelines.io.local_listing import listing_root, walk_entry, walk_top
+
+    root = listing_root(to_spark_uri(uri))
+    if not os.path.exists(root):
+        raise InputError(f"{uri}: input path does not exist: check --input")
+    wanted = normalize_extensions(extensions)
+    context = spark.sparkContext
+    top = context.parallelize([root], 1).flatMap(lambda top_root: walk_top(top_root, wanted, recursive))
+    files = spread(top, context.defaultParallelism).flatMap(lambda entry: walk_entry(entry, wanted))
+    return spark.createDataFrame(files, LISTING_SCHEMA)
+
+
+def spread(entries: RDD, partitions: int) -> RDD:
+    """The entries of a one-partition RDD dealt round-robin over `partitions` (RDD.repartition moves Python's
+    pickled batches, not entries: a few hundred directories would all land in one task)."""
+    numbered = entries.mapPartitions(lambda part: enumerate(part))
+    return numbered.partitionBy(partitions, lambda number: number % partitions).values()
 
 
 def list_images(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True,

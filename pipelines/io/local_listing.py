@@ -1,0 +1,105 @@
+"""Executor side: the files under a local (or mounted) directory as Spark's binaryFile source lists them for a
+`file:` input, streamed, so that no process holds the whole listing (image_sources.files_listed_by_executors
+spreads the walk over the cluster; the driver holds no name).
+
+Same rows as Spark's file index (tested side by side): paths in Hadoop's spelling (`file:/a b/c%.jpg`, the root as
+given, symlinks under it not resolved), names and directories starting with '.' or '_' skipped (`uris.is_hidden`),
+the extension filter case-insensitive, symlinks followed (a directory symlink that leads back into its own
+ancestors is not walked twice; Spark would loop), broken symlinks and non-regular files skipped, sizes in bytes and
+modification times to the millisecond, as Hadoop's local file system gives them. Zero-byte files are listed with
+their size, 0 (Spark's scan skips them: its listing needs them added back from its index). Not recursive: the files
+directly under the root only (Spark refuses a tree with subdirectories then).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import stat
+from typing import Iterator, NamedTuple
+
+from pipelines.io.uris import has_extension, is_hidden, to_local_path
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+class ListedFile(NamedTuple):
+    path: str                          # Hadoop's spelling: "file:" + the absolute path, not percent-encoded
+    size: int                          # bytes
+    modification_time: dt.datetime     # UTC, milliseconds
+
+
+def listing_root(spark_uri: str) -> str:
+    """The local directory (or file) a `file:` URI names, normalized as Hadoop's Path is (no trailing or double
+    slashes, '.' and '..' segments removed)."""
+    return os.path.normpath(to_local_path(spark_uri))
+
+
+def walk_top(root: str, extensions: tuple[str, ...] | None, recursive: bool) -> Iterator[ListedFile | str]:
+    """The top level of the listing: `root` itself when it is a file, the wanted files directly under it, and
+    (recursive) the paths of its subdirectories, each of which `walk_entry` completes: they can be walked in
+    parallel."""
+    if not os.path.isdir(root):
+        found = _listed(root, extensions)
+        if found is not None:
+            yield found
+        return
+    for entry in _entries(root):
+        if entry.is_dir():
+            if recursive and not (entry.is_symlink() and _leads_back(entry.path)):
+                yield entry.path
+        else:
+            found = _listed(entry.path, extensions)
+            if found is not None:
+                yield found
+
+
+def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None) -> Iterator[ListedFile]:
+    """An entry of `walk_top` as files: a file as itself, a directory as every wanted file under it, depth first."""
+    if isinstance(entry, ListedFile):
+        yield entry
+        return
+    pending = [entry]
+    while pending:
+        directory = pending.pop()
+        subdirectories = []
+        for child in _entries(directory):
+            if child.is_dir():
+                if not (child.is_symlink() and _leads_back(child.path)):
+                    subdirectories.append(child.path)
+            else:
+                found = _listed(child.path, extensions)
+                if found is not None:
+                    yield found
+        pending.extend(reversed(subdirectories))
+
+
+def _entries(directory: str) -> list[os.DirEntry]:
+    """The directory's entries that are not hidden, by name. A directory that cannot be read fails the listing,
+    naming it: its images could not be accounted for."""
+    try:
+        with os.scandir(directory) as entries:
+            return sorted((entry for entry in entries if not is_hidden(entry.name)), key=lambda entry: entry.name)
+    except OSError as err:
+        raise OSError(f"{directory}: cannot list this input directory ({err.strerror or err}); make it readable "
+                      "to the executors or move it out of the input") from None
+
+
+def _listed(path: str, extensions: tuple[str, ...] | None) -> ListedFile | None:
+    """The file at `path` (symlinks followed) when it is a wanted regular file, else None."""
+    if not has_extension(os.path.basename(path), extensions):
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:   # a broken symlink, or a file removed while listing: not a file, as for Hadoop
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    modified = _EPOCH + dt.timedelta(milliseconds=info.st_mtime_ns // 1_000_000)
+    return ListedFile("file:" + path, info.st_size, modified)
+
+
+def _leads_back(link: str) -> bool:
+    """Whether the directory symlink `link` resolves to one of its own ancestors (walking it would never end)."""
+    target = os.path.realpath(link)
+    parent = os.path.realpath(os.path.dirname(link))
+    return parent == target or parent.startswith(target.rstrip("/") + "/")

@@ -1,0 +1,70 @@
+"""Local inputs are listed by the executors (pipelines.io.local_listing, image_sources.files_listed_by_executors):
+the same rows as Spark's file index, which lists on the driver, for every name users have."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipelines.inference import image_sources as src
+from pipelines.io.local_listing import walk_entry, walk_top
+from tests.test_input_names import EMPTY_NAME, GLOB_NAMES, GOOD_NAMES, write_tree
+
+HIDDEN_NAMES = [".hidden.jpg", "_SUCCESS.jpg", "_temporary/0/part.jpg", ".cache/x.jpg", "c/.partial.jpg"]
+OTHER_NAMES = ["notes.txt", "a/b/picture.jpg.txt"]
+
+
+def tricky_tree(root: Path) -> None:
+    write_tree(root, GOOD_NAMES + GLOB_NAMES + HIDDEN_NAMES + OTHER_NAMES + ["deep/1/2/3/4/five.jpg"])
+    (root / EMPTY_NAME).write_bytes(b"")
+    os.symlink(root / "a" / "b", root / "linked dir")                    # a directory symlink: walked
+    os.symlink(root / "d" / "plain.jpg", root / "linked.jpg")             # a file symlink: listed with its target's size
+    os.symlink(root / "missing.jpg", root / "broken.jpg")                 # a broken symlink: not a file
+
+
+def rows(frame) -> list[tuple]:
+    return sorted((row.path, row.size, row.modification_time) for row in frame.collect())
+
+
+def test_the_executors_list_what_sparks_file_index_lists(spark, tmp_path):
+    images = tmp_path / "in put [1] #2"
+    tricky_tree(images)
+    extensions = [".jpg", ".jpeg", ".png"]
+
+    ours = rows(src.find_images(spark, str(images), extensions).scanned)
+    sparks = rows(src.spark_file_index(spark, str(images), extensions).complete())
+    assert [(path, size) for path, size, _ in ours] == [(path, size) for path, size, _ in sparks]
+    # modification times to the millisecond, as Hadoop's; Spark's index gives zero-byte files none
+    assert [row for row in ours if row[1]] == [row for row in sparks if row[1]]
+    assert all(row[2] is not None for row in ours)
+    names = {path[len(f"file:{images}/"):] for path, _, _ in ours}
+    assert names == {*GOOD_NAMES, *GLOB_NAMES, EMPTY_NAME, "deep/1/2/3/4/five.jpg", "linked.jpg",
+                     "linked dir/UPPER CASE.JPG"}
+
+
+def test_not_recursive_is_the_files_directly_under_the_root(spark, tmp_path):
+    """Spark's index refuses a tree with subdirectories when not recursive (CONFLICTING_DIRECTORY_STRUCTURES); the
+    executors list the root's own files."""
+    images = tmp_path / "images"
+    write_tree(images, ["top.jpg", "Top 2.JPG", "sub/below.jpg", ".hidden.jpg"])
+    listed = rows(src.find_images(spark, f"file://{images}/", [".jpg"], recursive=False).scanned)
+    assert [path for path, _, _ in listed] == [f"file:{images}/Top 2.JPG", f"file:{images}/top.jpg"]
+    single = rows(src.find_images(spark, str(images / "sub" / "below.jpg"), [".jpg"]).scanned)
+    assert [path for path, _, _ in single] == [f"file:{images}/sub/below.jpg"]
+
+
+def test_a_directory_symlink_back_into_its_ancestors_is_walked_once(tmp_path):
+    """Hadoop's listing would follow it forever; the walk skips a link that leads back into its own ancestors."""
+    images = tmp_path / "images"
+    write_tree(images, ["a/x.jpg", "y.jpg"])
+    os.symlink(images, images / "a" / "up")
+    os.symlink(images / "a", images / "a again")
+    entries = list(walk_top(str(images), (".jpg",), recursive=True))
+    listed = sorted(found.path for entry in entries for found in walk_entry(entry, (".jpg",)))
+    assert listed == [f"file:{images}/a again/x.jpg", f"file:{images}/a/x.jpg", f"file:{images}/y.jpg"]
+
+
+def test_a_missing_input_is_an_input_error_before_any_job(spark, tmp_path):
+    with pytest.raises(src.InputError, match="does not exist: check --input"):
+        src.find_images(spark, str(tmp_path / "nowhere"), [".jpg"])
