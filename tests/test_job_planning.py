@@ -109,7 +109,7 @@ def test_a_partial_to_do_of_local_files_is_read_on_the_executors(spark, tmp_path
     for seed in range(4):
         write_image(images / f"{seed} %.jpg", seed)
     plan = plan_job(job_config(images, tmp_path / "out"), "yolact")
-    listing = src.list_images(spark, plan.input_uri, [".jpg"])
+    listing = src.local_files_listing(spark, plan.input_uri, [".jpg"], recursive=True, driver_max_files=0)
     _, indexed = index_todo(image_units(listing.where("path NOT LIKE '%0 \\%.jpg'")), 2)   # as run_waves does
     wave = wave_images(spark, plan, indexed, first=0, count=3, n_inputs=4)
     text = wave._jdf.queryExecution().executedPlan().toString()

@@ -1,11 +1,13 @@
-"""Local inputs are listed by the executors (pipelines.io.local_listing, image_sources.files_listed_by_executors):
-the same rows as Spark's file index, which lists on the driver, for every name users have."""
+"""Local inputs are listed by the executors, or by the driver up to a bound of names (pipelines.io.local_listing,
+image_sources.local_files_listing): the same rows as Spark's file index, which lists on the driver, for every name
+users have."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 
 from pipelines.inference import image_sources as src
 from pipelines.io.local_listing import walk_entry, walk_top
@@ -32,7 +34,11 @@ def test_the_executors_list_what_sparks_file_index_lists(spark, tmp_path):
     tricky_tree(images)
     extensions = [".jpg", ".jpeg", ".png"]
 
-    ours = rows(src.find_images(spark, str(images), extensions).scanned)
+    ours = rows(src.find_images(spark, str(images), extensions).scanned)   # small: walked on the driver
+    by_executors = src.local_files_listing(spark, str(images), extensions, recursive=True, driver_max_files=0)
+    assert rows(by_executors) == ours
+    # the directories were dealt over the tasks (the spark fixture has 2 cores)
+    assert by_executors.select(F.spark_partition_id()).distinct().count() == 2
     sparks = rows(src.spark_file_index(spark, str(images), extensions).complete())
     assert [(path, size) for path, size, _ in ours] == [(path, size) for path, size, _ in sparks]
     # modification times to the millisecond, as Hadoop's; Spark's index gives zero-byte files none

@@ -3,7 +3,8 @@
 Two readers share one contract, a DataFrame with `path`, `size`, `modification_time` (listing) and later `content`:
 - `spark`: Spark's own binaryFile source, for every Hadoop URI the cluster can read (hdfs://, abfss:// and
   wasbs:// where hadoop-azure is installed). Listing reads no file content. Local `file:` inputs (a mount every
-  executor sees) are listed by the executors instead, the same rows (pipelines.io.local_listing), and read by path.
+  executor sees) are listed by the executors instead (the driver walks small ones itself), the same rows
+  (pipelines.io.local_listing), and read by path.
 - `azure_sdk`: for clusters without hadoop-azure: executors list the container with the Azure SDK and read
   the bytes (credentials from the environment or a secret scope, shipped in the task closure, never logged).
 
@@ -12,6 +13,7 @@ heap); the executor listings hold no name on the driver.
 """
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -32,6 +34,7 @@ LISTING_SCHEMA = T.StructType([
     T.StructField("modification_time", T.TimestampType(), True),
 ])
 BROADCAST_LISTING_MAX_ROWS = 1_000_000
+DRIVER_LISTING_MAX_FILES = 10_000   # a local listing's names the driver may hold (local_files_listing)
 
 
 class InputError(UsageError):
@@ -81,7 +84,7 @@ def find_images(spark: SparkSession, uri: str, extensions: list[str], recursive:
     if choose_reader(uri, reader) == "azure_sdk":
         return ImageListing(blobs_listed_by_executors(spark, uri, extensions, azure_credentials))
     if reads_on_executors(uri):
-        return ImageListing(files_listed_by_executors(spark, uri, extensions, recursive))
+        return ImageListing(local_files_listing(spark, uri, extensions, recursive))
     return spark_file_index(spark, uri, extensions, recursive)
 
 
@@ -122,21 +125,40 @@ def blobs_listed_by_executors(spark: SparkSession, uri: str, extensions: list[st
     return spark.createDataFrame(blobs, LISTING_SCHEMA)
 
 
-def files_listed_by_executors(spark: SparkSession, uri: str, extensions: list[str], recursive: bool) -> DataFrame:
-    """DataFrame[path, size, modification_time] of the files under a local `file:` input, listed by the executors as
-    blobs_listed_by_executors lists a container: one task walks the top level, the directories under it are
-    spread over the cluster and each task walks its own, streaming (pipelines.io.local_listing). The driver checks
-    the path and holds no name."""
+def local_files_listing(spark: SparkSession, uri: str, extensions: list[str], recursive: bool,
+                        driver_max_files: int = DRIVER_LISTING_MAX_FILES) -> DataFrame:
+    """DataFrame[path, size, modification_time] of the files under a local `file:` input (pipelines.io.local_listing,
+    Spark's rows). The driver walks up to `driver_max_files` of them itself (a small input costs no Spark job and no
+    Python task: the executors' walk made a 200-image job on 2 cores ~1.3 s slower than Spark's index); beyond that the executors list it as
+    blobs_listed_by_executors lists a container: one task walks the top level, the directories under it are dealt
+    over the cluster and each task walks its own, streaming. The driver never holds more than `driver_max_files`
+    names."""
     from pipelines.io.local_listing import listing_root, walk_entry, walk_top
 
     root = listing_root(to_spark_uri(uri))
     if not os.path.exists(root):
         raise InputError(f"{uri}: input path does not exist: check --input")
     wanted = normalize_extensions(extensions)
+    walked = itertools.chain.from_iterable(walk_entry(entry, wanted) for entry in walk_top(root, wanted, recursive))
+    first = list(itertools.islice(walked, driver_max_files + 1))
+    if len(first) <= driver_max_files:
+        return small_listing_frame(spark, first)
+    del first, walked
     context = spark.sparkContext
     top = context.parallelize([root], 1).flatMap(lambda top_root: walk_top(top_root, wanted, recursive))
     files = spread(top, context.defaultParallelism).flatMap(lambda entry: walk_entry(entry, wanted))
     return spark.createDataFrame(files, LISTING_SCHEMA)
+
+
+def small_listing_frame(spark: SparkSession, files: list[tuple]) -> DataFrame:
+    """A listing the driver holds (path, size, modification time in UTC) as a local relation, through Arrow: a
+    DataFrame of Python rows would be re-pickled by a Python task before its first use (~1 s on a job's 2 cores,
+    where the first Python worker is still starting)."""
+    import pandas as pd
+
+    frame = pd.DataFrame(files, columns=LISTING_SCHEMA.fieldNames()).astype(
+        {"path": object, "size": "int64", "modification_time": "datetime64[ns, UTC]"})
+    return spark.createDataFrame(frame, LISTING_SCHEMA)
 
 
 def spread(entries: RDD, partitions: int) -> RDD:

@@ -1,6 +1,6 @@
 """Executor side: the files under a local (or mounted) directory as Spark's binaryFile source lists them for a
-`file:` input, streamed, so that no process holds the whole listing (image_sources.files_listed_by_executors
-spreads the walk over the cluster; the driver holds no name).
+`file:` input, streamed, so that no process holds the whole listing (image_sources.local_files_listing
+spreads the walk over the cluster beyond a bound of names on the driver).
 
 Same rows as Spark's file index (tested side by side): paths in Hadoop's spelling (`file:/a b/c%.jpg`, the root as
 given, symlinks under it not resolved), names and directories starting with '.' or '_' skipped (`uris.is_hidden`),
