@@ -120,6 +120,12 @@ bench-startup: $(VENV)/.stamp-test jvm-archive
 bench-planning: $(VENV)/.stamp-test
 	$(PY) scripts/bench_planning.py $(BENCH_PLANNING_ARGS)
 
+# Listing a local input: the executors' walk against Spark's file index, seconds and driver heap -> reports/listing.md
+# (BENCH_LISTING_ARGS="--files 100000 --directories 100")
+.PHONY: bench-listing
+bench-listing: $(VENV)/.stamp-test
+	$(PY) scripts/bench_listing.py $(BENCH_LISTING_ARGS)
+
 # partitions x executor cores on a 2-worker standalone cluster, 200 bench images -> reports/sweep-cluster/
 sweep: $(VENV)/.stamp-test
 	$(PY) scripts/bench/images.py work/bench/images-200 200

@@ -5,8 +5,8 @@ counted as the job counts it (whole_listing) -> reports/listing.md, .json
     .venv/bin/python scripts/bench_listing.py [--files 100000] [--directories 100] [--repeats 2]
 
 Files of 2 bytes in `--directories` directories (made once under work/bench/listing), local[2], driver memory 1 g.
-Per listing: seconds, and the driver JVM's heap in use after a full collection while the listing is persisted
-(Spark's index keeps every file's status there; the executors' listing keeps none).
+Per listing: seconds, and the driver JVM's heap in use after a full collection (Spark's index keeps every file's
+status there, also in its file status cache afterwards; the executors' listing keeps none).
 """
 from __future__ import annotations
 
@@ -70,15 +70,16 @@ def main() -> int:
     cases = {"executors (the job's)": lambda: src.find_images(spark, str(root), [".jpg"]),
              "Spark's file index": lambda: src.spark_file_index(spark, str(root), [".jpg"])}
     rows = [{"listing": "before any", "files": 0, "seconds": 0.0, "driver_heap_mb": round(heap_mb(spark))}]
-    for _ in range(args.repeats):
-        rows += [measure(spark, name, find, args.files) for name, find in cases.items()]
+    for name, find in cases.items():   # the executors' first: Spark keeps the statuses it lists in a cache
+        rows += [measure(spark, name, find, args.files) for _ in range(args.repeats)]
     spark.stop()
     model, isa = cpu_isa()
     lines = ["# Listing a local input", "",
              f"- CPU: {model}, {os.cpu_count()} cores; instruction set: **{isa[0] if isa else 'none'}**; load average "
              f"at the end {', '.join(f'{x:.1f}' for x in os.getloadavg())}", "",
              f"`scripts/bench_listing.py --files {args.files} --directories {args.directories} --repeats "
-             f"{args.repeats}`: local[2], driver memory 1 g, alternated.", "",
+             f"{args.repeats}`: local[2], driver memory 1 g, one session, the executors' listing first (Spark's index "
+             "leaves the statuses it listed in its file status cache).", "",
              "| listing | files | seconds | driver JVM heap in use, MB |", "|---|---|---|---|"]
     lines += [f"| {row['listing']} | {row['files']:,} | {row['seconds']} | {row['driver_heap_mb']} |" for row in rows]
     reports = Path(args.reports)
