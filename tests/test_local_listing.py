@@ -13,7 +13,7 @@ from pipelines.inference import image_sources as src
 from pipelines.io.local_listing import walk_entry, walk_top
 from tests.test_input_names import EMPTY_NAME, GLOB_NAMES, GOOD_NAMES, write_tree
 
-HIDDEN_NAMES = [".hidden.jpg", "_SUCCESS.jpg", "_temporary/0/part.jpg", ".cache/x.jpg", "c/.partial.jpg"]
+HIDDEN_NAMES = [".hidden.jpg", "_SUCCESS.jpg", "_metadata.jpg", "c/_common_metadata 2.jpg", "_temporary/0/part.jpg", ".cache/x.jpg", "c/.partial.jpg"]
 OTHER_NAMES = ["notes.txt", "a/b/picture.jpg.txt"]
 
 

@@ -206,6 +206,9 @@ def empty_files(spark: SparkSession, source: DataFrame, scanned: DataFrame) -> D
     uris = DataFrame(spark._jsparkSession.createDataset(files, jvm.org.apache.spark.sql.Encoders.STRING()).toDF(),
                      spark)   # one column, "value"
     paths = uris.select(hadoop_path_column(F.col("value")).alias("path"))
+    # the index also lists `_metadata*` and `_common_metadata*` files, which the scan skips as hidden, as
+    # uris.is_hidden does: they are no input of ours, empty or not
+    paths = paths.where(~F.col("path").rlike("/[._][^/]*$"))
     return (paths.join(scanned.select("path"), "path", "left_anti")
             .select("path", F.lit(0).cast("long").alias("size"), F.lit(None).cast("timestamp").alias("modification_time")))
 
