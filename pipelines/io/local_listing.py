@@ -70,18 +70,22 @@ def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None) -> I
                 found = _listed(child.path, extensions)
                 if found is not None:
                     yield found
-        pending.extend(reversed(subdirectories))
+        pending.extend(subdirectories)
 
 
-def _entries(directory: str) -> list[os.DirEntry]:
-    """The directory's entries that are not hidden, by name. A directory that cannot be read fails the listing,
-    naming it: its images could not be accounted for."""
+def _entries(directory: str) -> Iterator[os.DirEntry]:
+    """The directory's entries that are not hidden, streamed in the file system's order (a flat directory of
+    millions of files is never held). A directory that cannot be read fails the listing, naming it: its images
+    could not be accounted for."""
     try:
-        with os.scandir(directory) as entries:
-            return sorted((entry for entry in entries if not is_hidden(entry.name)), key=lambda entry: entry.name)
+        entries = os.scandir(directory)
     except OSError as err:
         raise OSError(f"{directory}: cannot list this input directory ({err.strerror or err}); make it readable "
                       "to the executors or move it out of the input") from None
+    with entries:
+        for entry in entries:
+            if not is_hidden(entry.name):
+                yield entry
 
 
 def _listed(path: str, extensions: tuple[str, ...] | None) -> ListedFile | None:
