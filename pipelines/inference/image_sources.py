@@ -8,8 +8,8 @@ Two readers share one contract, a DataFrame with `path`, `size`, `modification_t
 - `azure_sdk`: for clusters without hadoop-azure: executors list the container with the Azure SDK and read
   the bytes (credentials from the environment or a secret scope, shipped in the task closure, never logged).
 
-Spark's file index lists on the driver and holds every file's status there (10^7 files: gigabytes of driver
-heap); the executor listings hold no name on the driver.
+Spark's file index lists on the driver and holds every file's status there (~1 KB per file: gigabytes of driver heap
+at 10^7 files); the driver of a local or azure_sdk listing holds at most DRIVER_LISTING_MAX_FILES names.
 """
 from __future__ import annotations
 
@@ -128,11 +128,11 @@ def blobs_listed_by_executors(spark: SparkSession, uri: str, extensions: list[st
 def local_files_listing(spark: SparkSession, uri: str, extensions: list[str], recursive: bool,
                         driver_max_files: int = DRIVER_LISTING_MAX_FILES) -> DataFrame:
     """DataFrame[path, size, modification_time] of the files under a local `file:` input (pipelines.io.local_listing,
-    Spark's rows). The driver walks up to `driver_max_files` of them itself (a small input costs no Spark job and no
-    Python task: the executors' walk made a 200-image job on 2 cores ~1.3 s slower than Spark's index); beyond that the executors list it as
-    blobs_listed_by_executors lists a container: one task walks the top level, the directories under it are dealt
-    over the cluster and each task walks its own, streaming. The driver never holds more than `driver_max_files`
-    names."""
+    Spark's rows). Up to `driver_max_files` files the driver walks them itself (no Spark job, no Python task: the
+    executors' walk made a 200-image job on 2 cores ~1.3 s slower than Spark's index); beyond that the executors
+    list the input as blobs_listed_by_executors lists a container: one task walks the top level, the directories
+    under it are dealt over the cluster and each task walks its own, streaming. The driver never holds more than
+    `driver_max_files` names."""
     from pipelines.io.local_listing import listing_root, walk_entry, walk_top
 
     root = listing_root(to_spark_uri(uri))
