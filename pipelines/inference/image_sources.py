@@ -9,7 +9,7 @@ Two readers share one contract, a DataFrame with `path`, `size`, `modification_t
   the bytes (credentials from the environment or a secret scope, shipped in the task closure, never logged).
 
 Spark's file index lists on the driver and holds every file's status there (~1 KB per file: gigabytes of driver heap
-at 10^7 files); the driver of a local or azure_sdk listing holds at most DRIVER_LISTING_MAX_FILES names.
+at 10^7 files); the driver holds at most DRIVER_LISTING_MAX_FILES names of a local listing, none of an azure_sdk one.
 """
 from __future__ import annotations
 
