@@ -13,7 +13,8 @@ from pipelines.inference import image_sources as src
 from pipelines.io.local_listing import walk_entry, walk_top
 from tests.test_input_names import EMPTY_NAME, GLOB_NAMES, GOOD_NAMES, write_tree
 
-HIDDEN_NAMES = [".hidden.jpg", "_SUCCESS.jpg", "_metadata.jpg", "c/_common_metadata 2.jpg", "_temporary/0/part.jpg", ".cache/x.jpg", "c/.partial.jpg"]
+HIDDEN_NAMES = [".hidden.jpg", "_SUCCESS.jpg", "_metadata.jpg", "c/_common_metadata 2.jpg", "_temporary/0/part.jpg",
+                ".cache/x.jpg", "c/.partial.jpg"]
 OTHER_NAMES = ["notes.txt", "a/b/picture.jpg.txt"]
 
 
@@ -21,7 +22,7 @@ def tricky_tree(root: Path) -> None:
     write_tree(root, GOOD_NAMES + GLOB_NAMES + HIDDEN_NAMES + OTHER_NAMES + ["deep/1/2/3/4/five.jpg"])
     (root / EMPTY_NAME).write_bytes(b"")
     os.symlink(root / "a" / "b", root / "linked dir")                    # a directory symlink: walked
-    os.symlink(root / "d" / "plain.jpg", root / "linked.jpg")             # a file symlink: listed with its target's size
+    os.symlink(root / "d" / "plain.jpg", root / "linked.jpg")             # a file symlink: its target's size
     os.symlink(root / "missing.jpg", root / "broken.jpg")                 # a broken symlink: not a file
 
 
