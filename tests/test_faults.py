@@ -109,6 +109,23 @@ def test_the_images_in_flight_when_an_attempt_died_are_retried_one_group_each(tm
     assert TaskCrashGuard(guard, directory, 3).crashes == {"a": 1, "b": 2, "c": 1}
 
 
+def test_a_rerun_of_the_stage_counts_as_a_retry(tmp_path):
+    """An executor lost with shuffle output makes Spark run the reading stage again, its tasks' attempt numbers
+    starting at 0: markers are named by the task attempt id, which keeps growing, so such a task is retried (it
+    cleans up after the attempt that died) and reads that attempt's marker, which its own does not overwrite."""
+    guard = CrashGuard(Location(str(tmp_path / "scope")), threshold=2)
+    directory = guard.scope / "p00003"
+    first = TaskCrashGuard(guard, directory, 17)
+    assert not first.retried and not first.crashes
+    first.in_flight(["a", "b"])                                  # the executor dies with it
+    again = TaskCrashGuard(guard, directory, 40)                 # attempt 1 of the first stage attempt ...
+    again.in_flight(["b"])                                       # ... dies too
+    rerun = TaskCrashGuard(guard, directory, 123)                # attempt 0 of the stage's second attempt
+    assert rerun.retried and rerun.crashes == {"a": 1, "b": 2}
+    rerun.in_flight(["a"])
+    assert TaskCrashGuard(guard, directory, 1000).crashes == {"a": 2, "b": 2}
+
+
 def test_a_retried_task_removes_the_temp_files_a_killed_attempt_left(spark, tmp_path):
     """A worker killed between a label map's temp file and its rename leaves the temp file; the task's retry rewrites
     those label maps and removes such leftovers beside them. The killed attempts here die on poison.jpg, in the same

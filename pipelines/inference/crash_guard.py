@@ -3,7 +3,7 @@ the whole task, and Spark's retries would crash on it again until the job fails.
 smarter.
 
 Before the risky work on a group of images (a batch: decode, inference, postprocess) a task records them as "in
-flight" in a marker for its (scope, partition, attempt) on shared storage, one write per group, and clears it when
+flight" in a marker for its (scope, partition, task attempt) on shared storage, one write per group, and clears it when
 the task ends normally. A retried task first reads the markers its earlier attempts left behind: an image that was
 in flight when `threshold` attempts died is not touched again and becomes an error row ("PoisonImage") instead, so
 the task, and the job, go on. The images in flight at an earlier death (suspects) are processed one group each,
@@ -35,25 +35,37 @@ class CrashGuard:
         from pyspark import TaskContext
 
         context = TaskContext.get()
-        partition, attempt = (context.partitionId(), context.attemptNumber()) if context else (0, 0)
-        return TaskCrashGuard(self, self.scope / f"p{partition:05d}", attempt)
+        partition, attempt_id = (context.partitionId(), context.taskAttemptId()) if context else (0, 0)
+        return TaskCrashGuard(self, self.scope / f"p{partition:05d}", attempt_id)
 
 
 class TaskCrashGuard:
-    def __init__(self, guard: CrashGuard, directory: Location, attempt: int) -> None:
+    """One task attempt's guard, its marker named by Spark's task attempt id (unique in the application, growing as
+    attempts start). Not by the attempt number: when an executor dies with shuffle output that the stage reads,
+    Spark runs the stage again and its tasks' attempt numbers start at 0 again."""
+
+    def __init__(self, guard: CrashGuard, directory: Location, attempt_id: int) -> None:
         self.guard = guard
-        self.marker = directory / f"attempt-{attempt:03d}"
-        self.retried = attempt > 0   # an earlier attempt of this task died or failed
-        self.crashes = collections.Counter(self._read_earlier(directory, attempt))
+        self.marker = directory / f"attempt-{attempt_id:012d}"
+        earlier = self._read_earlier(directory, attempt_id)
+        self.retried = earlier is not None   # an earlier attempt of this task ran (and died or failed)
+        self.crashes = collections.Counter(earlier or [])
 
     @staticmethod
-    def _read_earlier(directory: Location, attempt: int) -> list[str]:
-        """Every key in flight when an earlier attempt died, once per attempt."""
+    def _read_earlier(directory: Location, attempt_id: int) -> list[str] | None:
+        """Every key in flight when an earlier attempt of the task died, once per attempt; None when no earlier
+        attempt left a marker (one listing of the task's markers: none, almost always)."""
+        try:
+            uris = directory.list_files()
+        except FileNotFoundError:
+            return None
+        names = sorted(uri.rstrip("/").rpartition("/")[2] for uri in uris)
+        earlier = [name for name in names if name.startswith("attempt-") and int(name[len("attempt-"):]) < attempt_id]
+        if not earlier:
+            return None
         keys = []
-        for earlier in range(attempt):
-            marker = directory / f"attempt-{earlier:03d}"
-            if marker.exists():
-                keys.extend({line for line in marker.read_bytes().decode().splitlines() if line})
+        for name in earlier:
+            keys.extend({line for line in (directory / name).read_bytes().decode().splitlines() if line})
         return keys
 
     def check(self, key: str) -> None:
