@@ -43,14 +43,9 @@ def walk_top(root: str, extensions: tuple[str, ...] | None, recursive: bool) -> 
         if found is not None:
             yield found
         return
-    for entry in _entries(root):
-        if entry.is_dir():
-            if recursive and not (entry.is_symlink() and _leads_back(entry.path)):
-                yield entry.path
-        else:
-            found = _listed(entry.path, extensions)
-            if found is not None:
-                yield found
+    for child in _children(root, extensions):
+        if isinstance(child, ListedFile) or recursive:
+            yield child
 
 
 def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None) -> Iterator[ListedFile]:
@@ -62,15 +57,25 @@ def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None) -> I
     while pending:
         directory = pending.pop()
         subdirectories = []
-        for child in _entries(directory):
-            if child.is_dir():
-                if not (child.is_symlink() and _leads_back(child.path)):
-                    subdirectories.append(child.path)
+        for child in _children(directory, extensions):
+            if isinstance(child, ListedFile):
+                yield child
             else:
-                found = _listed(child.path, extensions)
-                if found is not None:
-                    yield found
+                subdirectories.append(child)
         pending.extend(subdirectories)
+
+
+def _children(directory: str, extensions: tuple[str, ...] | None) -> Iterator[ListedFile | str]:
+    """The wanted files directly under `directory` and the paths of its subdirectories (a directory symlink that
+    leads back into its own ancestors left out), in the file system's order."""
+    for entry in _entries(directory):
+        if entry.is_dir():
+            if not (entry.is_symlink() and _leads_back(entry.path)):
+                yield entry.path
+        else:
+            found = _listed(entry.path, extensions)
+            if found is not None:
+                yield found
 
 
 def _entries(directory: str) -> Iterator[os.DirEntry]:
