@@ -6,7 +6,9 @@ nothing is lost when the app ends before a poll).
 
 Definitions (all from SparkListenerTaskEnd events):
 - tasks: every task attempt that ended. failed_tasks: attempts whose end reason is not Success (exceptions, lost
-  executors, kills). retried_tasks: attempts with attempt number > 0 (a task that was run again).
+  executors, kills). retried_tasks: attempts of a task (a stage's partition) that already ended once: a retry
+  after a failure, a re-run of a stage whose output an executor loss took (its attempt numbers start at 0 again),
+  a speculative copy.
 - executor busy time: per executor, the length of the union of its task attempts' [launch, finish] intervals
   (wall-clock time during which at least one of its cores ran a task; concurrent tasks are not added up).
   `one_frame_s` = the longest executor busy time / images, the paper's "one frame time".
@@ -106,6 +108,7 @@ def parse_event_log(path: str | Path) -> AppMetrics:
     python_stages: set[int] = set()
     warm_up_stages: set[int] = set()
     task_reads: list[tuple[int, bool, float, float]] = []   # (stage, success, shuffle records, input records)
+    ended_tasks: set[tuple[int, int]] = set()                # (stage, partition index)
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -128,13 +131,15 @@ def parse_event_log(path: str | Path) -> AppMetrics:
                 success = event.get("Task End Reason", {}).get("Reason") == "Success"
                 metrics.tasks += 1
                 metrics.failed_tasks += 0 if success else 1
-                metrics.retried_tasks += 1 if int(info.get("Attempt", 0)) > 0 else 0
+                stage = int(event["Stage ID"])
+                task = (stage, int(info.get("Index", -1)))
+                metrics.retried_tasks += 1 if task in ended_tasks else 0
+                ended_tasks.add(task)
                 executor = str(info.get("Executor ID"))
                 launch, finish = int(info["Launch Time"]), int(info["Finish Time"])
                 if finish >= launch > 0:
                     intervals.setdefault(executor, []).append((launch, finish))
                 accs = _accumulables(info)
-                stage = int(event["Stage ID"])
                 if PYTHON_SQL_METRIC in accs:
                     python_stages.add(stage)
                 task_reads.append((stage, success, accs.get("internal.metrics.shuffle.read.recordsRead", 0.0),
