@@ -11,7 +11,7 @@ from pipelines.training.augment import AugmentConfig
 from pipelines.training.launcher import prepare, resolve_paths
 from pipelines.training.prepare import read_skipped
 from pipelines.training.shards import ShardIndex
-from tests.fixtures_training import BAD_ENTRIES, TINY_IMAGES, tiny_config, tiny_roads  # noqa: F401
+from tests.fixtures_training import BAD_ENTRIES, TINY_IMAGES, make_tiny_roads, tiny_config, tiny_roads  # noqa: F401
 
 CLASSES = ("pothole", "crack", "patch", "puddle")
 
@@ -55,3 +55,24 @@ def test_unknown_category_is_a_clear_error(spark, tiny_roads, tmp_path):
     cfg = resolve_paths(tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run"))
     with pytest.raises(ValueError, match="not model classes"):
         prepare(spark, cfg, ("pothole", "crack"))
+
+
+def test_awkward_file_names_are_found_and_an_empty_file_is_corrupt_not_missing(spark, tmp_path):
+    """Names with spaces, %, #, non-ASCII letters, an upper-case extension and a subdirectory are matched to their
+    annotations; a zero-byte image (which Spark's binaryFile scan skips) is skipped as corrupt, with its reason."""
+    data = make_tiny_roads(tmp_path / "data [x]")
+    coco = json.loads((data / "annotations.json").read_text())
+    names = ["a b.jpg", "pct%20x.jpg", "hash#1.jpg", "ünï.jpg", "sub dir/in sub.jpg", "UP.JPG"]
+    for image, name in zip(coco["images"], names):
+        (data / "images" / name).parent.mkdir(exist_ok=True)
+        (data / "images" / image["file_name"]).rename(data / "images" / name)
+        image["file_name"] = name
+    empty = coco["images"][len(names)]["file_name"]
+    (data / "images" / empty).write_bytes(b"")
+    (data / "annotations.json").write_text(json.dumps(coco))
+
+    report = prepare(spark, resolve_paths(tiny_config(data, tmp_path / "prepared", tmp_path / "run")), CLASSES)
+    assert report.skipped() == {"no_annotations": 1, "missing": 1, "corrupt": 2, "size_mismatch": 0}
+    assert report.usable("train") + report.usable("val") == TINY_IMAGES - 1
+    skipped = read_skipped(spark, str(tmp_path / "prepared")).set_index("file_name")
+    assert skipped.loc[empty, "reason"] == "corrupt" and "empty (0 bytes)" in skipped.loc[empty, "message"]

@@ -135,10 +135,14 @@ def _class_index(dataset: Dataset, spec: PrepareSpec) -> dict[int, int]:
 def _check_images(spark: SparkSession, annotated: DataFrame, images_uri: str) -> DataFrame:
     """Join the image bytes and give each row a skip reason (NULL when usable)."""
     root = storage.to_spark_uri(images_uri).rstrip("/")
-    files = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
-             .load(storage.spark_read_path(images_uri).rstrip("/")))
+    source = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+              .load(storage.spark_read_path(images_uri).rstrip("/")))
+    from pipelines.inference.image_sources import empty_files
     from pipelines.io.output_paths import qualify_root
 
+    # zero-byte files are not in Spark's scan: added back without bytes, they are "corrupt (empty)", not "missing"
+    empty = empty_files(spark, source, source.select("path")).select("path", F.unhex(F.lit("")).alias("content"))
+    files = source.select("path", "content").unionByName(empty)
     qualified = qualify_root(spark, root).rstrip("/") + "/"
     files = files.select(F.expr(f"substring(path, {len(qualified) + 1})").alias("file_name"),
                          F.col("content").alias("image"))
