@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench import images as bench_images  # noqa: E402
 from bench import report, rows  # noqa: E402
+from bench.machine import cpu_isa, isa_text  # noqa: E402
 
 ALL_ROWS = list(rows.ROW_NAMES)
 MODEL_NAME = "yolact_resnet50_550"
@@ -75,11 +75,8 @@ def ensure_int8_model(work: Path, model: Path, images: Path) -> Path:
 
 
 def machine_facts() -> list[str]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine())
-    flags = Path("/proc/cpuinfo").read_text()
-    extras = [flag for flag in ("avx512_bf16", "amx_bf16") if flag in flags]
-    return [f"{os.cpu_count()} cores ({cpu}; {', '.join(extras) or 'no bf16 instructions'})",
+    cpu, isa = cpu_isa()
+    return [f"{os.cpu_count()} cores ({cpu}; instruction set: {isa_text(isa)})",
             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"]
 
 

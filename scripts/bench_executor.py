@@ -47,6 +47,7 @@ import numpy as np  # noqa: E402
 from bench import images as bench_images  # noqa: E402
 from bench.benchmark_app import run_benchmark_app  # noqa: E402
 from bench.job_runs import marginal_throughput  # noqa: E402
+from bench.machine import cpu_isa, isa_text  # noqa: E402
 
 log = logging.getLogger("bench_executor")
 EXECUTOR_SIZES = ((640, 480), (1280, 960), (1920, 1080), (480, 640), (1024, 768), (1080, 1920), (800, 600),
@@ -66,13 +67,9 @@ VARIANTS = {"before": "previous per-image code", "after": "current code",
 
 # ----------------------------------------------------------------------------------------------------- machine
 def cpu_facts() -> dict:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
-                 platform.machine())
-    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
-    isa = [name for name, flag in (("AMX", "amx_tile"), ("AVX-512", "avx512f"), ("AVX-512 BF16", "avx512_bf16"),
-                                   ("AVX-512 VNNI", "avx512_vnni"), ("AVX2", "avx2")) if flag in flags]
     import openvino
+
+    model, isa = cpu_isa()
 
     return {"cpu": model, "cores": os.cpu_count(), "isa": isa, "best_isa": isa[0] if isa else "none",
             "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
@@ -269,7 +266,7 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC. `{' '.join(sys.argv)}`",
         "",
         f"- CPU: {facts['cpu']}, {facts['cores']} cores, {facts['memory_gib']} GiB; instruction set: "
-        f"**{facts['best_isa']}** ({', '.join(facts['isa']) or 'none of AMX/AVX-512/AVX2'}); OpenVINO "
+        f"{isa_text(facts['isa'])}; OpenVINO "
         f"{facts['openvino']}, Python {facts['python']}; 1-min load average at start {facts['load_average'][0]:.2f}"
         f", at end {os.getloadavg()[0]:.2f} (other work on the machine skews both sides of each ratio)",
         "- executor: `ImageInference.__call__` (what mapInArrow runs) in P spawned processes x 1 OpenVINO thread "

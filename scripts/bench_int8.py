@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import re
 import sys
 import tempfile
 import time
@@ -32,6 +30,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench.benchmark_app import run_benchmark_app  # noqa: E402
 from bench.int8_model import BUNDLED, CALIBRATION_SEED, make_int8_model  # noqa: E402
+from bench.machine import cpu_model_and_flags  # noqa: E402
 from model_export import detector_export  # noqa: E402
 from model_export import quantize  # noqa: E402
 from model_export.parity import detection_agreement  # noqa: E402
@@ -47,10 +46,8 @@ ROAD_GROUPS = {"blobs": ("pothole", "patch", "puddle"), "crack": ("crack",)}
 
 
 def cpu_info() -> dict:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    flags = set(re.search(r"^flags\s*:\s*(.*)$", text, re.M).group(1).split()) if "flags" in text else set()
-    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-    return {"model": model.group(1).strip() if model else platform.processor(), "cpus": cpu_count(),
+    model, flags = cpu_model_and_flags()
+    return {"model": model, "cpus": cpu_count(),
             "flags": [f for f in ISA_FLAGS if f in flags], "bf16": bool({"amx_bf16", "avx512_bf16"} & flags)}
 
 

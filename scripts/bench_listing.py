@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_planning import cpu_isa  # noqa: E402
+from bench.machine import cpu_isa, isa_text  # noqa: E402
 from pyspark import StorageLevel  # noqa: E402
 
 from pipelines.inference import image_sources as src  # noqa: E402
@@ -75,7 +75,7 @@ def main() -> int:
     spark.stop()
     model, isa = cpu_isa()
     lines = ["# Listing a local input", "",
-             f"- CPU: {model}, {os.cpu_count()} cores; instruction set: **{isa[0] if isa else 'none'}**; load average "
+             f"- CPU: {model}, {os.cpu_count()} cores; instruction set: {isa_text(isa)}; load average "
              f"at the end {', '.join(f'{x:.1f}' for x in os.getloadavg())}", "",
              f"`scripts/bench_listing.py --files {args.files} --directories {args.directories} --repeats "
              f"{args.repeats}`: local[2], driver memory 1 g, one session, the executors' listing first (Spark's index "

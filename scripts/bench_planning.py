@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -26,18 +25,11 @@ from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+from bench.machine import cpu_isa, isa_text  # noqa: E402
+
 NEW_IMAGES = 1000
 SHA = "0" * 64
-
-
-def cpu_isa() -> tuple[str, list[str]]:
-    """The CPU model and its vector instruction sets (as scripts/bench_executor.py reports them)."""
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
-                 platform.machine())
-    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
-    return model, [name for name, flag in (("AMX", "amx_tile"), ("AVX-512", "avx512f"), ("AVX-512 BF16", "avx512_bf16"),
-                                           ("AVX-512 VNNI", "avx512_vnni"), ("AVX2", "avx2")) if flag in flags]
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -130,8 +122,7 @@ def run_child(size: int, scenario: str, args) -> dict:
 def report(results: list[dict], args) -> str:
     model, isa = cpu_isa()
     lines = ["# Planning at scale (synthetic listings and done tables, no image files)", "",
-             f"- CPU: {model}, {os.cpu_count()} cores; instruction set: **{isa[0] if isa else 'none'}** "
-             f"({', '.join(isa) or 'none of AMX/AVX-512/AVX2'}); load average at the end "
+             f"- CPU: {model}, {os.cpu_count()} cores; instruction set: {isa_text(isa)}; load average at the end "
              f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}",
              f"- local[2], spark.driver.memory {args.driver_memory}; `python scripts/bench_planning.py --sizes "
              f"{','.join(map(str, args.sizes))}`",

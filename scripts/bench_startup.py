@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench import images as bench_images  # noqa: E402
 from bench.job_runs import run_job  # noqa: E402
-from bench_planning import cpu_isa  # noqa: E402
+from bench.machine import cpu_isa, isa_text  # noqa: E402
 
 CONFIGS = {   # the driver JVM's flags: a caller's own CDS or JIT flags replace the job's (spark_session.quick_start_options)
     "quick start": [],
@@ -176,7 +176,7 @@ def report(rows: list[dict], args) -> str:
               ("empty_after_history_first_s", f"empty incremental after {args.history_runs} runs, first: wall s"),
               ("empty_after_history_s", f"empty incremental after {args.history_runs} runs, again: wall s")]
     lines = ["# The job's own cost: start-up, small runs, empty incremental runs", "",
-             f"Machine: {os.cpu_count()} cores, {model}; instruction sets: {', '.join(isa) or 'none of AVX2+'}.",
+             f"Machine: {os.cpu_count()} cores, {model}; instruction set: {isa_text(isa)}.",
              f"Medians of {args.repeats} repeats, configurations alternated in one session "
              f"(`python scripts/bench_startup.py --repeats {args.repeats} --images {args.images} "
              f"--history-runs {args.history_runs} --configs '{','.join(args.configs)}'`).", "",

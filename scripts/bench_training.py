@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
+from bench.machine import cpu_isa  # noqa: E402
 
 STRATEGIES = [  # name, overrides
     ("local", {"distributed.strategy": "local", "distributed.num_processes": 1, "distributed.threads_per_process": 2}),
@@ -130,7 +131,9 @@ def machine() -> dict:
     import torch
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+    cpu, isa = cpu_isa()
+    return {"cpus": os.cpu_count(), "cpu": cpu, "instruction_sets": isa, "platform": platform.platform(),
+            "torch": torch.__version__,
             "load_average_at_end": [round(v, 2) for v in load] if load else None}
 
 

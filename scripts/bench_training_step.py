@@ -26,6 +26,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+from bench.machine import cpu_isa  # noqa: E402
+
 LOG = logging.getLogger("bench_training_step")
 DEFAULT_MODELS = "yolact_resnet50:550:32,yolact_r18_small:352:64"
 
@@ -55,17 +58,7 @@ def machine(device) -> dict:
 
     info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpus": os.cpu_count(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
-    flags, model = set(), None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model is None:
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    info["cpu"] = model
-    info["cpu_isa"] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    info["cpu"], info["cpu_isa"] = cpu_isa()
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(gpu=torch.cuda.get_device_name(device), gpu_memory_gib=round(props.total_memory / 2**30, 1),
