@@ -103,12 +103,13 @@ def resolve_local(uri: str) -> str:
 
 
 def local_path(uri: str) -> Path | None:
-    """The local filesystem path a URI names (plain paths and file: URIs), or None for other schemes."""
-    if uri.startswith("file:"):
-        from urllib.parse import unquote, urlparse
+    """The local filesystem path a URI names (plain paths, and file: URIs in Hadoop's spelling, as the job reads
+    them: `file:/a b` is "/a b", `file:///a%20b` is "/a%20b", see storage.to_spark_uri), or None for other schemes."""
+    from pipelines.io.uris import is_local, to_local_path
 
-        return Path(unquote(urlparse(uri).path))
-    return None if "://" in uri else Path(uri).expanduser()
+    if not is_local(uri):
+        return None
+    return Path(to_local_path(uri)).expanduser()
 
 
 KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",

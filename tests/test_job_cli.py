@@ -50,6 +50,27 @@ def test_missing_input_is_refused_and_leaves_no_output_behind(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_percent_encoded_input_is_refused_naming_the_spelling_that_exists(tmp_path):
+    """Paths are Hadoop's spelling, never percent-decoded (the listing reads `file:///a%20b` as "a%20b"): the check
+    before Spark starts reads them the same way, and says which spelling exists."""
+    images = one_image(tmp_path)
+    (images.parent / "with space").mkdir()
+    encoded = f"file://{images.parent}/with%20space"
+    done = run_cli("--input", encoded, "--output", str(tmp_path / "out"))
+    assert_refused_before_spark(done, f"(paths are not percent-decoded: write 'file://{images.parent}/with space')")
+
+
+def test_local_paths_are_checked_in_hadoops_spelling(tmp_path):
+    from pipelines.inference.inference_job import check_local_paths
+    from pipelines.job_config import local_path
+
+    literal = tmp_path / "lit%20dir#1"
+    literal.mkdir()
+    assert local_path(f"file://{literal}") == literal and local_path(f"file:{literal}") == literal
+    assert local_path("hdfs://nn/a") is None and local_path("az://container/a") is None
+    check_local_paths(f"file://{literal}", f"file://{tmp_path}/out%20put")   # exists as spelled: no error
+
+
 def test_a_directory_without_a_model_is_refused(tmp_path):
     done = run_cli("--input", str(one_image(tmp_path)), "--output", str(tmp_path / "out"), "--model", str(tmp_path))
     assert_refused_before_spark(done, "manifest.json")

@@ -17,6 +17,7 @@ import itertools
 import os
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import unquote
 
 from pyspark import RDD, StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -25,7 +26,8 @@ from pyspark.sql import types as T
 
 from pipelines.errors import UsageError
 from pipelines.io.storage import spark_read_path, to_spark_uri
-from pipelines.io.uris import hadoop_path_string, normalize_extensions, store_of  # noqa: F401 (re-exported)
+from pipelines.io.uris import (hadoop_path_string, is_local, normalize_extensions,  # noqa: F401 (re-exported)
+                               store_of, to_local_path)
 from pipelines.spark.hash_partitioning import partition_keys
 
 LISTING_SCHEMA = T.StructType([
@@ -39,6 +41,21 @@ DRIVER_LISTING_MAX_FILES = 10_000   # a local listing's names the driver may hol
 
 class InputError(UsageError):
     pass
+
+
+def missing_input(uri: str) -> InputError:
+    """The error for an input that does not exist. Paths are read in Hadoop's spelling, never percent-decoded
+    (`file:///a%20b` is the directory "a%20b"): where the decoded spelling of a local URI exists, say so."""
+    message = f"{uri}: input path does not exist: check --input"
+    decoded = unquote(uri)
+    if decoded != uri and is_local(uri):
+        try:
+            found = os.path.exists(to_local_path(decoded))
+        except UsageError:
+            found = False
+        if found:
+            message += f" (paths are not percent-decoded: write '{decoded}')"
+    return InputError(message)
 
 
 def choose_reader(uri: str, reader: str = "auto") -> str:
@@ -99,7 +116,7 @@ def spark_file_index(spark: SparkSession, uri: str, extensions: list[str], recur
     except Exception as err:  # AnalysisException, Py4JJavaError: both carry the reason in the message
         text = str(err).splitlines()[0]
         if "PATH_NOT_FOUND" in text or "does not exist" in text:
-            raise InputError(f"{uri}: input path does not exist: check --input") from None
+            raise missing_input(uri) from None
         if "ClassNotFoundException" in str(err) or "No FileSystem for scheme" in str(err):
             raise InputError(f"{uri}: this Spark cannot read this scheme (no Hadoop connector on the classpath, e.g. "
                              "hadoop-azure for abfss://): install it on the cluster or use input.reader azure_sdk "
@@ -118,7 +135,7 @@ def blobs_listed_by_executors(spark: SparkSession, uri: str, extensions: list[st
     from pipelines.io.azure_storage import blob_exists, listing_part, listing_top
 
     if not blob_exists(uri, credentials):
-        raise InputError(f"{uri}: input path does not exist: check --input")
+        raise missing_input(uri)
     context = spark.sparkContext
     top = context.parallelize([uri], 1).flatMap(lambda top_uri: listing_top(top_uri, extensions, credentials))
     blobs = spread(top, context.defaultParallelism).flatMap(lambda entry: listing_part(entry, extensions, credentials))
@@ -137,7 +154,7 @@ def local_files_listing(spark: SparkSession, uri: str, extensions: list[str], re
 
     root = listing_root(to_spark_uri(uri))
     if not os.path.exists(root):
-        raise InputError(f"{uri}: input path does not exist: check --input")
+        raise missing_input(uri)
     wanted = normalize_extensions(extensions)
     walked = itertools.chain.from_iterable(walk_entry(entry, wanted) for entry in walk_top(root, wanted, recursive))
     first = list(itertools.islice(walked, driver_max_files + 1))

@@ -209,7 +209,7 @@ def check_local_paths(input_uri: str, output_uri: str) -> None:
     checked by their store when the job lists and locks them)."""
     source, target = local_path(input_uri), local_path(output_uri)
     if source is not None and not source.exists():
-        raise src.InputError(f"{input_uri}: input path does not exist: check --input")
+        raise src.missing_input(input_uri)
     if target is not None and target.exists() and not target.is_dir():
         raise src.InputError(f"{output_uri}: --output names an existing file; give a directory (new or a previous "
                              "run's output)")
