@@ -60,6 +60,18 @@ def test_a_percent_encoded_input_is_refused_naming_the_spelling_that_exists(tmp_
     assert_refused_before_spark(done, f"(paths are not percent-decoded: write 'file://{images.parent}/with space')")
 
 
+def test_an_unreachable_file_system_is_a_clear_error_under_a_quiet_console(tmp_path):
+    """No name node listens on port 1: the listing's ConnectException becomes the input's error (exit 2), and the
+    executors' warm-up, started beside the listing, ends before the session stops (a job cancelled then prints
+    Spark's warnings and stack traces about killed tasks under the error)."""
+    done = run_cli("--input", "hdfs://localhost:1/images", "--output", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "error: hdfs://localhost:1/images: cannot list this input (java.net.ConnectException" in done.stderr
+    assert "check the URI's host and port" in done.stderr
+    noise = [line for line in done.stderr.splitlines() if " WARN " in line or " ERROR " in line or "Traceback" in line]
+    assert not noise, done.stderr[-3000:]
+
+
 def test_local_paths_are_checked_in_hadoops_spelling(tmp_path):
     from pipelines.inference.inference_job import check_local_paths
     from pipelines.job_config import local_path

@@ -71,7 +71,18 @@ class ExecutorWarmUp:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self._thread is not None and self._thread.is_alive():
+    def __exit__(self, exc_type, *exc) -> None:
+        """Cancels the warm-up job if it still runs when the block ends (it would compete with the inference), except
+        when the block ends in an error: then the job is left to end (seconds), as a job cancelled just before the
+        session stops fills the console with Spark's warnings about killed tasks under the error message."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+        ends_in_error = exc_type is not None and issubclass(exc_type, Exception)
+        if not ends_in_error and self._running():   # Spark warns on the console when it finds nothing to cancel
             self.spark.sparkContext.cancelJobGroup(self.group)
-            self._thread.join(timeout=60)
+        self._thread.join(timeout=60)
+
+    def _running(self) -> bool:
+        tracker = self.spark.sparkContext.statusTracker()
+        jobs = (tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(self.group))
+        return any(job is not None and job.status == "RUNNING" for job in jobs)
