@@ -61,15 +61,19 @@ def test_a_percent_encoded_input_is_refused_naming_the_spelling_that_exists(tmp_
 
 
 def test_an_unreachable_file_system_is_a_clear_error_under_a_quiet_console(tmp_path):
-    """No name node listens on port 1: the listing's ConnectException becomes the input's error (exit 2), and the
-    executors' warm-up, started beside the listing, ends before the session stops (a job cancelled then prints
-    Spark's warnings and stack traces about killed tasks under the error)."""
-    done = run_cli("--input", "hdfs://localhost:1/images", "--output", str(tmp_path / "out"))
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert "error: hdfs://localhost:1/images: cannot list this input (java.net.ConnectException" in done.stderr
-    assert "check the URI's host and port" in done.stderr
-    noise = [line for line in done.stderr.splitlines() if " WARN " in line or " ERROR " in line or "Traceback" in line]
-    assert not noise, done.stderr[-3000:]
+    """No name node listens on port 1: the ConnectException of the input's listing, or of the first look at the
+    output, is an error naming the URI (exit 2), and the executors' warm-up, started beside the listing, ends before
+    the session stops (a job cancelled then prints Spark's warnings and stack traces about killed tasks)."""
+    images = one_image(tmp_path)
+    for where in ("--input", "--output"):
+        paths = {"--input": str(images), "--output": str(tmp_path / "out"), where: f"hdfs://localhost:1/{where[2:]}"}
+        done = run_cli(*(item for pair in paths.items() for item in pair))
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert (f"error: hdfs://localhost:1/{where[2:]}" in done.stderr
+                and "cannot reach its file system (java.net.ConnectException" in done.stderr), done.stderr[-3000:]
+        noise = [line for line in done.stderr.splitlines() if " WARN " in line or " ERROR " in line
+                 or "Traceback" in line]
+        assert not noise, done.stderr[-3000:]
 
 
 def test_local_paths_are_checked_in_hadoops_spelling(tmp_path):

@@ -29,6 +29,7 @@ from pipelines.io.storage import spark_read_path, to_spark_uri
 from pipelines.io.uris import (hadoop_path_string, is_local, normalize_extensions,  # noqa: F401 (re-exported)
                                store_of, to_local_path)
 from pipelines.spark.hash_partitioning import partition_keys
+from pipelines.spark.java_errors import unreachable_storage
 
 LISTING_SCHEMA = T.StructType([
     T.StructField("path", T.StringType(), False),
@@ -121,24 +122,10 @@ def spark_file_index(spark: SparkSession, uri: str, extensions: list[str], recur
             raise InputError(f"{uri}: this Spark cannot read this scheme (no Hadoop connector on the classpath, e.g. "
                              "hadoop-azure for abfss://): install it on the cluster or use input.reader azure_sdk "
                              "with an az://container/prefix URI") from None
-        unreadable = _io_exception(spark, err)
-        if unreadable:
-            raise InputError(f"{uri}: cannot list this input ({unreadable}): check the URI's host and port, that "
-                             "this cluster reaches that file system, and its permissions") from None
-        raise
+        raise unreachable_storage(spark, uri, err) or err from None
     scanned = source.select("path", F.col("length").alias("size"),
                             F.col("modificationTime").alias("modification_time"))
     return ImageListing(scanned, source)
-
-
-def _io_exception(spark: SparkSession, err: Exception) -> str | None:
-    """'java.net.ConnectException: Call From ... Connection refused' when `err` is a Java IOException (a file system
-    that cannot be reached, a host that does not resolve, a permission refused), else None."""
-    java_error = getattr(err, "java_exception", None)
-    if java_error is None:
-        return None
-    io_exception = spark.sparkContext._jvm.java.lang.Class.forName("java.io.IOException")
-    return str(java_error.toString()).split(";")[0] if io_exception.isInstance(java_error) else None
 
 
 def blobs_listed_by_executors(spark: SparkSession, uri: str, extensions: list[str], credentials) -> DataFrame:

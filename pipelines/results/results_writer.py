@@ -20,6 +20,7 @@ from pipelines.io.storage import Location, spark_read_path
 from pipelines.results.result_rows import STAGES
 from pipelines.results.result_schema import FRAME_COLUMNS, RESULT_SCHEMA
 from pipelines.io.uris import store_of
+from pipelines.spark.java_errors import unreachable_storage
 
 # The tables' columns, from result_schema.RESULT_SCHEMA. The video frame columns are null for images; tables written
 # before they existed get them as nulls when read (read_table), so old outputs stay readable and resumable.
@@ -179,7 +180,10 @@ def hadoop_path_exists(spark: SparkSession, uri: str) -> bool:
     """Whether `uri` exists, asked of the Hadoop FileSystem the driver's Spark reads it with (any scheme)."""
     jvm = spark.sparkContext._jvm
     path = jvm.org.apache.hadoop.fs.Path(uri)
-    return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+    try:
+        return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+    except Exception as err:  # noqa: BLE001 - py4j wraps the Java exception
+        raise unreachable_storage(spark, uri, err) or err from None
 
 
 def holds_tables(spark: SparkSession, output: Location) -> bool:
