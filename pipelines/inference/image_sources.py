@@ -83,6 +83,7 @@ class ImageListing:
 
     scanned: DataFrame
     source: DataFrame | None = None
+    excluded: str | None = None   # a path prefix whose files are no inputs (output_prefix)
 
     def indexed_files(self) -> int:
         """Files in the source's index, zero-byte ones included (a number from the JVM: no Spark job, no list)."""
@@ -93,17 +94,56 @@ class ImageListing:
         errors/). Costs a join of the index against the scan: see whole_listing for when it is needed."""
         if self.source is None:
             return self.scanned
-        return self.scanned.unionByName(empty_files(self.scanned.sparkSession, self.source, self.scanned))
+        empty = empty_files(self.scanned.sparkSession, self.source, self.scanned)
+        return self.scanned.unionByName(without_prefix(empty, self.excluded))
+
+    def excluding(self, prefix: str | None) -> "ImageListing":
+        """This listing without the files whose path starts with `prefix` (None: all of it)."""
+        return ImageListing(without_prefix(self.scanned, prefix), self.source, prefix)
+
+
+def without_prefix(listing: DataFrame, prefix: str | None) -> DataFrame:
+    return listing if prefix is None else listing.where(~F.col("path").startswith(F.lit(prefix)))
+
+
+def output_prefix(spark: SparkSession, input_uri: str, output_uri: str) -> str | None:
+    """The listing's spelling of the output's root + '/' when the output lies under the input (its files are the
+    job's own results, not inputs: a second run would read its label maps as images), else None."""
+    store = store_of(input_uri)
+    if store != store_of(output_uri):
+        return None
+    if store == "local":
+        from pipelines.io.local_listing import listing_root
+
+        root, output = listing_root(to_spark_uri(input_uri)), listing_root(to_spark_uri(output_uri))
+    elif store == "azure_sdk":
+        from pipelines.io.azure_storage import parse_blob_uri
+
+        root, output = parse_blob_uri(input_uri).uri, parse_blob_uri(output_uri).uri
+    else:
+        from pipelines.io.output_paths import qualify_root
+
+        try:
+            root, output = qualify_root(spark, to_spark_uri(input_uri)), qualify_root(spark, to_spark_uri(output_uri))
+        except Exception:  # noqa: BLE001 - py4j: a scheme without a file system here; the listing will say so
+            return None
+    root, output = root.rstrip("/"), output.rstrip("/")
+    if not output.startswith(root + "/"):
+        return None
+    return ("file:" if store == "local" else "") + output + "/"
 
 
 def find_images(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True,
-                reader: str = "auto", azure_credentials=None) -> ImageListing:
-    """The images under `uri` (no content read); a missing path or an unreadable scheme is an InputError now."""
+                reader: str = "auto", azure_credentials=None, output_uri: str | None = None) -> ImageListing:
+    """The images under `uri` (no content read), without those under `output_uri` where the output lies under the
+    input (output_prefix); a missing path or an unreadable scheme is an InputError now."""
     if choose_reader(uri, reader) == "azure_sdk":
-        return ImageListing(blobs_listed_by_executors(spark, uri, extensions, azure_credentials))
-    if reads_on_executors(uri):
-        return ImageListing(local_files_listing(spark, uri, extensions, recursive))
-    return spark_file_index(spark, uri, extensions, recursive)
+        found = ImageListing(blobs_listed_by_executors(spark, uri, extensions, azure_credentials))
+    elif reads_on_executors(uri):
+        found = ImageListing(local_files_listing(spark, uri, extensions, recursive))
+    else:
+        found = spark_file_index(spark, uri, extensions, recursive)
+    return found.excluding(output_prefix(spark, uri, output_uri) if output_uri else None)
 
 
 def spark_file_index(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True) -> ImageListing:

@@ -236,7 +236,9 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
     run_cfg, video = config.run, config.input.video
     # listed (the input path checked) before the lock: a missing input leaves no output directory behind
     found = src.find_images(spark, plan.input_uri, config.input.listed_extensions, config.input.recursive,
-                            plan.reader, plan.credentials)
+                            plan.reader, plan.credentials, plan.output.uri)
+    if found.excluded:
+        say(f"the output lies under the input: its files ({found.excluded}...) are not inputs")
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
     lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
     previous_settings = {}
