@@ -87,6 +87,13 @@ def test_local_paths_are_checked_in_hadoops_spelling(tmp_path):
     check_local_paths(f"file://{literal}", f"file://{tmp_path}/out%20put")   # exists as spelled: no error
 
 
+def test_an_output_that_is_the_input_is_refused(tmp_path):
+    images = one_image(tmp_path)
+    done = run_cli("--input", str(images), "--output", f"file://{images}/")
+    assert_refused_before_spark(done, "--output is the --input directory")
+    assert sorted(path.name for path in images.iterdir()) == ["road.jpg"]
+
+
 def test_a_directory_without_a_model_is_refused(tmp_path):
     done = run_cli("--input", str(one_image(tmp_path)), "--output", str(tmp_path / "out"), "--model", str(tmp_path))
     assert_refused_before_spark(done, "manifest.json")
