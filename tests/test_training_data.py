@@ -76,3 +76,14 @@ def test_awkward_file_names_are_found_and_an_empty_file_is_corrupt_not_missing(s
     assert report.usable("train") + report.usable("val") == TINY_IMAGES - 1
     skipped = read_skipped(spark, str(tmp_path / "prepared")).set_index("file_name")
     assert skipped.loc[empty, "reason"] == "corrupt" and "empty (0 bytes)" in skipped.loc[empty, "message"]
+
+
+def test_a_missing_annotations_file_or_images_folder_is_a_clear_error(spark, tiny_roads, tmp_path):
+    import pytest
+
+    from pipelines.errors import UsageError
+
+    for key, missing in (("data.annotations", tmp_path / "none.json"), ("data.images", tmp_path / "no images")):
+        cfg = resolve_paths(tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run", **{key: str(missing)}))
+        with pytest.raises(UsageError, match=f"{missing}: no such .*: check {key}"):
+            prepare(spark, cfg, CLASSES)

@@ -90,6 +90,12 @@ def prepare_training_data(spark: SparkSession, spec: PrepareSpec) -> PrepareRepo
     """Validate and shard the data set (or reuse a previous preparation with the same signature)."""
     if spec.num_shards < 1:
         raise UsageError(f"data.num_shards={spec.num_shards} must be >= 1")
+    for uri, key, what in ((spec.annotations_uri, "data.annotations", "COCO instances JSON"),
+                           (spec.images_uri, "data.images", "images folder")):
+        if not storage.exists(uri):
+            raise UsageError(f"{uri}: no such {what}: check {key} (a synthetic set to try the job with: python -m "
+                             "pipelines.datasets.synthetic_roads --out DIR --count 200 --seed 1, then data.images="
+                             "DIR/images data.annotations=DIR/annotations.json)")
     raw = storage.read_bytes(spec.annotations_uri)
     signature = _signature(spec, raw)
     report_uri = storage.join_uri(spec.out_uri, REPORT_NAME)
