@@ -22,6 +22,13 @@ class UsageError(SparkSegError, ValueError):
     exit_code = 2
 
 
+class StorageError(SparkSegError, OSError):
+    """A store failed (unreachable, refused) when asked about a URI the message names, without secrets or a stack
+    trace (exit 1: the store, not the input, failed; a later run may succeed)."""
+
+    exit_code = 1
+
+
 class RunFailed(SparkSegError, RuntimeError):
     """The job ran but its outcome is not acceptable, e.g. too many errors (exit 3; summary.json was written)."""
 

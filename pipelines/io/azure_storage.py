@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, NamedTuple, TypeVar
 from urllib.parse import quote, quote_plus, unquote
 
-from pipelines.errors import SparkSegError, UsageError
+from pipelines.errors import StorageError, UsageError
 from pipelines.io.uris import AZURE_SCHEMES, has_extension, normalize_extensions
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,8 @@ _MASK = "***"
 _MIN_SECRET_LENGTH = 6  # shorter values are not scrubbed: replacing e.g. "sv" everywhere would mangle messages
 
 
-class AzureStorageError(SparkSegError, OSError):
-    """An Azure Storage call failed; the message names the URI and carries no secrets. Exit 1: the store, not the
-    input, failed (missing blobs surface as FileNotFoundError)."""
+class AzureStorageError(StorageError):
+    """An Azure Storage call failed (missing blobs surface as FileNotFoundError)."""
 
 
 # ---- URIs -------------------------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """Java exceptions that reach Python through py4j, read as what they mean to a user."""
 from __future__ import annotations
 
-from pipelines.errors import UsageError
+from pipelines.errors import StorageError
 
 
-def unreachable_storage(spark, uri: str, err: Exception) -> UsageError | None:
+def unreachable_storage(spark, uri: str, err: Exception) -> StorageError | None:
     """The error to raise when `err`, from a driver-side call on `uri`'s Hadoop FileSystem, is a Java IOException
     (a file system that cannot be reached, a host that does not resolve, a permission refused), else None (a bug,
     raised as it is). The message names the URI and the Java reason without its stack trace."""
@@ -14,5 +14,5 @@ def unreachable_storage(spark, uri: str, err: Exception) -> UsageError | None:
     if not spark.sparkContext._jvm.java.lang.Class.forName("java.io.IOException").isInstance(java_error):
         return None
     reason = str(java_error.toString()).split(";")[0]   # Hadoop appends "; For more details see: <wiki URL>"
-    return UsageError(f"{uri}: cannot reach its file system ({reason}): check the URI's host and port, that this "
+    return StorageError(f"{uri}: cannot reach its file system ({reason}): check the URI's host and port, that this "
                       "cluster reaches that file system, and its permissions")
