@@ -77,6 +77,16 @@ def test_an_unreachable_file_system_is_a_clear_error_under_a_quiet_console(tmp_p
         assert not noise, done.stderr[-3000:]
 
 
+def test_an_input_host_that_does_not_resolve_is_a_clear_error(tmp_path):
+    """`.invalid` never resolves (RFC 2606): Hadoop wraps the UnknownHostException in an IllegalArgumentException,
+    which PySpark converts to one of its own; the error still names the URI and the reason (Hadoop's own WARN lines
+    about the file system it could not start may stand above it)."""
+    done = run_cli("--input", "hdfs://nohost.invalid/images", "--output", str(tmp_path / "out"))
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert ("error: hdfs://nohost.invalid/images: cannot reach its file system (java.net.UnknownHostException"
+            in done.stderr and "Traceback" not in done.stderr), done.stderr[-3000:]
+
+
 def test_local_paths_are_checked_in_hadoops_spelling(tmp_path):
     from pipelines.inference.inference_job import check_local_paths
     from pipelines.job_config import local_path
