@@ -132,7 +132,8 @@ def print_summary(summary: dict) -> None:
         print(f"\nsparkseg: {counts['inputs']} images under {summary['input']}")
     print(f"  done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "
           f"(already done for this model), {counts['instances']} instances")
-    print(f"  {summary['images_per_second']} images/s over {summary['wall_seconds']} s, {summary['partitions']} "
+    unit = "images+frames" if counts.get("videos") else "images"   # result rows, failed ones too
+    print(f"  {summary['images_per_second']} {unit}/s over {summary['wall_seconds']} s, {summary['partitions']} "
           f"partitions; stage seconds {json.dumps(summary['stage_seconds'])}")
     print(f"  model {summary['model']['name']} ({summary['model']['sha256'][:12]}), output {summary['output']}")
     if summary["model"]["note"]:

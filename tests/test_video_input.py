@@ -186,7 +186,7 @@ def test_long_b_frame_video_is_split_over_tasks_without_missing_or_duplicate_fra
     assert len(image_rows) == 1 and image_rows[0].frame_index is None and image_rows[0].segment_start is None
 
 
-def test_truncated_empty_and_fake_videos_are_error_rows_and_readable_frames_are_kept(spark, tmp_path):
+def test_truncated_empty_and_fake_videos_are_error_rows_and_readable_frames_are_kept(spark, tmp_path, capsys):
     videos = tmp_path / "in"
     whole = encode_video(tmp_path / "whole.mkv", road_frames(90, seed=11), container_format="matroska")
     data = whole.read_bytes()
@@ -208,6 +208,8 @@ def test_truncated_empty_and_fake_videos_are_error_rows_and_readable_frames_are_
     assert errors["notes.mp4"].error_type == "VideoDecodeError.unreadable"
     assert errors["notes.mp4"].segment_start == 0 and errors["notes.mp4"].segment_end is None
     assert summary["counts"]["frames"] == len(kept) and summary["counts"]["failed"] == 3
+    rows = len(kept) + 3   # the progress total counts the error rows too (was len(kept): 103 % at the end)
+    assert f"[sparkseg] {rows}/{rows} images+frames (100%)" in capsys.readouterr().err
 
 
 def test_driver_killed_mid_video_resumes_with_every_frame_exactly_once(spark, tmp_path):

@@ -270,8 +270,8 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
                                     min(run_cfg.commit_every or n_todo, n_todo))
         settings = runtime_settings(spark, config.inference)
         if n_videos:   # progress counts result rows: images and video frames
-            todo_rows = todo.where(F.col("segment_start").isNull()).count() + videos.expected_frames(todo, video)
-            progress = ProgressReporter(spark, todo_rows, run_cfg.progress_interval_s, unit="images+frames")
+            progress = ProgressReporter(spark, videos.expected_rows(todo, video), run_cfg.progress_interval_s,
+                                        unit="images+frames")
         else:
             progress = ProgressReporter(spark, n_todo, run_cfg.progress_interval_s)
         totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}

@@ -139,9 +139,16 @@ def kept_frames(record, settings: VideoSettings) -> int:
     return kept
 
 
+def expected_rows(units: DataFrame, settings: VideoSettings) -> int:
+    """Result rows the units will write, the progress total: one per image and per unit that is an error (an
+    unreadable video, a truncated one's tail), and one per frame the readable segments process."""
+    singles = units.where(F.col("segment_start").isNull() | F.col("segment_error").isNotNull()).count()
+    return singles + expected_frames(units, settings)
+
+
 def expected_frames(units: DataFrame, settings: VideoSettings) -> int:
-    """Frames the video units will process: the progress total. Every frame_stride-th frame counted in the JVM; with
-    fps sampling, each unit's frames are counted on the executors by the decoder's own rule (kept_frames)."""
+    """Frames the readable video units will process. Every frame_stride-th frame counted in the JVM; with fps
+    sampling, each unit's frames are counted on the executors by the decoder's own rule (kept_frames)."""
     segments = units.where(F.col("segment_error").isNull() & F.col("segment_start").isNotNull())
     if settings.fps is None:   # frame indices in [start, end) that are multiples of the stride
         stride = F.lit(settings.frame_stride)
