@@ -311,3 +311,14 @@ def test_an_azure_input_is_listed_by_the_executors(spark, azurite, container):
                            azure_credentials=creds).scanned.collect()) == 8
     with pytest.raises(InputError, match="does not exist"):
         find_images(spark, f"az://{container}/2025", extensions, reader="azure_sdk", azure_credentials=creds)
+
+
+def test_remove_tree_deletes_every_blob_under_the_prefix_hidden_ones_too(azurite, container, clean_env):
+    clean_env.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    for name in ("out/_marks/r1-w00000/p00000/attempt-000000000007", "out/_marks/r1-w00001/p00003/.x.tmp",
+                 "out/_marks", "out/_marks2/keep", "out/detections/part-0.parquet"):
+        write_blob(f"az://{container}/{name}", b"x")
+    storage.Location(f"az://{container}/out/_marks").remove_tree()
+    client = azurite.service_client().get_container_client(container)
+    assert sorted(blob.name for blob in client.list_blobs()) == ["out/_marks2/keep", "out/detections/part-0.parquet"]
+    storage.Location(f"az://{container}/out/_marks").remove_tree()   # gone already: nothing to do

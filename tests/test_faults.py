@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelines.inference.crash_guard import CrashGuard, PoisonImage, TaskCrashGuard, crash_groups
+from pipelines.inference.crash_guard import MARKER_DIR, CrashGuard, PoisonImage, TaskCrashGuard, crash_groups
 from pipelines.inference.inference_job import JobFailed, run
 from pipelines.io.storage import Location
 from pipelines.results.results_writer import read_table
@@ -84,6 +84,7 @@ def test_poison_image_becomes_an_error_row_and_the_job_goes_on(spark, tmp_path):
     _, errors = assert_exactly_once(spark, tmp_path / "out", names)
     assert [(Path(e.path).name, e.error_type) for e in errors] == [("poison.jpg", "PoisonImage")]
     assert "crashed its Python worker in 2 task attempts" in errors[0].message
+    assert not (tmp_path / "out" / MARKER_DIR).exists(), "the markers are removed once the wave is committed"
 
 
 def test_the_images_in_flight_when_an_attempt_died_are_retried_one_group_each(tmp_path):
@@ -231,3 +232,4 @@ def test_driver_killed_mid_job_resumes_without_duplicates_or_recomputation(spark
     assert f"skipped {committed} " in log, log[-2000:]
     assert f"done {24 - committed}," in log
     assert_exactly_once(spark, output, names)
+    assert not (output / MARKER_DIR).exists(), "the killed run's markers are removed with the rerun's"

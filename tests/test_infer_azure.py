@@ -50,6 +50,7 @@ def test_job_reads_and_writes_azure_blob_storage(spark, azurite, monkeypatch, tm
         assert label_map.shape == (row["height"], row["width"])
     written = json.loads(client.download_blob("out/summary.json").readall())
     assert written["counts"] == summary["counts"]
+    assert not [name for name in blobs if "_sparkseg_attempts" in name], "crash markers removed after the wave"
 
     again = run(spark, config)       # resume works on Azure too
     assert again["counts"]["skipped"] == 4 and again["counts"]["done"] == 0

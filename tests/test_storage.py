@@ -184,6 +184,25 @@ def test_remove_temp_files_takes_only_the_named_files_temps(tmp_path):
         fsspec.filesystem("memory").rm(root, recursive=True)
 
 
+def test_remove_tree_removes_a_directory_and_its_hidden_files_and_nothing_beside(tmp_path):
+    for name in ("marks/r1/p0/attempt-1", "marks/r1/p0/.attempt-2.ab12.tmp", "marks/_x", "marks-2/keep"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    storage.Location(f"file://{tmp_path}/marks").remove_tree()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["marks-2"]
+    storage.Location(str(tmp_path / "marks")).remove_tree()   # gone already: nothing to do
+    root = f"memory://sparkseg-test-{uuid.uuid4().hex[:8]}"
+    fs = fsspec.filesystem("memory")
+    try:
+        for name in ("marks/r1/p0/attempt-1", "marks/.hidden", "marks-2/keep"):
+            fs.pipe_file(f"{root}/{name}", b"x")
+        storage.Location(f"{root}/marks").remove_tree()
+        assert [path.rpartition("/")[2] for path in fs.find(root)] == ["keep"]
+        storage.Location(f"{root}/marks").remove_tree()
+    finally:
+        fs.rm(root, recursive=True)
+
+
 def test_normalize_extensions():
     assert storage.normalize_extensions(["JPG", ".Png"]) == (".jpg", ".png")
     assert storage.normalize_extensions(".jpg") == (".jpg",)

@@ -7,17 +7,29 @@ flight" in a marker for its (scope, partition, task attempt) on shared storage, 
 the task ends normally. A retried task first reads the markers its earlier attempts left behind: an image that was
 in flight when `threshold` attempts died is not touched again and becomes an error row ("PoisonImage") instead, so
 the task, and the job, go on. The images in flight at an earlier death (suspects) are processed one group each,
-so a second death names its image alone.
+so a second death names its image alone. Once a wave's results are committed, its markers have no more use: the
+job removes the markers directory (remove_markers), with any that a killed run left behind.
 """
 from __future__ import annotations
 
 import collections
+import logging
 from dataclasses import dataclass
 
 from pipelines.errors import SparkSegError
 from pipelines.io.storage import Location
 
 MARKER_DIR = "_sparkseg_attempts"
+
+
+def remove_markers(output: Location) -> None:
+    """Remove the output's markers directory: called between waves, when no task of the run is running (and the run
+    lock keeps other runs away), so every marker in it is spent. Housekeeping: a failure is logged, not raised."""
+    try:
+        (output / MARKER_DIR).remove_tree()
+    except Exception as err:  # noqa: BLE001 (storage errors of any store)
+        logging.getLogger(__name__).warning("could not remove %s: %s: %s", (output / MARKER_DIR).uri,
+                                            type(err).__name__, err)
 
 
 class PoisonImage(SparkSegError, RuntimeError):

@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from pipelines.errors import RunFailed
 from pipelines.inference import image_sources as src
 from pipelines.inference import video_sources as videos
-from pipelines.inference.crash_guard import MARKER_DIR, CrashGuard
+from pipelines.inference.crash_guard import MARKER_DIR, CrashGuard, remove_markers
 from pipelines.inference.executor_warmup import ExecutorWarmUp, LoadModel, load_compiled_loops
 from pipelines.job_config import InferenceSettings, JobConfig, VideoSettings, local_path, resolve_local
 from pipelines.inference.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
@@ -415,6 +415,7 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
                    .withColumn("run_id", F.lit(plan.run_id))
                    .persist(StorageLevel.MEMORY_AND_DISK))
         wave_totals = write_results(results, plan.output, f"part-{name}")
+        remove_markers(plan.output)
         results.unpersist()
         for frame in intermediates:
             frame.unpersist()

@@ -14,6 +14,7 @@ URIs: `az://container/path` (account from the credentials), `abfs[s]://container
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -383,6 +384,18 @@ class AzureBlobStore:
             return next(iter(container.list_blobs(name_starts_with=prefix + "/", results_per_page=1)), None) is not None
 
         return self._call("check", uri, check)
+
+    def remove_tree(self, uri: str) -> None:
+        """Delete `uri` as a directory: every blob under it, hidden names and ADLS directory markers included, the
+        deepest first (a hierarchical namespace refuses to delete a directory that is not empty)."""
+        path = parse_blob_uri(uri)
+        prefix = path.path.rstrip("/")
+        container = self.container_client(path)
+        names = [blob.name for blob in self._each("list", uri, lambda: container.list_blobs(
+            name_starts_with=prefix or None)) if not prefix or blob.name == prefix or blob.name.startswith(prefix + "/")]
+        for name in sorted(names, reverse=True):
+            with contextlib.suppress(FileNotFoundError):   # removed in between
+                self._call("delete", path.uri_for(name), lambda: container.delete_blob(name))
 
     def container_client(self, path: BlobPath):
         """The SDK's ContainerClient for `path`'s container (for conditional blob operations, e.g. the run lock)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ class FileStore(Protocol):
     def exists(self, uri: str) -> bool: ...
     def list(self, uri: str, wanted: tuple[str, ...] | None) -> list[str]: ...
     def remove_temp_files(self, directory_uri: str, names: set[str]) -> int: ...
+    def remove_tree(self, uri: str) -> None: ...
 
 
 def file_store(uri: str, azure_credentials=None) -> FileStore:
@@ -151,6 +153,10 @@ class Location:
         rewrote); one listing of the directory. Returns how many were removed."""
         return self.store.remove_temp_files(self.uri, set(names))
 
+    def remove_tree(self) -> None:
+        """Remove this directory and everything under it, hidden files included; nothing when it does not exist."""
+        self.store.remove_tree(self.uri)
+
     def list_files(self, extensions: Iterable[str] | str | None = None) -> list[str]:
         """Sorted URIs of the files under this location (recursive) whose extension is in `extensions`
         (case-insensitive). Hidden files and directories (names starting with '.' or '_') are skipped, as Spark
@@ -199,6 +205,10 @@ class LocalFiles:
                 os.unlink(path)
         return len(stale)
 
+    def remove_tree(self, uri: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(to_local_path(uri))
+
 
 class AzureFiles:
     """Files as blobs, through one AzureBlobStore (its SDK clients made at the first call, one per account)."""
@@ -231,6 +241,9 @@ class AzureFiles:
     def remove_temp_files(self, directory_uri: str, names: set[str]) -> int:
         return 0   # one blob upload per write: no temp files
 
+    def remove_tree(self, uri: str) -> None:
+        self.blobs.remove_tree(uri)
+
 
 class FsspecFiles:
     def write_atomic(self, uri: str, data: bytes, durable: bool = True) -> None:
@@ -252,6 +265,11 @@ class FsspecFiles:
         for path in stale:
             fs.rm(path)
         return len(stale)
+
+    def remove_tree(self, uri: str) -> None:
+        fs, path = _fsspec(uri)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
 
     def read(self, uri: str) -> bytes:
         fs, path = _fsspec(uri)
