@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from pipelines.io.storage import Location
 from pipelines.results import done_index
 from pipelines.results.done_index import COMPACT_AFTER_FILES, INDEX_DIR, done_keys, update_after_run
+from pipelines.results.result_rows import RETRIED_STAGES
 from pipelines.results.results_writer import arrow_schema_of, table_schema
 
 KEYS = ("path", "size", "modification_time", "segment_start", "segment_end")
@@ -35,17 +36,20 @@ class History:
                      "model_sha256": "model-a" if row % 3 else "model-b", "run_id": f"run-{number:05d}",
                      "segment_start": 30 * row if row % 4 == 1 else None,
                      "segment_end": 30 * row + 30 if row % 4 == 1 else None} for row in range(rows_per_file)]
+            if table == "errors":   # final failures and retried ones (read, model, write: not done)
+                for row in rows:
+                    row["stage"] = ("decode", "read", "postprocess", "model", "write")[row["size"] % 5]
             buffer = io.BytesIO()
             pq.write_table(pa.Table.from_pylist(rows, schema=self.schemas[table]), buffer)
             (self.output / table / f"part-{number:05d}-c000.snappy.parquet").write_bytes_atomic(buffer.getvalue())
 
     def keys(self, model: str) -> list[tuple]:
-        """Every record's key of `model`, read from every table file with pyarrow (the reference)."""
+        """Every done record's key of `model`, read from every table file with pyarrow (the reference)."""
         found = []
         for table in ("detections", "errors"):
             for uri in (self.output / table).list_files([".parquet"]) if (self.output / table).exists() else []:
                 for row in pq.read_table(io.BytesIO(self.output.sibling(uri).read_bytes())).to_pylist():
-                    if row["model_sha256"] == model:
+                    if row["model_sha256"] == model and row.get("stage") not in RETRIED_STAGES:
                         found.append(key_of(row))
         return sorted(found, key=repr)
 

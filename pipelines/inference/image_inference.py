@@ -182,7 +182,7 @@ class ImageInference:
             model = self.model()
         except Exception as err:  # noqa: BLE001
             for row, _ in pending:
-                fail(row, err, stage="infer")
+                fail(row, err, stage="model")   # not the images' failure: the next run tries them again
             return
         start = time.perf_counter()
         try:

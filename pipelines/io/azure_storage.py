@@ -390,9 +390,11 @@ class AzureBlobStore:
         deepest first (a hierarchical namespace refuses to delete a directory that is not empty)."""
         path = parse_blob_uri(uri)
         prefix = path.path.rstrip("/")
+        if not prefix:
+            raise ValueError(f"remove_tree({uri!r}): a whole container is never removed")
         container = self.container_client(path)
-        names = [blob.name for blob in self._each("list", uri, lambda: container.list_blobs(
-            name_starts_with=prefix or None)) if not prefix or blob.name == prefix or blob.name.startswith(prefix + "/")]
+        names = [blob.name for blob in self._each("list", uri, lambda: container.list_blobs(name_starts_with=prefix))
+                 if blob.name == prefix or blob.name.startswith(prefix + "/")]
         for name in sorted(names, reverse=True):
             with contextlib.suppress(FileNotFoundError):   # removed in between
                 self._call("delete", path.uri_for(name), lambda: container.delete_blob(name))

@@ -3,7 +3,8 @@
 detections/ and errors/ grow by a few files every run (one per task and wave): after a year of hourly runs, an
 anti-join over the tables themselves would open tens of thousands of small files on every run, however few images
 are new. `<output>/_sparkseg_done/` keeps the keys of both tables' records (KEY_COLUMNS, every model, one row per
-record) in a few Parquet files, in two levels, as a log-structured merge does: `base` and `recent`. Its `index.json`
+record; of errors/ only the final failures: a row whose stage is in result_rows.RETRIED_STAGES is not done) in a
+few Parquet files, in two levels, as a log-structured merge does: `base` and `recent`. Its `index.json`
 names each level's files, rows and the table files it covers. A run reads both levels and only the table files
 neither covers. Once more than COMPACT_AFTER_FILES table files are not covered, the end of a run merges them into
 `recent`, or, when `recent` would then hold more than 1/BASE_RATIO of `base`'s rows, merges everything into `base`
@@ -25,6 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.io.storage import Location
+from pipelines.results.result_rows import RETRIED_STAGES
 from pipelines.results.results_writer import TABLES, choose_writer, read_table, upload_parquet_parts
 
 log = logging.getLogger(__name__)
@@ -96,8 +98,10 @@ def read_keys(spark: SparkSession, output: Location, levels: list[dict],
                                     schema=KEY_SCHEMA))
     for table in TABLES:
         files = table_files.get(table, [])
-        if files is None or files:
-            parts.append(read_table(spark, output / table, files=files))
+        frame = read_table(spark, output / table, files=files) if files is None or files else None
+        if frame is not None and table == "errors":   # failures that were not the input's are not done
+            frame = frame.where(F.col("stage").isNull() | ~F.col("stage").isin(*RETRIED_STAGES))
+        parts.append(frame)
     parts = [part.select(*KEY_COLUMNS) for part in parts if part is not None]
     if not parts:
         return None
@@ -127,8 +131,8 @@ def uncovered_files(files_now: dict[str, dict[str, str]],
 def done_keys(spark: SparkSession, output: Location | str, model_sha256: str,
               files_now: dict[str, dict[str, str]] | None = None) -> DataFrame | None:
     """(path, size, modification_time, segment_start, segment_end) of every record of this model in detections/ or
-    errors/ (not deduplicated: an anti-join needs no distinct; segment_start is null for images, a video's records
-    are per segment). None when nothing has been written yet."""
+    errors/, but errors whose stage is retried (not deduplicated: an anti-join needs no distinct; segment_start is
+    null for images, a video's records are per segment). None when nothing has been written yet."""
     keys = all_done_keys(spark, Location.of(output), files_now)
     if keys is None:
         return None

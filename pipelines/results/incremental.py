@@ -1,9 +1,10 @@
 """Incremental (scheduled) runs: which rows of an output are current.
 
 Each run processes only the images not yet recorded for its model, keyed by (path, size, modification time) in
-`inference_job.todo_listing`: new images, and images REPLACED since (other size or modification time). detections/
-and errors/ are append-only, so a replaced image then has two records: the old one and the new one (and its PNG
-label map under masks/ was overwritten by the new run, so the old row's `mask_path` now shows the new masks).
+`inference_job.todo_listing`: new images, images REPLACED since (other size or modification time), and images whose
+last failure was not their own (result_rows.RETRIED_STAGES). detections/ and errors/ are append-only, so a replaced
+image then has two records: the old one and the new one (and its PNG label map under masks/ was overwritten by the
+new run, so the old row's `mask_path` now shows the new masks).
 The CURRENT record of a path is the one written by the newest run: run ids begin with the run's UTC start time
 (`20260101T000000Z-1a2b3c4d`), and the run lock keeps runs on one output from overlapping, so run ids sort by time;
 ties (two runs started in the same second) go to the newer image modification time.

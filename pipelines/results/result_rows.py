@@ -14,6 +14,11 @@ from pipelines.ops.image_decode import ImageDecodeError
 from pipelines.ops.video_decode import VideoDecodeError
 
 STAGES = ("read", "preprocess", "infer", "postprocess", "write")
+# Error stages of failures that were not the input's: the storage could not be read or written, the model did not
+# load on the executor. Their errors/ rows are no done keys (done_index): the next run tries those images again.
+# Every other failure (decode: not a readable image or video; a poison image; the model or postprocess failing on
+# the image) stays the image's record until the file changes or a run is forced.
+RETRIED_STAGES = ("read", "model", "write")
 MAX_MESSAGE = 2000
 _MASK = pa.struct([("size", pa.list_(pa.int32())), ("counts", pa.string())])
 _INSTANCE = pa.struct([("class_id", pa.int32()), ("class_name", pa.string()), ("score", pa.float32()),
