@@ -51,15 +51,26 @@ def read_yaml(path: str | Path, what: str, error: type[UsageError] | None = None
     the path and `what` it should be."""
     error = error or ConfigError
     path = Path(path)
+    if path.is_dir():
+        raise error(f"{path}: a directory, not a {what}")
     if not path.is_file():
         raise error(f"{path}: no such {what}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
-        raise error(f"{path}: not valid YAML: {err}") from None
+        raise error(f"{path}: not valid YAML: {yaml_problem(err)}") from None
     if not isinstance(data, dict):
-        raise error(f"{path}: holds {type(data).__name__}, not a mapping of keys (see {what})")
+        raise error(f"{path}: holds a {type(data).__name__}, not a mapping of keys: not a {what}")
     return data
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """One line: where the YAML parser stopped and why ("line 2, column 1: expected ',' or ']', but got ...")."""
+    mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(err).split())
+    context = getattr(err, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
 
 
 def merge(base: dict, overlay: dict, source: str = "config", prefix: str = "") -> dict:

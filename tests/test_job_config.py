@@ -82,6 +82,22 @@ def test_an_unknown_key_is_refused_with_the_known_ones_listed(tmp_path):
         load_config(user)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("inference: [1, 2\n", r"job\.yaml: not valid YAML: line 2, column 1: expected ',' or ']', but got '<stream "
+                           r"end>' \(while parsing a flow sequence\)$"),
+    ("a:\n\t- b\n", r"job\.yaml: not valid YAML: line 2, column 1: found character '\\t' that cannot start any "),
+    ("- inference\n", r"job\.yaml: holds a list, not a mapping of keys: not a config file \(see conf/ for examples\)$"),
+])
+def test_a_file_that_is_no_config_is_one_line_naming_it_and_where_it_went_wrong(tmp_path, text, message):
+    user = tmp_path / "job.yaml"
+    user.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=message) as raised:
+        load_config(user)
+    assert "\n" not in str(raised.value)
+    with pytest.raises(ConfigError, match=r": a directory, not a config file"):
+        load_config(tmp_path)
+
+
 def test_the_library_shipped_to_executors_leaves_the_driver_only_tools_out(tmp_path):
     names = zipfile.ZipFile(library_archive(REPO / "pipelines", tmp_path / "lib.zip")).namelist()
     assert "pipelines/inference/image_inference.py" in names and "pipelines/job_config.py" in names
