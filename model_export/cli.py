@@ -2,14 +2,17 @@
 `add_arguments(parser)` and `export(args) -> parity report`.
 
 Exit codes: 0 exported and parity passed; 2 bad arguments, a checkpoint that does not fit or calibration images
-that cannot be used; 3 parity (or the INT8 accuracy gate) failed (the files are left for inspection, but no
-manifest.json, so no job will load them)."""
+that cannot be used, an --out that holds other files; 3 parity (or the INT8 accuracy gate) failed (the files are
+left for inspection, but no manifest.json, so no job will load them; where --out held an export that passed, it is
+kept and the new files go to <out>.failed)."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
+from model_export.onnx_openvino import replacing_export
 from pipelines.errors import SparkSegError, report_error
 
 FAMILIES = {
@@ -27,10 +30,16 @@ def main(argv: list[str] | None = None) -> int:
         modules[name] = importlib.import_module(module_name)
         modules[name].add_arguments(families.add_parser(name, help=help_text))
     args = parser.parse_args(argv)
+    target = None
     try:
-        modules[args.family].export(args)
+        with replacing_export(Path(args.out)) as target:
+            modules[args.family].export(args)
     except SparkSegError as err:     # ParityFailed: exit 3; bad checkpoint or calibration images: exit 2
-        return report_error(err)
+        code = report_error(err)
+        if target is not None and target.kept:
+            print(f"{target.out}: the earlier export is kept; this export's files are in {target.kept}",
+                  file=sys.stderr)
+        return code
     return 0
 
 

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import shutil
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -14,6 +17,56 @@ from pipelines.errors import RunFailed, UsageError
 
 class ParityFailed(RunFailed):
     """The exported model does not give PyTorch's answers: no manifest.json is written."""
+
+
+EXPORT_FILES = ("manifest.json", "parity.json", "model.onnx")   # one of them: a directory an export wrote
+
+
+@dataclass
+class ExportTarget:
+    """--out of one export. `kept`: where the failed export's files went when an earlier, passing export was kept."""
+
+    out: Path
+    kept: Path | None = None
+
+    @property
+    def aside(self) -> Path:
+        return self.out.with_name(f".{self.out.name}.previous")
+
+
+@contextmanager
+def replacing_export(out: Path) -> Iterator[ExportTarget]:
+    """The export's --out: a new or empty directory, or one an earlier export wrote (UsageError, exit 2, for a
+    directory of other files). An earlier export that passed (its manifest.json) is set aside while the new one is
+    written and removed once it passes; when the new one fails or is interrupted, the earlier one is put back and the
+    new files go to <out>.failed (target.kept) for inspection. An earlier failed export is overwritten."""
+    target = ExportTarget(Path(out))
+    out, aside = target.out, target.aside
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: a file, not a directory")
+    if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in EXPORT_FILES):
+        raise UsageError(f"--out {out}: not empty and not an earlier export (no {', '.join(EXPORT_FILES)}): "
+                         "choose a new or empty directory")
+    if aside.exists():   # left by an export that was killed: the earlier export, unless it finished since
+        if (out / "manifest.json").exists():
+            shutil.rmtree(aside)
+        else:
+            shutil.rmtree(out, ignore_errors=True)
+            aside.rename(out)
+    if (out / "manifest.json").exists():
+        out.rename(aside)
+    try:
+        yield target
+    except BaseException:
+        if aside.exists():
+            failed = out.with_name(out.name + ".failed")
+            shutil.rmtree(failed, ignore_errors=True)
+            if out.exists():
+                out.rename(failed)
+            aside.rename(out)
+            target.kept = failed
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def start_export(args, opset_rule: str, build_model) -> tuple["StageTimer", Path, torch.nn.Module, dict]:

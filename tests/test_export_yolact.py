@@ -89,6 +89,29 @@ def test_broken_parity_fails_the_export_without_a_manifest(tmp_path, capsys):
     assert json.loads((tmp_path / "parity.json").read_text())["passed"] is False
 
 
+def test_an_export_replaces_an_earlier_one_only_once_it_passes_and_never_a_directory_of_other_files(tmp_path,
+                                                                                                   capsys):
+    small = ["yolact", "--config", "yolact_r18_small", "--random-init", "--parity-count", "1"]
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "holiday.jpg").write_bytes(b"a photo")
+    assert export_main([*small, "--out", str(photos)]) == 2
+    assert "not empty and not an earlier export" in capsys.readouterr().err
+    assert [p.name for p in photos.iterdir()] == ["holiday.jpg"]
+
+    out = tmp_path / "model"
+    assert export_main([*small, "--out", str(out), "--seed", "1"]) == 0
+    passed = (out / "manifest.json").read_bytes()
+    assert export_main([*small, "--out", str(out), "--seed", "2", "--gate-ort-atol", "0"]) == 3
+    assert f"{out}: the earlier export is kept; this export's files are in {out}.failed" in capsys.readouterr().err
+    assert (out / "manifest.json").read_bytes() == passed and load_manifest(out).name == "yolact_r18_small"
+    assert json.loads((tmp_path / "model.failed" / "parity.json").read_text())["passed"] is False
+    assert not (tmp_path / "model.failed" / "manifest.json").exists()
+    assert export_main([*small, "--out", str(out), "--seed", "2"]) == 0
+    assert (out / "manifest.json").read_bytes() != passed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.failed", "photos"], "nothing set aside left"
+
+
 def test_a_checkpoint_that_does_not_fit_exits_2_naming_the_file(tmp_path, capsys):
     import torch
 
