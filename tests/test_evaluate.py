@@ -59,3 +59,17 @@ def test_evaluate_names_what_does_not_match(bundled_val_run, tmp_path):
         evaluate_output(bundled_val_run.output, path)
     with pytest.raises(EvaluationError, match="no such annotations file"):
         evaluate_output(bundled_val_run.output, tmp_path / "missing.json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(EvaluationError, match=r"list\.json: required COCO key 'images' is missing"):
+        evaluate_output(bundled_val_run.output, tmp_path / "list.json")
+
+
+def test_annotations_that_are_not_json_are_one_line_exit_2(bundled_val_run, tmp_path):
+    (tmp_path / "cut.json").write_text('{"images": [{"id": 1,')
+    (tmp_path / "binary.json").write_bytes(bytes(range(200, 256)))
+    for name, problem in (("cut.json", "malformed JSON at line 1, column 22"), ("binary.json", "not UTF-8 text")):
+        done = subprocess.run([sys.executable, "-c", CLI, "--output", str(bundled_val_run.output), "--annotations",
+                               str(tmp_path / name)], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / name}: {problem}"), done.stderr

@@ -87,3 +87,9 @@ def test_a_missing_annotations_file_or_images_folder_is_a_clear_error(spark, tin
         cfg = resolve_paths(tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run", **{key: str(missing)}))
         with pytest.raises(UsageError, match=f"{missing}: no such .*: check {key}"):
             prepare(spark, cfg, CLASSES)
+    cut = tmp_path / "cut.json"
+    cut.write_text('{"images": [')
+    cfg = resolve_paths(tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run",
+                                    **{"data.annotations": str(cut)}))
+    with pytest.raises(UsageError, match=r"cut\.json: malformed JSON at line 1, column 13"):
+        prepare(spark, cfg, CLASSES)

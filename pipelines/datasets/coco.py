@@ -34,13 +34,20 @@ def read_coco(
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"{path_str}: no such COCO annotation file") from None
+    return coco_to_dataset(parse_coco_json(text, path_str), path_str, class_names=class_names, clip_boxes=clip_boxes)
+
+
+def parse_coco_json(raw: str | bytes, path: str) -> Any:
+    """The parsed JSON of the annotation file `path`; JSON that does not parse is an AnnotationError naming where."""
     try:
-        data = json.loads(text)
+        return json.loads(raw)
     except json.JSONDecodeError as err:
         raise AnnotationError(
-            path_str, "json", f"malformed JSON at line {err.lineno}, column {err.colno} ({err.msg}): fix the file"
-        ) from err
-    return coco_to_dataset(data, path_str, class_names=class_names, clip_boxes=clip_boxes)
+            path, "json", f"malformed JSON at line {err.lineno}, column {err.colno} ({err.msg}): fix the file"
+        ) from None
+    except UnicodeDecodeError as err:
+        raise AnnotationError(path, "json", f"not UTF-8 text ({err.reason} at byte {err.start}): is it a JSON "
+                                            "file?") from None
 
 
 def coco_to_dataset(

@@ -25,7 +25,8 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from pipelines.errors import UsageError, report_error
+from pipelines.datasets.coco import parse_coco_json
+from pipelines.errors import SparkSegError, UsageError, report_error
 
 log = logging.getLogger(__name__)
 EVALUATION_NAME = "evaluation.json"
@@ -37,15 +38,16 @@ class EvaluationError(UsageError):
 
 def load_ground_truth(source: str | Path | bytes | dict) -> COCO:
     """A COCO object from a file path, JSON bytes or a parsed dict (pycocotools prints nothing)."""
+    name = "annotations"
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
             raise EvaluationError(f"{path}: no such annotations file; pass a COCO instances JSON")
-        source = path.read_bytes()
-    data = json.loads(source) if isinstance(source, (bytes, str)) else source
+        name, source = str(path), path.read_bytes()
+    data = parse_coco_json(source, name) if isinstance(source, (bytes, str)) else source
     for key in ("images", "annotations", "categories"):
-        if key not in data:
-            raise EvaluationError(f"annotations: required COCO key '{key}' is missing (a COCO instances file?)")
+        if not isinstance(data, dict) or key not in data:
+            raise EvaluationError(f"{name}: required COCO key '{key}' is missing (a COCO instances file?)")
     with contextlib.redirect_stdout(io.StringIO()):
         ground_truth = COCO()
         ground_truth.dataset = data
@@ -212,7 +214,6 @@ def main(argv: list[str] | None = None) -> int:
                              "--group blobs=pothole,patch,puddle")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from pipelines.report.tables import OutputError
 
     groups = {}
     for item in args.group:
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         groups[name.strip()] = tuple(c.strip() for c in classes.split(",") if c.strip())
     try:
         report = evaluate_output(args.output, args.annotations, args.score_threshold, groups)
-    except (EvaluationError, OutputError) as err:
+    except SparkSegError as err:   # EvaluationError, OutputError, AnnotationError: one line, exit 2
         return report_error(err)
     path = write_evaluation(args.output, report)
     overall = report["overall"]

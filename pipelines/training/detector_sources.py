@@ -5,13 +5,13 @@ in ascending image_id order.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipelines.datasets import coco_to_dataset
+from pipelines.datasets.coco import parse_coco_json
 from pipelines.errors import UsageError
 
 
@@ -29,7 +29,7 @@ class CocoFolderIndex:
         if not annotations.is_file() or not images.is_dir():
             raise UsageError(f"{annotations} / {images}: need a COCO annotations file and its images folder "
                              "(python -m pipelines.datasets.synthetic_roads --format coco makes one)")
-        dataset = coco_to_dataset(json.loads(annotations.read_text()), str(annotations))
+        dataset = coco_to_dataset(parse_coco_json(annotations.read_bytes(), str(annotations)), str(annotations))
         wanted = {name: i for i, name in enumerate(class_names)}
         unknown = sorted(c.name for c in dataset.categories if c.name not in wanted)
         if unknown:

@@ -30,6 +30,7 @@ from pyspark.sql import types as T
 from pipelines.errors import UsageError
 from pipelines.io import storage
 from pipelines.datasets import coco_to_dataset, dataset_to_coco, split_train_val
+from pipelines.datasets.coco import parse_coco_json
 from pipelines.datasets.schema import Dataset
 from pipelines.training.shard_rows import image_rows as _rows
 
@@ -103,7 +104,7 @@ def prepare_training_data(spark: SparkSession, spec: PrepareSpec) -> PrepareRepo
         previous = json.loads(storage.read_bytes(report_uri))
         if previous.get("signature") == signature:
             return PrepareReport(signature, previous["counts"], spec.out_uri, reused=True)
-    dataset = coco_to_dataset(json.loads(raw), spec.annotations_uri)
+    dataset = coco_to_dataset(parse_coco_json(raw, spec.annotations_uri), spec.annotations_uri)
     class_of = _class_index(dataset, spec)
     train, val = split_train_val(dataset, spec.val_fraction, spec.split_seed)
     rows = _rows(train, "train", class_of, spec.num_shards) + _rows(val, "val", class_of, 1)
