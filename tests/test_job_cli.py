@@ -60,6 +60,12 @@ def test_a_percent_encoded_input_is_refused_naming_the_spelling_that_exists(tmp_
     assert_refused_before_spark(done, f"(paths are not percent-decoded: write 'file://{images.parent}/with space')")
 
 
+def test_a_wildcard_input_is_refused_saying_paths_are_literal(tmp_path):
+    images = one_image(tmp_path)
+    done = run_cli("--input", f"{images}/*.jpg", "--output", str(tmp_path / "out"))
+    assert_refused_before_spark(done, "(wildcards are not expanded: every character of a path is literal;")
+
+
 def test_an_unreachable_file_system_is_a_clear_error_under_a_quiet_console(tmp_path):
     """No name node listens on port 1: the ConnectException of the input's listing, or of the first look at the
     output, is one line naming the URI (exit 1: the store failed, as for Azure), and the executors' warm-up, started

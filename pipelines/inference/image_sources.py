@@ -56,6 +56,9 @@ def missing_input(uri: str) -> InputError:
             found = False
         if found:
             message += f" (paths are not percent-decoded: write '{decoded}')"
+    if any(character in uri for character in "*?[{"):
+        message += (" (wildcards are not expanded: every character of a path is literal; give the directory, and "
+                    "input.extensions for the kinds of files)")
     return InputError(message)
 
 
