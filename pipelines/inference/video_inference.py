@@ -13,7 +13,7 @@ import pandas as pd
 
 from pipelines.ops.preprocess import preprocess_rgb
 from pipelines.results.result_rows import fail, new_row
-from pipelines.ops.video_decode import VideoDecodeError, decode_segment
+from pipelines.ops.video_decode import STORE_FAILURE, VideoDecodeError, decode_segment
 
 
 def is_segment(record) -> bool:
@@ -38,7 +38,12 @@ def segment_rows(task, record, guard=None) -> list[dict]:
     if record.segment_error is not None:
         reason, _, message = str(record.segment_error).partition(": ")
         row = frame_row(start if end is not None else None)
-        fail(row, VideoDecodeError(f"{record.path}: {segment_name(start, end)}: {message}", reason))
+        text = f"{record.path}: {segment_name(start, end)}: {message}"
+        if reason.startswith(STORE_FAILURE):   # the store, not the video: a read failure, tried again next run
+            fail(row, OSError(text), stage="read")
+            row["error_type"] = reason[len(STORE_FAILURE):]
+        else:
+            fail(row, VideoDecodeError(text, reason))
         return [row]
     rows, pending = [], []
     try:
@@ -74,7 +79,7 @@ def segment_rows(task, record, guard=None) -> list[dict]:
         row = frame_row(first_missing if first_missing is not None else start)
         if isinstance(err, VideoDecodeError):
             err = VideoDecodeError(f"{record.path}: {segment_name(start, end)}: {err}", err.reason, first_missing)
-        fail(row, err, stage="decode")
+        fail(row, err, stage="read" if isinstance(err, OSError) else "decode")   # OSError: the store failed
         rows.append(row)
     if pending:
         task.infer_and_postprocess(pending)

@@ -109,7 +109,12 @@ class VideoScan:
 
 
 def error_unit(listing: dict, start: int, end: int | None, err: BaseException) -> dict:
-    reason = getattr(err, "reason", None) or type(err).__name__
+    from pipelines.ops.video_decode import STORE_FAILURE, VideoDecodeError
+
+    if isinstance(err, VideoDecodeError):
+        reason = err.reason
+    else:   # an OSError: the store failed, not the video (video_inference retries it as a read failure)
+        reason = (STORE_FAILURE if isinstance(err, OSError) else "") + type(err).__name__
     return {**listing, "segment_start": start, "segment_end": end, "frame_pts": None, "previous_pts": None,
             "first_pts": None, "time_base_num": None, "time_base_den": None,
             "segment_error": f"{reason}: {err}"}

@@ -26,6 +26,10 @@ from pipelines.errors import SparkSegError
 SEEK_BACK_SECONDS = (0.0, 1.0, 4.0, 16.0, 64.0)   # retries of a seek that landed after the segment's first frame
 
 
+# A unit's segment_error reason for a video the store could not read (not a decode failure): "read.<error type>"
+STORE_FAILURE = "read."
+
+
 class VideoDecodeError(SparkSegError, ValueError):
     """A video (or one of its segments) that cannot be decoded; `reason` says which way (error_type
     VideoDecodeError.<reason> in errors/). Never raised out of a job: it becomes an errors/ row."""
