@@ -90,3 +90,41 @@ def test_a_blob_table_is_read_on_the_executors_with_old_files_given_null_frame_c
     expected = [{**row, "frame_index": None if row["size"] < 2 else row["frame_index"]} for row in rows]
     assert [{key: row[key] for key in expected[0]} for row in read] == expected
     assert all(row[name] is None for row in read[:2] for name in FRAME_COLUMNS)
+
+
+def test_blobs_the_store_would_not_read_are_tried_again_by_the_next_run(spark, azurite, monkeypatch, tmp_path):
+    """Archived blobs (a lifecycle policy moved them to the archive tier) are listed but cannot be read until they
+    are rehydrated: every image and the video is a `read` error, not a decode error, so the run after the
+    rehydration does them all."""
+    from pipelines.results.incremental import current_detections, current_errors, table_counts
+    from tests.test_video_input import encode_video, road_frames
+
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    container = azurite.create_container("archived")
+    client = azurite.service_client().get_container_client(container)
+    images = [path.name for path in sorted((SAMPLES / "images").glob("*.jpg"))[:2]]
+    for name in images:
+        client.upload_blob(f"in/{name}", (SAMPLES / "images" / name).read_bytes())
+    client.upload_blob("in/clip.mp4", encode_video(tmp_path / "clip.mp4", road_frames(6)).read_bytes())
+    for name in [*images, "clip.mp4"]:
+        client.get_blob_client(f"in/{name}").set_standard_blob_tier("Archive")
+    config = job_config(tmp_path, tmp_path / "out")
+    config["input"]["uri"] = f"az://{container}/in"
+    config["run"]["max_error_fraction"] = 1.0
+    first = run(spark, config)
+    assert first["counts"]["done"] == 0 and first["counts"]["failed"] == 3
+    errors = {row.path.rsplit("/", 1)[1]: row for row in current_errors(spark, str(tmp_path / "out")).collect()}
+    assert sorted(errors) == sorted([*images, "clip.mp4"])
+    assert {(row.stage, row.error_type) for row in errors.values()} == {("read", "AzureStorageError")}, errors
+    assert "archived blob" in errors["clip.mp4"].message
+
+    for name in [*images, "clip.mp4"]:
+        client.get_blob_client(f"in/{name}").set_standard_blob_tier("Hot")
+    second = run(spark, config)
+    assert second["counts"]["skipped"] == 0 and second["counts"]["failed"] == 0
+    assert second["counts"]["done"] == 2 + 6   # two images, six frames
+    assert current_errors(spark, str(tmp_path / "out")).count() == 0
+    assert second["table"] == table_counts(spark, str(tmp_path / "out")) == {"images": 8, "errors": 0,
+                                                                             "superseded_rows": 3}
+    assert {row.path.rsplit("/", 1)[1] for row in current_detections(spark, str(tmp_path / "out")).collect()} == \
+        {*images, "clip.mp4"}

@@ -7,7 +7,9 @@ image then has two records: the old one and the new one (and its PNG label map u
 new run, so the old row's `mask_path` now shows the new masks).
 The CURRENT record of a path is the one written by the newest run: run ids begin with the run's UTC start time
 (`20260101T000000Z-1a2b3c4d`), and the run lock keeps runs on one output from overlapping, so run ids sort by time;
-ties (two runs started in the same second) go to the newer image modification time.
+ties (two runs started in the same second) go to the newer image modification time. A video's records are per
+frame, written by one run or, segment by segment, by several (a killed run and the one that resumed it): its
+current records are the newest of each frame among those of its newest version and kind (ranked_keys).
 
 A path's current record may be an error: a replaced image that no longer decodes is in current_errors and no
 longer in current_detections. Images deleted from the input keep their last record (nothing here reads the input).
@@ -86,21 +88,31 @@ def read_tables(spark: SparkSession, output: Location | str, model_sha256: str |
 
 
 def record_keys(tables: dict[str, DataFrame]) -> DataFrame:
-    """(path, frame_index, run_id, modification_time, table) of every record of `tables` ({"detections": frame,
-    ...}); a record is an image (frame_index null) or one video frame (a video's error rows: the first frame not
-    decoded, or null for a video not readable at all)."""
+    """(path, frame_index, run_id, size, modification_time, table) of every record of `tables` ({"detections":
+    frame, ...}); a record is an image (frame_index null) or one video frame (a video's error rows: the first frame
+    not decoded, or null for a video not readable at all)."""
     keys = None
     for name, frame in tables.items():
-        part = frame.select("path", "frame_index", "run_id", "modification_time", F.lit(name).alias("table"))
+        part = frame.select("path", "frame_index", "run_id", "size", "modification_time", F.lit(name).alias("table"))
         keys = part if keys is None else keys.unionByName(part)
     return keys
 
 
 def ranked_keys(keys: DataFrame) -> DataFrame:
-    """Transform: record_keys rows + `rank`; rank 1 is the current record of the image or video frame."""
-    newest = Window.partitionBy("path", "frame_index").orderBy(F.col("run_id").desc(),
-                                                               F.col("modification_time").desc_nulls_last())
-    return keys.withColumn("rank", F.row_number().over(newest))
+    """Transform: record_keys rows + `rank`; rank 1 is a current record. A path's records that count are those of
+    its newest record's file version (size, modification time: a replaced video's frames beyond its new length are
+    superseded) and kind (a whole-file record, frame_index null, or frames: a video read whole or in segments
+    supersedes its earlier "could not be read" row, and the other way round); among them, the newest run's record
+    of each frame (of the file, for an image)."""
+    newest_first = (F.col("run_id").desc(), F.col("modification_time").desc_nulls_last())
+    by_path = Window.partitionBy("path").orderBy(*newest_first)
+    live = (F.col("size").eqNullSafe(F.first("size").over(by_path))
+            & F.col("modification_time").eqNullSafe(F.first("modification_time").over(by_path))
+            & (F.col("frame_index").isNull() == F.first(F.col("frame_index").isNull()).over(by_path)))
+    by_record = Window.partitionBy("path", "frame_index", "live").orderBy(*newest_first)
+    return (keys.withColumn("live", live)
+            .withColumn("rank", F.when(F.col("live"), F.row_number().over(by_record)).otherwise(F.lit(2)))
+            .drop("live"))
 
 
 def _ranked_keys(tables: dict[str, DataFrame]) -> DataFrame:

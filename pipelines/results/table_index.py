@@ -9,8 +9,8 @@ its rows: nothing is opened (rows_before_run), and that total bounds the run's d
   row counts read from every file's footer); anything else (no index yet, a model it never counted, a run killed
   between its writes and its index update) means one full rescan (incremental.table_counts), whose result becomes
   the new index;
-- this run's paths are the only ones whose current record changed: each one's previous current record (if any)
-  becomes superseded, and its new record counts as an image or an error. Only those paths' earlier records are read
+- this run's paths are the only ones whose current records changed: theirs are counted without this run's rows
+  and with them (incremental.ranked_keys), and the difference moves the counts. Only those paths' records are read
   (a semi-join on this run's paths, column-pruned), and a run with nothing new reads none.
 Runs on one output never overlap (the run lock) and run ids sort by start time, so this run's records are the newest.
 """
@@ -23,8 +23,7 @@ import logging
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.results.incremental import (TABLES, ranked_keys, read_tables, record_keys, renamed_keys, same_record,
-                                   table_counts)
+from pipelines.results.incremental import TABLES, ranked_keys, read_tables, record_keys, table_counts
 from pipelines.io.storage import Location
 from pipelines.results.done_index import table_file_names
 from pipelines.results.results_writer import read_table
@@ -116,13 +115,17 @@ def counts_after_run(spark: SparkSession, output: Location, model_sha256: str, r
 
 def apply_run(spark: SparkSession, output: Location, model_sha256: str, run_id: str, counts: dict,
               written: dict[str, int]) -> dict:
-    """`counts` before run `run_id` -> after it: its paths' previous current records become superseded."""
+    """`counts` before run `run_id` -> after it: only the paths it wrote changed, so their current records are
+    counted without its rows and with them; the difference moves the counts, and the rest of its rows supersede."""
     keys = record_keys(read_tables(spark, output, model_sha256))
-    this_run = renamed_keys(keys.where(F.col("run_id") == run_id).drop("table"), "this_run_")
-    earlier = keys.where(F.col("run_id") != run_id).join(this_run, same_record("this_run_"), "left_semi")
-    previous = {row.table: row["count"] for row in
-                ranked_keys(earlier).where("rank = 1").groupBy("table").count().collect()}
-    before_det, before_err = previous.get("detections", 0), previous.get("errors", 0)
-    return {"images": counts["images"] - before_det + written.get("detections", 0),
-            "errors": counts["errors"] - before_err + written.get("errors", 0),
-            "superseded_rows": counts["superseded_rows"] + before_det + before_err}
+    touched = keys.where(F.col("run_id") == run_id).select(F.col("path").alias("touched_path")).distinct()
+    records = keys.join(touched, F.col("path") == F.col("touched_path"), "left_semi")
+
+    def current(frame) -> dict[str, int]:
+        return {row.table: row["count"] for row in ranked_keys(frame).where("rank = 1").groupBy("table").count()
+                .collect()}
+
+    before, after = current(records.where(F.col("run_id") != run_id)), current(records)
+    gained = {table: after.get(table, 0) - before.get(table, 0) for table in TABLES}
+    return {"images": counts["images"] + gained["detections"], "errors": counts["errors"] + gained["errors"],
+            "superseded_rows": counts["superseded_rows"] + sum(written.values()) - sum(gained.values())}
