@@ -296,6 +296,7 @@ class RunSettings:
     commit_every: int   # 0: one commit at the end
     max_error_fraction: float
     poison_attempts: int
+    retries: int
     break_lock: bool
     lock_stale_after_s: float
     lock_heartbeat_s: float
@@ -307,6 +308,7 @@ class RunSettings:
         require("run.max_error_fraction", 0 <= self.max_error_fraction <= 1, self.max_error_fraction,
                 "give a fraction between 0 and 1")
         _at_least("run.poison_attempts", self.poison_attempts, 1, "crashed attempts before an image is an error")
+        _at_least("run.retries", self.retries, 0, "0: a failure that was not the image's is not tried again")
         require("run.progress_interval_s", self.progress_interval_s >= 0, self.progress_interval_s,
                 "give a number of seconds >= 0 (0: no progress line)")
         _at_least("run.broadcast_max_rows", self.broadcast_max_rows, 0, "done keys broadcast up to this many rows")

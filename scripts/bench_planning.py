@@ -96,7 +96,8 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
     n_inputs = counts.files
     set_session_settings(spark, session_settings_for(n_inputs, config))
     target = str(output) if scenario == "incremental" else str(work / "nothing-here")
-    todo = todo_listing(spark, listed, target, manifest, False, config.run.broadcast_max_rows)
+    todo = todo_listing(spark, listed, target, manifest, False, config.run.broadcast_max_rows,
+                        retries=config.run.retries)
     n_todo = n_inputs if todo is listed else todo.count()   # nothing done: the listing itself, as in run_plan
     todo, indexed = index_todo(todo, 2, counts.rows_per_partition if todo is listed else None)
     n_indexed = indexed.count()

@@ -87,9 +87,10 @@ def test_next_run_processes_exactly_the_new_and_replaced_images(spark, tmp_path)
     assert not (output / LOCK_NAME).exists(), "a finished run must release the lock"
 
 
-def test_images_whose_failure_was_not_their_own_are_tried_again_by_the_next_run(spark, tmp_path):
+def test_images_whose_failure_was_not_their_own_are_tried_again_by_the_next_runs(spark, tmp_path):
     """A label map the output refused (here its folder is a file in the way) is a `write` error, not a done image:
-    the next run does it again; a file that does not decode stays recorded until it changes."""
+    the next runs do it again, up to run.retries times; a file that does not decode stays recorded until it
+    changes."""
     images, output = tmp_path / "images", tmp_path / "out"
     for seed, name in enumerate(["a.jpg", "b.jpg"]):
         write_image(images / name, seed)
@@ -97,20 +98,24 @@ def test_images_whose_failure_was_not_their_own_are_tried_again_by_the_next_run(
     output.mkdir()
     (output / "masks").write_bytes(b"in the way")
     config = job_config(images, output)
-    config["run"]["max_error_fraction"] = 1.0
+    config["run"].update(max_error_fraction=1.0, retries=1)
     first = run(spark, config)
     assert first["counts"]["done"] == 0 and first["counts"]["failed"] == 3
     errors = spark.read.parquet(str(output / "errors")).collect()
     assert sorted((Path(e.path).name, e.stage) for e in errors) == [
         ("a.jpg", "write"), ("b.jpg", "write"), ("broken.jpg", "decode")]
+    second = run(spark, config)   # still in the way: tried once more, and failed again
+    assert (second["counts"]["skipped"], second["counts"]["failed"]) == (1, 2)
+    assert run(spark, config)["counts"]["skipped"] == 3, "given up after run.retries more tries"
 
     (output / "masks").unlink()
-    second = run(spark, config)
-    assert {k: second["counts"][k] for k in ("inputs", "skipped", "done", "failed")} == \
+    config["run"]["retries"] = 3
+    fourth = run(spark, config)
+    assert {k: fourth["counts"][k] for k in ("inputs", "skipped", "done", "failed")} == \
         {"inputs": 3, "skipped": 1, "done": 2, "failed": 0}
     assert names(current_detections(spark, str(output)).collect()) == ["a.jpg", "b.jpg"]
     assert names(current_errors(spark, str(output)).collect()) == ["broken.jpg"]
-    assert second["table"] == table_counts(spark, str(output)) == {"images": 2, "errors": 1, "superseded_rows": 2}
+    assert fourth["table"] == table_counts(spark, str(output)) == {"images": 2, "errors": 1, "superseded_rows": 4}
     assert run(spark, config)["counts"]["skipped"] == 3
 
 

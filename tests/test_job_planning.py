@@ -94,7 +94,7 @@ def test_done_keys_are_broadcast_only_below_the_bound(spark, tmp_path):
     # the tables' rows known without a pass (table_index.rows_before_run) or not: the same choice
     for (bound, join), table_rows in itertools.product(((5, "SortMergeJoin"), (6, "BroadcastHashJoin")), (None, 6)):
         todo = todo_listing(spark, listing, str(tmp_path), manifest, force=False, broadcast_max_rows=bound,
-                            table_rows=table_rows)
+                            table_rows=table_rows, retries=3)
         assert sorted(row.path[-10:] for row in todo.collect()) == ["000006.jpg", "000007.jpg", "000008.jpg"]
         plan = final_plan(todo)
         assert join in plan, plan

@@ -251,7 +251,7 @@ def test_tables_written_before_the_frame_columns_stay_readable(spark, tmp_path):
     rows = {r.path: r for r in read_table(spark, str(table)).collect()}
     assert set(FRAME_COLUMNS) <= set(rows["file:/in/a.jpg"].asDict())
     assert rows["file:/in/a.jpg"].frame_index is None and rows["file:/in/v.mp4"].segment_end == 8
-    keys = sorted(tuple(r) for r in done_keys(spark, str(tmp_path / "out"), "m").select("path", "segment_start")
+    keys = sorted(tuple(r) for r in done_keys(spark, str(tmp_path / "out"), "m", retries=3).select("path", "segment_start")
                   .collect())
     assert keys == [("file:/in/a.jpg", None), ("file:/in/v.mp4", 0)]
     assert current_detections(spark, str(tmp_path / "out")).count() == 2

@@ -84,15 +84,16 @@ ROWS_PER_SHUFFLE_PARTITION = 100_000
 
 def todo_listing(spark: SparkSession, listing: DataFrame, output: Location | str, manifest: ModelManifest,
                  force: bool, broadcast_max_rows: int, table_rows: int | None = None,
-                 table_files: dict[str, dict[str, str]] | None = None) -> DataFrame:
-    """Images not yet recorded for this model (same path, size and modification time), unless `force`. The done
-    keys are broadcast only up to `broadcast_max_rows`; beyond, a sort-merge anti-join: neither the driver's nor an
-    executor's memory grows with the history. `table_rows`: the tables' records of every model, where known without
-    a pass (table_index.rows_before_run), an upper bound of the done keys; else they are counted (one column-pruned
-    pass). `table_files`: the tables' files (done_index.table_file_names), where the caller listed them."""
+                 table_files: dict[str, dict[str, str]] | None = None, *, retries: int) -> DataFrame:
+    """Images not yet done for this model (same path, size and modification time; done_index.done_keys, with
+    `retries` for the failures that were not the image's), unless `force`. The done keys are broadcast only up to
+    `broadcast_max_rows`; beyond, a sort-merge anti-join: neither the driver's nor an executor's memory grows with
+    the history. `table_rows`: the tables' records of every model, where known without a pass
+    (table_index.rows_before_run), an upper bound of the done keys; else they are counted (one column-pruned pass).
+    `table_files`: the tables' files (done_index.table_file_names), where the caller listed them."""
     if force:
         return listing
-    done = done_keys(spark, output, manifest.model_sha256, table_files)
+    done = done_keys(spark, output, manifest.model_sha256, retries, table_files)
     if done is None:
         return listing
     broadcast = (table_rows is not None and table_rows <= broadcast_max_rows) or done.count() <= broadcast_max_rows
@@ -259,7 +260,7 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
         units = work_units(spark, plan, listing, video, n_videos)
         n_units = units.count() if n_videos else n_inputs
         todo = todo_listing(spark, units, plan.output, plan.manifest, run_cfg.force, run_cfg.broadcast_max_rows,
-                            sum(rows_before.values()) if rows_before else None, tables_before)
+                            sum(rows_before.values()) if rows_before else None, tables_before, retries=run_cfg.retries)
         n_todo = n_units if todo is units else todo.count()   # the units themselves: nothing done before, or force
         if n_videos:
             say(f"{n_inputs} files ({n_videos} videos in {n_units - n_inputs + n_videos} segments), {n_todo} images "

@@ -3,7 +3,7 @@
 detections/ and errors/ grow by a few files every run (one per task and wave): after a year of hourly runs, an
 anti-join over the tables themselves would open tens of thousands of small files on every run, however few images
 are new. `<output>/_sparkseg_done/` keeps the keys of both tables' records (KEY_COLUMNS, every model, one row per
-record; of errors/ only the final failures: a row whose stage is in result_rows.RETRIED_STAGES is not done) in a
+record; `retry` marks an errors/ row whose stage is in result_rows.RETRIED_STAGES: done_keys counts those) in a
 few Parquet files, in two levels, as a log-structured merge does: `base` and `recent`. Its `index.json`
 names each level's files, rows and the table files it covers. A run reads both levels and only the table files
 neither covers. Once more than COMPACT_AFTER_FILES table files are not covered, the end of a run merges them into
@@ -39,6 +39,8 @@ KEY_SCHEMA = T.StructType([
     T.StructField("model_sha256", T.StringType()), T.StructField("path", T.StringType()),
     T.StructField("size", T.LongType()), T.StructField("modification_time", T.TimestampType()),
     T.StructField("segment_start", T.IntegerType()), T.StructField("segment_end", T.IntegerType()),
+    # an errors/ row of a failure that was not the input's (null in an index written before: done)
+    T.StructField("retry", T.BooleanType()),
 ])
 KEY_COLUMNS = KEY_SCHEMA.fieldNames()
 
@@ -99,9 +101,10 @@ def read_keys(spark: SparkSession, output: Location, levels: list[dict],
     for table in TABLES:
         files = table_files.get(table, [])
         frame = read_table(spark, output / table, files=files) if files is None or files else None
-        if frame is not None and table == "errors":   # failures that were not the input's are not done
-            frame = frame.where(F.col("stage").isNull() | ~F.col("stage").isin(*RETRIED_STAGES))
-        parts.append(frame)
+        if frame is not None:
+            retry = (F.coalesce(F.col("stage").isin(*RETRIED_STAGES), F.lit(False)) if table == "errors"
+                     else F.lit(False))
+            parts.append(frame.withColumn("retry", retry))
     parts = [part.select(*KEY_COLUMNS) for part in parts if part is not None]
     if not parts:
         return None
@@ -128,15 +131,20 @@ def uncovered_files(files_now: dict[str, dict[str, str]],
             if covered[table] else None for table in TABLES}
 
 
-def done_keys(spark: SparkSession, output: Location | str, model_sha256: str,
+def done_keys(spark: SparkSession, output: Location | str, model_sha256: str, retries: int,
               files_now: dict[str, dict[str, str]] | None = None) -> DataFrame | None:
-    """(path, size, modification_time, segment_start, segment_end) of every record of this model in detections/ or
-    errors/, but errors whose stage is retried (not deduplicated: an anti-join needs no distinct; segment_start is
-    null for images, a video's records are per segment). None when nothing has been written yet."""
+    """(path, size, modification_time, segment_start, segment_end) of the records of this model that are done: every
+    detections/ row, every errors/ row of a failure that was the input's, and a failure that was not (`retry`) once
+    it happened more than `retries` times to that key (not deduplicated: an anti-join needs no distinct;
+    segment_start is null for images, a video's records are per segment). None when nothing has been written yet."""
     keys = all_done_keys(spark, Location.of(output), files_now)
     if keys is None:
         return None
-    return keys.where(F.col("model_sha256") == model_sha256).drop("model_sha256")
+    keys = keys.where(F.col("model_sha256") == model_sha256).drop("model_sha256")
+    final = keys.where(~F.coalesce(F.col("retry"), F.lit(False))).drop("retry")
+    given_up = (keys.where(F.col("retry")).drop("retry").groupBy(*final.columns).count()
+                .where(F.col("count") > retries).drop("count"))
+    return final.unionByName(given_up)
 
 
 def update_after_run(spark: SparkSession, output: Location,
