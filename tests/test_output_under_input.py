@@ -38,6 +38,11 @@ def test_every_listing_leaves_the_output_out(spark, tmp_path):
     assert sorted(row.path for row in found.complete().collect()) == expected
     walked = src.ImageListing(src.local_files_listing(spark, str(images), EXTENSIONS, True, driver_max_files=0))
     assert sorted(row.path for row in walked.excluding(prefix).complete().collect()) == expected
+    # the local walks (the driver's and the executors') do not enter the output at all
+    output = str(images / "out")
+    for limit in (0, 100):
+        skipped = src.local_files_listing(spark, str(images), EXTENSIONS, True, driver_max_files=limit, skip=output)
+        assert sorted(row.path for row in skipped.collect()) == expected
     indexed = src.spark_file_index(spark, str(images), EXTENSIONS).excluding(prefix)
     listing, counts = src.whole_listing(indexed, lambda frame: (frame.count(),))
     assert sorted(row.path for row in listing.collect()) == expected and counts == (4,)

@@ -34,22 +34,26 @@ def listing_root(spark_uri: str) -> str:
     return os.path.normpath(to_local_path(spark_uri))
 
 
-def walk_top(root: str, extensions: tuple[str, ...] | None, recursive: bool) -> Iterator[ListedFile | str]:
+def walk_top(root: str, extensions: tuple[str, ...] | None, recursive: bool,
+             skip: str | None = None) -> Iterator[ListedFile | str]:
     """The top level of the listing: `root` itself when it is a file, the wanted files directly under it, and
     (recursive) the paths of its subdirectories, each of which `walk_entry` completes: they can be walked in
-    parallel."""
+    parallel. `skip`: a directory (spelled as the walk spells paths: `root` and the names under it) not walked,
+    e.g. the job's output under its input."""
     if not os.path.isdir(root):
         found = _listed(root, extensions)
         if found is not None:
             yield found
         return
-    for child in _children(root, extensions):
+    for child in _children(root, extensions, skip):
         if isinstance(child, ListedFile) or recursive:
             yield child
 
 
-def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None) -> Iterator[ListedFile]:
-    """An entry of `walk_top` as files: a file as itself, a directory as every wanted file under it, depth first."""
+def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None,
+               skip: str | None = None) -> Iterator[ListedFile]:
+    """An entry of `walk_top` as files: a file as itself, a directory as every wanted file under it (but `skip`),
+    depth first."""
     if isinstance(entry, ListedFile):
         yield entry
         return
@@ -57,7 +61,7 @@ def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None) -> I
     while pending:
         directory = pending.pop()
         subdirectories = []
-        for child in _children(directory, extensions):
+        for child in _children(directory, extensions, skip):
             if isinstance(child, ListedFile):
                 yield child
             else:
@@ -65,12 +69,13 @@ def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None) -> I
         pending.extend(subdirectories)
 
 
-def _children(directory: str, extensions: tuple[str, ...] | None) -> Iterator[ListedFile | str]:
-    """The wanted files directly under `directory` and the paths of its subdirectories (a directory symlink that
-    leads back into its own ancestors left out), in the file system's order."""
+def _children(directory: str, extensions: tuple[str, ...] | None,
+              skip: str | None = None) -> Iterator[ListedFile | str]:
+    """The wanted files directly under `directory` and the paths of its subdirectories (`skip`, and a directory
+    symlink that leads back into its own ancestors left out), in the file system's order."""
     for entry in _entries(directory):
         if entry.is_dir():
-            if not (entry.is_symlink() and _leads_back(entry.path)):
+            if entry.path != skip and not (entry.is_symlink() and _leads_back(entry.path)):
                 yield entry.path
         else:
             found = _listed(entry.path, extensions)
