@@ -2,6 +2,8 @@
 so a second run does not read them as new images."""
 from __future__ import annotations
 
+import pytest
+
 from pipelines.inference import image_sources as src
 from pipelines.inference.inference_job import run
 from tests.job_helpers import job_config
@@ -16,13 +18,15 @@ def test_the_output_prefix_in_each_listings_spelling(spark, tmp_path):
     assert src.output_prefix(spark, f"file://{images}/", f"{images}/a/out/") == f"file:{images}/a/out/"
     assert src.output_prefix(spark, str(images), f"{images} 2/out") is None          # a sibling, not under it
     assert src.output_prefix(spark, str(images), str(tmp_path)) is None
-    assert src.output_prefix(spark, str(images), str(images)) is None
     assert src.output_prefix(spark, "az://c/in", "az://c/in/out") == "az://c/in/out/"
     assert src.output_prefix(spark, "az://c/in", "az://d/in/out") is None
     # qualified by the URI's Hadoop FileSystem (its host must resolve; no name node is asked)
     hdfs = "hdfs://localhost:1/in"
     assert src.output_prefix(spark, hdfs, f"{hdfs}/out/") == f"{hdfs}/out/"
     assert src.output_prefix(spark, hdfs, f"{images}/out") is None
+    for same in ((str(images), f"file://{images}/"), ("az://c/in", "az://c/in/"), (hdfs, "hdfs://localhost:1/in/")):
+        with pytest.raises(src.InputError, match="--output is the --input directory"):
+            src.output_prefix(spark, *same)
 
 
 def test_every_listing_leaves_the_output_out(spark, tmp_path):

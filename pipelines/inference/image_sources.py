@@ -109,9 +109,17 @@ def without_prefix(listing: DataFrame, prefix: str | None) -> DataFrame:
     return listing if prefix is None else listing.where(~F.col("path").startswith(F.lit(prefix)))
 
 
+def output_is_input(output_uri: str) -> InputError:
+    """The error for an --output that is the --input directory (in any spelling)."""
+    return InputError(f"{output_uri}: --output is the --input directory, whose listing would take the job's label "
+                      "maps for images; give the output a directory of its own (one under the input is left out of "
+                      "its listing)")
+
+
 def output_prefix(spark: SparkSession, input_uri: str, output_uri: str) -> str | None:
     """The listing's spelling of the output's root + '/' when the output lies under the input (its files are the
-    job's own results, not inputs: a second run would read its label maps as images), else None."""
+    job's own results, not inputs: a second run would read its label maps as images), else None; an output that is
+    the input is an InputError (output_is_input)."""
     store = store_of(input_uri)
     if store != store_of(output_uri):
         return None
@@ -131,6 +139,8 @@ def output_prefix(spark: SparkSession, input_uri: str, output_uri: str) -> str |
         except Exception:  # noqa: BLE001 - py4j: a scheme without a file system here; the listing will say so
             return None
     root, output = root.rstrip("/"), output.rstrip("/")
+    if output == root:
+        raise output_is_input(output_uri)
     if not output.startswith(root + "/"):
         return None
     return ("file:" if store == "local" else "") + output + "/"

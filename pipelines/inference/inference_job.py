@@ -212,9 +212,7 @@ def check_local_paths(input_uri: str, output_uri: str) -> None:
     if source is not None and not source.exists():
         raise src.missing_input(input_uri)
     if source is not None and target is not None and source.resolve() == target.resolve():
-        raise src.InputError(f"{output_uri}: --output is the --input directory, whose listing would take the job's "
-                             "label maps for images; give the output a directory of its own (one under the input "
-                             "is left out of its listing)")
+        raise src.output_is_input(output_uri)   # before Spark starts (other stores: when the input is listed)
     if target is not None and target.exists() and not target.is_dir():
         raise src.InputError(f"{output_uri}: --output names an existing file; give a directory (new or a previous "
                              "run's output)")
