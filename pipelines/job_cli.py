@@ -132,6 +132,8 @@ def print_summary(summary: dict) -> None:
         print(f"\nsparkseg: {counts['inputs']} images under {summary['input']}")
     print(f"  done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "
           f"(already done for this model), {counts['instances']} instances")
+    if summary.get("failed_types"):
+        print("  failed by type: " + ", ".join(f"{n} {kind}" for kind, n in summary["failed_types"].items()))
     unit = "images+frames" if counts.get("videos") else "images"   # result rows, failed ones too
     print(f"  {summary['images_per_second']} {unit}/s over {summary['wall_seconds']} s, {summary['partitions']} "
           f"partitions; stage seconds {json.dumps(summary['stage_seconds'])}")

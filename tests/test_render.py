@@ -109,9 +109,11 @@ def test_failed_images_are_named_in_the_report_and_the_cli_summary(tmp_path, cap
     summary = {"counts": {"inputs": 13, "done": 1, "failed": 12, "skipped": 0, "instances": 1}, "input": "/in",
                "output": "/out", "images_per_second": 1.0, "wall_seconds": 1.0, "partitions": 1, "stage_seconds": {},
                "model": {"name": "m", "sha256": "0" * 64, "note": "what it is for"},
-               "failed_images": [f"/in/bad{i:02d}.jpg" for i in range(10)], "report": str(report)}
+               "failed_images": [f"/in/bad{i:02d}.jpg" for i in range(10)], "report": str(report),
+               "failed_types": {"ImageDecodeError.corrupt": 11, "AzureStorageError": 1}}
     print_summary(summary)
     printed = capsys.readouterr().out
+    assert "failed by type: 11 ImageDecodeError.corrupt, 1 AzureStorageError" in printed
     assert "failed: /in/bad00.jpg" in printed and "failed: /in/bad09.jpg" in printed
     assert "and 2 more failed images in /out/errors" in printed
     assert f"report: {report}" in printed and "NOTE: what it is for" in printed

@@ -208,6 +208,8 @@ def test_truncated_empty_and_fake_videos_are_error_rows_and_readable_frames_are_
     assert errors["notes.mp4"].error_type == "VideoDecodeError.unreadable"
     assert errors["notes.mp4"].segment_start == 0 and errors["notes.mp4"].segment_end is None
     assert summary["counts"]["frames"] == len(kept) and summary["counts"]["failed"] == 3
+    assert summary["failed_types"] == {"VideoDecodeError.empty": 1, "VideoDecodeError.truncated": 1,
+                                       "VideoDecodeError.unreadable": 1}
     rows = len(kept) + 3   # the progress total counts the error rows too (was len(kept): 103 % at the end)
     assert f"[sparkseg] {rows}/{rows} images+frames (100%)" in capsys.readouterr().err
 

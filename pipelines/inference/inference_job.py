@@ -36,8 +36,8 @@ from pipelines.results.done_index import done_keys, table_file_names, update_aft
 from pipelines.results.table_index import counts_after_run, rows_before_run
 from pipelines.results.coco_results import write_coco_results
 from pipelines.results.result_schema import RESULT_SCHEMA
-from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, failed_paths, holds_tables,
-                                              write_results, write_summary)
+from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, failed_paths, failure_types,
+                                              holds_tables, write_results, write_summary)
 from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.spark.spark_session import ship_library, ship_once
 from pipelines.io.storage import Location
@@ -493,6 +493,7 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
                    "instances": int(totals["instances"])},
         "failed_images": failed_paths(spark, plan.output, plan.run_id, 10)
         if totals["failed"] else [],   # the first 10 of this run (errors/ has them all)
+        "failed_types": failure_types(spark, plan.output, plan.run_id) if totals["failed"] else {},
         "partitions": partitions, "wall_seconds": round(elapsed, 3),
         "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
         "frames_per_second": round(totals.get("frames", 0) / elapsed, 3) if totals.get("frames") else 0.0,

@@ -203,5 +203,14 @@ def failed_paths(spark: SparkSession, output: Location, run_id: str, limit: int 
             .limit(limit).collect()]
 
 
+def failure_types(spark: SparkSession, output: Location, run_id: str) -> dict[str, int]:
+    """{error_type: rows} of the errors/ rows of run `run_id`, the most frequent first (a few types, not paths)."""
+    errors = read_table(spark, output / "errors")
+    if errors is None:
+        return {}
+    counts = errors.where(F.col("run_id") == run_id).groupBy("error_type").count().collect()
+    return {row.error_type: row["count"] for row in sorted(counts, key=lambda row: (-row["count"], row.error_type))}
+
+
 def write_summary(output: Location, summary: dict) -> None:
     (output / "summary.json").write_bytes_atomic((json.dumps(summary, indent=2, default=str) + "\n").encode())
