@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser.add_argument("--config", help="YAML config (conf/*.yaml); default: the embedded conf/local.yaml")
     parser.add_argument("--input", help="image/video URI: file://, hdfs://, abfss://, wasbs://, az://container/prefix")
     parser.add_argument("--output", help="output URI (detections/, masks/, errors/, summary.json)")
-    parser.add_argument("--model", help="export directory with manifest.json")
+    parser.add_argument("--model", help="export directory with manifest.json (default: the job's bundled model, "
+                        "model.bundled in conf/local.yaml)")
     parser.add_argument("--partitions", type=int, help="tasks per wave, images spread evenly by count (0: "
                         "spark.default.parallelism, more where a task would hold over inference.max_images_per_task)")
     parser.add_argument("--batch-size", type=int, help="images per Arrow batch on an executor")

@@ -236,8 +236,19 @@ class InputSettings:
 
 
 @dataclass(frozen=True)
+class BundledModels:
+    yolact: str
+    detector: str
+
+
+@dataclass(frozen=True)
 class ModelSettings:
-    dir: str            # an export directory with manifest.json
+    dir: str | None         # an export directory with manifest.json; None: bundled's model of the job's family
+    bundled: BundledModels
+
+    def dir_for(self, family: str) -> str:
+        """The export directory the `family` job runs."""
+        return self.dir or getattr(self.bundled, family)
 
 
 @dataclass(frozen=True)

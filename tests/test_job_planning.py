@@ -178,3 +178,15 @@ def test_a_to_do_that_is_the_listing_is_indexed_from_the_listing_count(spark, tm
     assert sorted(indexed.select(*columns).collect()) == sorted(reference.select(*columns).collect())
     assert sorted(row.idx for row in indexed.collect()) == list(range(7))
     listing.unpersist()
+
+
+def test_each_job_runs_its_own_bundled_model_unless_given_one(tmp_path):
+    config = load_config()
+    config["input"]["uri"], config["output"]["uri"] = str(tmp_path), str(tmp_path / "out")
+    assert config["model"]["dir"] is None
+    for family, bundled in (("yolact", "yolact_default"), ("detector", "detector_default")):
+        plan = plan_job(config, family)
+        assert plan.manifest.model == family and plan.manifest.root.name == bundled
+        assert plan.config.model.dir.endswith(bundled)   # what the summary's config says
+    config["model"]["dir"] = str(DEFAULT_MODEL_DIR)
+    assert plan_job(config, "yolact").manifest.root == DEFAULT_MODEL_DIR.resolve()

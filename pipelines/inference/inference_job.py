@@ -183,6 +183,7 @@ def plan_job(config: JobConfig | dict, family: str, azure_credentials=None) -> J
     the model and the engine, find credentials: everything that can fail on bad input, in pure Python, before any JVM
     or Spark task."""
     config = JobConfig.of(config)
+    config = replace(config, model=replace(config.model, dir=config.model.dir_for(family)))   # as the summary says
     output = config.output.uri
     input_uri = resolve_local(config.input.uri)
     output_uri = output if "://" in output else str(Path(output).expanduser().resolve())
