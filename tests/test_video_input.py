@@ -253,8 +253,8 @@ def test_tables_written_before_the_frame_columns_stay_readable(spark, tmp_path):
     rows = {r.path: r for r in read_table(spark, str(table)).collect()}
     assert set(FRAME_COLUMNS) <= set(rows["file:/in/a.jpg"].asDict())
     assert rows["file:/in/a.jpg"].frame_index is None and rows["file:/in/v.mp4"].segment_end == 8
-    keys = sorted(tuple(r) for r in done_keys(spark, str(tmp_path / "out"), "m", retries=3).select("path", "segment_start")
-                  .collect())
+    keys = sorted(tuple(r) for r in done_keys(spark, str(tmp_path / "out"), "m", retries=3)
+                  .select("path", "segment_start").collect())
     assert keys == [("file:/in/a.jpg", None), ("file:/in/v.mp4", 0)]
     assert current_detections(spark, str(tmp_path / "out")).count() == 2
 
@@ -274,3 +274,31 @@ def test_is_video_matches_extensions_case_insensitively(spark):
            .collect()}
     assert got == {p: p.lower().endswith(tuple(e.lower() for e in extensions)) for p in paths}
     assert not frame.where(is_video(F.col("path"), ())).count()
+
+
+def test_the_report_draws_the_top_video_frames_on_the_frames_themselves(spark, tmp_path):
+    """The report reads a video's current records per frame and draws an overlay on the decoded frame itself."""
+    from pipelines.report import overlays as ov
+    from pipelines.report import render
+    from pipelines.report.tables import read_output
+
+    videos = tmp_path / "in"
+    clip = encode_video(videos / "clip.mp4", road_frames(12, seed=5), fps=10)
+    (videos / "broken.mp4").write_bytes(b"not a video")
+    run(spark, video_config(videos, tmp_path / "out"))
+    tables = read_output(tmp_path / "out")
+    frames = [(Path(r["path"]).name, r["frame_index"]) for r in tables.detections]
+    assert frames == [("clip.mp4", i) for i in range(12)]
+    assert [(Path(r["path"]).name, r["frame_index"]) for r in tables.errors] == [("broken.mp4", None)]
+
+    index = render.render_overlays(tables, limit=3, score_threshold=0.3)
+    assert len(index["images"]) == 3 and not index["missing"]
+    reference = decoded_frames(clip)
+    for entry in index["images"]:
+        row = next(r for r in tables.detections if r["frame_index"] == entry["frame_index"])
+        assert entry["name"] == f"clip.mp4 frame {row['frame_index']} ({row['timestamp_s']:.2f} s)"
+        assert entry["overlay"] == f"overlays/clip.mp4/{row['frame_index']:06d}.png"
+        expected = ov.draw_overlay(reference[row["frame_index"]], ov.drawn_instances(row["instances"], 0.3), 0.3)
+        drawn = np.asarray(Image.open(tmp_path / "out" / entry["overlay"]))
+        assert np.array_equal(drawn, expected)
+    assert "broken.mp4" in render.write_report(tmp_path / "out", tables).read_text()

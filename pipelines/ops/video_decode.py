@@ -168,6 +168,27 @@ def decode_segment(source, start: int, frame_pts: list[int], first_pts: int, tim
                                "(truncated or corrupt data)", "truncated", expected)
 
 
+def frames_at(source, indices: set[int]) -> dict[int, np.ndarray]:
+    """Frames `indices` (0-based, in presentation order, as scan_video counts them) of a video as RGB, decoded from
+    its start: for a few frames of a report, not for a job. Frames past a truncated end are absent."""
+    import av
+
+    found: dict[int, np.ndarray] = {}
+    if not indices:
+        return found
+    last = max(indices)
+    with open_container(source) as container:
+        try:
+            for index, frame in enumerate(container.decode(container.streams.video[0])):
+                if index in indices:
+                    found[index] = frame.to_ndarray(format="rgb24")
+                if index >= last:
+                    break
+        except av.error.FFmpegError:
+            pass   # truncated or corrupt: the frames decoded so far
+    return found
+
+
 def seek_and_decode(container, stream, first_pts: int, time_base: Fraction):
     """A frame iterator positioned at or before the frame with pts `first_pts`: seek to the keyframe before it
     (retried further back while the first decoded frame comes after it)."""

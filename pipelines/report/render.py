@@ -3,7 +3,8 @@
     python -m pipelines.report.render --output OUT [--input-root DIR] [--limit N] [--score-threshold T]
 
 Writes OUT/overlays/<image key>.png (each instance's mask tinted in its own colour, with box, class and score;
-the key is the image's path under the job's input, as for masks/), OUT/overlays/thumbs/*.jpg, OUT/overlays/index.json
+the key is the image's path under the job's input, as for masks/; a video frame is <video key>/<frame index>.png,
+drawn on the frame decoded from the video), OUT/overlays/thumbs/*.jpg, OUT/overlays/index.json
 and OUT/report.html (+ OUT/report_files/*.png): open report.html in a browser, copy OUT to view it elsewhere, or
 `displayHTML(open(".../report.html").read())` on Databricks. `--input-root DIR`: where the input images are now,
 when they moved since the run (an hdfs:// or abfss:// input downloaded to DIR): an image is looked up at
@@ -20,6 +21,7 @@ from pathlib import Path
 from pipelines.errors import report_error
 from pipelines.io.output_paths import parse_location, relative_key
 from pipelines.ops.mask_outputs import PNG_COMPRESS_LEVEL
+from pipelines.ops.video_decode import VideoDecodeError, frames_at
 from pipelines.report import overlays as ov
 from pipelines.report import page, plots
 from pipelines.report.tables import OutputError, OutputTables, local_file, read_output
@@ -49,21 +51,33 @@ def _top_score(row: dict, threshold: float) -> float:
     return max([i["score"] for i in row.get("instances") or [] if i["score"] >= threshold], default=0.0)
 
 
+def _frame(row: dict) -> int | None:
+    return row.get("frame_index")
+
+
 def render_overlays(tables: OutputTables, input_root: str | Path | None = None, limit: int = DEFAULT_LIMIT,
                     score_threshold: float = DEFAULT_THRESHOLD) -> dict:
-    """Draw the `limit` top-scoring images (ties by path) under OUT/overlays/; returns (and writes) the index."""
+    """Draw the `limit` top-scoring images and video frames (ties by path and frame) under OUT/overlays/ (a frame
+    as <video key>/<frame index>.png); returns (and writes) the index."""
     out_dir = tables.root / OVERLAYS_DIR
     (out_dir / "thumbs").mkdir(parents=True, exist_ok=True)
     run_input = (tables.summary or {}).get("input")
-    ranked = sorted(tables.detections, key=lambda r: (-_top_score(r, score_threshold), r["path"]))
+    ranked = sorted(tables.detections, key=lambda r: (-_top_score(r, score_threshold), r["path"],
+                                                      -1 if _frame(r) is None else _frame(r)))
+    chosen = ranked[:limit] if limit > 0 else ranked
+    frames = video_frames(chosen, run_input, input_root)
     entries, missing = [], []
-    for row in ranked[:limit] if limit > 0 else ranked:
+    for row in chosen:
         source = source_file(row["path"], run_input, input_root)
-        if not source.is_file():
+        image = frames.get((row["path"], _frame(row))) if _frame(row) is not None else (
+            ov.load_rgb(source) if source.is_file() else None)
+        if image is None:
             missing.append({"path": row["path"], "looked_at": str(source)})
             continue
         key = relative_key(row["path"], run_input) if run_input else Path(row["path"]).name
-        image = ov.load_rgb(source)
+        name = Path(row["path"]).name
+        if _frame(row) is not None:
+            key, name = f"{key}/{_frame(row):06d}", f"{name} frame {_frame(row)} ({row.get('timestamp_s') or 0:.2f} s)"
         drawn = ov.drawn_instances(row.get("instances"), score_threshold)
         overlay = ov.draw_overlay(image, drawn, score_threshold)
         overlay_path, thumb_path = out_dir / f"{key}.png", out_dir / "thumbs" / f"{key}.jpg"
@@ -71,7 +85,7 @@ def render_overlays(tables: OutputTables, input_root: str | Path | None = None, 
         thumb_path.parent.mkdir(parents=True, exist_ok=True)
         ov.Image.fromarray(overlay).save(overlay_path, "PNG", compress_level=PNG_COMPRESS_LEVEL)
         ov.thumbnail(overlay).save(thumb_path, "JPEG", quality=85)
-        entries.append({"path": row["path"], "name": Path(row["path"]).name, "drawn": len(drawn),
+        entries.append({"path": row["path"], "frame_index": _frame(row), "name": name, "drawn": len(drawn),
                         "top_score": _top_score(row, score_threshold),
                         "classes": sorted({i["class_name"] for i in drawn}),
                         "overlay": f"{OVERLAYS_DIR}/{key}.png", "thumbnail": f"{OVERLAYS_DIR}/thumbs/{key}.jpg"})
@@ -82,6 +96,25 @@ def render_overlays(tables: OutputTables, input_root: str | Path | None = None, 
              "missing": missing}
     (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
     return index
+
+
+def video_frames(rows: list[dict], run_input: str | None, input_root: str | Path | None) -> dict[tuple, object]:
+    """{(path, frame index): RGB} of the video frames among `rows`, each video decoded once up to its last frame
+    wanted; a video not found (or not readable) gives none."""
+    wanted: dict[str, set[int]] = {}
+    for row in rows:
+        if _frame(row) is not None:
+            wanted.setdefault(row["path"], set()).add(_frame(row))
+    frames = {}
+    for path, indices in wanted.items():
+        source = source_file(path, run_input, input_root)
+        if not source.is_file():
+            continue
+        try:
+            frames.update(((path, index), rgb) for index, rgb in frames_at(str(source), indices).items())
+        except VideoDecodeError as err:
+            log.warning("%s: %s", source, err)
+    return frames
 
 
 def class_stats(tables: OutputTables, threshold: float) -> tuple[dict, dict]:

@@ -1,8 +1,9 @@
 """A job's output read without Spark (pyarrow only): summary.json, and the CURRENT rows of detections/ and errors/.
 
-The current record of a path is the newest run's (run ids start with the UTC start time; ties go to the newer image
-modification time), the rule `pipelines.results.incremental` applies with Spark. A path whose current record is an error is
-in `errors` only. Only local outputs (a path or file:/) are read: download others first (`hdfs dfs -get`, `azcopy`).
+The current record of an image is the newest run's (run ids start with the UTC start time; ties go to the newer
+image modification time); a video has one per frame, among the records of its newest version and kind: the rule
+`pipelines.results.incremental.ranked_keys` applies with Spark. A path whose current record is an error is in
+`errors` only. Only local outputs (a path or file:/) are read: download others first (`hdfs dfs -get`, `azcopy`).
 
     output = read_output("output")   # OutputTables: summary, detections and errors (lists of dicts, by path)
     output.detections[0]["instances"]  # [{class_id, class_name, score, box [x1, y1, x2, y2], mask RLE or None}]
@@ -21,7 +22,7 @@ import pyarrow.dataset as ds
 from pipelines.errors import UsageError
 
 log = logging.getLogger(__name__)
-KEY_COLUMNS = ["path", "run_id", "modification_time", "model_sha256"]
+KEY_COLUMNS = ["path", "frame_index", "run_id", "size", "modification_time", "model_sha256"]
 
 
 class OutputError(UsageError):
@@ -33,8 +34,8 @@ class OutputTables:
     root: Path
     summary: dict | None
     model_sha256: str | None          # rows of this model only (the summary's), None: all rows
-    detections: list[dict] = field(default_factory=list)   # current rows: path, width, height, instances, ...
-    errors: list[dict] = field(default_factory=list)       # current rows: path, stage, error_type, message
+    detections: list[dict] = field(default_factory=list)   # current rows: path, frame_index, width, instances, ...
+    errors: list[dict] = field(default_factory=list)       # current rows: path, frame_index, stage, error_type, ...
 
 
 def local_output(output: str | Path) -> Path:
@@ -78,35 +79,48 @@ def _rank(row: dict) -> tuple:
     return (row.get("run_id") or "", mtime is not None, mtime.timestamp() if mtime is not None else 0.0)
 
 
-def current_keys(root: Path, model_sha256: str | None) -> dict[str, tuple[str, str]]:
-    """path -> (table, run_id) of each path's current record."""
-    best: dict[str, tuple[tuple, str, str]] = {}
-    for table in ("detections", "errors"):
-        for row in _keys(_dataset(root, table), model_sha256):
-            rank = _rank(row)
-            if row["path"] not in best or rank > best[row["path"]][0]:
-                best[row["path"]] = (rank, table, row.get("run_id"))
-    return {path: (table, run_id) for path, (_, table, run_id) in best.items()}
+def current_keys(root: Path, model_sha256: str | None) -> dict[tuple[str, int | None], tuple[str, str]]:
+    """(path, frame_index) -> (table, run_id) of each current record (frame_index None: an image, or a video that
+    could not be read)."""
+    records = [(table, row) for table in ("detections", "errors") for row in _keys(_dataset(root, table), model_sha256)]
+    newest: dict[str, tuple] = {}   # path -> its newest record's rank, version and kind
+    for _, row in records:
+        rank = _rank(row)
+        if row["path"] not in newest or rank > newest[row["path"]][0]:
+            newest[row["path"]] = (rank, _version(row))
+    best: dict[tuple, tuple[tuple, str, str]] = {}
+    for table, row in records:
+        if _version(row) != newest[row["path"]][1]:
+            continue   # an older file version, or the other kind (frames / the whole video)
+        key, rank = (row["path"], row.get("frame_index")), _rank(row)
+        if key not in best or rank > best[key][0]:
+            best[key] = (rank, table, row.get("run_id"))
+    return {key: (table, run_id) for key, (_, table, run_id) in best.items()}
 
 
-def _current_rows(root: Path, table: str, keys: dict, columns: list[str], paths: set[str] | None) -> list[dict]:
+def _version(row: dict) -> tuple:
+    """A record's file version (size, modification time) and kind (a whole-file record or a frame)."""
+    return row.get("size"), row.get("modification_time"), row.get("frame_index") is None
+
+
+def _current_rows(root: Path, table: str, keys: dict, columns: list[str]) -> list[dict]:
     dataset = _dataset(root, table)
     if dataset is None:
         return []
-    wanted = {p for p, (t, _) in keys.items() if t == table and (paths is None or p in paths)}
     rows, seen = [], set()
     names = [c for c in columns if c in dataset.schema.names]
     for batch in dataset.to_batches(columns=names):
         for row in batch.to_pylist():
-            path = row["path"]
-            if path in wanted and path not in seen and row.get("run_id") == keys[path][1]:
-                seen.add(path)
+            key = (row["path"], row.get("frame_index"))
+            if key not in seen and keys.get(key) == (table, row.get("run_id")):
+                seen.add(key)
                 rows.append(row)
-    return sorted(rows, key=lambda r: r["path"])
+    return sorted(rows, key=lambda r: (r["path"], -1 if r.get("frame_index") is None else r["frame_index"]))
 
 
-DETECTION_COLUMNS = ["path", "width", "height", "instances", "mask_path", "run_id", "model_sha256"]
-ERROR_COLUMNS = ["path", "stage", "error_type", "message", "run_id", "model_sha256"]
+DETECTION_COLUMNS = ["path", "frame_index", "timestamp_s", "width", "height", "instances", "mask_path", "run_id",
+                     "model_sha256"]
+ERROR_COLUMNS = ["path", "frame_index", "stage", "error_type", "message", "run_id", "model_sha256"]
 
 
 def read_output(output: str | Path, with_instances: bool = True, all_models: bool = False) -> OutputTables:
@@ -119,8 +133,8 @@ def read_output(output: str | Path, with_instances: bool = True, all_models: boo
         log.warning("%s: no rows of model %s (the summary's); reading every model's rows", root, model[:12])
         model, keys = None, current_keys(root, None)
     columns = DETECTION_COLUMNS if with_instances else [c for c in DETECTION_COLUMNS if c != "instances"]
-    return OutputTables(root, summary, model, _current_rows(root, "detections", keys, columns, None),
-                        _current_rows(root, "errors", keys, ERROR_COLUMNS, None))
+    return OutputTables(root, summary, model, _current_rows(root, "detections", keys, columns),
+                        _current_rows(root, "errors", keys, ERROR_COLUMNS))
 
 
 def local_file(uri: str) -> Path:
