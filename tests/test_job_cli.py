@@ -44,6 +44,15 @@ def test_output_naming_an_existing_file_is_refused(tmp_path):
     assert_refused_before_spark(done, "--output names an existing file; give a directory")
 
 
+def test_an_output_that_cannot_be_created_is_one_line(tmp_path):
+    (tmp_path / "notes.txt").write_text("a file")
+    done = run_cli("--input", str(one_image(tmp_path)), "--output", str(tmp_path / "notes.txt" / "out"))
+    assert_refused_before_spark(done, f"--output cannot be created: {tmp_path / 'notes.txt'} is a file")
+    done = run_cli("--input", str(tmp_path / "images"), "--output", "/proc/sparkseg-out")   # procfs makes no dirs
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "error: /proc/sparkseg-out: cannot create the output directory" in done.stderr
+
+
 def test_missing_input_is_refused_and_leaves_no_output_behind(tmp_path):
     done = run_cli("--input", str(tmp_path / "nowhere"), "--output", str(tmp_path / "out"))
     assert_refused_before_spark(done, "input path does not exist: check --input")

@@ -217,6 +217,12 @@ def check_local_paths(input_uri: str, output_uri: str) -> None:
     if target is not None and target.exists() and not target.is_dir():
         raise src.InputError(f"{output_uri}: --output names an existing file; give a directory (new or a previous "
                              "run's output)")
+    if target is not None and not target.exists():
+        parent = next(folder for folder in target.absolute().parents if folder.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise src.InputError(f"{output_uri}: --output cannot be created: {parent} is "
+                                 f"{'a file' if not parent.is_dir() else 'not writable for this user'}; give a "
+                                 "directory that can be")
 
 
 def run(spark: SparkSession, config: JobConfig | dict, family: str = "yolact", azure_credentials=None) -> dict:

@@ -29,7 +29,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from pipelines.errors import OutputBusy, UsageError
+from pipelines.errors import OutputBusy, StorageError, UsageError
 from pipelines.io.storage import Location
 from pipelines.io.uris import join_uri, store_of, to_local_path
 
@@ -252,7 +252,11 @@ class LocalLockStore:
         self.path = self.uri = path
 
     def create(self, data: bytes) -> bytes | None:
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        except OSError as err:   # the output cannot be made here (a read-only or special file system)
+            raise StorageError(f"{os.path.dirname(self.path)}: cannot create the output directory "
+                               f"({err.strerror or err})") from None
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
