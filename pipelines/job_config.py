@@ -124,15 +124,25 @@ def local_path(uri: str) -> Path | None:
 
 
 KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
-              tuple: "a list of strings"}
+              tuple: "a list of strings", list: "a list"}
 
 
-def _conform(value, hint, key: str):
-    """`value` as the field type `hint` asks (int, float, bool, str, dict, tuple[str, ...], X | None)."""
+def conform_value(value, hint, key: str, see: str = "conf/local.yaml", error: type[UsageError] | None = None):
+    """`value` as the field type `hint` asks (int, float, bool, str, dict, list, tuple[str, ...], unions such as
+    X | None); else `error` (ConfigError) '<key> is <value>: it must be <kind> (see <see>)'."""
+    error = error or ConfigError
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        if value is None:
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
             return None
-        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+        kinds = [arg for arg in options if arg is not type(None)]
+        for kind in kinds:
+            try:
+                return conform_value(value, kind, key, see, error)
+            except error:
+                pass
+        names = " or ".join(KIND_NAMES[typing.get_origin(kind) or kind] for kind in kinds)
+        raise error(f"{key} is {value!r}: it must be {names} (see {see})")
     kind = typing.get_origin(hint) or hint
     if kind is tuple and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return tuple(value)
@@ -142,7 +152,7 @@ def _conform(value, hint, key: str):
         return {}
     if kind is not tuple and isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
-    raise ConfigError(f"{key} is {value!r}: it must be {KIND_NAMES[kind]} (see conf/local.yaml)")
+    raise error(f"{key} is {value!r}: it must be {KIND_NAMES[kind]} (see {see})")
 
 
 def build_section(kind, data, where: str = ""):
@@ -160,7 +170,7 @@ def build_section(kind, data, where: str = ""):
     for name in known:
         hint = hints[name]
         values[name] = (build_section(hint, data[name], f"{where}{name}.") if is_dataclass(hint)
-                        else _conform(data[name], hint, where + name))
+                        else conform_value(data[name], hint, where + name))
     return kind(**values)
 
 

@@ -136,3 +136,19 @@ def test_the_shipped_zip_is_built_once_per_version_of_the_library(tmp_path, monk
     second = staged_library_archive(package)
     assert second != first and "tinylib/value.pyc" in zipfile.ZipFile(second).namelist()
     assert sorted(p.name for p in (tmp_path / "tmp").glob("*/*")) == ["sparkseg_tinylib.zip"] * 2   # no temp files
+
+
+def test_training_configs_are_typed_as_their_fields_declare():
+    from pipelines.training.config import TrainConfigError, load_train_config
+    from pipelines.training.detector_config import load_detector_train_config
+
+    for key, value, kind in (("train.lr", "abc", "a number"), ("train.epochs", 2.5, "an integer"),
+                             ("train.lr_milestones", 0.5, "a list"), ("model.max_size", "big", "an integer")):
+        with pytest.raises(TrainConfigError, match=rf"^{key} is .*: it must be {kind} \(see conf/train_yolact\.yaml\)"):
+            load_train_config(overrides={key: value})
+    config = load_train_config(overrides={"train.lr": 1, "distributed.use_gpu": False, "model.max_size": None})
+    assert config.train.lr == 1.0 and isinstance(config.train.lr, float) and config.distributed.use_gpu is False
+    with pytest.raises(TrainConfigError, match=r"distributed\.use_gpu is 3: it must be a string or true or false"):
+        load_train_config(overrides={"distributed.use_gpu": 3})
+    with pytest.raises(TrainConfigError, match=r"\(see conf/train_detector\.yaml\)"):
+        load_detector_train_config(overrides={"train.epochs": "many"})

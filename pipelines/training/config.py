@@ -6,11 +6,12 @@ The config travels to every rank as a dict (``asdict``) and is rebuilt there wit
 """
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 from pipelines.errors import UsageError
-from pipelines.job_config import read_yaml, set_path
+from pipelines.job_config import conform_value, read_yaml, set_path
 from pipelines.training.augment import AugmentConfig
 from pipelines.training.devices import parse_use_gpu
 from pipelines.training.yolact_loss import LossConfig
@@ -173,7 +174,7 @@ class TrainConfig:
         return _build(cls, data, "")
 
 
-def _build(kind, data: dict, where: str):
+def _build(kind, data: dict, where: str, see: str = "conf/train_yolact.yaml"):
     if not isinstance(data, dict):
         raise TrainConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
     known = {f.name: f for f in fields(kind)}
@@ -182,13 +183,13 @@ def _build(kind, data: dict, where: str):
         raise TrainConfigError(f"unknown key(s) {', '.join(where + k for k in unknown)} "
                                f"(known under {where or 'top level'}: {', '.join(sorted(known))})")
     values = {}
-    defaults = kind()
+    defaults, hints = kind(), typing.get_type_hints(kind)
     for name, value in data.items():
         default = getattr(defaults, name)
         if is_dataclass(default) and isinstance(value, dict):
-            values[name] = _build(type(default), value, f"{where}{name}.")
-        else:
-            values[name] = value
+            values[name] = _build(type(default), value, f"{where}{name}.", see)
+        else:   # typed as the field declares: `--set train.lr=abc` is an error now, not a crash in a rank
+            values[name] = conform_value(value, hints[name], where + name, see, TrainConfigError)
     try:
         return kind(**values)
     except TypeError as err:

@@ -105,7 +105,7 @@ class DetectorTrainConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "DetectorTrainConfig":
         try:
-            return _build(cls, data, "")
+            return _build(cls, data, "", "conf/train_detector.yaml")
         except DetectorConfigError:
             raise
         except TrainConfigError as err:
