@@ -102,7 +102,7 @@ class EvalSection:
 
 @dataclass(frozen=True)
 class TrackingSection:
-    mlflow_uri: str = "mlruns"
+    mlflow_uri: str | None = "mlruns"   # None (empty in the YAML): no MLflow
     experiment: str = "sparkseg-train-yolact"
     run_name: str | None = None
     plots: bool = True
