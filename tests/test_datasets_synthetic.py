@@ -162,3 +162,10 @@ def test_mask_format_does_not_change_the_images():
 def test_cli_rejects_bad_arguments_with_a_clear_message(tmp_path, capsys, args, message):
     assert main(["--out", str(tmp_path), "--count", "1", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_that_cannot_write_its_out_folder_says_so_in_one_line(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("a file")
+    assert main(["--out", str(tmp_path / "notes.txt" / "roads"), "--count", "1"]) == 1
+    assert capsys.readouterr().err.strip() == f"synthetic_roads: cannot write {tmp_path}/notes.txt/roads/images: " \
+                                              "Not a directory"

@@ -381,6 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"synthetic_roads: {err}", file=sys.stderr)
         return 2
+    except OSError as err:   # --out under a file, a read-only or full disk
+        print(f"synthetic_roads: cannot write {err.filename or args.out}: {err.strerror or err}", file=sys.stderr)
+        return 1
     per_class = {c.name: 0 for c in dataset.categories}
     names = {c.id: c.name for c in dataset.categories}
     for image in dataset.images:
