@@ -53,6 +53,14 @@ def test_an_output_that_cannot_be_created_is_one_line(tmp_path):
     assert "error: /proc/sparkseg-out: cannot create the output directory" in done.stderr
 
 
+def test_a_setting_that_keeps_spark_from_starting_is_one_line_after_the_jvms_reason(tmp_path):
+    done = run_cli("--input", str(one_image(tmp_path)), "--output", str(tmp_path / "out"),
+                   "--conf", "spark.executor.memory=lots")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "Executor memory must be a positive number" in done.stderr   # the JVM's own reason, printed by it
+    assert "error: Spark did not start: its JVM exited" in done.stderr
+
+
 def test_missing_input_is_refused_and_leaves_no_output_behind(tmp_path):
     done = run_cli("--input", str(tmp_path / "nowhere"), "--output", str(tmp_path / "out"))
     assert_refused_before_spark(done, "input path does not exist: check --input")

@@ -15,6 +15,8 @@ from typing import Callable
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from pipelines.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 # Families of settings whose keys are open-ended (Spark registers no entry per key).
@@ -213,7 +215,14 @@ def job_session(master: str, app_name: str, conf: dict, log_level: str = DEFAULT
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel(level)
     else:
-        session = local_session(app_name, master, conf, log_level=level)
+        try:
+            session = local_session(app_name, master, conf, log_level=level)
+        except Exception as err:  # noqa: BLE001 - PySparkRuntimeError; its class moved between PySpark releases
+            if "JAVA_GATEWAY_EXITED" not in str(err):
+                raise
+            raise UsageError("Spark did not start: its JVM exited (the reason is printed above, e.g. a setting it "
+                             "refuses); check the --conf and spark.conf settings and that a JDK 17 is installed"
+                             ) from None
     return session
 
 
