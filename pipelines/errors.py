@@ -29,6 +29,13 @@ class StorageError(SparkSegError, OSError):
     exit_code = 1
 
 
+class ClusterUnreachable(SparkSegError, ConnectionError):
+    """The Spark master named by --master did not answer: nothing ran (exit 1, as for a store: a later run may
+    succeed)."""
+
+    exit_code = 1
+
+
 class RunFailed(SparkSegError, RuntimeError):
     """The job ran but its outcome is not acceptable, e.g. too many errors (exit 3; summary.json was written)."""
 

@@ -61,6 +61,19 @@ def test_a_setting_that_keeps_spark_from_starting_is_one_line_after_the_jvms_rea
     assert "error: Spark did not start: its JVM exited" in done.stderr
 
 
+def test_a_master_that_cannot_be_used_is_one_line(tmp_path):
+    images = one_image(tmp_path)
+    done = run_cli("--input", str(images), "--output", str(tmp_path / "out"), "--master", "spark://127.0.0.1:1")
+    assert done.returncode == 1 and "JVM started: False" in done.stdout, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == ("error: spark://127.0.0.1:1: no standalone master answers "
+                                                    "(127.0.0.1:1: Connection refused): start it, or check --master "
+                                                    "and that this host reaches it")
+    done = run_cli("--input", str(images), "--output", str(tmp_path / "out"), "--master", "local[0]")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert ("error: Spark did not start with master 'local[0]': org.apache.spark.SparkException: Asked to run "
+            "locally with 0 threads") in done.stderr
+
+
 def test_missing_input_is_refused_and_leaves_no_output_behind(tmp_path):
     done = run_cli("--input", str(tmp_path / "nowhere"), "--output", str(tmp_path / "out"))
     assert_refused_before_spark(done, "input path does not exist: check --input")

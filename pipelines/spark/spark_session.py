@@ -6,6 +6,7 @@ import logging
 import os
 import py_compile
 import shutil
+import socket
 import sys
 import tempfile
 import zipfile
@@ -15,7 +16,7 @@ from typing import Callable
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from pipelines.errors import UsageError
+from pipelines.errors import ClusterUnreachable, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -215,15 +216,46 @@ def job_session(master: str, app_name: str, conf: dict, log_level: str = DEFAULT
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel(level)
     else:
+        check_standalone_master(master)
         try:
             session = local_session(app_name, master, conf, log_level=level)
-        except Exception as err:  # noqa: BLE001 - PySparkRuntimeError; its class moved between PySpark releases
-            if "JAVA_GATEWAY_EXITED" not in str(err):
-                raise
-            raise UsageError("Spark did not start: its JVM exited (the reason is printed above, e.g. a setting it "
-                             "refuses); check the --conf and spark.conf settings and that a JDK 17 is installed"
-                             ) from None
+        except Exception as err:  # noqa: BLE001 - PySpark's and Py4J's error classes moved between releases
+            raise session_not_started(err, master) from None
     return session
+
+
+def check_standalone_master(master: str, timeout_s: float = 5.0) -> None:
+    """A spark://host:port[,host:port] master none of whose hosts accepts a connection is ClusterUnreachable now:
+    Spark itself retries for a minute and prints a stack per try before it gives up."""
+    if not master.startswith("spark://"):
+        return
+    reasons = []
+    for address in master[len("spark://"):].split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            return
+        except (OSError, ValueError) as err:
+            reasons.append(f"{address}: {getattr(err, 'strerror', None) or err}")
+    raise ClusterUnreachable(f"{master}: no standalone master answers ({'; '.join(reasons)}): start it, or check "
+                             "--master and that this host reaches it")
+
+
+def session_not_started(err: Exception, master: str) -> Exception:
+    """What the command line reports when the session would not start: the JVM exited (a setting it refuses, no
+    Java), a setting the SparkContext refuses (UsageError, exit 2), a standalone master that did not answer
+    (ClusterUnreachable, exit 1); anything else as it is."""
+    if "JAVA_GATEWAY_EXITED" in str(err):
+        return UsageError("Spark did not start: its JVM exited (the reason is printed above, e.g. a setting it "
+                          "refuses); check the --conf and spark.conf settings and that a JDK 17 is installed")
+    java = getattr(err, "java_exception", None)
+    if java is None:
+        return err
+    reason = (str(java.toString()).splitlines() or [""])[0]
+    if "stopped SparkContext" in reason and master.startswith("spark://"):
+        return ClusterUnreachable(f"{master}: the standalone master did not answer (Spark gave up after its "
+                                  "retries): start it, or check --master and that this host reaches it")
+    return UsageError(f"Spark did not start with master {master!r}: {reason}")
 
 
 def stop_session(session: SparkSession) -> None:
