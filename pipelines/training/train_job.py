@@ -62,7 +62,10 @@ def run_train_job(args: argparse.Namespace, load_config: Callable, run_training:
     from pipelines.spark.spark_session import job_session, stop_session
     from pipelines.training.launcher import session_conf
 
-    spark = job_session(cfg.spark.master, cfg.spark.app_name, session_conf(cfg))
+    try:
+        spark = job_session(cfg.spark.master, cfg.spark.app_name, session_conf(cfg))
+    except SparkSegError as err:   # a master that does not answer, a setting Spark refuses
+        return report_error(err)
     try:
         summary = run_training(spark, cfg)
     except SparkSegError as err:
