@@ -74,6 +74,12 @@ def test_a_master_that_cannot_be_used_is_one_line(tmp_path):
             "locally with 0 threads") in done.stderr
 
 
+def test_the_azure_reader_for_a_local_input_is_refused_naming_both(tmp_path):
+    done = run_cli("--input", str(one_image(tmp_path)), "--output", str(tmp_path / "out"), "--reader", "azure_sdk")
+    assert_refused_before_spark(done, "input.reader azure_sdk (--reader) reads Azure URIs (az://container/prefix, "
+                                      "abfss://...) only: use auto or spark for this input")
+
+
 def test_missing_input_is_refused_and_leaves_no_output_behind(tmp_path):
     done = run_cli("--input", str(tmp_path / "nowhere"), "--output", str(tmp_path / "out"))
     assert_refused_before_spark(done, "input path does not exist: check --input")

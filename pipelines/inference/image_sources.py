@@ -26,8 +26,8 @@ from pyspark.sql import types as T
 
 from pipelines.errors import UsageError
 from pipelines.io.storage import spark_read_path, to_spark_uri
-from pipelines.io.uris import (hadoop_path_string, is_local, normalize_extensions,  # noqa: F401 (re-exported)
-                               store_of, to_local_path)
+from pipelines.io.uris import (hadoop_path_string, is_azure, is_local,  # noqa: F401 (re-exported)
+                               normalize_extensions, store_of, to_local_path)
 from pipelines.spark.hash_partitioning import partition_keys
 from pipelines.spark.java_errors import unreachable_storage
 
@@ -65,6 +65,9 @@ def missing_input(uri: str) -> InputError:
 def choose_reader(uri: str, reader: str = "auto") -> str:
     if reader not in ("auto", "spark", "azure_sdk"):
         raise InputError(f"input.reader '{reader}': choose auto, spark or azure_sdk")
+    if reader == "azure_sdk" and not is_azure(uri):
+        raise InputError(f"{uri}: input.reader azure_sdk (--reader) reads Azure URIs (az://container/prefix, "
+                         "abfss://...) only: use auto or spark for this input")
     if reader != "auto":
         return reader
     return "azure_sdk" if store_of(uri) == "azure_sdk" else "spark"
