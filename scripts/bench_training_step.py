@@ -2,8 +2,9 @@
 images/s of the full training step (the rank's loop, TrainingSession.steps: prepared Parquet shards decoded and
 augmented by the loader workers, copied to the device, matching, YOLACT loss, backward, optimizer step) against the model-only ceiling
 (forward + backward of the same model with a trivial loss on a batch already on the device), measured in the same
-run, per model and precision. Also: the loader alone (images/s its workers deliver) and the full step on batches
-already on the device (the step without input). Writes OUT/training_<device>.json and .md.
+run, per model and precision. Also: the loader alone (images/s its workers deliver), the full step on batches
+already on the device (the step without input), and the full step with each step's loss read before the next step
+is launched (one at a time: the loop's launch ahead, side by side). Writes OUT/training_<device>.json and .md.
 
     python scripts/bench_training.py --device cuda                      # R50 550 b32 and r18_small 352 b64, f32+bf16
     python scripts/bench_training.py --device cpu --models yolact_r18_small:64:4 --steps 2 --warmup 1 --images 8
@@ -127,13 +128,16 @@ def micro_batch_plan(rows: int, batch: int, steps: int, seed: int) -> list[list[
     return [order[i * batch:(i + 1) * batch].tolist() for i in range(steps)]
 
 
-def full_step(session, rows: dict, plan: list[list[int]], warmup: int) -> float:
-    """images/s of train_step fed by the loader (its workers' decode + augmentation included)."""
+def full_step(session, rows: dict, plan: list[list[int]], warmup: int, one_at_a_time: bool = False) -> float:
+    """images/s of train_step fed by the loader (its workers' decode + augmentation included). one_at_a_time: each
+    step's terms are read before the next step is launched (TrainingSession.steps' settle on every step), the
+    side-by-side figure for the launch ahead."""
     from pipelines.training.loader import micro_batch_stream
 
     stream = micro_batch_stream(rows, plan, session.loader_spec(0))
     started = 0.0
-    for step, _ in enumerate(session.steps(stream, [1] * len(plan))):
+    settle = (lambda k: True) if one_at_a_time else (lambda k: k + 1 == warmup)
+    for step, _ in enumerate(session.steps(stream, [1] * len(plan), settle=settle)):
         if step + 1 == warmup:
             synchronize(session.device)
             started = time.perf_counter()
@@ -149,7 +153,7 @@ def step_without_input(session, rows: dict, plan: list[list[int]], warmup: int, 
 
     cached = itertools.cycle(list(micro_batch_stream(rows, plan[:2], session.loader_spec(0))))
     started = 0.0
-    for step, _ in enumerate(session.steps(cached, [1] * (warmup + steps))):
+    for step, _ in enumerate(session.steps(cached, [1] * (warmup + steps), settle=lambda k: k + 1 == warmup)):
         if step + 1 == warmup:
             synchronize(session.device)
             started = time.perf_counter()
@@ -166,13 +170,13 @@ def profile_steps(session, rows: dict, plan: list[list[int]], steps: int) -> tup
 
     stream = micro_batch_stream(rows, micro_batch_plan(len(rows), len(plan[0]), steps + 3, seed=len(rows) + 1),
                                 session.loader_spec(0))
-    full_stepper = session.steps(stream, [1] * (steps + 3))
+    full_stepper = session.steps(stream, [1] * (steps + 3), settle=lambda k: k == 2)
     for _ in range(3):
         next(full_stepper)
     full_summary, _ = profiled(session.device, steps, lambda: [None for _ in full_stepper])
     stream.close()
     cached = itertools.cycle(list(micro_batch_stream(rows, plan[:2], session.loader_spec(0))))
-    stepper = session.steps(cached, [1] * (steps + 3))
+    stepper = session.steps(cached, [1] * (steps + 3), settle=lambda k: k == 2)
     for _ in range(3):
         next(stepper)
     step_summary, averages = profiled(session.device, steps, lambda: [None for _ in stepper])
@@ -248,6 +252,7 @@ def measure(args, device, prepared: Path, rows: dict, config: str, size: int, ba
               "channels_last": cfg.train.channels_last, "augment": cfg.augment.__dict__}
     result["ceiling_images_per_s"] = round(ceiling(session, batch, size, args.steps, args.warmup), 1)
     result["full_step_images_per_s"] = round(full_step(session, rows, plan, args.warmup), 1)
+    result["full_step_one_at_a_time_images_per_s"] = round(full_step(session, rows, plan, args.warmup, True), 1)
     result["step_without_input_images_per_s"] = round(
         step_without_input(session, rows, plan, args.warmup, args.steps), 1)
     result["loader_only_images_per_s"] = round(loader_only(session, rows, plan[:args.steps]), 1)
@@ -282,14 +287,17 @@ def markdown(report: dict) -> str:
              "- ceiling: forward + backward with a trivial loss (sum of the outputs' means), batch already on the device;",
              "- full step: the rank's loop (TrainingSession.steps) fed by the loader workers (decode, augmentation, targets), "
              "matching, YOLACT loss, backward, optimizer step;",
+             "- full step, one at a time: the same, each step's loss read before the next step is launched (the loop "
+             "launches a step ahead once the update is gated on the device);",
              "- step without input: the same step on two micro-batches made beforehand;",
              "- loader only: what the loader workers deliver with nothing else running.", "",
              "| model | input | batch | precision | loader workers | ceiling img/s | full step img/s | full / ceiling |"
-             " step without input img/s | loader only img/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             " full step, one at a time img/s | step without input img/s | loader only img/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         lines.append(f"| {r['model']} | {r['input_size']} | {r['batch']} | {r['precision']} | {r['loader_workers']} | "
                      f"{r['ceiling_images_per_s']} | {r['full_step_images_per_s']} | {r['ratio_full_to_ceiling']} | "
+                     f"{r['full_step_one_at_a_time_images_per_s']} | "
                      f"{r['step_without_input_images_per_s']} | {r['loader_only_images_per_s']} |")
     return "\n".join(lines) + "\n"
 

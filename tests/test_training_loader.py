@@ -185,6 +185,45 @@ def test_a_step_with_a_non_finite_loss_leaves_the_weights_as_they_were(plain_sha
         assert not all(torch.equal(a, b) for a, b in zip(before, weights()))
 
 
+def test_the_next_step_is_launched_before_a_steps_terms_are_read(plain_shards, tmp_path):
+    """TrainingSession.steps launches step k + 1 before it reads step k's terms once the update is gated on the
+    device (a GPU's queue never runs dry while the host waits for them), except after a step where settle(k) is
+    true (a checkpoint reads the weights). The terms, the weights and the learning rates are those of one step at a
+    time: on the CPU, where a launch runs to its end, the weights seen at a deferred step's terms are those after
+    the next step."""
+    from pipelines.training.config import TrainConfig
+    from pipelines.training.topology import make_topology
+    from pipelines.training.trainer import TrainingSession
+
+    prepared, count = plain_shards
+    cfg = TrainConfig.from_dict({
+        "run_dir": str(tmp_path / "run"), "data": {"prepared": str(prepared)}, "model": {"max_size": 64},
+        "distributed": {"threads_per_process": 1, "use_gpu": False},
+        "train": {"global_batch": 2, "micro_batch": 2, "optimizer": "sgd", "warmup_steps": 3}})
+    rows = ShardIndex.open(str(prepared / "train")).read(range(count))
+    plan = [[0, 1], [2, 3], [4, 5], [1, 2], [3, 0], [5, 4]]
+
+    def run(settle):
+        session = TrainingSession(cfg, make_topology("local", 1))
+        stream = micro_batch_stream(rows, plan, session.loader_spec(0))
+        seen = []
+        for terms in session.steps(stream, [1] * len(plan), settle=settle):
+            seen.append((terms, [p.detach().clone() for p in session.model.parameters()],
+                         session.optimizer.param_groups[0]["lr"]))
+        return seen
+
+    one_at_a_time = run(lambda k: True)
+    ahead = run(lambda k: k == 3)
+    for k, ((terms, weights, lr), (terms_ahead, weights_ahead, lr_ahead)) in enumerate(zip(one_at_a_time, ahead)):
+        assert torch.equal(terms, terms_ahead), k
+        deferred = k in (1, 2, 4)           # step 0: no optimizer state yet; 3: settled; 5: the last
+        expected_weights, expected_lr = (one_at_a_time[k + 1][1:] if deferred else (weights, lr))
+        assert all(torch.equal(a, b) for a, b in zip(weights_ahead, expected_weights)), k
+        assert lr_ahead == expected_lr, k
+    assert all(torch.equal(a, b) for a, b in zip(one_at_a_time[-1][1], ahead[-1][1]))
+    assert len({lr for _, _, lr in one_at_a_time}) > 2      # the warmup moves the rate: its order is checked
+
+
 def test_use_gpu_true_without_cuda_is_a_usage_error():
     """A process that sees no CUDA device (CUDA_VISIBLE_DEVICES empty): resolve_use_gpu(True) and rank_device(True)
     raise GpuUnavailableError, a UsageError (exit 2 in the job)."""

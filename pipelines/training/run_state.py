@@ -166,9 +166,11 @@ class RankSessionBase:
         return report
 
     # ------------------------------------------------------------------------------------------------ steps
-    def set_learning_rate(self) -> None:
+    def set_learning_rate(self, step: int | None = None) -> None:
+        """The schedule's rate for `step` (default: the step that runs next, state["step"])."""
+        rate = learning_rate(self.cfg, self.state["step"] if step is None else step, self.total_steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.cfg, self.state["step"], self.total_steps)
+            group["lr"] = rate
 
     def step_optimizer(self, terms: torch.Tensor, stepped_on_device: bool = False) -> torch.Tensor:
         """Step the optimizer on the global loss terms unless they are not finite (then count a skipped step).
@@ -200,7 +202,8 @@ class RankSessionBase:
             self.timed_seconds += seconds
         if self.rank == 0:
             record = {"kind": "step", "step": self.state["step"], "epoch": epoch,
-                      "lr": self.optimizer.param_groups[0]["lr"] if self.optimizer.param_groups else 0.0,
+                      "lr": (learning_rate(self.cfg, self.state["step"] - 1, self.total_steps)
+                             if self.optimizer.param_groups else 0.0),
                       "loss": float(terms.sum()), **{k: float(v) for k, v in zip(self.LOSS_KEYS, terms)},
                       "step_seconds": round(seconds, 4),
                       "images_per_second": round(self.cfg.train.global_batch / seconds, 3)}
@@ -208,9 +211,14 @@ class RankSessionBase:
             self._progress(epoch=epoch, epochs=self.cfg.train.epochs, step_in_epoch=step_in_epoch + 1,
                            steps_per_epoch=steps_per_epoch, loss=record["loss"],
                            images_per_second=record["images_per_second"])
-        every = self.cfg.checkpoint.every_steps
-        if every and self.state["step"] % every == 0 and self.state["step_in_epoch"] < steps_per_epoch:
+        if self.checkpoint_after(self.state["step"]) and self.state["step_in_epoch"] < steps_per_epoch:
             self.checkpoint()
+
+    def checkpoint_after(self, steps_done: int) -> bool:
+        """Whether a checkpoint is written once `steps_done` steps are done (every checkpoint.every_steps; the end
+        of an epoch writes one too, see after_epoch)."""
+        every = self.cfg.checkpoint.every_steps
+        return bool(every) and steps_done % every == 0
 
     def after_epoch(self, epoch: int, steps_per_epoch: int, epoch_started: float) -> None:
         """Close the epoch: its time, the epoch record, a checkpoint, and the eval when it is due."""

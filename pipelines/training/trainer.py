@@ -196,9 +196,10 @@ class TrainingSession(RankSessionBase):
         positives = int(all_reduce_sum(torch.tensor([positives], dtype=torch.int64), self.topo))
         return Normalizer(positives, self.cfg.train.global_batch)
 
-    def launch_step(self, batches: list, normalizer: Normalizer) -> torch.Tensor:
-        """Forward + backward of the step, launched (on a GPU it runs on while the host goes on)."""
-        self.set_learning_rate()
+    def launch_step(self, batches: list, normalizer: Normalizer, step: int | None = None) -> torch.Tensor:
+        """Forward + backward of the step, launched (on a GPU it runs on while the host goes on). step: its number
+        (default: the one after the steps done, state["step"])."""
+        self.set_learning_rate(step)
         self.optimizer.zero_grad(set_to_none=True)
         with autocast_for(self.device, self.cfg.train.precision):
             terms = self.runner.run(batches, normalizer)
@@ -218,24 +219,36 @@ class TrainingSession(RankSessionBase):
         return bool(self.optimizer.defaults.get("fused")) and bool(self.optimizer.state) \
             and isinstance(self.runner, DataParallelRunner)
 
-    def finish_step(self, launched: torch.Tensor) -> torch.Tensor:
-        """Wait for the step, sum its loss terms over the ranks, step the optimizer unless they are not finite."""
-        return self.step_optimizer(self.runner.reduce(launched), stepped_on_device=self.stepped_on_device)
+    def finish_step(self, launched: torch.Tensor, stepped_on_device: bool) -> torch.Tensor:
+        """Wait for the step, sum its loss terms over the ranks, step the optimizer unless they are not finite
+        (stepped_on_device: launch_step launched the update already, gated on the device)."""
+        return self.step_optimizer(self.runner.reduce(launched), stepped_on_device=stepped_on_device)
 
     def train_step(self, batches: list) -> torch.Tensor:
         """One step on this rank's micro-batches (batches.MicroBatch, on the CPU) -> the global loss terms."""
         batches = self.to_device(batches)
-        return self.finish_step(self.launch_step(batches, self.normalizer(batches)))
+        return self.finish_step(self.launch_step(batches, self.normalizer(batches)), self.stepped_on_device)
 
-    def steps(self, stream, micro_per_step: list[int]):
-        """Run len(micro_per_step) steps on micro-batches from stream; yields each step's loss terms. The next
-        step's micro-batches are fetched and sent to the device while this step's forward/backward runs."""
-        pending = self.to_device([next(stream) for _ in range(micro_per_step[0])]) if micro_per_step else None
-        for k in range(len(micro_per_step)):
-            launched = self.launch_step(pending, self.normalizer(pending))
+    def steps(self, stream, micro_per_step: list[int], settle=lambda k: False):
+        """Run len(micro_per_step) steps on micro-batches from stream; yields each step's loss terms, in order. The
+        next step's micro-batches are fetched and sent to the device while this step's forward/backward runs. When a
+        step's update was launched with it (gates_on_device), the next step is launched before its terms are read:
+        the host's wait for them (a GPU's whole queue) then never leaves the device without work. Not after step k
+        where settle(k) is true: a checkpoint after it reads the weights, which the next step must not have changed
+        by then."""
+        first = self.state["step"]
+        count = len(micro_per_step)
+        pending = self.to_device([next(stream) for _ in range(micro_per_step[0])]) if count else None
+        unread = None       # (terms, stepped_on_device) of the launched step whose terms are read after the next
+        for k in range(count):
+            launched = (self.launch_step(pending, self.normalizer(pending), first + k), self.stepped_on_device)
             following = (self.to_device([next(stream) for _ in range(micro_per_step[k + 1])])
-                         if k + 1 < len(micro_per_step) else None)
-            yield self.finish_step(launched)
+                         if k + 1 < count else None)
+            if unread is not None:
+                yield self.finish_step(*unread)
+            unread = launched if launched[1] and k + 1 < count and not settle(k) else None
+            if unread is None:
+                yield self.finish_step(*launched)
             pending = following
 
     def run(self) -> dict | None:
@@ -249,7 +262,9 @@ class TrainingSession(RankSessionBase):
             rows = self.train_index.read([i for step in per_step for mb in step for i in mb])
             stream = micro_batch_stream(rows, [mb for step in per_step for mb in step], self.loader_spec(epoch))
             started = time.time()
-            for step_in_epoch, terms in zip(range(first, last), self.steps(stream, [len(m) for m in per_step])):
+            steps = self.steps(stream, [len(m) for m in per_step],
+                               settle=lambda k, done=self.state["step"]: self.checkpoint_after(done + k + 1))
+            for step_in_epoch, terms in zip(range(first, last), steps):
                 self.after_step(epoch, step_in_epoch, steps_per_epoch, terms, time.time() - started)
                 started = time.time()       # a step's time includes waiting for its micro-batches
             stream.close()                  # stops the loader's workers
