@@ -88,10 +88,20 @@ def test_grid_points_are_grouped_by_cluster_shape(tmp_path):
     assert len({p.point_id for p in points}) == 4
 
 
+def test_grid_keys_left_out_take_the_job_configs_value(tmp_path):
+    """A grid that sweeps one setting names only it: the others take the sweep job's inference values (the
+    embedded defaults under the sweep's `job:` overrides), executors, executor cores and task CPUs 1."""
+    config = load_sweep_config(write_sweep_yaml(tmp_path / "s.yaml", grid={"batch_size": [4, 16]},
+                                                job={"inference": {"precision": "f32", "partitions": 3}}))
+    points = config.points()
+    assert [p.batch_size for p in points] == [4, 16]
+    assert {(p.partitions, p.precision, p.engine, p.executors, p.executor_cores, p.task_cpus, p.openvino_streams,
+             p.openvino_threads) for p in points} == {(3, "f32", "native", 1, 1, 1, 0, 0)}
+
+
 @pytest.mark.parametrize("values, message", [
     ({"mode": "local", "grid": {**GRID, "executors": [1, 2]}}, "local mode has exactly one executor"),
     ({"grid": {**GRID, "cores": [1]}}, "unknown key(s) ['cores']"),
-    ({"grid": {k: v for k, v in GRID.items() if k != "batch_size"}}, "missing key(s) ['batch_size']"),
     ({"grid": {**GRID, "precision": ["fp64"]}}, "grid.precision: bad value(s) ['fp64']"),
     ({"grid": GRID, "job": {"inference": {"partition": 3}}}, "unknown key 'inference.partition'"),
     ({"grid": GRID, "workers": 2}, "unknown key(s) ['workers']"),

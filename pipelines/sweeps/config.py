@@ -80,9 +80,8 @@ class SweepConfig:
         unknown = sorted(set(self.grid) - set(GRID_KEYS))
         if unknown:
             raise ConfigError(f"sweep grid: unknown key(s) {unknown} (known: {', '.join(GRID_KEYS)})")
-        missing = [key for key in GRID_KEYS if key not in self.grid]
-        if missing:
-            raise ConfigError(f"sweep grid: missing key(s) {missing}; give each a list (one value to fix it)")
+        self.job = merge(load_config(), self.job or {}, "sweep job")   # unknown job keys fail here, not per point
+        self.grid = {key: self.grid[key] if key in self.grid else [self.unswept_value(key)] for key in GRID_KEYS}
         for key in GRID_KEYS:
             values = self.grid[key]
             if not isinstance(values, list) or not values:
@@ -99,7 +98,11 @@ class SweepConfig:
         if self.mode == "local" and self.grid["executors"] != [1]:
             raise ConfigError("sweep grid.executors: local mode has exactly one executor (the driver's JVM); set "
                               "executors: [1] or use mode: standalone to vary the number of executors")
-        self.job = merge(load_config(), self.job or {}, "sweep job")   # unknown job keys fail here, not per point
+
+    def unswept_value(self, key: str):
+        """The one value of a grid key the grid leaves out: the job config's inference.<key>, or 1 (executors,
+        executor_cores, task_cpus)."""
+        return self.job["inference"][key] if key in self.job["inference"] else 1
 
     def points(self) -> list[GridPoint]:
         """Every combination, grouped by cluster shape (engine, executors, executor cores), then in grid order."""
