@@ -75,3 +75,17 @@ def test_a_directory_symlink_back_into_its_ancestors_is_walked_once(tmp_path):
 def test_a_missing_input_is_an_input_error_before_any_job(spark, tmp_path):
     with pytest.raises(src.InputError, match="does not exist: check --input"):
         src.find_images(spark, str(tmp_path / "nowhere"), [".jpg"])
+
+
+def test_an_input_with_no_listed_file_says_what_it_holds(tmp_path):
+    """A run that lists nothing logs why (image_sources.nothing_listed): the endings it lists, and for a local
+    input the endings of the visible files there (phone photos in HEIC, GIFs); hidden names are not counted, nor
+    the output under the input."""
+    write_tree(tmp_path / "in", ["IMG_0001.HEIC", "trip/IMG_0002.heic", "anim.GIF", "notes", ".hidden.jpg",
+                                 "out/mask.png"])
+    message = src.nothing_listed(str(tmp_path / "in"), [".jpg", ".png"], output_prefix_=f"file:{tmp_path}/in/out/")
+    assert f"no file under {tmp_path / 'in'} ends with .jpg, .png" in message
+    assert "holds 4 other files, ending with (none), .gif, .heic:" in message and ".png" not in message.split(";")[1]
+    assert "holds 1+ other files" in src.nothing_listed(str(tmp_path / "in"), [".jpg"], recursive=False, sample=1)
+    remote = src.nothing_listed("hdfs://namenode/photos", [".jpg"])
+    assert remote.startswith("no file under hdfs://namenode/photos ends with .jpg (") and "holds" not in remote

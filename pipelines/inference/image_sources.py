@@ -62,6 +62,32 @@ def missing_input(uri: str) -> InputError:
     return InputError(message)
 
 
+def nothing_listed(uri: str, extensions: list[str], recursive: bool = True, output_prefix_: str | None = None,
+                   sample: int = 1000) -> str:
+    """Why a listing of `uri` found no input, for the run's log: the endings it lists, and for a local input the
+    other files there (the first `sample` the walk meets), e.g. phone photos in HEIC that no ending matches."""
+    message = (f"no file under {uri} ends with {', '.join(extensions)} (input.extensions and input.video.extensions, "
+               "case-insensitive; names starting with '.' or '_' are skipped as hidden)")
+    if not reads_on_executors(uri):
+        return message
+    from pipelines.io.local_listing import listing_root, walk_entry, walk_top
+
+    skip = output_prefix_.removeprefix("file:").rstrip("/") if output_prefix_ else None
+    root = listing_root(to_spark_uri(uri))
+    try:
+        others = list(itertools.islice(itertools.chain.from_iterable(
+            walk_entry(entry, None, skip) for entry in walk_top(root, None, recursive, skip)), sample))
+    except OSError:
+        return message
+    if others:
+        endings = sorted({os.path.splitext(f.path)[1].lower() or "(none)" for f in others})
+        more = "+" if len(others) == sample else ""
+        message += (f"; it holds {len(others)}{more} other files, ending with {', '.join(endings[:10])}"
+                    f"{' ...' if len(endings) > 10 else ''}: add their ending to input.extensions where Pillow reads "
+                    "them, or convert them to JPEG or PNG")
+    return message
+
+
 def choose_reader(uri: str, reader: str = "auto") -> str:
     if reader not in ("auto", "spark", "azure_sdk"):
         raise InputError(f"input.reader '{reader}': choose auto, spark or azure_sdk")

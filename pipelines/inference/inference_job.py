@@ -272,6 +272,9 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
                 f"and segments to do ({n_units - n_todo} already done for this model)")
         else:
             say(f"{n_inputs} images, {n_todo} to do ({n_inputs - n_todo} already done for this model)")
+        if not n_inputs:
+            say(src.nothing_listed(plan.input_uri, config.input.listed_extensions, config.input.recursive,
+                                   found.excluded))
         partitions = tasks_per_wave(config.inference, spark.sparkContext.defaultParallelism,
                                     min(run_cfg.commit_every or n_todo, n_todo))
         settings = runtime_settings(spark, config.inference)
