@@ -291,7 +291,8 @@ def test_the_report_draws_the_top_video_frames_on_the_frames_themselves(spark, t
     assert frames == [("clip.mp4", i) for i in range(12)]
     assert [(Path(r["path"]).name, r["frame_index"]) for r in tables.errors] == [("broken.mp4", None)]
 
-    index = render.render_overlays(tables, limit=3, score_threshold=0.3)
+    rows = render.gather(tmp_path / "out", limit=3, score_threshold=0.3)
+    index = render.render_overlays(rows)
     assert len(index["images"]) == 3 and not index["missing"]
     reference = decoded_frames(clip)
     for entry in index["images"]:
@@ -301,4 +302,4 @@ def test_the_report_draws_the_top_video_frames_on_the_frames_themselves(spark, t
         expected = ov.draw_overlay(reference[row["frame_index"]], ov.drawn_instances(row["instances"], 0.3), 0.3)
         drawn = np.asarray(Image.open(tmp_path / "out" / entry["overlay"]))
         assert np.array_equal(drawn, expected)
-    assert "broken.mp4" in render.write_report(tmp_path / "out", tables).read_text()
+    assert "broken.mp4" in render.write_report(tmp_path / "out", rows).read_text()

@@ -119,14 +119,15 @@ def evaluation_section(evaluation: dict | None) -> str:
     return "\n".join(parts)
 
 
-def errors_section(errors: list[dict]) -> str:
-    if not errors:
+def errors_section(errors: list[dict], total: int) -> str:
+    """errors: the first rows (by path) of `total` current error rows."""
+    if not total:
         return "<p>No failed images.</p>"
     rows = [[e.get("path"), e.get("stage"), e.get("error_type"), (e.get("message") or "")[:400]]
             for e in errors[:MAX_ERROR_ROWS]]
-    extra = len(errors) - MAX_ERROR_ROWS
+    extra = total - len(rows)
     more = f"<p class=muted>and {extra} more in errors/.</p>" if extra > 0 else ""
-    return f"<p>{len(errors)} failed images:</p>" + _table(["path", "stage", "error", "message"], rows) + more
+    return f"<p>{total} failed images:</p>" + _table(["path", "stage", "error", "message"], rows) + more
 
 
 def gallery_section(index: dict | None) -> str:
@@ -153,7 +154,7 @@ def gallery_section(index: dict | None) -> str:
 
 
 def report_html(summary: dict | None, counts: dict, threshold: float, plots: list[str], evaluation: dict | None,
-                errors: list[dict], index: dict | None) -> str:
+                errors: list[dict], errors_total: int, index: dict | None) -> str:
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     title = f"sparkseg report: {summary.get('run_id') if summary else 'output'}"
     return f"""<!DOCTYPE html>
@@ -162,7 +163,7 @@ def report_html(summary: dict | None, counts: dict, threshold: float, plots: lis
 <h2 id=summary>Run summary</h2>{summary_section(summary)}
 <h2 id=classes>Classes</h2>{classes_section(counts, threshold, plots)}
 <h2 id=evaluation>Evaluation against ground truth</h2>{evaluation_section(evaluation)}
-<h2 id=errors>Errors</h2>{errors_section(errors)}
+<h2 id=errors>Errors</h2>{errors_section(errors, errors_total)}
 <h2 id=overlays>Overlays</h2>{gallery_section(index)}
 <script>{SCRIPT}</script></body></html>
 """

@@ -47,19 +47,20 @@ def class_counts_png(counts: dict[str, tuple[int, int]], threshold: float, out_d
     return path
 
 
-def score_histograms_png(scores: dict[str, list[float]], threshold: float, out_dir: Path) -> Path | None:
-    """One histogram of instance scores per class (0..1, 20 bins), the threshold marked."""
+def score_histograms_png(bins: dict[str, list[int]], threshold: float, out_dir: Path) -> Path | None:
+    """One histogram of instance scores per class (bins: counts over 0..1 in equal bins), the threshold marked."""
     plt = _pyplot()
-    if plt is None or not scores:
+    if plt is None or not bins:
         return None
-    names = list(scores)
+    names = list(bins)
     cols = min(4, len(names))
     rows = (len(names) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.4 * rows), squeeze=False)
     for ax, name in zip(axes.flat, names):
-        ax.hist(scores[name], bins=20, range=(0.0, 1.0), color="#1f6fb4")
+        counts = bins[name]
+        ax.stairs(counts, [i / len(counts) for i in range(len(counts) + 1)], fill=True, color="#1f6fb4")
         ax.axvline(threshold, color="#d62728", linewidth=1)
-        ax.set_title(f"{name} ({len(scores[name])})", fontsize=9)
+        ax.set_title(f"{name} ({sum(counts)})", fontsize=9)
         ax.set_xlim(0, 1)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(names):]:

@@ -13,9 +13,12 @@ DIR/<its path under the run's input>. The job draws them itself with `output.ove
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import logging
 import sys
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.errors import report_error
@@ -24,7 +27,9 @@ from pipelines.ops.mask_outputs import PNG_COMPRESS_LEVEL
 from pipelines.ops.video_decode import VideoDecodeError, frames_at
 from pipelines.report import overlays as ov
 from pipelines.report import page, plots
-from pipelines.report.tables import OutputError, OutputTables, local_file, read_output
+from pipelines.report.page import MAX_ERROR_ROWS
+from pipelines.report.tables import (DETECTION_COLUMNS, ERROR_COLUMNS, OutputError, iter_current_rows, local_file,
+                                     output_keys, row_order)
 
 log = logging.getLogger(__name__)
 OVERLAYS_DIR = "overlays"
@@ -33,6 +38,70 @@ REPORT_NAME = "report.html"
 PLOTS_DIR = "report_files"
 DEFAULT_LIMIT = 100
 DEFAULT_THRESHOLD = 0.5
+SCORE_BINS = 20            # the score histograms' bins over 0..1
+
+
+@dataclass
+class ReportRows:
+    """What the report takes from an output's current rows, gathered in one pass (gather): the `limit` top-scoring
+    detection rows it draws and counts of the rest, so that its memory is bounded by `limit` (and a key per image),
+    not by the instances of every image."""
+
+    root: Path
+    summary: dict | None
+    score_threshold: float
+    top: list[dict] = field(default_factory=list)       # top-scoring detection rows, instances included, in order
+    images_total: int = 0                               # current detection rows (images and video frames)
+    classes: dict[str, list[int]] = field(default_factory=dict)      # [>= threshold, all, images with one >=]
+    score_bins: dict[str, list[int]] = field(default_factory=dict)   # SCORE_BINS counts over 0..1
+    errors: list[dict] = field(default_factory=list)    # the first MAX_ERROR_ROWS current error rows, by path
+    errors_total: int = 0
+
+    def count(self, row: dict) -> dict:
+        """Add a detection row's instances to the counts; returns the row."""
+        self.images_total += 1
+        seen = set()
+        for inst in row.get("instances") or []:
+            name, score = inst["class_name"], float(inst["score"])
+            counts = self.classes.setdefault(name, [0, 0, 0])
+            counts[1] += 1
+            if score >= self.score_threshold:
+                counts[0] += 1
+                seen.add(name)
+            bins = self.score_bins.setdefault(name, [0] * SCORE_BINS)
+            bins[min(max(int(score * SCORE_BINS), 0), SCORE_BINS - 1)] += 1
+        for name in seen:
+            self.classes[name][2] += 1
+        return row
+
+    def class_order(self) -> list[str]:
+        """Classes in the model's order where the summary names them, others after them by name."""
+        order = list((self.summary or {}).get("model", {}).get("classes") or [])
+        return [n for n in order if n in self.classes] + sorted(n for n in self.classes if n not in order)
+
+
+def gather(output: str | Path, limit: int | None = DEFAULT_LIMIT, score_threshold: float = DEFAULT_THRESHOLD
+           ) -> ReportRows:
+    """The report's rows of `output`: the `limit` top-scoring current detection rows (0: all of them, None: none;
+    ties by path and frame) and the counts of all of them, and the errors' first rows, streaming the tables once."""
+    root, summary, _, keys = output_keys(output)
+    rows = ReportRows(root, summary, score_threshold)
+
+    def rank(row: dict) -> tuple:
+        return (-_top_score(row, score_threshold), *row_order(row))
+
+    def counted_errors():
+        for error in iter_current_rows(root, "errors", keys, ERROR_COLUMNS):
+            rows.errors_total += 1
+            yield error
+
+    counted = (rows.count(row) for row in iter_current_rows(root, "detections", keys, DETECTION_COLUMNS))
+    if limit is None:
+        deque(counted, maxlen=0)        # counts only
+    else:
+        rows.top = heapq.nsmallest(limit, counted, key=rank) if limit > 0 else sorted(counted, key=rank)
+    rows.errors = heapq.nsmallest(MAX_ERROR_ROWS, counted_errors(), key=row_order)
+    return rows
 
 
 def source_file(path: str, run_input: str | None, input_root: str | Path | None) -> Path:
@@ -55,16 +124,14 @@ def _frame(row: dict) -> int | None:
     return row.get("frame_index")
 
 
-def render_overlays(tables: OutputTables, input_root: str | Path | None = None, limit: int = DEFAULT_LIMIT,
-                    score_threshold: float = DEFAULT_THRESHOLD) -> dict:
-    """Draw the `limit` top-scoring images and video frames (ties by path and frame) under OUT/overlays/ (a frame
-    as <video key>/<frame index>.png); returns (and writes) the index."""
-    out_dir = tables.root / OVERLAYS_DIR
+def render_overlays(rows: ReportRows, input_root: str | Path | None = None) -> dict:
+    """Draw the gathered top-scoring images and video frames (gather: `limit`, score threshold) under OUT/overlays/
+    (a frame as <video key>/<frame index>.png); returns (and writes) the index."""
+    score_threshold = rows.score_threshold
+    out_dir = rows.root / OVERLAYS_DIR
     (out_dir / "thumbs").mkdir(parents=True, exist_ok=True)
-    run_input = (tables.summary or {}).get("input")
-    ranked = sorted(tables.detections, key=lambda r: (-_top_score(r, score_threshold), r["path"],
-                                                      -1 if _frame(r) is None else _frame(r)))
-    chosen = ranked[:limit] if limit > 0 else ranked
+    run_input = (rows.summary or {}).get("input")
+    chosen = rows.top
     frames = video_frames(chosen, run_input, input_root)
     entries, missing = [], []
     for row in chosen:
@@ -92,7 +159,7 @@ def render_overlays(tables: OutputTables, input_root: str | Path | None = None, 
     if missing:
         log.warning("%d source images not found, e.g. %s (looked at %s): pass --input-root DIR where they are now",
                     len(missing), missing[0]["path"], missing[0]["looked_at"])
-    index = {"score_threshold": score_threshold, "images_total": len(tables.detections), "images": entries,
+    index = {"score_threshold": score_threshold, "images_total": rows.images_total, "images": entries,
              "missing": missing}
     (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
     return index
@@ -117,41 +184,27 @@ def video_frames(rows: list[dict], run_input: str | None, input_root: str | Path
     return frames
 
 
-def class_stats(tables: OutputTables, threshold: float) -> tuple[dict, dict]:
-    """({class: (instances >= threshold, all, images with one >= threshold)}, {class: [scores]}), classes in the
-    model's order when the summary names them."""
-    order = list((tables.summary or {}).get("model", {}).get("classes") or [])
-    scores: dict[str, list[float]] = {}
-    images: dict[str, int] = {}
-    for row in tables.detections:
-        seen = set()
-        for inst in row.get("instances") or []:
-            scores.setdefault(inst["class_name"], []).append(float(inst["score"]))
-            if inst["score"] >= threshold:
-                seen.add(inst["class_name"])
-        for name in seen:
-            images[name] = images.get(name, 0) + 1
-    names = [n for n in order if n in scores] + sorted(n for n in scores if n not in order)
-    counts = {n: (sum(s >= threshold for s in scores[n]), len(scores[n]), images.get(n, 0)) for n in names}
-    return counts, {n: scores[n] for n in names}
-
-
-def write_report(output: str | Path, tables: OutputTables | None = None) -> Path:
-    """OUT/report.html from what OUT holds now (summary, tables, overlays/index.json, evaluation.json)."""
-    tables = tables or read_output(output)
-    root = tables.root
+def write_report(output: str | Path, rows: ReportRows | None = None) -> Path:
+    """OUT/report.html from what OUT holds now (summary, tables, overlays/index.json, evaluation.json). rows: gathered
+    already (render), else gathered here for the counts only, at the overlays' score threshold."""
+    root = Path(rows.root if rows is not None else output)
     index_path = root / OVERLAYS_DIR / INDEX_NAME
     index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.is_file() else None
-    threshold = index["score_threshold"] if index else DEFAULT_THRESHOLD
+    if rows is None:
+        rows = gather(output, None, index["score_threshold"] if index else DEFAULT_THRESHOLD)
+        root = rows.root
+    threshold = rows.score_threshold
     evaluation_path = root / "evaluation.json"
     evaluation = json.loads(evaluation_path.read_text(encoding="utf-8")) if evaluation_path.is_file() else None
-    counts, scores = class_stats(tables, threshold)
+    names = rows.class_order()
+    counts = {n: tuple(rows.classes[n]) for n in names}
     plot_dir = root / PLOTS_DIR
     plot_dir.mkdir(exist_ok=True)
     written = [plots.class_counts_png({n: c[:2] for n, c in counts.items()}, threshold, plot_dir),
-               plots.score_histograms_png(scores, threshold, plot_dir)]
+               plots.score_histograms_png({n: rows.score_bins[n] for n in names}, threshold, plot_dir)]
     plot_links = [f"{PLOTS_DIR}/{p.name}" for p in written if p is not None]
-    html = page.report_html(tables.summary, counts, threshold, plot_links, evaluation, tables.errors, index)
+    html = page.report_html(rows.summary, counts, threshold, plot_links, evaluation, rows.errors, rows.errors_total,
+                            index)
     path = root / REPORT_NAME
     tmp = path.with_suffix(".html.tmp")
     tmp.write_text(html, encoding="utf-8")
@@ -162,11 +215,11 @@ def write_report(output: str | Path, tables: OutputTables | None = None) -> Path
 def render(output: str | Path, input_root: str | Path | None = None, limit: int = DEFAULT_LIMIT,
            score_threshold: float = DEFAULT_THRESHOLD) -> Path:
     """Overlays and report.html for `output`; returns the report's path."""
-    tables = read_output(output)
     if input_root is not None and not Path(input_root).is_dir():
         raise OutputError(f"--input-root {input_root}: no such directory; pass where the input images are now")
-    render_overlays(tables, input_root, limit, score_threshold)
-    return write_report(tables.root, tables)
+    rows = gather(output, limit, score_threshold)
+    render_overlays(rows, input_root)
+    return write_report(rows.root, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,8 @@ image modification time); a video has one per frame, among the records of its ne
     output = read_output("output")   # OutputTables: summary, detections and errors (lists of dicts, by path)
     output.detections[0]["instances"]  # [{class_id, class_name, score, box [x1, y1, x2, y2], mask RLE or None}]
 
-Rows are held in memory: meant for a run's report or a labelled sample, not for a whole lake's table.
+read_output holds the rows in memory (a run's evaluation, a labelled sample); iter_current_rows streams them (the
+report, pipelines.report.render, keeps only what it draws and counts).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow.dataset as ds
 
@@ -23,6 +25,7 @@ from pipelines.errors import UsageError
 
 log = logging.getLogger(__name__)
 KEY_COLUMNS = ["path", "frame_index", "run_id", "size", "modification_time", "model_sha256"]
+ROWS_PER_BATCH = 512    # rows made Python objects at a time (a row holds up to ~100 instances with their RLEs)
 
 
 class OutputError(UsageError):
@@ -103,19 +106,29 @@ def _version(row: dict) -> tuple:
     return row.get("size"), row.get("modification_time"), row.get("frame_index") is None
 
 
-def _current_rows(root: Path, table: str, keys: dict, columns: list[str]) -> list[dict]:
+def iter_current_rows(root: Path, table: str, keys: dict, columns: list[str]) -> Iterator[dict]:
+    """The current rows of `table` (each (path, frame_index) once), streamed in the table's order: one Parquet batch
+    in memory at a time."""
     dataset = _dataset(root, table)
     if dataset is None:
-        return []
-    rows, seen = [], set()
+        return
+    seen = set()
     names = [c for c in columns if c in dataset.schema.names]
-    for batch in dataset.to_batches(columns=names):
+    for batch in dataset.to_batches(columns=names, batch_size=ROWS_PER_BATCH):
         for row in batch.to_pylist():
             key = (row["path"], row.get("frame_index"))
             if key not in seen and keys.get(key) == (table, row.get("run_id")):
                 seen.add(key)
-                rows.append(row)
-    return sorted(rows, key=lambda r: (r["path"], -1 if r.get("frame_index") is None else r["frame_index"]))
+                yield row
+
+
+def row_order(row: dict) -> tuple:
+    """Rows by path, a video's whole-file record before its frames, frames in order."""
+    return row["path"], -1 if row.get("frame_index") is None else row["frame_index"]
+
+
+def _current_rows(root: Path, table: str, keys: dict, columns: list[str]) -> list[dict]:
+    return sorted(iter_current_rows(root, table, keys, columns), key=row_order)
 
 
 DETECTION_COLUMNS = ["path", "frame_index", "timestamp_s", "width", "height", "instances", "mask_path", "run_id",
@@ -123,8 +136,9 @@ DETECTION_COLUMNS = ["path", "frame_index", "timestamp_s", "width", "height", "i
 ERROR_COLUMNS = ["path", "frame_index", "stage", "error_type", "message", "run_id", "model_sha256"]
 
 
-def read_output(output: str | Path, with_instances: bool = True, all_models: bool = False) -> OutputTables:
-    """summary.json and the current rows. Rows of the summary's model only, unless `all_models` or no summary."""
+def output_keys(output: str | Path, all_models: bool = False) -> tuple[Path, dict | None, str | None, dict]:
+    """(root, summary, model sha256 or None, current_keys) of a local output: the summary's model's records, unless
+    `all_models`, no summary, or none of that model's rows are there."""
     root = local_output(output)
     summary = read_summary(root)
     model = None if all_models or not summary else summary.get("model", {}).get("sha256")
@@ -132,6 +146,12 @@ def read_output(output: str | Path, with_instances: bool = True, all_models: boo
     if not keys and (root / "detections").is_dir() and model:
         log.warning("%s: no rows of model %s (the summary's); reading every model's rows", root, model[:12])
         model, keys = None, current_keys(root, None)
+    return root, summary, model, keys
+
+
+def read_output(output: str | Path, with_instances: bool = True, all_models: bool = False) -> OutputTables:
+    """summary.json and the current rows. Rows of the summary's model only, unless `all_models` or no summary."""
+    root, summary, model, keys = output_keys(output, all_models)
     columns = DETECTION_COLUMNS if with_instances else [c for c in DETECTION_COLUMNS if c != "instances"]
     return OutputTables(root, summary, model, _current_rows(root, "detections", keys, columns),
                         _current_rows(root, "errors", keys, ERROR_COLUMNS))
