@@ -69,12 +69,17 @@ def _dataset(root: Path, name: str):
     return ds.dataset(str(table_dir), format="parquet", exclude_invalid_files=True)
 
 
-def _keys(dataset, model_sha256: str | None) -> list[dict]:
-    if dataset is None:
-        return []
-    columns = [c for c in KEY_COLUMNS if c in dataset.schema.names]
-    rows = dataset.to_table(columns=columns).to_pylist()
-    return [r for r in rows if model_sha256 is None or r.get("model_sha256") == model_sha256]
+def _keys(root: Path, model_sha256: str | None) -> Iterator[tuple[str, dict]]:
+    """(table, key row) of every record of detections/ and errors/ (of one model unless None), streamed."""
+    for table in ("detections", "errors"):
+        dataset = _dataset(root, table)
+        if dataset is None:
+            continue
+        columns = [c for c in KEY_COLUMNS if c in dataset.schema.names]
+        for batch in dataset.to_batches(columns=columns, batch_size=64 * ROWS_PER_BATCH):
+            for row in batch.to_pylist():
+                if model_sha256 is None or row.get("model_sha256") == model_sha256:
+                    yield table, row
 
 
 def _rank(row: dict) -> tuple:
@@ -85,14 +90,13 @@ def _rank(row: dict) -> tuple:
 def current_keys(root: Path, model_sha256: str | None) -> dict[tuple[str, int | None], tuple[str, str]]:
     """(path, frame_index) -> (table, run_id) of each current record (frame_index None: an image, or a video that
     could not be read)."""
-    records = [(table, row) for table in ("detections", "errors") for row in _keys(_dataset(root, table), model_sha256)]
-    newest: dict[str, tuple] = {}   # path -> its newest record's rank, version and kind
-    for _, row in records:
+    newest: dict[str, tuple] = {}   # path -> its newest record's rank, version and kind (two passes: no record held)
+    for _, row in _keys(root, model_sha256):
         rank = _rank(row)
         if row["path"] not in newest or rank > newest[row["path"]][0]:
             newest[row["path"]] = (rank, _version(row))
     best: dict[tuple, tuple[tuple, str, str]] = {}
-    for table, row in records:
+    for table, row in _keys(root, model_sha256):
         if _version(row) != newest[row["path"]][1]:
             continue   # an older file version, or the other kind (frames / the whole video)
         key, rank = (row["path"], row.get("frame_index")), _rank(row)
