@@ -70,13 +70,11 @@ def nothing_listed(uri: str, extensions: list[str], recursive: bool = True, outp
                "case-insensitive; names starting with '.' or '_' are skipped as hidden)")
     if not reads_on_executors(uri):
         return message
-    from pipelines.io.local_listing import listing_root, walk_entry, walk_top
+    from pipelines.io.local_listing import listing_root, walk
 
-    skip = output_prefix_.removeprefix("file:").rstrip("/") if output_prefix_ else None
-    root = listing_root(to_spark_uri(uri))
     try:
-        others = list(itertools.islice(itertools.chain.from_iterable(
-            walk_entry(entry, None, skip) for entry in walk_top(root, None, recursive, skip)), sample))
+        others = list(itertools.islice(walk(listing_root(to_spark_uri(uri)), None, recursive,
+                                            walk_skip(output_prefix_)), sample))
     except OSError:
         return message
     if others:
@@ -175,6 +173,12 @@ def output_prefix(spark: SparkSession, input_uri: str, output_uri: str) -> str |
     return ("file:" if store == "local" else "") + output + "/"
 
 
+def walk_skip(prefix: str | None) -> str | None:
+    """The directory a local walk does not enter for an output prefix under the input (output_prefix), as the
+    walk spells paths."""
+    return prefix.removeprefix("file:").rstrip("/") if prefix else None
+
+
 def find_images(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True,
                 reader: str = "auto", azure_credentials=None, output_uri: str | None = None) -> ImageListing:
     """The images under `uri` (no content read), without those under `output_uri` where the output lies under the
@@ -183,8 +187,7 @@ def find_images(spark: SparkSession, uri: str, extensions: list[str], recursive:
     if choose_reader(uri, reader) == "azure_sdk":
         found = ImageListing(blobs_listed_by_executors(spark, uri, extensions, azure_credentials))
     elif reads_on_executors(uri):   # the walk does not enter the output (its files are left out below all the same)
-        skip = prefix.removeprefix("file:").rstrip("/") if prefix else None
-        found = ImageListing(local_files_listing(spark, uri, extensions, recursive, skip=skip))
+        found = ImageListing(local_files_listing(spark, uri, extensions, recursive, skip=walk_skip(prefix)))
     else:
         found = spark_file_index(spark, uri, extensions, recursive)
     return found.excluding(prefix)
@@ -235,14 +238,13 @@ def local_files_listing(spark: SparkSession, uri: str, extensions: list[str], re
     list the input as blobs_listed_by_executors lists a container: one task walks the top level, the directories
     under it are dealt over the cluster and each task walks its own, streaming. The driver never holds more than
     `driver_max_files` names. `skip`: a directory under the input not walked (local_listing.walk_top)."""
-    from pipelines.io.local_listing import listing_root, walk_entry, walk_top
+    from pipelines.io.local_listing import listing_root, walk, walk_entry, walk_top
 
     root = listing_root(to_spark_uri(uri))
     if not os.path.exists(root):
         raise missing_input(uri)
     wanted = normalize_extensions(extensions)
-    walked = itertools.chain.from_iterable(walk_entry(entry, wanted, skip)
-                                           for entry in walk_top(root, wanted, recursive, skip))
+    walked = walk(root, wanted, recursive, skip)
     first = list(itertools.islice(walked, driver_max_files + 1))
     if len(first) <= driver_max_files:
         return small_listing_frame(spark, first)

@@ -13,6 +13,7 @@ directly under the root only (Spark refuses a tree with subdirectories then).
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import os
 import stat
 from typing import Iterator, NamedTuple
@@ -48,6 +49,13 @@ def walk_top(root: str, extensions: tuple[str, ...] | None, recursive: bool,
     for child in _children(root, extensions, skip):
         if isinstance(child, ListedFile) or recursive:
             yield child
+
+
+def walk(root: str, extensions: tuple[str, ...] | None, recursive: bool,
+         skip: str | None = None) -> Iterator[ListedFile]:
+    """Every wanted file under `root` in this process: walk_top, each of its entries completed by walk_entry."""
+    return itertools.chain.from_iterable(walk_entry(entry, extensions, skip)
+                                         for entry in walk_top(root, extensions, recursive, skip))
 
 
 def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None,

@@ -29,7 +29,7 @@ from pipelines.report import overlays as ov
 from pipelines.report import page, plots
 from pipelines.report.page import MAX_ERROR_ROWS
 from pipelines.report.tables import (DETECTION_COLUMNS, ERROR_COLUMNS, OutputError, iter_current_rows, local_file,
-                                     output_keys, row_order)
+                                     local_output, output_keys, row_order)
 
 log = logging.getLogger(__name__)
 OVERLAYS_DIR = "overlays"
@@ -187,12 +187,11 @@ def video_frames(rows: list[dict], run_input: str | None, input_root: str | Path
 def write_report(output: str | Path, rows: ReportRows | None = None) -> Path:
     """OUT/report.html from what OUT holds now (summary, tables, overlays/index.json, evaluation.json). rows: gathered
     already (render), else gathered here for the counts only, at the overlays' score threshold."""
-    root = Path(rows.root if rows is not None else output)
+    root = rows.root if rows is not None else local_output(output)
     index_path = root / OVERLAYS_DIR / INDEX_NAME
     index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.is_file() else None
     if rows is None:
-        rows = gather(output, None, index["score_threshold"] if index else DEFAULT_THRESHOLD)
-        root = rows.root
+        rows = gather(root, None, index["score_threshold"] if index else DEFAULT_THRESHOLD)
     threshold = rows.score_threshold
     evaluation_path = root / "evaluation.json"
     evaluation = json.loads(evaluation_path.read_text(encoding="utf-8")) if evaluation_path.is_file() else None
