@@ -39,6 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cuda", "cpu"), required=True)
     parser.add_argument("--models", default=DEFAULT_MODELS, help="config:input_size:batch, comma-separated")
     parser.add_argument("--precisions", default="f32,bf16")
+    parser.add_argument("--cuda-graphs", default=None,
+                        help="train.cuda_graphs values to measure side by side, e.g. off,on (default: off,on on cuda, "
+                             "off on cpu)")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per measurement")
     parser.add_argument("--warmup", type=int, default=6, help="untimed steps first (cuDNN autotuning, workers)")
     parser.add_argument("--images", type=int, default=256, help="synthetic training images (reused across steps)")
@@ -92,14 +95,15 @@ def synchronize(device) -> None:
 
 
 def model_only_steps(session, images, steps: int) -> None:
-    """Forward + backward of the model with a trivial loss (sum of every output's mean), `steps` times."""
+    """Forward + backward of the model with a trivial loss (sum of every output's mean), `steps` times, run as the
+    step runs it (replayed as CUDA graphs once the step captured them)."""
     from pipelines.training.trainer import autocast_for
 
     model, device = session.model, session.device
     for _ in range(steps):
-        model.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=not session.runner.keeps_grads)
         with autocast_for(device, session.cfg.train.precision):
-            outputs = model(images)
+            outputs = session.runner.forward(images)
             loss = sum(v.float().mean() for v in outputs.values())
         loss.backward()
 
@@ -119,6 +123,17 @@ def ceiling(session, batch: int, size: int, steps: int, warmup: int) -> float:
     model_only_steps(session, images, steps)
     synchronize(session.device)
     return steps * batch / (time.perf_counter() - started)
+
+
+def first_step_terms(session, rows: dict, plan: list[list[int]]) -> list[float]:
+    """The loss terms of one step on the plan's first micro-batch from the freshly initialized model (seeded: the
+    same weights in every session of a model): graphs off and on compared."""
+    from pipelines.training.loader import micro_batch_stream
+
+    stream = micro_batch_stream(rows, plan[:1], session.loader_spec(0))
+    terms = session.train_step([next(stream)])
+    stream.close()
+    return [float(v) for v in terms]
 
 
 def micro_batch_plan(rows: int, batch: int, steps: int, seed: int) -> list[list[int]]:
@@ -189,6 +204,59 @@ def profile_steps(session, rows: dict, plan: list[list[int]], steps: int) -> tup
     return {"full_step": full_summary, "step": step_summary, "model_only": ceiling_summary}, "\n".join(tables)
 
 
+def component_times(session, rows: dict, plan: list[list[int]], repeats: int = 10) -> dict:
+    """ms per call of each part of a step alone (waited for: host and device time), on the plan's first
+    micro-batch: colour distortion + normalization, matching, the model (forward + backward), the loss (its
+    sums and their backward into the model's outputs), zeroing the gradients, the optimizer step."""
+    import torch
+
+    from pipelines.training.loader import micro_batch_stream
+    from pipelines.training.trainer import autocast_for
+
+    stream = micro_batch_stream(rows, plan[:1], session.loader_spec(0))
+    raw = next(stream)
+    stream.close()
+    device, spec, loss = session.device, session.input_spec, session.loss
+    moved = raw.targets_to(device)
+    moved.images = moved.images.to(device)
+    batch = session.to_device([raw])[0]
+    normalizer = session.normalizer([batch])
+    images = batch.images.contiguous(memory_format=torch.channels_last)
+
+    def model_pass():
+        with autocast_for(device, session.cfg.train.precision):
+            outputs = session.runner.forward(images)
+            sum(v.float().mean() for v in outputs.values()).backward()
+
+    with autocast_for(device, session.cfg.train.precision):
+        outputs = {k: v.detach().requires_grad_() for k, v in session.runner.forward(images).items()}
+
+    def loss_pass():
+        terms = normalizer.apply(loss.sums(outputs, batch.targets, batch.matches))
+        sum(terms.values()).backward()
+
+    parts = {"colour and normalization": lambda: moved.finish_images(spec),
+             "matching": lambda: loss.match(batch.targets), "loss sums + backward": loss_pass,
+             "model forward + backward": model_pass, "optimizer step": session.optimizer.step,
+             "zero gradients": lambda: session.optimizer.zero_grad(set_to_none=not session.runner.keeps_grads)}
+    times, tables = {}, []
+    for name, part in parts.items():
+        part()
+        synchronize(device)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            part()
+        synchronize(device)
+        times[name] = round((time.perf_counter() - started) * 1000 / repeats, 2)
+        summary, averages = profiled(device, repeats, lambda: [part() for _ in range(repeats)])
+        times[f"{name}: device busy"] = summary["device_busy_ms_per_step"]
+        if name != "model forward + backward":
+            tables.append(f"### {name} ({repeats} calls)\n" + averages.table(
+                sort_by="self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total", row_limit=12,
+                max_name_column_width=70))
+    return times, "\n".join(tables)
+
+
 WAIT_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
@@ -232,7 +300,7 @@ def loader_only(session, rows: dict, plan: list[list[int]]) -> float:
 
 
 def measure(args, device, prepared: Path, rows: dict, config: str, size: int, batch: int, precision: str,
-            workers: int) -> dict:
+            workers: int, cuda_graphs: bool) -> dict:
     import torch
 
     from pipelines.training.config import load_train_config
@@ -244,12 +312,14 @@ def measure(args, device, prepared: Path, rows: dict, config: str, size: int, ba
         "run_dir": str(run_dir), "data.prepared": str(prepared), "data.loader_workers": workers,
         "data.loader_prefetch": args.prefetch, "model.config": config, "model.max_size": size,
         "distributed.use_gpu": device.type == "cuda", "train.global_batch": batch, "train.micro_batch": batch,
-        "train.precision": precision, "train.optimizer": "sgd", "train.lr": 1e-4, "train.warmup_steps": 0,
+        "train.precision": precision, "train.cuda_graphs": cuda_graphs, "train.optimizer": "sgd", "train.lr": 1e-4, "train.warmup_steps": 0,
         "checkpoint.every_steps": 0, "eval.every_epochs": 0})
     session = TrainingSession(cfg, make_topology("local", 1), device)
     plan = micro_batch_plan(len(rows), batch, args.warmup + args.steps, seed=len(rows))
     result = {"model": config, "input_size": size, "batch": batch, "precision": precision, "loader_workers": workers,
-              "channels_last": cfg.train.channels_last, "augment": cfg.augment.__dict__}
+              "channels_last": cfg.train.channels_last, "cuda_graphs": cuda_graphs, "augment": cfg.augment.__dict__}
+    result["first_step_terms"] = first_step_terms(session, rows, plan)
+    result["graphed"] = getattr(session.runner, "graphed", None) is not None
     result["ceiling_images_per_s"] = round(ceiling(session, batch, size, args.steps, args.warmup), 1)
     result["full_step_images_per_s"] = round(full_step(session, rows, plan, args.warmup), 1)
     result["full_step_one_at_a_time_images_per_s"] = round(full_step(session, rows, plan, args.warmup, True), 1)
@@ -258,6 +328,8 @@ def measure(args, device, prepared: Path, rows: dict, config: str, size: int, ba
     result["loader_only_images_per_s"] = round(loader_only(session, rows, plan[:args.steps]), 1)
     if args.profile:
         result["profile"], table = profile_steps(session, rows, plan, args.profile)
+        result["profile"]["component_ms"], component_tables = component_times(session, rows, plan)
+        table += "\n" + component_tables
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         with open(out / f"training_{device.type}_profile.txt", "a") as f:
@@ -290,16 +362,37 @@ def markdown(report: dict) -> str:
              "- full step, one at a time: the same, each step's loss read before the next step is launched (the loop "
              "launches a step ahead once the update is gated on the device);",
              "- step without input: the same step on two micro-batches made beforehand;",
-             "- loader only: what the loader workers deliver with nothing else running.", "",
-             "| model | input | batch | precision | loader workers | ceiling img/s | full step img/s | full / ceiling |"
-             " full step, one at a time img/s | step without input img/s | loader only img/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "- loader only: what the loader workers deliver with nothing else running;",
+             "- CUDA graphs: train.cuda_graphs (the model's forward and backward replayed as CUDA graphs, the ceiling "
+             "too); off and on measured one after the other in this run.", "",
+             "| model | input | batch | precision | CUDA graphs | loader workers | ceiling img/s | full step img/s |"
+             " full / ceiling | full step, one at a time img/s | step without input img/s | loader only img/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
-        lines.append(f"| {r['model']} | {r['input_size']} | {r['batch']} | {r['precision']} | {r['loader_workers']} | "
+        graphs = "on" if r.get("graphed") else "off"
+        lines.append(f"| {r['model']} | {r['input_size']} | {r['batch']} | {r['precision']} | {graphs} | "
+                     f"{r['loader_workers']} | "
                      f"{r['ceiling_images_per_s']} | {r['full_step_images_per_s']} | {r['ratio_full_to_ceiling']} | "
                      f"{r['full_step_one_at_a_time_images_per_s']} | "
                      f"{r['step_without_input_images_per_s']} | {r['loader_only_images_per_s']} |")
+    lines += ["", "First step's loss terms (box, conf, mask, semantic) from the same seeded weights and micro-batch, "
+              "graphs off vs on (largest relative difference):", ""]
+    for (model, precision), rows in group_rows(report["results"]).items():
+        if len(rows) == 2:
+            lines.append(f"- {model} {precision}: {rows[0]['first_step_terms']} vs {rows[1]['first_step_terms']}: "
+                         f"{largest_relative_difference(rows[0]['first_step_terms'], rows[1]['first_step_terms']):.2e}")
     return "\n".join(lines) + "\n"
+
+
+def group_rows(results: list[dict]) -> dict:
+    groups: dict = {}
+    for r in results:
+        groups.setdefault((f"{r['model']} {r['input_size']} b{r['batch']}", r["precision"]), []).append(r)
+    return groups
+
+
+def largest_relative_difference(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) / max(abs(x), abs(y), 1e-12) for x, y in zip(a, b))
 
 
 def main(argv=None) -> int:
@@ -323,14 +416,17 @@ def main(argv=None) -> int:
     from pipelines.training.shards import ShardIndex
 
     rows = ShardIndex.open(str(prepared / "train")).read(range(count))
+    graph_settings = [value.strip() == "on" for value in
+                      (args.cuda_graphs or ("off,on" if device.type == "cuda" else "off")).split(",")]
     report = {"machine": machine(device), "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
               "steps": args.steps, "warmup": args.warmup, "images": args.images, "results": []}
     LOG.info("machine: %s", json.dumps(report["machine"]))
     for spec in args.models.split(","):
         config, size, batch = spec.split(":")
         for precision in args.precisions.split(","):
-            report["results"].append(measure(args, device, prepared, rows, config, int(size), int(batch), precision,
-                                             workers))
+            for graphs in graph_settings:
+                report["results"].append(measure(args, device, prepared, rows, config, int(size), int(batch),
+                                                 precision, workers, graphs))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "training_gpu" if device.type == "cuda" else "training_cpu_step"

@@ -82,6 +82,7 @@ class TrainSection:
     seed: int = 0
     channels_last: bool = True
     precision: str = "f32"              # f32 | bf16 (torch.autocast for the forward pass; the loss in float32)
+    cuda_graphs: bool = True            # CUDA, strategy local: the model's forward/backward replayed as CUDA graphs
 
 
 @dataclass(frozen=True)

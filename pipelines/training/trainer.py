@@ -32,7 +32,7 @@ from pipelines.training.loader import LoaderSpec, micro_batch_stream
 from pipelines.training.run_state import RankSessionBase, make_optimizer, new_run_state, rank_process
 from pipelines.training.sampler import GlobalBatchSampler
 from pipelines.training.shards import ShardIndex
-from pipelines.training.strategies import DataParallelRunner, make_runner
+from pipelines.training.strategies import DataParallelRunner, TermsInFlight, make_runner
 from pipelines.training.topology import Topology, all_reduce_sum, make_topology
 from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, num_positives
 from pipelines.io import storage
@@ -90,6 +90,8 @@ class TrainingSession(RankSessionBase):
         set_train_mode(self.model, cfg.model.batch_norm)
         self.runner = make_runner(self.model, topo, self.loss, cfg.train.channels_last, ycfg.max_size,
                                   cfg.distributed.pipeline_split)
+        if cfg.train.cuda_graphs and self.device.type == "cuda" and topo.strategy == "local":
+            self.capture_cuda_graphs()
         self.params = {n: p for n, p in self.model.named_parameters() if self.runner.owns(n) and p.requires_grad}
         self.names = {id(p): n for n, p in self.params.items()}
         self.optimizer = make_optimizer(cfg, list(self.params.values()))
@@ -100,6 +102,16 @@ class TrainingSession(RankSessionBase):
         steps = self.sampler.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(steps, cfg.train.max_steps) if cfg.train.max_steps else steps
         self.state = new_run_state()
+
+    def capture_cuda_graphs(self) -> None:
+        """train.cuda_graphs: the model's forward and backward captured once for the micro-batch's shape and
+        replayed every step (``cuda_graphs``); captured on a placeholder batch, the model's state unchanged."""
+        t = self.cfg.train
+        images = torch.zeros(t.micro_batch, 3, self.input_spec.size, self.input_spec.size, device=self.device)
+        if t.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with autocast_for(self.device, t.precision):
+            self.runner.use_cuda_graphs(images)
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def average_batch_norm_stats(self) -> None:
@@ -196,18 +208,18 @@ class TrainingSession(RankSessionBase):
         positives = int(all_reduce_sum(torch.tensor([positives], dtype=torch.int64), self.topo))
         return Normalizer(positives, self.cfg.train.global_batch)
 
-    def launch_step(self, batches: list, normalizer: Normalizer, step: int | None = None) -> torch.Tensor:
-        """Forward + backward of the step, launched (on a GPU it runs on while the host goes on). step: its number
-        (default: the one after the steps done, state["step"])."""
+    def launch_step(self, batches: list, normalizer: Normalizer, step: int | None = None) -> TermsInFlight:
+        """Forward + backward of the step, launched (on a GPU it runs on while the host goes on), its loss terms on
+        their way to the host. step: its number (default: the one after the steps done, state["step"])."""
         self.set_learning_rate(step)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.runner.keeps_grads)
         with autocast_for(self.device, self.cfg.train.precision):
             terms = self.runner.run(batches, normalizer)
         self.stepped_on_device = self.gates_on_device
         if self.stepped_on_device:
             self.optimizer.found_inf = self.runner.not_finite(terms)
             self.optimizer.step()
-        return terms
+        return TermsInFlight(terms)
 
     @property
     def gates_on_device(self) -> bool:
@@ -219,7 +231,7 @@ class TrainingSession(RankSessionBase):
         return bool(self.optimizer.defaults.get("fused")) and bool(self.optimizer.state) \
             and isinstance(self.runner, DataParallelRunner)
 
-    def finish_step(self, launched: torch.Tensor, stepped_on_device: bool) -> torch.Tensor:
+    def finish_step(self, launched: TermsInFlight, stepped_on_device: bool) -> torch.Tensor:
         """Wait for the step, sum its loss terms over the ranks, step the optimizer unless they are not finite
         (stepped_on_device: launch_step launched the update already, gated on the device)."""
         return self.step_optimizer(self.runner.reduce(launched), stepped_on_device=stepped_on_device)
