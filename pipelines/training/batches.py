@@ -2,6 +2,11 @@
 
 A sample's augmentation is drawn from ``np.random.default_rng([seed, epoch, index])``: the same on whichever rank
 trains it, and again after a resume.
+
+The input workers' share of the work (``make_micro_batch``) is per image: decode, draw the geometry on the boxes
+(``augment.draw_geometry``), make only the window it keeps (image, and the masks of the objects that stay, decoded
+from their RLEs straight into it), resize. Pixels and masks are those of expanding, cropping and mirroring
+full-size arrays (tests/test_training_augment_speed_equal.py checks it bit for bit).
 """
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ from pycocotools import mask as mask_utils
 
 from pipelines.ops.image_decode import decode_image
 from pipelines.training import photometric
-from pipelines.training.augment import AugmentConfig, Sample, augment, to_network_input
+from pipelines.training.augment import (AugmentConfig, Geometry, crop_image, draw_geometry, fill_outside, fill_value,
+                                        resize_masks, to_network_input)
 from pipelines.training.yolact_loss import PackedTargets, Targets
 
 
@@ -83,16 +89,6 @@ def map_tensors(value, fn):
     return value
 
 
-def row_to_sample(row: dict) -> Sample:
-    """A prepared row -> decoded image [H, W, 3] uint8, masks [G, H, W] uint8, boxes [G, 4] pixels, labels [G]."""
-    image = decode_image(bytes(row["image"]), row["file_name"])
-    height, width = image.shape[:2]
-    rles = [{"size": [height, width], "counts": counts.encode("ascii")} for counts in row["rles"]]
-    masks = (np.moveaxis(mask_utils.decode(rles), 2, 0) if rles else np.zeros((0, height, width), np.uint8))
-    boxes = np.asarray(row["boxes"], dtype=np.float32).reshape(-1, 4)
-    return Sample(image=image, masks=masks, boxes=boxes, labels=np.asarray(row["labels"], dtype=np.int64))
-
-
 def sample_seed(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, index])
 
@@ -109,16 +105,51 @@ def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec,
     images, targets = [], []
     deferred = [] if mask_sizes is not None else None
     for index in indices:
-        sample = row_to_sample(rows[index])
-        rng = sample_seed(seed, epoch, index)
-        if augment_cfg is not None:
-            sample = augment(sample, rng, augment_cfg, mean)
-        min_box = augment_cfg.min_box_px if augment_cfg is not None else 0.0
-        distort = augment_cfg is not None and augment_cfg.photometric
-        image, boxes, labels, masks = to_network_input(sample, spec.size, mean, std, min_box, rng, distort, deferred)
+        image, target = network_sample(rows[index], sample_seed(seed, epoch, index), spec, augment_cfg, mean, std,
+                                       deferred)
         images.append(image)
-        targets.append(Targets(boxes=boxes, labels=labels, masks=masks, seed=int(rng.integers(2**31))))
+        targets.append(target)
     if mask_sizes is None:
         return MicroBatch(images=torch.stack(images), targets=targets, indices=list(indices))
     return MicroBatch(images=torch.stack(images), targets=PackedTargets.pack(targets, mask_sizes),
                       indices=list(indices), colour=photometric.draws_tensor(deferred))
+
+
+def network_sample(row: dict, rng: np.random.Generator, spec: InputSpec, augment_cfg: AugmentConfig | None,
+                   mean: np.ndarray, std: np.ndarray, deferred: list | None) -> tuple[torch.Tensor, Targets]:
+    """One prepared row -> its network input [3, S, S] and targets (masks [G', S, S] float32), augmented with draws
+    from rng (augment_cfg None: as it is); deferred: see ``augment.to_network_input``."""
+    source = decode_image(bytes(row["image"]), row["file_name"])
+    height, width = source.shape[:2]
+    boxes = np.asarray(row["boxes"], dtype=np.float32).reshape(-1, 4)
+    labels = np.asarray(row["labels"], dtype=np.int64)
+    geometry = (draw_geometry(height, width, boxes, labels, rng, augment_cfg) if augment_cfg is not None
+                else Geometry.whole(height, width, boxes, labels))
+    pixels = crop_image(source, geometry, fill_value(source.dtype, mean))
+    min_box = augment_cfg.min_box_px if augment_cfg is not None else 0.0
+    distort = augment_cfg is not None and augment_cfg.photometric
+    image, boxes, labels, keep = to_network_input(pixels, geometry.boxes, geometry.labels, spec.size, mean, std,
+                                                  min_box, rng, distort, deferred)
+    masks = window_masks(row["rles"], geometry.objects[keep], height, width, geometry)
+    return image, Targets(boxes=boxes, labels=labels, masks=resize_masks(masks, spec.size),
+                          seed=int(rng.integers(2**31)))
+
+
+# --------------------------------------------------------------------------------------------------------- masks
+def window_masks(rles: list[str], objects: np.ndarray, height: int, width: int, geometry: Geometry) -> np.ndarray:
+    """The masks of the given objects (indices into rles: COCO compressed RLE counts of a height x width image) in
+    the geometry's window, mirrored as it is: float32 [len(objects), geometry.height, geometry.width] 0/1, 0 where
+    the window leaves the image. Only the objects kept are decoded (pycocotools)."""
+    masks = np.empty((len(objects), geometry.height, geometry.width), np.float32)
+    overlap = geometry.overlap(height, width)
+    if overlap is None or not len(objects):
+        masks[:] = 0
+        return masks
+    (source_rows, source_cols), (rows, cols) = overlap
+    decoded = mask_utils.decode([{"size": [height, width], "counts": rles[obj].encode("ascii")} for obj in objects])
+    zeros = np.zeros(geometry.width, np.float32)
+    for k in range(len(objects)):
+        part = decoded[source_rows, source_cols, k]
+        fill_outside(masks[k], rows, cols, zeros)
+        masks[k, rows, cols] = part[:, ::-1] if geometry.mirror else part
+    return masks

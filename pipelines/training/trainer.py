@@ -179,21 +179,23 @@ class TrainingSession(RankSessionBase):
         """Micro-batches (on the CPU, pinned on a GPU rank) -> on this rank's device, matched to the priors where
         the loss is computed, colours distorted and normalized. The targets go first and are matched before the
         images are sent, so the matching's waits for its counts (positives, the masks_to_train draw) never wait for
-        the images' copy. On CUDA all of it runs on a side stream: it overlaps the step in flight, and those waits
-        wait for that stream only, never for the step."""
+        the images' copy. On CUDA all of it, the colour distortion too, runs on a side stream: it overlaps the step
+        in flight (filling the device's gaps between that step's kernels), and those waits wait for that stream
+        only, never for the step."""
         cuda = self.device.type == "cuda"
         if cuda and self.copy_stream is None:
             self.copy_stream = torch.cuda.Stream(self.device)
         with torch.cuda.stream(self.copy_stream) if cuda else nullcontext():
             moved = [mb.targets_to(self.device) for mb in batches]
             self.match(moved)
-            moved = [dataclasses.replace(mb, images=mb.images.to(self.device, non_blocking=True)) for mb in moved]
+            moved = [dataclasses.replace(mb, images=mb.images.to(self.device, non_blocking=True))
+                     .finish_images(self.input_spec) for mb in moved]
         if cuda:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_stream(self.copy_stream)
             for mb in moved:
                 mb.record_stream(compute)
-        return [mb.finish_images(self.input_spec) for mb in moved]
+        return moved
 
     def match(self, batches: list) -> None:
         """Set each micro-batch's matches and positives count where the loss is computed (the last stage)."""

@@ -95,7 +95,8 @@ class PackedTargets:
             for size in mask_sizes:
                 small = torch.zeros(batch, slots, *size, dtype=torch.uint8, device=device)
                 for b, t in enumerate(targets):
-                    small[b, :t.masks.shape[0]] = downsample_masks(t.masks, size).to(torch.uint8)
+                    if t.masks.shape[0]:
+                        small[b, :t.masks.shape[0]] = downsample_bits(t.masks, size)
                 packed.small_masks[tuple(size)] = small
         return packed
 
@@ -310,8 +311,13 @@ def downsample_masks(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor
     """[G, H, W] float masks -> [G, h, w] 0/1 float: bilinear (align_corners=False), then > 0.5."""
     if masks.shape[0] == 0:
         return masks.new_zeros((0, *size))
-    small = F.interpolate(masks[None].float(), size=size, mode="bilinear", align_corners=False)[0]
-    return small.gt(0.5).float()
+    return downsample_bits(masks, size).float()
+
+
+def downsample_bits(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """[G, H, W] float masks, G > 0 -> [G, h, w] bool: bilinear (align_corners=False) > 0.5 (``downsample_masks``
+    without the float copy, for the packed uint8 masks)."""
+    return F.interpolate(masks[None].float(), size=size, mode="bilinear", align_corners=False)[0] > 0.5
 
 
 def downsample_masks_batch(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
