@@ -126,6 +126,15 @@ bench-planning: $(VENV)/.stamp-test
 bench-listing: $(VENV)/.stamp-test
 	$(PY) scripts/bench_listing.py $(BENCH_LISTING_ARGS)
 
+# Training: the strategies through the real job (make bench-training), the step on one device against its model-only
+# ceiling (BENCH_TRAINING_ARGS="--device cuda"), the input workers' ms per image (make bench-loader)
+.PHONY: bench-training bench-loader
+bench-training: $(VENV)/.stamp-test
+	$(PY) scripts/bench_training.py $(BENCH_TRAINING_ARGS)
+
+bench-loader: $(VENV)/.stamp-test
+	$(PY) scripts/bench_loader.py $(BENCH_LOADER_ARGS)
+
 # partitions x executor cores on a 2-worker standalone cluster, 200 bench images -> reports/sweep-cluster/
 sweep: $(VENV)/.stamp-test
 	$(PY) scripts/bench/images.py work/bench/images-200 200
