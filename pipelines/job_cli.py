@@ -27,7 +27,9 @@ OVERRIDES = {  # command-line flag -> config key
 }
 
 
-def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, description: str | None = None,
+               family: str = "yolact") -> argparse.Namespace:
+    """The job's command line; --masks for YOLACT only (the detector writes boxes)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config (conf/*.yaml); default: the embedded conf/local.yaml")
     parser.add_argument("--input", help="image/video URI: file://, hdfs://, abfss://, wasbs://, az://container/prefix")
@@ -44,9 +46,10 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser.add_argument("--engine", choices=["native", "bigdl"], help="inference engine")
     parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"], help="how images are read")
     parser.add_argument("--master", help="Spark master when not run by spark-submit (default from the config)")
-    parser.add_argument("--masks", choices=["rle_and_png", "rle", "none"],
-                        help="what is written per instance: RLE masks and a PNG label map per image, RLE only, or "
-                             "none (boxes only)")
+    if family == "yolact":
+        parser.add_argument("--masks", choices=["rle_and_png", "rle", "none"],
+                            help="what is written per instance: RLE masks and a PNG label map per image, RLE only, "
+                                 "or none (boxes only)")
     parser.add_argument("--score-threshold", type=float, metavar="S",
                         help="write only instances scoring above S (default: the manifest's threshold)")
     parser.add_argument("--frame-stride", type=int, metavar="N",
@@ -68,7 +71,7 @@ def build_config(args: argparse.Namespace, family: str = "yolact") -> dict:
     if args.config is None:
         config["spark"]["app_name"] = f"sparkseg-infer-{family}"
     for flag, key in OVERRIDES.items():
-        if getattr(args, flag) is not None:
+        if getattr(args, flag, None) is not None:
             set_path(config, key, getattr(args, flag))
     for setting in args.conf:
         key, sep, value = setting.partition("=")
@@ -85,7 +88,7 @@ def build_config(args: argparse.Namespace, family: str = "yolact") -> dict:
 def main(argv: list[str] | None = None, family: str = "yolact", description: str | None = None) -> int:
     """Parse `argv`, build the config, plan the job (bad input fails here, before any JVM starts), start Spark,
     run it; the exit code. Expected failures (SparkSegError) print one line; anything else is a bug and raises."""
-    args = parse_args(argv, description)
+    args = parse_args(argv, description, family)
     logging.basicConfig(level=logging.WARNING, format="sparkseg: %(levelname)s: %(message)s")
     from pipelines.errors import SparkSegError, report_error
     from pipelines.inference.inference_job import plan_job, run_plan

@@ -203,3 +203,13 @@ def test_command_line_overrides_and_spark_settings_reach_the_config():
     assert config["spark"]["app_name"] == "sparkseg-infer-detector" and config["run"]["force"] is True
     with pytest.raises(ConfigError, match="--conf 'spark.executor.cores'.*KEY=VALUE"):
         build_config(parse_args(["--conf", "spark.executor.cores"]))
+    assert build_config(parse_args(["--masks", "none"]))["output"]["masks"] == "none"
+
+
+def test_the_detector_job_has_no_masks_flag(capsys):
+    """The detector writes boxes: jobs/infer_detector.py --masks is a usage error, not a setting it ignores."""
+    from pipelines.job_cli import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--masks", "rle"], family="detector")
+    assert exit_info.value.code == 2 and "unrecognized arguments: --masks" in capsys.readouterr().err
