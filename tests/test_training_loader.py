@@ -177,7 +177,7 @@ def test_a_step_with_a_non_finite_loss_leaves_the_weights_as_they_were(plain_sha
         assert session.gates_on_device is gated and session.optimizer.defaults["fused"]
         before, buffers = weights(), momentum()
         terms = session.train_step([poisoned])
-        assert not torch.isfinite(terms.sum()) and session.stepped_on_device is gated
+        assert not torch.isfinite(terms.sum())
         assert all(torch.equal(a, b) for a, b in zip(before, weights()))
         assert all(torch.equal(a, b) for a, b in zip(buffers, momentum()))
         assert session.state["skipped_steps"] == 1 + gated

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -83,7 +84,6 @@ class TrainingSession(RankSessionBase):
         # the sizes the loss compares masks at: prototypes and the semantic head (P3)
         self.mask_sizes = (tuple(self.model.proto_size()), tuple(self.model.feature_map_sizes()[0]))
         self.copy_stream = None         # CUDA: the side stream micro-batches are copied on
-        self.stepped_on_device = False  # the last launched step's update is gated on the device (gates_on_device)
         self.model = self.model.to(self.device)
         if cfg.train.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -210,18 +210,18 @@ class TrainingSession(RankSessionBase):
         positives = int(all_reduce_sum(torch.tensor([positives], dtype=torch.int64), self.topo))
         return Normalizer(positives, self.cfg.train.global_batch)
 
-    def launch_step(self, batches: list, normalizer: Normalizer, step: int | None = None) -> TermsInFlight:
+    def launch_step(self, batches: list, normalizer: Normalizer, step: int | None = None) -> LaunchedStep:
         """Forward + backward of the step, launched (on a GPU it runs on while the host goes on), its loss terms on
         their way to the host. step: its number (default: the one after the steps done, state["step"])."""
         self.set_learning_rate(step)
         self.optimizer.zero_grad(set_to_none=not self.runner.keeps_grads)
         with autocast_for(self.device, self.cfg.train.precision):
             terms = self.runner.run(batches, normalizer)
-        self.stepped_on_device = self.gates_on_device
-        if self.stepped_on_device:
+        stepped_on_device = self.gates_on_device
+        if stepped_on_device:
             self.optimizer.found_inf = self.runner.not_finite(terms)
             self.optimizer.step()
-        return TermsInFlight(terms)
+        return LaunchedStep(TermsInFlight(terms), stepped_on_device)
 
     @property
     def gates_on_device(self) -> bool:
@@ -233,15 +233,15 @@ class TrainingSession(RankSessionBase):
         return bool(self.optimizer.defaults.get("fused")) and bool(self.optimizer.state) \
             and isinstance(self.runner, DataParallelRunner)
 
-    def finish_step(self, launched: TermsInFlight, stepped_on_device: bool) -> torch.Tensor:
-        """Wait for the step, sum its loss terms over the ranks, step the optimizer unless they are not finite
-        (stepped_on_device: launch_step launched the update already, gated on the device)."""
-        return self.step_optimizer(self.runner.reduce(launched), stepped_on_device=stepped_on_device)
+    def finish_step(self, launched: LaunchedStep) -> torch.Tensor:
+        """Wait for the step, sum its loss terms over the ranks, step the optimizer unless they are not finite (or
+        count it only, when launch_step launched the update already, gated on the device)."""
+        return self.step_optimizer(self.runner.reduce(launched.terms), stepped_on_device=launched.stepped_on_device)
 
     def train_step(self, batches: list) -> torch.Tensor:
         """One step on this rank's micro-batches (batches.MicroBatch, on the CPU) -> the global loss terms."""
         batches = self.to_device(batches)
-        return self.finish_step(self.launch_step(batches, self.normalizer(batches)), self.stepped_on_device)
+        return self.finish_step(self.launch_step(batches, self.normalizer(batches)))
 
     def steps(self, stream, micro_per_step: list[int], settle=lambda k: False):
         """Run len(micro_per_step) steps on micro-batches from stream; yields each step's loss terms, in order. The
@@ -253,16 +253,16 @@ class TrainingSession(RankSessionBase):
         first = self.state["step"]
         count = len(micro_per_step)
         pending = self.to_device([next(stream) for _ in range(micro_per_step[0])]) if count else None
-        unread = None       # (terms, stepped_on_device) of the launched step whose terms are read after the next
+        unread = None       # the launched step whose terms are read after the next one is launched
         for k in range(count):
-            launched = (self.launch_step(pending, self.normalizer(pending), first + k), self.stepped_on_device)
+            launched = self.launch_step(pending, self.normalizer(pending), first + k)
             following = (self.to_device([next(stream) for _ in range(micro_per_step[k + 1])])
                          if k + 1 < count else None)
             if unread is not None:
-                yield self.finish_step(*unread)
-            unread = launched if launched[1] and k + 1 < count and not settle(k) else None
+                yield self.finish_step(unread)
+            unread = launched if launched.stepped_on_device and k + 1 < count and not settle(k) else None
             if unread is None:
-                yield self.finish_step(*launched)
+                yield self.finish_step(launched)
             pending = following
 
     def run(self) -> dict | None:
@@ -291,6 +291,15 @@ class TrainingSession(RankSessionBase):
 def _to_cpu(state: dict) -> dict:
     return {name: {k: v.to("cpu", copy=True) if torch.is_tensor(v) else v for k, v in values.items()}
             for name, values in state.items()}
+
+
+@dataclass(frozen=True)
+class LaunchedStep:
+    """A step that launch_step queued: its loss terms on their way to the host, and whether its update was launched
+    with it, gated on the device (gates_on_device)."""
+
+    terms: TermsInFlight
+    stepped_on_device: bool
 
 
 def train_worker(config: dict) -> dict | None:
