@@ -1,6 +1,6 @@
 """Micro-batches as they were made before the input workers were sped up (pipelines/training/batches.py,
 augment.py and yolact_loss.py's PackedTargets.pack / downsample_masks at commit b2186a6: the image and every mask
-expanded onto a full canvas, then cropped, mirrored and resized as float; photometric.draw copied too), kept
+expanded onto a full canvas, then cropped, mirrored and resized as float; photometric.draw is unchanged), kept
 verbatim as the reference tests/test_training_augment_speed_equal.py compares the new code with, bit for bit, and
 scripts/bench_loader.py times it against. Not used by the library."""
 from __future__ import annotations
@@ -19,23 +19,6 @@ from pipelines.training.yolact_loss import PackedTargets, Targets
 CROP_MODES = (None, 0.1, 0.3, 0.7, 0.9, -1.0)
 CROP_TRIES = 50
 CROP_MODE_DRAWS = 20
-
-
-# ------------------------------------------------------------------------------------------- photometric draws
-def draw(rng: np.random.Generator) -> photometric.PhotometricDraw:
-    """photometric.draw."""
-    brightness = float(rng.uniform(-32, 32)) if rng.integers(2) else 0.0
-    contrast_first = bool(rng.integers(2) == 1)
-    contrast = _draw_contrast(rng) if contrast_first else 1.0
-    saturation = float(rng.uniform(0.5, 1.5)) if rng.integers(2) else 1.0
-    hue = float(rng.uniform(-18.0, 18.0)) if rng.integers(2) else 0.0
-    if not contrast_first:
-        contrast = _draw_contrast(rng)
-    return photometric.PhotometricDraw(brightness, contrast, contrast_first, saturation, hue)
-
-
-def _draw_contrast(rng: np.random.Generator) -> float:
-    return float(rng.uniform(0.5, 1.5)) if rng.integers(2) else 1.0
 
 
 # ------------------------------------------------------------------------------------------------ batches.py
@@ -98,10 +81,10 @@ def to_network_input(sample: Sample, size: int, mean_rgb: np.ndarray | None, std
     image = F.interpolate(torch.from_numpy(pixels).permute(2, 0, 1)[None], size=(size, size), mode="bilinear",
                           align_corners=False)[0]
     if deferred is not None:
-        deferred.append(draw(rng) if distort else photometric.PhotometricDraw())
+        deferred.append(photometric.draw(rng) if distort else photometric.PhotometricDraw())
     else:
         if distort:
-            distorted = photometric.apply_numpy(image.permute(1, 2, 0).numpy(), draw(rng))
+            distorted = photometric.apply_numpy(image.permute(1, 2, 0).numpy(), photometric.draw(rng))
             image = torch.from_numpy(np.ascontiguousarray(distorted)).permute(2, 0, 1)
         image = (image - torch.from_numpy(mean_rgb)[:, None, None]) / torch.from_numpy(std_rgb)[:, None, None]
     boxes = torch.from_numpy(np.asarray(sample.boxes, dtype=np.float32).reshape(-1, 4).copy())
