@@ -312,7 +312,8 @@ def measure(args, device, prepared: Path, rows: dict, config: str, size: int, ba
         "run_dir": str(run_dir), "data.prepared": str(prepared), "data.loader_workers": workers,
         "data.loader_prefetch": args.prefetch, "model.config": config, "model.max_size": size,
         "distributed.use_gpu": device.type == "cuda", "train.global_batch": batch, "train.micro_batch": batch,
-        "train.precision": precision, "train.cuda_graphs": cuda_graphs, "train.optimizer": "sgd", "train.lr": 1e-4, "train.warmup_steps": 0,
+        "train.precision": precision, "train.cuda_graphs": cuda_graphs, "train.optimizer": "sgd", "train.lr": 1e-4,
+        "train.warmup_steps": 0,
         "checkpoint.every_steps": 0, "eval.every_epochs": 0})
     session = TrainingSession(cfg, make_topology("local", 1), device)
     plan = micro_batch_plan(len(rows), batch, args.warmup + args.steps, seed=len(rows))

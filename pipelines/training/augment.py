@@ -100,7 +100,7 @@ def augment(sample: Sample, rng: np.random.Generator, cfg: AugmentConfig, mean_r
     height, width = sample.image.shape[:2]
     geometry = draw_geometry(height, width, sample.boxes, sample.labels, rng, cfg)
     image = crop_image(sample.image, geometry, fill_value(sample.image.dtype, mean_rgb))
-    return Sample(image, crop_masks(sample.masks, geometry), geometry.boxes, geometry.labels)
+    return Sample(image, crop_masks(sample.masks[geometry.objects], geometry), geometry.boxes, geometry.labels)
 
 
 def to_network_input(pixels: np.ndarray, boxes: np.ndarray, labels: np.ndarray, size: int,
@@ -250,13 +250,13 @@ def crop_image(image: np.ndarray, geometry: Geometry, fill: np.ndarray) -> np.nd
 
 
 def crop_masks(masks: np.ndarray, geometry: Geometry) -> np.ndarray:
-    """masks [G, H, W] of the source -> the kept objects' [G', height, width] in the geometry's window, mirrored as
-    it is (the masks' type, 0 where the window leaves the image)."""
-    window = np.zeros((len(geometry.objects), geometry.height, geometry.width), masks.dtype)
+    """masks [G', H, W] of the source's kept objects (geometry.objects, in order) -> [G', height, width] in the
+    geometry's window, mirrored as it is (the masks' type, 0 where the window leaves the image)."""
+    window = np.zeros((len(masks), geometry.height, geometry.width), masks.dtype)
     overlap = geometry.overlap(*masks.shape[1:])
-    if overlap is not None and len(geometry.objects):
+    if overlap is not None and len(masks):
         (source_rows, source_cols), (rows, cols) = overlap
-        part = masks[:, source_rows, source_cols][geometry.objects]
+        part = masks[:, source_rows, source_cols]
         window[:, rows, cols] = part[:, :, ::-1] if geometry.mirror else part
     return window
 

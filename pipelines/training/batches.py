@@ -19,7 +19,7 @@ from pycocotools import mask as mask_utils
 
 from pipelines.ops.image_decode import decode_image
 from pipelines.training import photometric
-from pipelines.training.augment import (AugmentConfig, Geometry, crop_image, draw_geometry, fill_outside, fill_value,
+from pipelines.training.augment import (AugmentConfig, Geometry, crop_image, crop_masks, draw_geometry, fill_value,
                                         resize_masks, to_network_input)
 from pipelines.training.yolact_loss import PackedTargets, Targets
 
@@ -138,18 +138,9 @@ def network_sample(row: dict, rng: np.random.Generator, spec: InputSpec, augment
 # --------------------------------------------------------------------------------------------------------- masks
 def window_masks(rles: list[str], objects: np.ndarray, height: int, width: int, geometry: Geometry) -> np.ndarray:
     """The masks of the given objects (indices into rles: COCO compressed RLE counts of a height x width image) in
-    the geometry's window, mirrored as it is: float32 [len(objects), geometry.height, geometry.width] 0/1, 0 where
-    the window leaves the image. Only the objects kept are decoded (pycocotools)."""
-    masks = np.empty((len(objects), geometry.height, geometry.width), np.float32)
-    overlap = geometry.overlap(height, width)
-    if overlap is None or not len(objects):
-        masks[:] = 0
-        return masks
-    (source_rows, source_cols), (rows, cols) = overlap
+    the geometry's window, mirrored as it is (``augment.crop_masks``): uint8 [len(objects), geometry.height,
+    geometry.width] 0/1, 0 where the window leaves the image. Only the objects kept are decoded (pycocotools)."""
+    if not len(objects):
+        return np.zeros((0, geometry.height, geometry.width), np.uint8)
     decoded = mask_utils.decode([{"size": [height, width], "counts": rles[obj].encode("ascii")} for obj in objects])
-    zeros = np.zeros(geometry.width, np.float32)
-    for k in range(len(objects)):
-        part = decoded[source_rows, source_cols, k]
-        fill_outside(masks[k], rows, cols, zeros)
-        masks[k, rows, cols] = part[:, ::-1] if geometry.mirror else part
-    return masks
+    return crop_masks(np.moveaxis(decoded, 2, 0), geometry)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from model_export.models.factornet_detector import IMAGENET_MEAN
 from pipelines.ops.image_decode import decode_image
-from pipelines.training.augment import AugmentConfig, Sample, augment
+from pipelines.training.augment import AugmentConfig, Sample, crop_image, draw_geometry, fill_value
 from pipelines.training.batches import sample_seed
 
 LOSS_KEYS = ("loss_classifier", "loss_box_reg", "loss_objectness", "loss_rpn_box_reg")
@@ -43,11 +43,11 @@ def row_to_detector_sample(row: dict) -> Sample:
 
 
 def _geometric(sample: Sample, rng: np.random.Generator, cfg: AugmentConfig) -> Sample:
-    """augment() on boxes only: the masks are given full-size empty views just for the geometry it applies."""
+    """The geometric augmentations of the image and its boxes (augment.draw_geometry, then only the window made)."""
     height, width = sample.image.shape[:2]
-    masks = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (len(sample.labels), height, width))
-    out = augment(Sample(sample.image, masks, sample.boxes, sample.labels), rng, cfg, EXPAND_FILL_RGB)
-    return Sample(out.image, sample.masks[: len(out.labels)], out.boxes, out.labels)
+    geometry = draw_geometry(height, width, sample.boxes, sample.labels, rng, cfg)
+    image = crop_image(sample.image, geometry, fill_value(sample.image.dtype, EXPAND_FILL_RGB))
+    return Sample(image, sample.masks[: len(geometry.labels)], geometry.boxes, geometry.labels)
 
 
 def to_detector_input(sample: Sample, input_size: tuple[int, int], min_box_px: float
