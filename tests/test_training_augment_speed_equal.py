@@ -5,6 +5,7 @@ expand, crop and mirror on and off, images without objects, objects on the borde
 Also ``augment.augment`` (the detector's) against the previous one."""
 from __future__ import annotations
 
+import contextlib
 import io
 
 import numpy as np
@@ -113,6 +114,24 @@ def assert_micro_batches_equal(new, old) -> None:
         assert x.dtype == y.dtype == torch.uint8 and torch.equal(x, y), size
 
 
+@contextlib.contextmanager
+def torch_threads(count: int):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def reference_micro_batch(*args):
+    """The previous code's micro-batch with torch's generic resize kernel: on one thread torch resizes 3-channel
+    float inputs (3 masks, float images) with another kernel, which the current code never uses
+    (pipelines/training/resize.py); at 2 threads or more the previous code used the generic kernel too."""
+    with torch_threads(max(2, torch.get_num_threads())):
+        return reference.make_micro_batch(*args)
+
+
 def compare(rows, spec, cfg, seeds, epochs, mask_sizes, batch=4) -> list[int]:
     """Every micro-batch of rows, for each seed and epoch, made both ways and checked equal; returns how many
     objects each sample kept."""
@@ -122,7 +141,7 @@ def compare(rows, spec, cfg, seeds, epochs, mask_sizes, batch=4) -> list[int]:
             for start in range(0, len(order), batch):
                 indices = order[start:start + batch][::-1 if (seed + epoch) % 2 else 1]
                 new = make_micro_batch(rows, indices, spec, cfg, seed, epoch, mask_sizes)
-                old = reference.make_micro_batch(rows, indices, spec, cfg, seed, epoch, mask_sizes)
+                old = reference_micro_batch(rows, indices, spec, cfg, seed, epoch, mask_sizes)
                 assert_micro_batches_equal(new, old)
                 kept += ([len(t.labels) for t in new.targets] if mask_sizes is None
                          else new.targets.valid.sum(dim=1).tolist())
@@ -173,16 +192,20 @@ def test_full_size_targets_and_validation_equal_the_previous_ones(small_rows):
     compare(small_rows, spec, None, seeds=[0], epochs=[0], mask_sizes=[(12, 12), (6, 6)])
 
 
-def test_one_thread_as_in_a_loader_worker(small_rows):
-    """With one torch thread (the workers'), torch picks another float resize kernel for 3 masks."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        kept = compare(small_rows, InputSpec(64, MEAN, STD), CONFIGS["default"], seeds=[11, 12], epochs=[0],
-                       mask_sizes=[(16, 16), (8, 8)])
-        assert 3 in kept
-    finally:
-        torch.set_num_threads(threads)
+@pytest.mark.parametrize("mask_sizes", [[(16, 16), (8, 8)], None])
+def test_one_thread_as_in_a_loader_worker_equals_two(small_rows, mask_sizes):
+    """A loader worker runs one torch thread, a rank without workers its own threads: the micro-batches are the
+    same (3 masks and float images included, which torch's one-thread kernel would resize otherwise), and equal the
+    previous code's with the generic kernel. (96 px: torch takes yet another kernel for outputs of at most 64x64.)"""
+    spec = InputSpec(96, MEAN, STD)
+    with torch_threads(1):
+        kept = compare(small_rows, spec, CONFIGS["default"], seeds=[11, 12], epochs=[0], mask_sizes=mask_sizes)
+        one = [make_micro_batch(small_rows, [i], spec, CONFIGS["default"], 11, 0, mask_sizes) for i in small_rows]
+    assert 3 in kept
+    with torch_threads(2):
+        two = [make_micro_batch(small_rows, [i], spec, CONFIGS["default"], 11, 0, mask_sizes) for i in small_rows]
+    for a, b in zip(one, two):
+        assert_micro_batches_equal(a, b)
 
 
 @pytest.mark.parametrize("size,mask_sizes", [(352, [(88, 88), (44, 44)]), (550, [(138, 138), (69, 69)])])
@@ -230,5 +253,5 @@ def test_a_sample_without_objects(small_rows):
     for cfg in (CONFIGS["default"], None):
         new = make_micro_batch(empty, [0], InputSpec(32, MEAN, STD), cfg, 0, 0, [(8, 8), (4, 4)])
         assert new.targets.boxes.shape == (1, 0, 4) and new.targets.small_masks[(8, 8)].shape == (1, 0, 8, 8)
-        assert_micro_batches_equal(new, reference.make_micro_batch(empty, [0], InputSpec(32, MEAN, STD), cfg, 0, 0,
-                                                                   [(8, 8), (4, 4)]))
+        assert_micro_batches_equal(new, reference_micro_batch(empty, [0], InputSpec(32, MEAN, STD), cfg, 0, 0,
+                                                              [(8, 8), (4, 4)]))

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pipelines.training import photometric
+from pipelines.training.resize import resize_bilinear
 
 CROP_MODES = (None, 0.1, 0.3, 0.7, 0.9, -1.0)   # None: whole image; the min-IoU values are never enforced (the
 #                                                 reference's check is a known no-op, kept there on purpose)
@@ -118,8 +118,7 @@ def to_network_input(pixels: np.ndarray, boxes: np.ndarray, labels: np.ndarray, 
     fixed-point weights)."""
     height, width = pixels.shape[:2]
     pixels = np.ascontiguousarray(pixels, dtype=np.float32 if deferred is None else np.uint8)
-    image = F.interpolate(torch.from_numpy(pixels).permute(2, 0, 1)[None], size=(size, size), mode="bilinear",
-                          align_corners=False)[0]
+    image = resize_bilinear(torch.from_numpy(pixels).permute(2, 0, 1)[None], (size, size))[0]
     if deferred is not None:
         deferred.append(photometric.draw(rng) if distort else photometric.PhotometricDraw())
     else:
@@ -139,9 +138,7 @@ def to_network_input(pixels: np.ndarray, boxes: np.ndarray, labels: np.ndarray, 
 def resize_masks(masks: np.ndarray, size: int) -> torch.Tensor:
     """[G, h, w] 0/1 -> [G, S, S] float32 (bilinear, align_corners=False, no antialias), from float32 masks."""
     masks = torch.from_numpy(np.ascontiguousarray(masks, dtype=np.float32))
-    if masks.shape[0]:
-        return F.interpolate(masks[None], size=(size, size), mode="bilinear", align_corners=False)[0]
-    return torch.zeros(0, size, size)
+    return resize_bilinear(masks[None], (size, size))[0]
 
 
 # ------------------------------------------------------------------------------------------------ photometric

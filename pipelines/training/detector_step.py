@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from model_export.models.factornet_detector import IMAGENET_MEAN
 from pipelines.ops.image_decode import decode_image
 from pipelines.training.augment import AugmentConfig, Sample, crop_image, draw_geometry, fill_value
 from pipelines.training.batches import sample_seed
+from pipelines.training.resize import resize_bilinear
 
 LOSS_KEYS = ("loss_classifier", "loss_box_reg", "loss_objectness", "loss_rpn_box_reg")
 EXPAND_FILL_RGB = np.float32(IMAGENET_MEAN) * 255.0     # the zoom-out canvas colour: the normalization's mean
@@ -57,7 +57,7 @@ def to_detector_input(sample: Sample, input_size: tuple[int, int], min_box_px: f
     height, width = sample.image.shape[:2]
     out_h, out_w = input_size
     image = torch.from_numpy(np.ascontiguousarray(sample.image, dtype=np.float32)).permute(2, 0, 1)[None]
-    image = F.interpolate(image, size=(out_h, out_w), mode="bilinear", align_corners=False)[0] / 255.0
+    image = resize_bilinear(image, (out_h, out_w))[0] / 255.0
     boxes = torch.from_numpy(np.asarray(sample.boxes, dtype=np.float32).reshape(-1, 4).copy())
     boxes[:, 0::2] = (boxes[:, 0::2] * (out_w / width)).clamp(0, out_w)
     boxes[:, 1::2] = (boxes[:, 1::2] * (out_h / height)).clamp(0, out_h)

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.training.boxes import BatchMatch, center_size, crop_batch, match_batch
+from pipelines.training.resize import resize_bilinear
 
 LOSS_KEYS = ("box", "conf", "mask", "semantic")
 
@@ -317,15 +318,14 @@ def downsample_masks(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor
 def downsample_bits(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """[G, H, W] float masks, G > 0 -> [G, h, w] bool: bilinear (align_corners=False) > 0.5 (``downsample_masks``
     without the float copy, for the packed uint8 masks)."""
-    return F.interpolate(masks[None].float(), size=size, mode="bilinear", align_corners=False)[0] > 0.5
+    return resize_bilinear(masks[None].float(), size)[0] > 0.5
 
 
 def downsample_masks_batch(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """[B, G, H, W] -> [B, G, h, w] 0/1 float, as ``downsample_masks`` per image."""
     if masks.shape[1] == 0:
         return masks.new_zeros((masks.shape[0], 0, *size))
-    small = F.interpolate(masks.float(), size=size, mode="bilinear", align_corners=False)
-    return small.gt(0.5).float()
+    return resize_bilinear(masks.float(), size).gt(0.5).float()
 
 
 def num_positives(matches) -> int:

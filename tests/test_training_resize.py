@@ -1,0 +1,61 @@
+"""resize_bilinear: F.interpolate's values (bilinear, align_corners=False) with torch's generic kernel at every
+thread count, for the stacks the training code resizes (1-6 masks, RGB images channels-last, batches of masks)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipelines.training.resize import resize_bilinear
+
+
+def interpolate(x: torch.Tensor, size, threads: int) -> torch.Tensor:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    finally:
+        torch.set_num_threads(before)
+
+
+def resized(x: torch.Tensor, size, threads: int) -> torch.Tensor:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return resize_bilinear(x, size)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("batch,channels", [(1, 1), (1, 2), (1, 3), (1, 4), (1, 6), (2, 3), (4, 5)])
+@pytest.mark.parametrize("size", [(352, 352), (88, 88), (44, 44), (61, 130)])
+def test_masks_equal_the_generic_kernel_at_any_thread_count(batch, channels, size):
+    masks = (torch.rand(batch, channels, 97, 123, generator=torch.Generator().manual_seed(channels)) > 0.5).float()
+    generic = interpolate(masks, size, threads=2)
+    for threads in (1, 2, 3):
+        out = resized(masks, size, threads)
+        assert out.shape == generic.shape and torch.equal(out, generic), threads
+
+
+def test_one_thread_alone_would_differ_for_three_channels():
+    """Why the module exists: torch's own interpolate on one thread gives other values for 3 channels."""
+    masks = (torch.rand(1, 3, 97, 123, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    assert not torch.equal(interpolate(masks, (352, 352), 1), interpolate(masks, (352, 352), 2))
+    assert torch.equal(resized(masks, (352, 352), 1), interpolate(masks, (352, 352), 2))
+
+
+def test_channels_last_rgb_image():
+    """An HWC image's channels-last view, float and uint8 (torch's uint8 kernel has no thread switch)."""
+    pixels = np.random.default_rng(0).integers(0, 256, (91, 157, 3), dtype=np.uint8)
+    for dtype in (np.float32, np.uint8):
+        image = torch.from_numpy(pixels.astype(dtype)).permute(2, 0, 1)[None]
+        generic = interpolate(image, (64, 80), threads=2)
+        for threads in (1, 2):
+            out = resized(image, (64, 80), threads)
+            assert out.dtype == image.dtype and torch.equal(out, generic)
+
+
+def test_empty_stack():
+    assert resize_bilinear(torch.zeros(1, 0, 10, 12), (5, 6)).shape == (1, 0, 5, 6)
+    assert resize_bilinear(torch.zeros(0, 3, 10, 12), (5, 6)).shape == (0, 3, 5, 6)
