@@ -98,6 +98,21 @@ def test_batched_torch_colour_distortion_equals_the_numpy_one():
     np.testing.assert_allclose(got.permute(0, 2, 3, 1).numpy(), expected, rtol=0, atol=2e-3)
 
 
+def test_finish_images_on_a_cpu_equals_the_whole_batch_at_once():
+    """A CPU distorts CPU_ROWS images at a time, a GPU the whole micro-batch: the same values."""
+    from pipelines.training.batches import CPU_ROWS, MicroBatch
+
+    rng = np.random.default_rng(8)
+    count = 2 * CPU_ROWS + 1
+    images = torch.from_numpy(rng.integers(0, 256, (count, 3, 13, 17), dtype=np.uint8))
+    draws = photometric.draws_tensor([photometric.draw(rng) for _ in range(count)])
+    finished = MicroBatch(images=images, targets=[], indices=list(range(count)), colour=draws).finish_images(SPEC)
+    mean, std = torch.tensor(SPEC.mean_rgb)[None, :, None, None], torch.tensor(SPEC.std_rgb)[None, :, None, None]
+    whole = (photometric.apply_torch(images.float(), draws) - mean) / std
+    assert finished.colour is None and finished.images.dtype == torch.float32
+    assert torch.equal(finished.images, whole)
+
+
 def test_training_steps_with_loader_workers_and_bf16(plain_shards, tmp_path):
     """The rank's loop (TrainingSession) over plain shards, 2 loader workers, bf16 autocast on the CPU."""
     from pipelines.training.config import TrainConfig

@@ -24,6 +24,9 @@ from pipelines.training.augment import (AugmentConfig, Geometry, crop_image, cro
 from pipelines.training.yolact_loss import PackedTargets, Targets
 
 
+CPU_ROWS = 4   # images per colour pass on a CPU (MicroBatch.finish_images): its temporaries stay in cache
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """The network input: square side in pixels, RGB mean / std (0-255 scale)."""
@@ -69,13 +72,22 @@ class MicroBatch:
                 tensor.record_stream(stream)
 
     def finish_images(self, spec: "InputSpec") -> "MicroBatch":
-        """Apply the deferred colour distortion and normalization (batched, on the images' device)."""
+        """Apply the deferred colour distortion and normalization (batched, on the images' device: the whole
+        micro-batch at once on a GPU, CPU_ROWS images at a time on a CPU, where a whole batch's temporaries would be
+        fresh memory for every operation, 1.5x slower; the same values either way)."""
         if self.colour is None:
             return self
-        images = photometric.apply_torch(self.images.float(), self.colour.to(self.images.device))
-        mean = images.new_tensor(spec.mean_rgb)[None, :, None, None]
-        std = images.new_tensor(spec.std_rgb)[None, :, None, None]
-        return dataclasses.replace(self, images=(images - mean) / std, colour=None)
+        device = self.images.device
+        colour = self.colour.to(device)
+        mean = torch.tensor(spec.mean_rgb, dtype=torch.float32, device=device)[None, :, None, None]
+        std = torch.tensor(spec.std_rgb, dtype=torch.float32, device=device)[None, :, None, None]
+        images = torch.empty(self.images.shape, dtype=torch.float32, device=device)
+        rows = CPU_ROWS if device.type == "cpu" else max(len(images), 1)
+        for start in range(0, len(images), rows):
+            part = slice(start, start + rows)
+            distorted = photometric.apply_torch(self.images[part].float(), colour[part])
+            torch.div(distorted.sub_(mean), std, out=images[part])
+        return dataclasses.replace(self, images=images, colour=None)
 
 
 def map_tensors(value, fn):
