@@ -19,13 +19,15 @@ Images: JPEGs of 480-1920 px made from the samples (scripts/bench/images.py). De
 (fast NMS, top_k 200, up to 100 kept); every detection is written (score threshold 0) so before and after write
 the same instances, and conf_thresh is lowered from the manifest's until the mean is >= 90 per image. Reported:
 images/s (total images / wall time from the common start to the last process's end, after model load and one
-warm-up image), ratio to benchmark_app, summed seconds per stage per image, peak RSS of each process, and the
+warm-up image; each process cycles over its share for at least --executor-seconds, benchmark_app's duration by
+default, so that the run's tail weighs as little as benchmark_app's), ratio to benchmark_app, summed seconds per stage per image, peak RSS of each process, and the
 CPU's instruction set.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -146,8 +149,21 @@ def peak_rss_mib() -> float:
     return peak / 2**20 if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker(task, paths: list[str], batch_size: int, barrier, results, model_only: bool = False) -> None:
-    """One executor process: load + warm up, wait for the others, run its share through task(batches).
+def share_batches(count: int, batch_size: int, started: float, min_seconds: float) -> Iterator[slice]:
+    """The share's batches (slices of its `count` images): one pass, then on from the first again, until
+    `min_seconds` have passed since `started` (checked before each batch after the first pass)."""
+    per_pass = max(1, -(-count // batch_size))
+    for k in itertools.count():
+        if k >= per_pass and time.time() - started >= min_seconds:
+            return
+        start = (k % per_pass) * batch_size
+        yield slice(start, min(start + batch_size, count))
+
+
+def worker(task, paths: list[str], batch_size: int, barrier, results, model_only: bool = False,
+           min_seconds: float = 0.0) -> None:
+    """One executor process: load + warm up, wait for the others, run its share through task(batches), cycling
+    over it until min_seconds have passed (share_batches).
     model_only: only the compiled IR's infer on the share's preprocessed tensors (the same process, settings and
     batches: the in-harness ceiling)."""
     paths = [Path(p) for p in paths]
@@ -160,15 +176,17 @@ def worker(task, paths: list[str], batch_size: int, barrier, results, model_only
     started, cpu_started = time.time(), time.process_time()
     rows = []
     if model_only:
-        for i in range(0, len(tensors), batch_size):
-            ir.infer(tensors[i:i + batch_size])
+        images = 0
+        for part in share_batches(len(tensors), batch_size, started, min_seconds):
+            ir.infer(tensors[part])
+            images += len(tensors[part])
         ended, cpu = time.time(), time.process_time() - cpu_started
-        results.put({"pid": os.getpid(), "images": len(tensors), "failed": 0, "instances": 0, "started": started,
+        results.put({"pid": os.getpid(), "images": images, "failed": 0, "instances": 0, "started": started,
                      "ended": ended, "cpu": cpu, "stages": {s: 0.0 for s in STAGES}, "errors": [],
                      "peak_rss_mib": peak_rss_mib()})
         return
-    batches = (records(paths[i:i + batch_size], contents[i:i + batch_size]) for i in range(0, len(paths),
-                                                                                          batch_size))
+    batches = (records(paths[part], contents[part])
+               for part in share_batches(len(paths), batch_size, started, min_seconds))
     for batch in task(batches):
         rows.extend(batch.to_pylist())
     ended, cpu = time.time(), time.process_time() - cpu_started
@@ -189,15 +207,17 @@ def process_shares(paths: list[Path], processes: int) -> list[list[Path]]:
 
 
 def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeout_s: float,
-                 model_only: bool = False) -> dict:
-    """P spawned processes, each the same task over an equal share of the images (as P single-core tasks)."""
+                 model_only: bool = False, min_seconds: float = 0.0) -> dict:
+    """P spawned processes, each the same task over an equal share of the images (as P single-core tasks), each
+    cycling over its share for at least min_seconds: as benchmark_app's streams, every process is busy for the
+    whole measured time but the last batch (the processes that end first leave their cores idle only that long)."""
     # Spark's Python workers get OMP_NUM_THREADS = spark.task.cpus (1 here) unless set: numpy's BLAS follows it
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(name, "1")
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(processes), ctx.Queue()
     shares = [[str(p) for p in part] for part in process_shares(paths, processes)]
-    procs = [ctx.Process(target=worker, args=(task, share, batch_size, barrier, results, model_only))
+    procs = [ctx.Process(target=worker, args=(task, share, batch_size, barrier, results, model_only, min_seconds))
              for share in shares]
     for proc in procs:
         proc.start()
@@ -271,7 +291,9 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         f", at end {os.getloadavg()[0]:.2f} (other work on the machine skews both sides of each ratio)",
         "- executor: `ImageInference.__call__` (what mapInArrow runs) in P spawned processes x 1 OpenVINO thread "
         "(1 stream), batches of %d, masks written (RLE + PNG label maps), every detection written; "
-        "images/s = images / (last end - common start), after model load and one warm-up image" % args.batch_size,
+        "images/s = images / (last end - common start), after model load and one warm-up image, each process "
+        "cycling over its share of the images for at least %g s (as benchmark_app's streams run for -t: the run's "
+        "tail, the last batch, is small beside it)" % (args.batch_size, args.executor_seconds),
         "- benchmark_app: P streams x P threads (1 per stream), `-hint none`, same IR and precision, model only",
         f"- {args.rounds} rounds of [benchmark_app, model only, the variants], closed by one more benchmark_app: a "
         "ratio is the median over rounds of the variant's img/s over the mean of the benchmark_app runs just before "
@@ -281,7 +303,7 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         "`inference.jpeg_draft: true` (reduced-size JPEG decode: faster, but the model sees other pixels); pinned: "
         "after with `inference.pin_cores: true` (each process on a core of its own)",
         "",
-        "| model | input | precision | P | images | det/img | benchmark_app img/s | before img/s | before ratio | "
+        "| model | input | precision | P | images (distinct, processed) | det/img | benchmark_app img/s | before img/s | before ratio | "
         "after img/s | after ratio | after/before | boxes only img/s | boxes only ratio | jpeg_draft img/s | "
         "jpeg_draft ratio | pinned img/s | pinned ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -296,7 +318,8 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         get = lambda name: v.get(name, {}).get("images_per_s")  # noqa: E731
         rat = lambda name: round(r["ratios"][name], 3) if name in r["ratios"] else ""  # noqa: E731
         lines.append(
-            f"| {r['model']} | {r['input']} | {r['precision']} | {r['processes']} | {v['after']['images']} | "
+            f"| {r['model']} | {r['input']} | {r['precision']} | {r['processes']} | "
+            f"{r.get('bench_images')}, {v['after']['images']} | "
             f"{v['after']['detections_per_image']} | {ceiling} | {get('before') or ''} | {rat('before')} | "
             f"{get('after')} | **{rat('after')}** | "
             f"{round(get('after') / get('before'), 2) if get('before') else ''} | {get('after_boxes') or ''} | "
@@ -374,11 +397,12 @@ def measure_rounds(args, row: dict, manifest, precision: str, conf, variants: li
                  ceilings[-1]["images_per_s"])
         results = {"model_only": run_executor(make_task(manifest, "after", precision, conf, work / "scratch",
                                                         image_dir), paths, args.processes, args.batch_size,
-                                              args.timeout, model_only=True)}
+                                              args.timeout, model_only=True, min_seconds=args.executor_seconds)}
         for variant in variants:
             output = work / "executor-out" / f"{manifest.model_sha256[:12]}-{precision}-{variant}"
             task = make_task(manifest, variant, precision, conf, output, image_dir)
-            results[variant] = run_executor(task, paths, args.processes, args.batch_size, args.timeout)
+            results[variant] = run_executor(task, paths, args.processes, args.batch_size, args.timeout,
+                                            min_seconds=args.executor_seconds)
             log.info("  %s: %s img/s, %s det/img, stages %s", variant, results[variant]["images_per_s"],
                      results[variant]["detections_per_image"], results[variant]["stage_s_per_image"])
         ceilings.append(run_benchmark_app(manifest.path("ir_xml"), precision, args.processes, args.seconds))
@@ -422,7 +446,8 @@ def measure_job(args, manifest, precision: str, conf, image_dir: Path, paths: li
 
     def executor_images_per_s() -> float:
         task = make_task(manifest, "after", precision, conf, output, image_dir)
-        return run_executor(task, paths, args.processes, args.batch_size, args.timeout)["images_per_s"]
+        return run_executor(task, paths, args.processes, args.batch_size, args.timeout,
+                            min_seconds=args.executor_seconds)["images_per_s"]
 
     executor_runs, rounds = [executor_images_per_s()], []
     for number in range(args.rounds):
@@ -461,6 +486,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="images for models with an input over 400 px (R50 550; default 32)")
     parser.add_argument("--batch-size", type=int, default=8, help="images per Arrow batch (the job's default)")
     parser.add_argument("--seconds", type=int, default=15, help="benchmark_app duration (-t)")
+    parser.add_argument("--executor-seconds", type=float, default=None,
+                        help="each executor process cycles over its share of the images for at least this long "
+                             "(default: --seconds, benchmark_app's duration; 0: one pass)")
     parser.add_argument("--int8", action="store_true",
                         help="also an INT8 copy of the bundled model (NNCF, scripts/bench/int8_model.py); on a machine "
                              "without NNCF make it there and pass it with --model")
@@ -478,6 +506,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=str(REPO / "reports"), help="where executor.md and executor.json go")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before an executor run is abandoned")
     args = parser.parse_args(argv)
+    if args.executor_seconds is None:
+        args.executor_seconds = float(args.seconds)
     args.model = args.model or [str(REPO / "samples" / "models" / "yolact_default")]
     if args.int8:
         from bench.int8_model import BUNDLED, CALIBRATION_SEED, make_int8_model, synthetic_calibration
@@ -512,7 +542,8 @@ def main(argv=None) -> int:
         paths = bench_images.image_paths(image_dir)
         for precision in args.precisions:
             row = {"model": name, "model_dir": str(model_dir), "input": f"{in_w}x{in_h}", "precision": precision,
-                   "processes": args.processes, "manifest_conf_thresh": manifest.postprocess.get("conf_thresh")}
+                   "processes": args.processes, "bench_images": len(paths),
+                   "manifest_conf_thresh": manifest.postprocess.get("conf_thresh")}
             try:
                 conf, mean = calibrate_conf(manifest, paths, precision, target=90)
                 row.update(conf_thresh=conf, calibration_detections=mean)
