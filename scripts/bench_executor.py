@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import numpy as np  # noqa: E402
 
 from bench import images as bench_images  # noqa: E402
-from bench.benchmark_app import run_benchmark_app  # noqa: E402
+from bench.benchmark_app import run_benchmark_app, run_benchmark_app_processes  # noqa: E402
 from bench.job_runs import marginal_throughput  # noqa: E402
 from bench.machine import cpu_isa, isa_text  # noqa: E402
 
@@ -353,6 +353,20 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
             cells = [f"{per[s] * 1000:.1f} ({100 * per[s] / total:.0f}%)" for s in STAGES]
             lines.append(f"| {r['model']} | {r['precision']} | {name} | " + " | ".join(cells)
                          + f" | {', '.join(str(m) for m in v['peak_rss_mib'])} |")
+    separate = [r for r in results if r.get("benchmark_app_processes")]
+    if separate:
+        lines += ["", "## benchmark_app: P streams in one process against P processes x 1 stream", "",
+                  "The executors run the model as P processes, each with its own compiled copy of it (weights, "
+                  "caches); benchmark_app's streams share one. P processes of benchmark_app with 1 stream each, "
+                  "started together right after the P-stream run: how much of the model-only gap (CPU-time table) "
+                  "comes from running the model in separate processes rather than from the executor's code.", "",
+                  "| model | precision | P streams, 1 process img/s | P processes x 1 stream img/s | ratio | "
+                  "per process img/s |", "|---|---|---|---|---|---|"]
+        for r in separate:
+            b = r["benchmark_app_processes"]
+            lines.append(f"| {r['model']} | {r['precision']} | {b['streams_images_per_s']} | {b['images_per_s']} | "
+                         f"**{ratio(b['images_per_s'], b['streams_images_per_s'])}** | "
+                         f"{', '.join(f'{x:.1f}' for x in b['per_process'])} |")
     jobs = [r for r in results if r.get("job")]
     if jobs:
         lines += ["", "## The Spark job against the executor function", "",
@@ -391,6 +405,11 @@ def measure_rounds(args, row: dict, manifest, precision: str, conf, variants: li
     speed drifts by 20 % over minutes: only neighbours in time compare). The row gets the median over rounds of
     every figure and of every ratio."""
     ceilings = [run_benchmark_app(manifest.path("ir_xml"), precision, args.processes, args.seconds)]
+    if not args.no_process_ceiling and args.processes > 1:
+        separate = run_benchmark_app_processes(manifest.path("ir_xml"), precision, args.processes, args.seconds)
+        row["benchmark_app_processes"] = {**separate, "streams_images_per_s": ceilings[0]["images_per_s"]}
+        log.info("%s %s: benchmark_app as %d processes x 1 stream: %s img/s (%d streams in one: %s)", row["model"],
+                 precision, args.processes, separate["images_per_s"], args.processes, ceilings[0]["images_per_s"])
     rounds = []
     for number in range(args.rounds):
         log.info("%s %s, round %d: benchmark_app %s img/s", row["model"], precision, number + 1,
@@ -496,6 +515,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-boxes-only", action="store_true", help="skip the output.masks none row")
     parser.add_argument("--no-draft", action="store_true", help="skip the inference.jpeg_draft row")
     parser.add_argument("--no-pinned", action="store_true", help="skip the inference.pin_cores row")
+    parser.add_argument("--no-process-ceiling", action="store_true",
+                        help="skip benchmark_app as P processes x 1 stream (run once per model and precision)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of benchmark_app and the executor runs, interleaved; medians reported")
     parser.add_argument("--no-job", action="store_true", help="skip the Spark job row")

@@ -38,3 +38,25 @@ def run_benchmark_app(xml: Path, precision: str, streams: int, seconds: int) -> 
             "cpu_s_per_image": round(cpu_per_image, 5) if cpu_per_image else None,
             "cpu_ms_per_image": round(1000 * cpu_per_image, 2) if cpu_per_image else None,
             "command": " ".join(["benchmark_app", *command[1:]]).replace(str(REPO) + "/", "")}
+
+
+def run_benchmark_app_processes(xml: Path, precision: str, processes: int, seconds: int) -> dict:
+    """benchmark_app as `processes` processes x 1 stream x 1 thread, all started at once (as the executors run the
+    model: a process per task slot, each with its own compiled copy of the model), for `seconds` each. Threads not
+    pinned (`-pin NO`, as the executors by default): each process would pin its thread to the same first core.
+
+    images_per_s: the sum of the processes' throughputs (their runs overlap but for the compile's skew, a second or
+    two against `seconds`); per_process: each one's."""
+    command = [str(benchmark_app_path()), "-m", str(xml), "-d", "CPU", "-hint", "none", "-nstreams", "1",
+               "-nthreads", "1", "-pin", "NO", "-infer_precision", precision, "-t", str(seconds)]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(processes)]
+    rates = []
+    for run in runs:
+        out, err = run.communicate(timeout=seconds + 300)
+        found = re.search(r"Throughput:\s+([\d.]+)\s*FPS", out)
+        if run.returncode != 0 or not found:
+            raise RuntimeError(f"benchmark_app failed (exit {run.returncode}): {out[-800:]}{err[-800:]}")
+        rates.append(float(found.group(1)))
+    return {"images_per_s": round(sum(rates), 2), "per_process": rates,
+            "command": f"{processes} x " + " ".join(["benchmark_app", *command[1:]]).replace(str(REPO) + "/", "")}
