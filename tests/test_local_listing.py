@@ -72,6 +72,20 @@ def test_a_directory_symlink_back_into_its_ancestors_is_walked_once(tmp_path):
     assert listed == [f"file:{images}/a again/x.jpg", f"file:{images}/a/x.jpg", f"file:{images}/y.jpg"]
 
 
+def test_an_input_of_underscored_photos_says_they_are_skipped_as_hidden(tmp_path):
+    """Cameras name Adobe RGB photos `_DSC0001.JPG`: a listing skips them as Hadoop's hidden files, and the message of
+    a run that lists nothing says so (names starting with '.' are not counted, nor hidden directories, nor the
+    output under the input)."""
+    write_tree(tmp_path / "in", ["_DSC0001.JPG", "day 2/_DSC0002.jpg", "._DSC0003.JPG", "_raw/_DSC0004.JPG",
+                                 "_notes.txt", "out/_DSC0005.JPG"])
+    message = src.nothing_listed(str(tmp_path / "in"), [".jpg"], output_prefix_=f"file:{tmp_path}/in/out/")
+    assert "; 2 files with those endings are skipped for a name starting with '_' (e.g. _DSC" in message
+    assert "rename them without the leading '_'" in message
+    flat = src.nothing_listed(str(tmp_path / "in"), [".jpg"], recursive=False)
+    assert "; 1 file with those endings is skipped for a name starting with '_' (e.g. _DSC0001.JPG;" in flat
+    assert "starting with '_'" not in src.nothing_listed(str(tmp_path / "in"), [".png"])
+
+
 def test_a_missing_input_is_an_input_error_before_any_job(spark, tmp_path):
     with pytest.raises(src.InputError, match="does not exist: check --input"):
         src.find_images(spark, str(tmp_path / "nowhere"), [".jpg"])

@@ -70,13 +70,21 @@ def nothing_listed(uri: str, extensions: list[str], recursive: bool = True, outp
                "case-insensitive; names starting with '.' or '_' are skipped as hidden)")
     if not reads_on_executors(uri):
         return message
-    from pipelines.io.local_listing import listing_root, walk
+    from pipelines.io.local_listing import listing_root, underscored_files, walk
 
+    root, skip = listing_root(to_spark_uri(uri)), walk_skip(output_prefix_)
     try:
-        others = list(itertools.islice(walk(listing_root(to_spark_uri(uri)), None, recursive,
-                                            walk_skip(output_prefix_)), sample))
+        others = list(itertools.islice(walk(root, None, recursive, skip), sample))
+        hidden = list(itertools.islice(underscored_files(root, normalize_extensions(extensions), recursive, skip),
+                                       sample))
     except OSError:
         return message
+    if hidden:
+        more = "+" if len(hidden) == sample else ""
+        files = "file with those endings is" if len(hidden) == 1 else "files with those endings are"
+        message += (f"; {len(hidden)}{more} {files} skipped for a name starting with '_' (e.g. "
+                    f"{os.path.basename(hidden[0])}; Spark and Hadoop skip these as hidden, and so does this job on "
+                    "every store): rename them without the leading '_' to process them")
     if others:
         endings = sorted({os.path.splitext(f.path)[1].lower() or "(none)" for f in others})
         more = "+" if len(others) == sample else ""

@@ -77,6 +77,23 @@ def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None,
         pending.extend(subdirectories)
 
 
+def underscored_files(root: str, extensions: tuple[str, ...] | None, recursive: bool,
+                      skip: str | None = None) -> Iterator[str]:
+    """The wanted files the walk skips only for their name starting with '_' (Hadoop's hidden files, and cameras'
+    Adobe RGB photos: `_DSC0001.JPG`), in the directories the walk enters, streamed in its order. For the message
+    of a run that lists nothing; names starting with '.' (hidden everywhere, macOS's `._` metadata) are not these."""
+    if not os.path.isdir(root):
+        return
+    pending = [root]
+    while pending:
+        directory = pending.pop()
+        for entry in _entries(directory, hidden=True):
+            if entry.name.startswith("_") and has_extension(entry.name, extensions) and not entry.is_dir():
+                yield entry.path
+        if recursive:
+            pending.extend(child for child in _children(directory, (), skip) if isinstance(child, str))
+
+
 def _children(directory: str, extensions: tuple[str, ...] | None,
               skip: str | None = None) -> Iterator[ListedFile | str]:
     """The wanted files directly under `directory` and the paths of its subdirectories (`skip`, and a directory
@@ -91,10 +108,10 @@ def _children(directory: str, extensions: tuple[str, ...] | None,
                 yield found
 
 
-def _entries(directory: str) -> Iterator[os.DirEntry]:
-    """The directory's entries that are not hidden, streamed in the file system's order (a flat directory of
-    millions of files is never held). A directory that cannot be read fails the listing, naming it: its images
-    could not be accounted for."""
+def _entries(directory: str, hidden: bool = False) -> Iterator[os.DirEntry]:
+    """The directory's entries that are not hidden (hidden: those that are), streamed in the file system's order (a
+    flat directory of millions of files is never held). A directory that cannot be read fails the listing, naming
+    it: its images could not be accounted for."""
     try:
         entries = os.scandir(directory)
     except OSError as err:
@@ -102,7 +119,7 @@ def _entries(directory: str) -> Iterator[os.DirEntry]:
                       "to the executors or move it out of the input") from None
     with entries:
         for entry in entries:
-            if not is_hidden(entry.name):
+            if is_hidden(entry.name) == hidden:
                 yield entry
 
 
