@@ -4,8 +4,8 @@ A sample's augmentation is drawn from ``np.random.default_rng([seed, epoch, inde
 trains it, and again after a resume.
 
 The input workers' share of the work (``make_micro_batch``) is per image: decode, draw the geometry on the boxes
-(``augment.draw_geometry``), make only the window it keeps (image, and the masks of the objects that stay, decoded
-from their RLEs straight into it), resize. Pixels and masks are those of expanding, cropping and mirroring
+(``augment.draw_geometry``), make only the window it keeps (the image, and the masks of the objects that stay: only
+theirs are decoded from their RLEs), resize. Pixels and masks are those of expanding, cropping and mirroring
 full-size arrays (tests/test_training_augment_speed_equal.py checks it bit for bit).
 """
 from __future__ import annotations

@@ -96,8 +96,7 @@ class PackedTargets:
             for size in mask_sizes:
                 small = torch.zeros(batch, slots, *size, dtype=torch.uint8, device=device)
                 for b, t in enumerate(targets):
-                    if t.masks.shape[0]:
-                        small[b, :t.masks.shape[0]] = downsample_bits(t.masks, size)
+                    small[b, :t.masks.shape[0]] = downsample_bits(t.masks, size)
                 packed.small_masks[tuple(size)] = small
         return packed
 
@@ -310,21 +309,17 @@ def hard_negatives(conf: torch.Tensor, conf_t: torch.Tensor, negpos_ratio: int) 
 
 def downsample_masks(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """[G, H, W] float masks -> [G, h, w] 0/1 float: bilinear (align_corners=False), then > 0.5."""
-    if masks.shape[0] == 0:
-        return masks.new_zeros((0, *size))
     return downsample_bits(masks, size).float()
 
 
 def downsample_bits(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """[G, H, W] float masks, G > 0 -> [G, h, w] bool: bilinear (align_corners=False) > 0.5 (``downsample_masks``
+    """[G, H, W] float masks -> [G, h, w] bool: bilinear (align_corners=False) > 0.5 (``downsample_masks``
     without the float copy, for the packed uint8 masks)."""
     return resize_bilinear(masks[None].float(), size)[0] > 0.5
 
 
 def downsample_masks_batch(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """[B, G, H, W] -> [B, G, h, w] 0/1 float, as ``downsample_masks`` per image."""
-    if masks.shape[1] == 0:
-        return masks.new_zeros((masks.shape[0], 0, *size))
     return resize_bilinear(masks.float(), size).gt(0.5).float()
 
 
