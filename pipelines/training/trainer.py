@@ -39,6 +39,7 @@ from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, nu
 from pipelines.io import storage
 
 LOG = logging.getLogger(__name__)
+HIGHEST_STREAM_PRIORITY = -100   # torch maps a priority beyond the device's range to its nearest end: the highest
 
 
 def build_model(cfg: TrainConfig) -> Yolact:
@@ -181,10 +182,11 @@ class TrainingSession(RankSessionBase):
         images are sent, so the matching's waits for its counts (positives, the masks_to_train draw) never wait for
         the images' copy. On CUDA all of it, the colour distortion too, runs on a side stream: it overlaps the step
         in flight (filling the device's gaps between that step's kernels), and those waits wait for that stream
-        only, never for the step."""
+        only, never for the step. The side stream has the device's highest priority: its kernels (the matching the
+        host waits for, the colour) start as the step's running kernels free the device, not behind its queue."""
         cuda = self.device.type == "cuda"
         if cuda and self.copy_stream is None:
-            self.copy_stream = torch.cuda.Stream(self.device)
+            self.copy_stream = torch.cuda.Stream(self.device, priority=HIGHEST_STREAM_PRIORITY)
         with torch.cuda.stream(self.copy_stream) if cuda else nullcontext():
             moved = [mb.targets_to(self.device) for mb in batches]
             self.match(moved)
