@@ -269,11 +269,12 @@ class YolactLoss:
             rows = torch.arange(batch, device=proto.device)[:, None]
             mask_t = gt[rows, gt_index].permute(0, 2, 3, 1)                            # [B, Ph, Pw, K]
         pred = torch.sigmoid(torch.bmm(proto.reshape(batch, mask_h * mask_w, mask_dim), chosen.transpose(1, 2)))
-        pred = crop_batch(pred.reshape(batch, mask_h, mask_w, slots), boxes)
-        # a NaN prediction (an overflow upstream) makes its mask's term NaN, so that the step is skipped as not
-        # finite, instead of failing BCE's 0..1 check (an error on the CPU, a device-side assert on a GPU)
-        bce = (F.binary_cross_entropy(torch.nan_to_num(pred.clamp(0, 1), nan=0.0), mask_t, reduction="none")
-               + pred * 0).sum(dim=(1, 2))                                                              # [B, K]
+        pred = crop_batch(pred.reshape(batch, mask_h, mask_w, slots), boxes)   # in 0..1: the reference's clamp
+        # a NaN prediction (an overflow upstream) would fail BCE's 0..1 check (an error on the CPU, a device-side
+        # assert on a GPU): BCE gets 0 there, and the mask's term is made NaN by its sum of pred (times 0, without a
+        # gradient), so that the step is skipped as not finite. Each pass here is over [B, Ph, Pw, K] floats.
+        bce = (F.binary_cross_entropy(torch.nan_to_num(pred, nan=0.0), mask_t, reduction="none").sum(dim=(1, 2))
+               + pred.detach().sum(dim=(1, 2)) * 0)                                                     # [B, K]
         size = center_size(boxes.reshape(-1, 4)).reshape(batch, slots, 4)
         per_mask = bce / (size[..., 2] * mask_w) / (size[..., 3] * mask_h)
         return (torch.where(used, per_mask, 0.0).sum(dim=1) * scale).sum()
