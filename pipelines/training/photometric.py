@@ -122,5 +122,5 @@ def apply_torch(images: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
     for channel, n in ((0, 5.0), (1, 3.0), (2, 1.0)):
         k = torch.remainder(sector + n, 6.0)
         torch.minimum(k, 4.0 - k, out=k).clamp_(0, 1)
-        torch.sub(value, k.mul_(chroma), out=out[:, channel])
+        out[:, channel] = torch.sub(value, k.mul_(chroma), out=k)   # (no out= into a plane: torch.compile)
     return out.mul_(after[:, None])

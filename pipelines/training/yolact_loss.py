@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.training.boxes import BatchMatch, center_size, crop_batch, match_batch
+from pipelines.training.fused import FusedOnCuda
 from pipelines.training.resize import resize_bilinear
 
 LOSS_KEYS = ("box", "conf", "mask", "semantic")
@@ -268,13 +269,8 @@ class YolactLoss:
             gt = packed.masks_at((mask_h, mask_w))                                     # [B, G, Ph, Pw] 0/1
             rows = torch.arange(batch, device=proto.device)[:, None]
             mask_t = gt[rows, gt_index].permute(0, 2, 3, 1)                            # [B, Ph, Pw, K]
-        pred = torch.sigmoid(torch.bmm(proto.reshape(batch, mask_h * mask_w, mask_dim), chosen.transpose(1, 2)))
-        pred = crop_batch(pred.reshape(batch, mask_h, mask_w, slots), boxes)   # in 0..1: the reference's clamp
-        # a NaN prediction (an overflow upstream) would fail BCE's 0..1 check (an error on the CPU, a device-side
-        # assert on a GPU): BCE gets 0 there, and the mask's term is made NaN by its sum of pred (times 0, without a
-        # gradient), so that the step is skipped as not finite. Each pass here is over [B, Ph, Pw, K] floats.
-        bce = (F.binary_cross_entropy(torch.nan_to_num(pred, nan=0.0), mask_t, reduction="none").sum(dim=(1, 2))
-               + pred.detach().sum(dim=(1, 2)) * 0)                                                     # [B, K]
+        logits = torch.bmm(proto.reshape(batch, mask_h * mask_w, mask_dim), chosen.transpose(1, 2))
+        bce = cropped_mask_bce(logits.reshape(batch, mask_h, mask_w, slots), boxes, mask_t)             # [B, K]
         size = center_size(boxes.reshape(-1, 4)).reshape(batch, slots, 4)
         per_mask = bce / (size[..., 2] * mask_w) / (size[..., 3] * mask_h)
         return (torch.where(used, per_mask, 0.0).sum(dim=1) * scale).sum()
@@ -293,6 +289,20 @@ class YolactLoss:
                 segment_t.scatter_reduce_(1, channel[:, :, None].expand(-1, -1, h * w), small, reduce="amax")
             segment_t = segment_t[:, :classes].reshape(batch, classes, h, w)
         return F.binary_cross_entropy_with_logits(segm, segment_t, reduction="sum") / (h * w)
+
+
+def _cropped_mask_bce(logits: torch.Tensor, boxes: torch.Tensor, mask_t: torch.Tensor) -> torch.Tensor:
+    """logits [B, Ph, Pw, K] (proto @ coeffs), boxes [B, K, 4] relative point form, mask_t [B, Ph, Pw, K] 0/1 ->
+    [B, K]: BCE of the sigmoid cropped to its box (in 0..1: the reference's clamp), summed over each mask's pixels.
+    A NaN prediction (an overflow upstream) would fail BCE's 0..1 check (an error on the CPU, a device-side assert
+    on a GPU): BCE gets 0 there, and the mask's sum is made NaN by its sum of predictions (times 0, without a
+    gradient), so that the step is skipped as not finite."""
+    pred = crop_batch(torch.sigmoid(logits), boxes)
+    return (F.binary_cross_entropy(torch.nan_to_num(pred, nan=0.0), mask_t, reduction="none").sum(dim=(1, 2))
+            + pred.detach().sum(dim=(1, 2)) * 0)
+
+
+cropped_mask_bce = FusedOnCuda(_cropped_mask_bce)   # ~10 passes each way over [B, Ph, Pw, K] floats unfused
 
 
 def hard_negatives(conf: torch.Tensor, conf_t: torch.Tensor, negpos_ratio: int) -> torch.Tensor:
