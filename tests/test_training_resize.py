@@ -1,5 +1,6 @@
 """resize_bilinear: F.interpolate's values (bilinear, align_corners=False) with torch's generic kernel at every
-thread count, for the stacks the training code resizes (1-6 masks, RGB images channels-last, batches of masks)."""
+thread count, for the stacks the training code resizes (1-6 masks, RGB images channels-last, batches of masks);
+the input workers' RGBX pixels (resized, cropped and mirrored as 4-byte pixels) give the RGB image's values."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipelines.training.augment import Geometry, crop_image, fill_value
 from pipelines.training.resize import resize_bilinear
 
 
@@ -59,3 +61,30 @@ def test_channels_last_rgb_image():
 def test_empty_stack():
     assert resize_bilinear(torch.zeros(1, 0, 10, 12), (5, 6)).shape == (1, 0, 5, 6)
     assert resize_bilinear(torch.zeros(0, 3, 10, 12), (5, 6)).shape == (0, 3, 5, 6)
+
+
+@pytest.mark.parametrize("shape,size", [((91, 157), (64, 80)), ((480, 640), (352, 352)), ((200, 130), (352, 352))])
+def test_rgbx_pixels_resize_to_the_rgb_values(shape, size):
+    """The input workers resize decoded RGBX pixels (4 bytes each, the padding byte anything) with torch's uint8
+    kernel and drop the padding channel: R, G and B are those of the RGB image resized."""
+    rgbx = np.random.default_rng(1).integers(0, 256, (*shape, 4), dtype=np.uint8)
+    rgb = np.ascontiguousarray(rgbx[..., :3])
+    for threads in (1, 2):
+        four = resized(torch.from_numpy(rgbx).permute(2, 0, 1)[None], size, threads)[:, :3]
+        assert torch.equal(four, resized(torch.from_numpy(rgb).permute(2, 0, 1)[None], size, threads))
+
+
+def test_rgbx_windows_crop_and_mirror_as_rgb_ones():
+    """augment.crop_image on a decoder's read-only RGBX buffer (its uint32 mirror, the fill's padding channel)
+    gives the RGB image's window in its first three channels."""
+    rgbx = np.random.default_rng(2).integers(0, 256, (37, 53, 4), dtype=np.uint8)
+    rgbx.flags.writeable = False
+    rgb = np.ascontiguousarray(rgbx[..., :3])
+    mean = np.float32([123.7, 116.8, 103.9])
+    for top, left, height, width in ((3, 5, 20, 30), (0, 0, 37, 53), (-4, -6, 50, 70), (10, 40, 20, 30)):
+        for mirror in (False, True):
+            g = Geometry(top, left, height, width, mirror, np.zeros(0, np.int64), np.zeros((0, 4), np.float32),
+                         np.zeros(0, np.int64))
+            four = crop_image(rgbx, g, fill_value(rgbx.dtype, mean, 4))
+            assert four.flags.writeable and four.flags.c_contiguous and four.shape == (height, width, 4)
+            assert np.array_equal(four[..., :3], crop_image(rgb, g, fill_value(rgb.dtype, mean)))

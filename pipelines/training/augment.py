@@ -107,18 +107,23 @@ def to_network_input(pixels: np.ndarray, boxes: np.ndarray, labels: np.ndarray, 
                      mean_rgb: np.ndarray | None, std_rgb: np.ndarray | None, min_box_px: float,
                      rng: np.random.Generator | None = None, distort: bool = False, deferred: list | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
-    """pixels [h, w, 3] uint8, boxes [G, 4] pixels, labels [G] -> resized to size x size (bilinear,
-    align_corners=False, no antialias, like the inference preprocess), colours distorted (``distort``, draws from
-    ``rng``) and normalized. Returns image [3, S, S], boxes [G', 4] relative x1y1x2y2, labels [G'], and which of
-    the G objects are kept [G] bool: those whose resized box is thinner than min_box_px are dropped (their masks go
-    through ``resize_masks``). deferred (a list): the colour draws are appended to it instead of applied, and the
-    image is returned resized but neither distorted nor normalized, as uint8 (``batches.finish_images`` does both
-    later, batched, on the device): torch's uint8 resize is 3-4x faster than the float one, a quarter of the bytes
-    go between processes and to a GPU, and it differs from the rounded float resize by at most one level (its
-    fixed-point weights)."""
+    """pixels [h, w, 3] uint8 (or [h, w, 4]: RGBX, the padding channel not used), boxes [G, 4] pixels, labels [G]
+    -> resized to size x size (bilinear, align_corners=False, no antialias, like the inference preprocess), colours
+    distorted (``distort``, draws from ``rng``) and normalized. Returns image [3, S, S] (possibly a strided view),
+    boxes [G', 4] relative x1y1x2y2, labels [G'], and which of the G objects are kept [G] bool: those whose resized
+    box is thinner than min_box_px are dropped (their masks go through ``resize_masks``). deferred (a list): the
+    colour draws are appended to it instead of applied, and the image is returned resized but neither distorted nor
+    normalized, as uint8 (``batches.finish_images`` does both later, batched, on the device): torch's uint8 resize
+    is 3-4x faster than the float one, a quarter of the bytes go between processes and to a GPU, and it differs
+    from the rounded float resize by at most one level (its fixed-point weights). RGBX pixels go to it as they are
+    (it works on 4-byte pixels: no unpacking of 3-byte ones and packing back; each channel is resized on its own,
+    so R, G and B are those of an RGB image) and the padding channel is dropped from its output."""
     height, width = pixels.shape[:2]
-    pixels = np.ascontiguousarray(pixels, dtype=np.float32 if deferred is None else np.uint8)
-    image = resize_bilinear(torch.from_numpy(pixels).permute(2, 0, 1)[None], (size, size))[0]
+    if deferred is None:
+        pixels = np.ascontiguousarray(pixels[..., :3], dtype=np.float32)
+    else:
+        pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
+    image = resize_bilinear(torch.from_numpy(pixels).permute(2, 0, 1)[None], (size, size))[0, :3]
     if deferred is not None:
         deferred.append(photometric.draw(rng) if distort else photometric.PhotometricDraw())
     else:
@@ -132,7 +137,7 @@ def to_network_input(pixels: np.ndarray, boxes: np.ndarray, labels: np.ndarray, 
     boxes = boxes.clamp(0.0, 1.0)
     keep = ((boxes[:, 2] - boxes[:, 0]) * size > min_box_px) & ((boxes[:, 3] - boxes[:, 1]) * size > min_box_px)
     labels = torch.from_numpy(np.asarray(labels, dtype=np.int64).reshape(-1))[keep]
-    return image.contiguous(), boxes[keep], labels, keep.numpy()
+    return image, boxes[keep], labels, keep.numpy()
 
 
 def resize_masks(masks: np.ndarray, size: int) -> torch.Tensor:
@@ -219,19 +224,22 @@ def crop_boxes(boxes: np.ndarray, inside: np.ndarray, rect: np.ndarray) -> np.nd
     return kept.astype(np.float32)
 
 
-def fill_value(dtype: np.dtype, mean_rgb: np.ndarray) -> np.ndarray:
-    """The expand canvas colour in the image's type: the mean colour, rounded for a uint8 image."""
-    return np.rint(mean_rgb) if dtype == np.uint8 else mean_rgb
+def fill_value(dtype: np.dtype, mean_rgb: np.ndarray, channels: int = 3) -> np.ndarray:
+    """The expand canvas colour in the image's type: the mean colour, rounded for a uint8 image; [channels]: 3, or
+    4 for RGBX pixels (``decode_image(shared_memory=True)``), the padding channel 0."""
+    colour = np.rint(mean_rgb) if dtype == np.uint8 else mean_rgb
+    return np.pad(colour, (0, channels - 3))
 
 
 def crop_image(image: np.ndarray, geometry: Geometry, fill: np.ndarray) -> np.ndarray:
-    """image [H, W, C] -> the geometry's window [height, width, C], mirrored as it is, C-contiguous, the image's
-    type; fill [C] where the window leaves the image (the expand canvas)."""
+    """image [H, W, C] -> the geometry's window [height, width, C], mirrored as it is: a new C-contiguous array of
+    the image's type (image may be a decoder's read-only buffer); fill [C] where the window leaves the image (the
+    expand canvas)."""
     g = geometry
     height, width, channels = image.shape
     if g.within(height, width):
         window = image[g.top:g.top + g.height, g.left:g.left + g.width]
-        return flip_columns(window) if g.mirror else np.ascontiguousarray(window)
+        return flip_columns(window) if g.mirror else np.array(window)
     out = np.empty((g.height, g.width, channels), image.dtype)
     row = np.empty((g.width, channels), image.dtype)
     row[:] = fill
@@ -267,6 +275,9 @@ def fill_outside(array: np.ndarray, rows: slice, cols: slice, row: np.ndarray) -
 
 
 def flip_columns(array: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of array [h, w, ...] (positive strides) with its columns reversed (torch's flip: several
-    times faster than numpy's copy of a reversed view of 3-byte pixels)."""
+    """A C-contiguous copy of array [h, w, ...] (positive strides) with its columns reversed: 4-byte pixels (RGBX
+    uint8 [h, w, 4], read-only ones too) as one uint32 each in numpy, others with torch's flip (several times faster
+    than numpy's copy of a reversed view of 3-byte pixels)."""
+    if array.dtype == np.uint8 and array.shape[2:] == (4,):
+        return np.ascontiguousarray(array.view(np.uint32)[:, ::-1]).view(np.uint8)
     return torch.from_numpy(array).flip(1).contiguous().numpy()

@@ -126,30 +126,33 @@ def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec,
     draws, applied batched where the model runs)."""
     mean = np.asarray(spec.mean_rgb, dtype=np.float32)
     std = np.asarray(spec.std_rgb, dtype=np.float32)
-    images, targets = [], []
     deferred = [] if mask_sizes is not None else None
-    for index in indices:
-        image, target = network_sample(rows[index], sample_seed(seed, epoch, index), spec, augment_cfg, mean, std,
-                                       deferred)
-        images.append(image)
+    images = torch.empty((len(indices), 3, spec.size, spec.size),
+                         dtype=torch.float32 if deferred is None else torch.uint8)
+    targets = []
+    for b, index in enumerate(indices):
+        images[b], target = network_sample(rows[index], sample_seed(seed, epoch, index), spec, augment_cfg, mean,
+                                           std, deferred)
         targets.append(target)
     if mask_sizes is None:
-        return MicroBatch(images=torch.stack(images), targets=targets, indices=list(indices))
-    return MicroBatch(images=torch.stack(images), targets=PackedTargets.pack(targets, mask_sizes),
+        return MicroBatch(images=images, targets=targets, indices=list(indices))
+    return MicroBatch(images=images, targets=PackedTargets.pack(targets, mask_sizes),
                       indices=list(indices), colour=photometric.draws_tensor(deferred))
 
 
 def network_sample(row: dict, rng: np.random.Generator, spec: InputSpec, augment_cfg: AugmentConfig | None,
                    mean: np.ndarray, std: np.ndarray, deferred: list | None) -> tuple[torch.Tensor, Targets]:
-    """One prepared row -> its network input [3, S, S] and targets (masks [G', S, S] float32), augmented with draws
-    from rng (augment_cfg None: as it is); deferred: see ``augment.to_network_input``."""
-    source = decode_image(bytes(row["image"]), row["file_name"])
-    height, width = source.shape[:2]
+    """One prepared row -> its network input [3, S, S] (possibly a strided view) and targets (masks [G', S, S]
+    float32), augmented with draws from rng (augment_cfg None: as it is); deferred: see
+    ``augment.to_network_input``. The image is decoded into memory the decoder reuses, as RGBX where it can (no
+    copy of Pillow's 4-byte pixels); only the window ``crop_image`` copies out of it is kept."""
+    source = decode_image(bytes(row["image"]), row["file_name"], shared_memory=True)   # [H, W, 3 or 4]
+    height, width, channels = source.shape
     boxes = np.asarray(row["boxes"], dtype=np.float32).reshape(-1, 4)
     labels = np.asarray(row["labels"], dtype=np.int64)
     geometry = (draw_geometry(height, width, boxes, labels, rng, augment_cfg) if augment_cfg is not None
                 else Geometry.whole(height, width, boxes, labels))
-    pixels = crop_image(source, geometry, fill_value(source.dtype, mean))
+    pixels = crop_image(source, geometry, fill_value(source.dtype, mean, channels))
     min_box = augment_cfg.min_box_px if augment_cfg is not None else 0.0
     distort = augment_cfg is not None and augment_cfg.photometric
     image, boxes, labels, keep = to_network_input(pixels, geometry.boxes, geometry.labels, spec.size, mean, std,
