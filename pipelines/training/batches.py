@@ -133,7 +133,7 @@ def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec,
     for b, index in enumerate(indices):
         images[b], target = network_sample(rows[index], sample_seed(seed, epoch, index), spec, augment_cfg, mean,
                                            std, deferred)
-        targets.append(target)
+        targets.append(target if mask_sizes is None else target.downsampled(mask_sizes))
     if mask_sizes is None:
         return MicroBatch(images=images, targets=targets, indices=list(indices))
     return MicroBatch(images=images, targets=PackedTargets.pack(targets, mask_sizes),
