@@ -2,7 +2,7 @@
 
 Matches ``mode='bilinear', align_corners=False, antialias=False`` with ``size=`` given (no scale factor): the same
 float32 source-index arithmetic and the same operation order as torch's generic CPU kernel (interpolate along the
-width, then along the height). The tables (which source pixels, which weights) are built here in numpy; the
+width, then along the height; torch's vectorized kernels round differently, by a few ulps). The tables (which source pixels, which weights) are built here in numpy; the
 per-pixel loop is `compiled_loops.resample`, which reads only the source rows the output needs.
 """
 from __future__ import annotations
