@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from pycocotools import mask as mask_utils
 
+from pipelines.ops import compiled_loops
 from pipelines.ops.image_decode import decode_image
 from pipelines.training import photometric
-from pipelines.training.augment import (AugmentConfig, Geometry, crop_image, crop_masks, draw_geometry, fill_value,
-                                        resize_masks, to_network_input)
+from pipelines.training.augment import (AugmentConfig, Geometry, crop_image, draw_geometry, fill_value, resize_masks,
+                                        to_network_input)
 from pipelines.training.fused import FusedOnCuda
 from pipelines.training.yolact_loss import PackedTargets, Targets
 
@@ -166,8 +166,19 @@ def network_sample(row: dict, rng: np.random.Generator, spec: InputSpec, augment
 def window_masks(rles: list[str], objects: np.ndarray, height: int, width: int, geometry: Geometry) -> np.ndarray:
     """The masks of the given objects (indices into rles: COCO compressed RLE counts of a height x width image) in
     the geometry's window, mirrored as it is (``augment.crop_masks``): uint8 [len(objects), geometry.height,
-    geometry.width] 0/1, 0 where the window leaves the image. Only the objects kept are decoded (pycocotools)."""
-    if not len(objects):
-        return np.zeros((0, geometry.height, geometry.width), np.uint8)
-    decoded = mask_utils.decode([{"size": [height, width], "counts": rles[obj].encode("ascii")} for obj in objects])
-    return crop_masks(np.moveaxis(decoded, 2, 0), geometry)
+    geometry.width] 0/1, 0 where the window leaves the image. Only the objects kept are decoded, each straight into
+    the window in one compiled call for them all (compiled_loops.rle_window: no full-size mask is made)."""
+    counts = [rles[obj] for obj in objects]
+    starts = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum([len(c) for c in counts], out=starts[1:])
+    chars = np.frombuffer("".join(counts).encode("ascii"), np.uint8)
+    g = geometry
+    return compiled_loops.rle_window(chars, starts, height, width, g.top, g.left, g.height, g.width, g.mirror)
+
+
+def load_kernels() -> None:
+    """Compile, or load from numba's disk cache, window_masks' kernel in this process (~0.5 s the first time, for
+    numba): the DataLoader workers forked from it start with it instead of each loading it on its first image, every
+    epoch."""
+    window_masks([], np.zeros(0, np.int64), 1, 1, Geometry.whole(1, 1, np.zeros((0, 4), np.float32),
+                                                                  np.zeros(0, np.int64)))

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from pipelines.training.augment import AugmentConfig
-from pipelines.training.batches import InputSpec, MicroBatch, make_micro_batch
+from pipelines.training.batches import InputSpec, MicroBatch, load_kernels, make_micro_batch
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ def micro_batch_stream(rows: dict[int, dict], micro_batches: list[list[int]], sp
             mb = dataset[i]
             yield mb.pin_memory() if spec.pin_memory else mb
         return
+    load_kernels()   # here, once: the forked workers inherit it
     loader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=spec.workers,
                         prefetch_factor=spec.prefetch, pin_memory=spec.pin_memory, persistent_workers=False,
                         worker_init_fn=_one_thread)
