@@ -175,3 +175,48 @@ def test_model_loss_and_step_create_no_tensor_on_a_hard_coded_device():
         optimizer.step()
     assert all(value.device.type == "cpu" and torch.isfinite(value) for value in terms.values())
     assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+def test_matching_loss_and_colour_build_no_tensor_from_host_lists():
+    """On a GPU a tensor made from a host list (torch.tensor, new_tensor) is a blocking copy: the host waits for every
+    kernel queued on the stream, and in the loss that is the step's whole forward pass, so the device idles while
+    the host launches the rest (the step goes at the host's pace). Matching, loss sums, backward and the colour's
+    second call (its constants are made once per device) create no such tensor: recorded here on the CPU as
+    `lift_fresh` of an array (a Python scalar, 0-d, goes to a kernel as an argument, without a copy)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from model_export.models.yolact import Yolact, get_config
+    from pipelines.training import photometric
+    from pipelines.training.batches import InputSpec, MicroBatch
+    from pipelines.training.yolact_loss import num_positives
+
+    class HostArrays(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.made = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.lift_fresh.default and out.dim() > 0:
+                self.made.append(tuple(out.shape))
+            return out
+
+    torch.manual_seed(0)
+    model = Yolact(get_config("yolact_r18_small", max_size=128)).train()
+    boxes = torch.tensor([[0.1, 0.1, 0.5, 0.6], [0.3, 0.2, 0.9, 0.8]])
+    masks = torch.zeros(2, 128, 128)
+    masks[:, 20:70, 15:60] = 1
+    batch = [Targets(boxes, torch.tensor([0, 2]), masks, 1), Targets(boxes[:1], torch.tensor([1]), masks[:1], 2)]
+    loss = YolactLoss(LossConfig(masks_to_train=3), torch.from_numpy(model.priors(128)))
+    outputs = model(torch.rand(2, 3, 128, 128))
+    spec = InputSpec(128, (123.68, 116.78, 103.94), (58.40, 57.12, 57.38))
+    colour = photometric.draws_tensor([photometric.draw(np.random.default_rng(3)) for _ in range(2)])
+    micro_batch = MicroBatch(images=torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8), targets=[],
+                             indices=[0, 1], colour=colour)
+    micro_batch.finish_images(spec)
+    with HostArrays() as recorded:
+        matches = loss.match(batch)
+        terms = Normalizer(num_positives(matches), len(batch)).apply(loss.sums(outputs, batch, matches))
+        sum(terms.values()).backward()
+        micro_batch.finish_images(spec)
+    assert recorded.made == []

@@ -11,6 +11,7 @@ full-size arrays (tests/test_training_augment_speed_equal.py checks it bit for b
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,9 +49,11 @@ class MicroBatch:
     num_positives: int | None = None    # positive priors of matches, counted when they were made
 
     def pin_memory(self) -> "MicroBatch":
-        """Page-locked copies (DataLoader's pin_memory thread calls this) for asynchronous copies to a GPU."""
+        """Page-locked copies (DataLoader's pin_memory thread calls this) for asynchronous copies to a GPU (a copy
+        from pageable memory waits for the stream's queued work)."""
         targets = self.targets.pin_memory() if isinstance(self.targets, PackedTargets) else self.targets
-        return dataclasses.replace(self, images=self.images.pin_memory(), targets=targets)
+        colour = self.colour.pin_memory() if self.colour is not None else None
+        return dataclasses.replace(self, images=self.images.pin_memory(), targets=targets, colour=colour)
 
     def targets_to(self, device: torch.device) -> "MicroBatch":
         """This unmatched micro-batch with its targets and colour draws on device, its images where they are (they
@@ -58,7 +61,7 @@ class MicroBatch:
         targets = (self.targets.to(device, non_blocking=True) if isinstance(self.targets, PackedTargets)
                    else [Targets(t.boxes.to(device), t.labels.to(device), t.masks.to(device), t.seed)
                          for t in self.targets])
-        colour = self.colour.to(device) if self.colour is not None else None
+        colour = self.colour.to(device, non_blocking=True) if self.colour is not None else None
         return dataclasses.replace(self, targets=targets, colour=colour)
 
     def record_stream(self, stream) -> None:
@@ -80,8 +83,7 @@ class MicroBatch:
             return self
         device = self.images.device
         colour = self.colour.to(device)
-        mean = torch.tensor(spec.mean_rgb, dtype=torch.float32, device=device)[None, :, None, None]
-        std = torch.tensor(spec.std_rgb, dtype=torch.float32, device=device)[None, :, None, None]
+        mean, std = channel_constants(tuple(spec.mean_rgb), tuple(spec.std_rgb), device)
         if device.type != "cpu":
             return dataclasses.replace(self, images=distorted_normalized(self.images, colour, mean, std), colour=None)
         images = torch.empty(self.images.shape, dtype=torch.float32, device=device)
@@ -90,6 +92,15 @@ class MicroBatch:
             torch.div(photometric.apply_torch(self.images[part].float(), colour[part]).sub_(mean), std,
                       out=images[part])
         return dataclasses.replace(self, images=images, colour=None)
+
+
+@functools.lru_cache(maxsize=8)
+def channel_constants(mean_rgb: tuple[float, ...], std_rgb: tuple[float, ...], device: torch.device
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """mean and std [1, 3, 1, 1] float32 on device, made once per device (each time, the copy of a host list to a
+    GPU would wait for the stream's queued work)."""
+    return tuple(torch.tensor(values, dtype=torch.float32, device=device)[None, :, None, None]
+                 for values in (mean_rgb, std_rgb))
 
 
 def _distorted_normalized(images: torch.Tensor, colour: torch.Tensor, mean: torch.Tensor, std: torch.Tensor

@@ -249,7 +249,8 @@ class YolactLoss:
                 order = torch.randperm(count, generator=generator, device="cpu")
                 selected[b] = False
                 selected[b, order[:limit]] = True
-            selected = selected.to(positive.device)
+            # from page-locked memory without a wait on a GPU (a plain copy waits for the stream's queued work)
+            selected = (selected.pin_memory() if positive.is_cuda else selected).to(positive.device, non_blocking=True)
             kept = positive & selected.gather(1, rank.clamp(min=0))
         scale = per_image.float() / kept.sum(dim=1).clamp(min=1).float()
         return kept, scale
@@ -271,7 +272,8 @@ class YolactLoss:
         used[image_idx, slot_idx] = True
         chosen = coeffs.new_zeros(batch, slots, mask_dim)
         chosen[image_idx, slot_idx] = coeffs[image_idx, prior_idx]
-        boxes = proto.new_tensor([0.0, 0.0, 1.0, 1.0]).repeat(batch, slots, 1)       # unused slots: whole image
+        boxes = proto.new_zeros(batch, slots, 4)                                        # unused slots: whole image
+        boxes[..., 2:] = 1.0     # (filled on the device: a tensor from a host list would wait for the step queued)
         boxes[image_idx, slot_idx] = matches.gt_box[image_idx, prior_idx]
         gt_index = torch.zeros(batch, slots, dtype=torch.long, device=proto.device)
         gt_index[image_idx, slot_idx] = matches.gt_index[image_idx, prior_idx]
