@@ -18,10 +18,10 @@ Per model and precision, in one run, in --rounds interleaved rounds (medians of 
 Images: JPEGs of 480-1920 px made from the samples (scripts/bench/images.py). Detections: YOLACT's COCO setting
 (fast NMS, top_k 200, up to 100 kept); every detection is written (score threshold 0) so before and after write
 the same instances, and conf_thresh is lowered from the manifest's until the mean is >= 90 per image. Reported:
-images/s (total images / wall time from the common start to the last process's end, after model load and one
-warm-up image; each process cycles over its share for at least --executor-seconds, benchmark_app's duration by
-default, so that the run's tail weighs as little as benchmark_app's), ratio to benchmark_app, summed seconds per stage per image, peak RSS of each process, and the
-CPU's instruction set.
+images/s (the rate of P busy slots: each process's images over its own time from the common start, summed, after
+model load and one warm-up image; each process cycles over its share for at least --executor-seconds,
+benchmark_app's duration by default; images / (last end - common start) in the notes), ratio to benchmark_app,
+summed seconds per stage per image, peak RSS of each process, and the CPU's instruction set.
 """
 from __future__ import annotations
 

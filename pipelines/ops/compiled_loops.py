@@ -579,7 +579,8 @@ def _fast_nms_keep(boxes, order, depth, threshold, keep):
 
 def load() -> None:
     """Compile, or load from the disk cache, each function for the argument types the executors pass (a tiny call
-    each), so that a worker's first image does not wait for it."""
+    each), so that a worker's first image does not wait for it. Not rle_window: the training input workers' kernel
+    (batches.load_kernels loads it there)."""
     kernels = sys.modules[__name__]   # its attributes compile them (__getattr__)
     index, weight = np.zeros(1, np.int64), np.zeros(1, np.float32)
     kernels.resample(np.zeros((1, 1), np.uint8), index, index, weight, index, index, weight,
@@ -592,7 +593,6 @@ def load() -> None:
     labels, mask = np.zeros((2, 2), np.uint8), np.ones((1, 1), bool)
     kernels.paint(labels[:1, :1], mask, 1)
     kernels.rle_counts(mask, 0, 0, 2, 2)
-    kernels.rle_window(np.frombuffer(b"04", np.uint8), np.array([0, 2]), 2, 2, 0, 0, 2, 2, False)
     kernels.fill_blocks(np.zeros(1, np.float32), index, np.ones((1, 2), np.int64), np.zeros((1, 2), np.int64),
                         np.zeros((1, 1, 1), np.float32))
     for painted in (labels, np.zeros((0, 0), np.uint8)):
