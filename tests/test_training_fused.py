@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from pipelines.training import batches, photometric, yolact_loss
-from pipelines.training.fused import FusedOnCuda
+from pipelines.training.fused import FusedOnCuda, _backward_once
 
 MEAN = torch.tensor([123.68, 116.78, 103.94])[None, :, None, None]
 STD = torch.tensor([58.40, 57.12, 57.38])[None, :, None, None]
@@ -66,3 +66,87 @@ def test_off_a_gpu_the_function_runs_as_it_is():
     logits, boxes, mask_t = mask_inputs(6, 6)
     assert torch.equal(fused(logits, boxes, mask_t), yolact_loss._cropped_mask_bce(logits, boxes, mask_t))
     assert fused.compiled is None and not fused.failed
+
+
+def loss_arguments(counts: list[int], masks_to_train: int, seed: int):
+    """loss_sums' arguments for a random batch (images with counts objects, small masks packed) and its outputs."""
+    from tests.test_training_loss_vectorized import (PROTO, SEGM, random_outputs, random_priors,  # noqa: PLC0415
+                                                     random_targets)
+
+    generator = torch.Generator().manual_seed(seed)
+    priors = random_priors(generator)
+    targets = [random_targets(generator, count, seed=seed + i, duplicate=True) for i, count in enumerate(counts)]
+    packed = yolact_loss.PackedTargets.pack(targets, [(PROTO, PROTO), (SEGM, SEGM)])
+    loss = yolact_loss.YolactLoss(yolact_loss.LossConfig(masks_to_train=masks_to_train), priors)
+    matches = loss.match(packed)
+    slots = matches.slots
+    outputs = random_outputs(generator, len(counts), priors.shape[0])
+    arguments = (outputs["loc"], outputs["conf"], outputs["mask"], outputs["proto"], outputs["segm"], matches.conf,
+                 matches.loc, matches.gt_box, matches.gt_index, slots.image_idx, slots.prior_idx, slots.slot_idx,
+                 slots.scale, slots.count, yolact_loss.mask_targets(packed, (PROTO, PROTO)),
+                 yolact_loss.mask_targets(packed, (SEGM, SEGM)), packed.labels, packed.valid, loss.cfg)
+    return arguments, list(outputs.values())
+
+
+def test_the_whole_loss_compiles_whole_and_gives_the_plain_sums_and_gradients():
+    """The loss's four terms as one graph (what a GPU runs): the plain sums within 1e-5 relative (sums of up to
+    ~10^4 float32 terms, each compiled kernel free to reorder them) and the same gradients."""
+    compiled = torch.compile(yolact_loss._loss_sums, dynamic=True, fullgraph=True)
+    # counts and slots change from batch to batch; no object at all takes the graph's other branches
+    for counts, masks_to_train, seed in (([12, 0, 20, 5], 100, 1), ([15, 9, 3], 6, 2), ([0, 0], 100, 3)):
+        arguments, inputs = loss_arguments(counts, masks_to_train, seed)
+        want = yolact_loss._loss_sums(*arguments)
+        want_grads = torch.autograd.grad(sum(want.values()), inputs, allow_unused=True)
+        got = compiled(*arguments)
+        got_grads = torch.autograd.grad(sum(got.values()), inputs, allow_unused=True)
+        for key in yolact_loss.LOSS_KEYS:
+            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6, msg=f"{counts}: {key}")
+        for got_grad, want_grad in zip(got_grads, want_grads):
+            if want_grad is None:
+                assert got_grad is None or not got_grad.any()
+            else:
+                torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_the_loss_gives_the_same_sums_through_fused_on_cuda_off_a_gpu():
+    arguments, _ = loss_arguments([4, 1], 100, 4)
+    got = yolact_loss.loss_sums(*arguments)
+    want = yolact_loss._loss_sums(*arguments)
+    assert all(torch.equal(got[key], want[key]) for key in yolact_loss.LOSS_KEYS)
+    assert yolact_loss.loss_sums.compiled is None
+
+
+def test_the_matching_compiles_whole_in_two_parts_and_gives_the_plain_matches(monkeypatch):
+    """match_batch with its two parts compiled (as a GPU runs them) against the plain parts: the same classes and
+    objects per prior, offsets within float32 rounding. Batches with and without two objects that want the same
+    prior (the greedy path between the parts)."""
+    from pipelines.training import boxes
+    from tests.test_training_loss_vectorized import random_priors, random_targets  # noqa: PLC0415
+
+    compiled = {name: torch.compile(getattr(boxes, "_" + name), dynamic=True, fullgraph=True)
+                for name in ("best_overlaps", "match_targets")}
+    for counts, duplicate, seed in (([12, 0, 20, 5], True, 5), ([3, 1], False, 6), ([7, 2, 9], False, 7)):
+        generator = torch.Generator().manual_seed(seed)
+        priors = random_priors(generator)
+        packed = yolact_loss.PackedTargets.pack([random_targets(generator, count, seed + i, duplicate)
+                                                 for i, count in enumerate(counts)], [(4, 4)])
+        arguments = (packed.boxes, packed.labels, packed.valid, priors)
+        want = boxes.match_batch(*arguments)
+        with monkeypatch.context() as patched:
+            for name, function in compiled.items():
+                patched.setattr(boxes, name, function)
+            got = boxes.match_batch(*arguments)
+        assert torch.equal(got.conf, want.conf) and torch.equal(got.gt_index, want.gt_index), counts
+        torch.testing.assert_close(got.loc, want.loc, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got.gt_box, want.gt_box, rtol=0, atol=0)
+
+
+def test_the_first_compiled_call_compiles_the_backward_without_touching_gradients():
+    compiled = torch.compile(yolact_loss._cropped_mask_bce, dynamic=True, fullgraph=True)
+    logits, boxes, mask_t = mask_inputs(6, 7)
+    result = compiled(logits, boxes, mask_t)
+    _backward_once(result, (logits, boxes, mask_t))
+    assert logits.grad is None
+    result.sum().backward()                   # the step's own backward still runs on the graph kept for it
+    (want,) = torch.autograd.grad(yolact_loss._cropped_mask_bce(logits, boxes, mask_t).sum(), logits)
+    torch.testing.assert_close(logits.grad, want, rtol=1e-6, atol=1e-7)

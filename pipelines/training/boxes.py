@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from pipelines.ops.yolact_postprocess import VARIANCES
+from pipelines.training.fused import FusedOnCuda
 
 
 def point_form(boxes: torch.Tensor) -> torch.Tensor:
@@ -154,16 +155,37 @@ def match_batch(truths: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
         zeros = torch.zeros(batch, num_priors, dtype=torch.long, device=priors.device)
         return BatchMatch(zeros, zeros.clone(), priors.new_zeros(batch, num_priors, 4),
                           priors.new_zeros(batch, num_priors, 4))
+    overlaps, best_truth_overlap, best_truth_idx, claimed, repeated = best_overlaps(truths, valid, priors)
+    if bool(repeated):         # the one read on the host: two objects of an image want the same best prior
+        objects, claimed = _greedy_forced(overlaps, valid)
+    else:
+        objects = torch.arange(slots, device=labels.device).expand(batch, slots)
+    return BatchMatch(*match_targets(truths, labels, valid, priors, best_truth_overlap, best_truth_idx, claimed,
+                                     objects, pos_thresh, neg_thresh))
+
+
+def _best_overlaps(truths: torch.Tensor, valid: torch.Tensor, priors: torch.Tensor):
+    """match_batch's first part: overlaps [B, G, N] (padding rows -1), each prior's best object (overlap and index
+    [B, N]), each object's best prior [B, G] (padding: distinct dummy priors N + slot) and whether an image has two
+    objects with the same best prior ([] bool)."""
+    batch, slots = valid.shape
+    num_priors = priors.shape[0]
     overlaps = jaccard_batch(truths, point_form(priors)).masked_fill(~valid[:, :, None], -1.0)   # [B, G, N]
     best_truth_overlap, best_truth_idx = overlaps.max(dim=1)                                     # [B, N]
     best_prior_idx = overlaps.max(dim=2)[1]                                                      # [B, G]
-    slot_ids = torch.arange(slots, device=labels.device).expand(batch, slots)
-    claimed = torch.where(valid, best_prior_idx, num_priors + slot_ids)   # padding: distinct dummy priors
+    slot_ids = torch.arange(slots, device=valid.device).expand(batch, slots)
+    claimed = torch.where(valid, best_prior_idx, num_priors + slot_ids)
     ordered = claimed.sort(dim=1)[0]
-    if bool((ordered[:, 1:] == ordered[:, :-1]).any()):
-        objects, claimed = _greedy_forced(overlaps, valid)
-    else:
-        objects = slot_ids
+    return overlaps, best_truth_overlap, best_truth_idx, claimed, (ordered[:, 1:] == ordered[:, :-1]).any()
+
+
+def _match_targets(truths: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, priors: torch.Tensor,
+                   best_truth_overlap: torch.Tensor, best_truth_idx: torch.Tensor, claimed: torch.Tensor,
+                   objects: torch.Tensor, pos_thresh: float, neg_thresh: float):
+    """match_batch's second part: the forced matches (object [B, G] claims prior [B, G]) written over each prior's
+    best object, then the per-prior targets (conf, gt_index, loc, gt_box)."""
+    batch, slots = labels.shape
+    num_priors = priors.shape[0]
     # scatter into N + G columns: padding slots land past the priors and are cut off
     overlap_ext = torch.cat([best_truth_overlap, best_truth_overlap.new_zeros(batch, slots)], dim=1)
     idx_ext = torch.cat([best_truth_idx, best_truth_idx.new_zeros(batch, slots)], dim=1)
@@ -179,7 +201,12 @@ def match_batch(truths: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
     loc = encode(matched.reshape(-1, 4), priors.repeat(batch, 1)).reshape(batch, num_priors, 4)
     loc = torch.where(has_objects[:, :, None], loc, 0.0)
     matched = torch.where(has_objects[:, :, None], matched, 0.0)
-    return BatchMatch(conf, torch.where(has_objects, best_truth_idx, 0), loc, matched)
+    return conf, torch.where(has_objects, best_truth_idx, 0), loc, matched
+
+
+# on a GPU each part is one compiled graph (eager: ~25 and ~30 small kernels that the host launches one by one)
+best_overlaps = FusedOnCuda(_best_overlaps)
+match_targets = FusedOnCuda(_match_targets)
 
 
 def _greedy_forced(overlaps: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,16 +1,17 @@
-"""Element-wise chains of the training step as fused kernels on a GPU.
+"""Chains of small operations in the training step as compiled graphs on a GPU.
 
 On a GPU the colour distortion (~30 passes over a micro-batch's images) and the mask term of the loss (~10 passes
 each way over [B, Ph, Pw, K] floats: 200 MB per pass for yolact_r18_small's batch of 64) are bound by memory
-traffic, not arithmetic. ``FusedOnCuda`` runs such a function through ``torch.compile`` where its first argument
-is on a CUDA device: one kernel per chain reads the inputs once and writes the result once (the backward pass too).
-The values are those of the same operations, up to float32 rounding (the compiled kernels may contract or reorder
-them: within 1e-6 relative, tests/test_training_fused.py). Elsewhere (CPUs, where the chunked eager code is as fast)
-the function runs as it is.
+traffic, not arithmetic; the rest of the loss and the matching are ~200 small kernels a step that the host launches
+one by one, slower than the device runs them. ``FusedOnCuda`` runs such a function through ``torch.compile`` where
+its first argument is on a CUDA device: one kernel per chain reads the inputs once and writes the result once (the
+backward pass too), and the host launches a few kernels instead of hundreds. The values are those of the same
+operations, up to float32 rounding (the compiled kernels may contract or reorder them: tests/test_training_fused.py).
+Elsewhere (CPUs, where the chunked eager code is as fast) the function runs as it is.
 
-Sizes are compiled as dynamic (``dynamic=True``), so the varying number of masks per batch compiles once. A
-function that cannot be compiled on this machine (no Triton, an unsupported operation) runs as it is, with one
-warning.
+Sizes are compiled as dynamic (``dynamic=True``), so the varying numbers of objects and masks per batch compile
+once. A function that cannot be compiled on this machine (no Triton, an unsupported operation, forward or backward:
+the first call runs both) runs as it is, with one warning.
 """
 from __future__ import annotations
 
@@ -23,23 +24,40 @@ LOG = logging.getLogger(__name__)
 
 
 class FusedOnCuda:
-    """fn, compiled where its first argument is on a CUDA device (on the first such call), as it is elsewhere."""
+    """fn, compiled where its first argument is on a CUDA device (on the first such call); elsewhere, and where
+    compiling fails, ``fallback`` (default: fn as it is), which must give fn's values."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, fallback: Callable | None = None):
         self.fn = fn
+        self.fallback = fallback or fn
         self.compiled: Callable | None = None
         self.failed = False
         self.__doc__ = fn.__doc__
 
     def __call__(self, *args):
         if self.failed or not args[0].is_cuda:
-            return self.fn(*args)
-        if self.compiled is None:
+            return self.fallback(*args)
+        first = self.compiled is None
+        if first:
             self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
         try:
-            return self.compiled(*args)
+            result = self.compiled(*args)
+            if first:
+                _backward_once(result, args)
+            return result
         except Exception as err:  # noqa: BLE001  (any compiler failure: the plain function is always right)
             LOG.warning("%s runs unfused on this machine: torch.compile failed (%s: %s)", self.fn.__name__,
                         type(err).__name__, err)
             self.failed = True
-            return self.fn(*args)
+            return self.fallback(*args)
+
+
+def _backward_once(result, args) -> None:
+    """Compile (and run, without touching any .grad) the backward of result with respect to the tensor arguments
+    that need a gradient, so that a backward that cannot compile fails here, where the plain function can still take
+    over, not in the step's backward pass. The step's own backward then reuses the compiled graph."""
+    outputs = [t for t in (result.values() if isinstance(result, dict) else [result])
+               if torch.is_tensor(t) and t.requires_grad]
+    inputs = [a for a in args if torch.is_tensor(a) and a.requires_grad]
+    if outputs and inputs:
+        torch.autograd.grad(sum(t.float().sum() for t in outputs), inputs, retain_graph=True, allow_unused=True)

@@ -26,6 +26,7 @@ every device). The loss is computed in float32 whatever autocast the forward pas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -211,25 +212,26 @@ class YolactLoss:
 
     def sums(self, outputs: dict[str, torch.Tensor], targets, matches: BatchMatch) -> dict[str, torch.Tensor]:
         """outputs: Yolact train-mode dict (loc [B, N, 4], conf [B, N, C] logits, mask [B, N, k], proto
-        [B, Ph, Pw, k], segm [B, C-1, h, w]) -> unnormalized sums {box, conf, mask, semantic}, float32 scalars."""
+        [B, Ph, Pw, k], segm [B, C-1, h, w]) -> unnormalized sums {box, conf, mask, semantic}, float32 scalars.
+        On a GPU the four terms run as one compiled graph (``loss_sums``), forward and backward."""
         packed = as_packed(targets)
-        with torch.autocast("cuda" if outputs["loc"].is_cuda else "cpu", enabled=False):
-            outputs = {k: v.float() for k, v in outputs.items()}
-            conf_t, loc_t = matches.conf, matches.loc
-            positive = conf_t > 0
-            box_each = F.smooth_l1_loss(outputs["loc"], loc_t, reduction="none").sum(dim=2)
-            box = torch.where(positive, box_each, 0.0).sum() * self.cfg.bbox_alpha
-            conf = self.conf_sum(outputs["conf"], conf_t) * self.cfg.conf_alpha
-            mask = self.mask_sum(outputs["proto"], outputs["mask"], packed, matches) * self.cfg.mask_alpha
-            semantic = self.semantic_sum(outputs["segm"], packed) * self.cfg.semantic_alpha
-        return {"box": box, "conf": conf, "mask": mask, "semantic": semantic}
+        layout = self.layout(matches, packed)
+        proto, segm = outputs["proto"], outputs["segm"]
+        with torch.autocast("cuda" if proto.is_cuda else "cpu", enabled=False):
+            return loss_sums(outputs["loc"], outputs["conf"], outputs["mask"], proto, segm, matches.conf, matches.loc,
+                             matches.gt_box, matches.gt_index, layout.image_idx, layout.prior_idx, layout.slot_idx,
+                             layout.scale, layout.count, mask_targets(packed, proto.shape[1:3]),
+                             mask_targets(packed, segm.shape[2:]), packed.labels, packed.valid, self.cfg)
+
+    def layout(self, matches: BatchMatch, targets) -> MaskSlots:
+        """The kept positives' slots: the ones ``match`` made (drawn for this config's masks_to_train), else new."""
+        if matches.slots is None or matches.slots.limit != self.cfg.masks_to_train:
+            return self.mask_slots(matches, as_packed(targets).seeds)
+        return matches.slots
 
     def conf_sum(self, conf: torch.Tensor, conf_t: torch.Tensor) -> torch.Tensor:
         """conf [B, N, C] logits, conf_t [B, N] -> cross entropy summed over positives and mined negatives."""
-        negatives = hard_negatives(conf, conf_t, self.cfg.negpos_ratio)
-        chosen = (conf_t > 0) | negatives
-        each = F.cross_entropy(conf.flatten(0, 1), conf_t.clamp(min=0).flatten(), reduction="none")
-        return torch.where(chosen.flatten(), each, 0.0).sum()
+        return conf_sum(conf, conf_t, self.cfg.negpos_ratio)
 
     def kept_positives(self, positive: torch.Tensor, seeds: list[int], counts: list[int] | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -256,51 +258,96 @@ class YolactLoss:
         return kept, scale
 
     def mask_sum(self, proto: torch.Tensor, coeffs: torch.Tensor, targets, matches: BatchMatch) -> torch.Tensor:
-        """proto [B, Ph, Pw, k], coeffs [B, N, k] -> sum over the (sampled) positives of every image of the cropped
-        BCE divided by the matched box's area in proto pixels. The kept positives are gathered into [B, K] slots
-        (K: the most any image keeps) and assembled with one batched matmul."""
+        """proto [B, Ph, Pw, k], coeffs [B, N, k] -> the mask term's sum (``mask_sum``) over the (sampled)
+        positives."""
         packed = as_packed(targets)
-        batch, mask_h, mask_w, mask_dim = proto.shape
-        layout = matches.slots
-        if layout is None or layout.limit != self.cfg.masks_to_train:
-            layout = self.mask_slots(matches, packed.seeds)
-        image_idx, prior_idx, slot_idx, slots, scale = (layout.image_idx, layout.prior_idx, layout.slot_idx,
-                                                        layout.count, layout.scale)
-        if slots == 0:
-            return proto.sum() * 0.0
-        used = torch.zeros(batch, slots, dtype=torch.bool, device=proto.device)
-        used[image_idx, slot_idx] = True
-        chosen = coeffs.new_zeros(batch, slots, mask_dim)
-        chosen[image_idx, slot_idx] = coeffs[image_idx, prior_idx]
-        boxes = proto.new_zeros(batch, slots, 4)                                        # unused slots: whole image
-        boxes[..., 2:] = 1.0     # (filled on the device: a tensor from a host list would wait for the step queued)
-        boxes[image_idx, slot_idx] = matches.gt_box[image_idx, prior_idx]
-        gt_index = torch.zeros(batch, slots, dtype=torch.long, device=proto.device)
-        gt_index[image_idx, slot_idx] = matches.gt_index[image_idx, prior_idx]
-        with torch.no_grad():
-            gt = packed.masks_at((mask_h, mask_w))                                     # [B, G, Ph, Pw] 0/1
-            rows = torch.arange(batch, device=proto.device)[:, None]
-            mask_t = gt[rows, gt_index].permute(0, 2, 3, 1)                            # [B, Ph, Pw, K]
-        logits = torch.bmm(proto.reshape(batch, mask_h * mask_w, mask_dim), chosen.transpose(1, 2))
-        bce = cropped_mask_bce(logits.reshape(batch, mask_h, mask_w, slots), boxes, mask_t)             # [B, K]
-        size = center_size(boxes.reshape(-1, 4)).reshape(batch, slots, 4)
-        per_mask = bce / (size[..., 2] * mask_w) / (size[..., 3] * mask_h)
-        return (torch.where(used, per_mask, 0.0).sum(dim=1) * scale).sum()
+        layout = self.layout(matches, packed)
+        return mask_sum(proto, coeffs, matches.gt_box, matches.gt_index, layout.image_idx, layout.prior_idx,
+                        layout.slot_idx, layout.scale, layout.count, mask_targets(packed, proto.shape[1:3]))
 
     @staticmethod
     def semantic_sum(segm: torch.Tensor, targets) -> torch.Tensor:
-        """segm [B, C-1, h, w] logits -> BCE-with-logits summed over pixels / (h * w), summed over images; the
-        target of class c is the union of that class's downsampled masks."""
+        """segm [B, C-1, h, w] logits -> the semantic term's sum (``semantic_sum``)."""
         packed = as_packed(targets)
-        batch, classes, h, w = segm.shape
-        with torch.no_grad():
-            segment_t = segm.new_zeros(batch, classes + 1, h * w)       # channel C-1 collects the padding
-            if packed.labels.shape[1]:
-                small = packed.masks_at((h, w)).reshape(batch, -1, h * w)
-                channel = torch.where(packed.valid, packed.labels, classes)
-                segment_t.scatter_reduce_(1, channel[:, :, None].expand(-1, -1, h * w), small, reduce="amax")
-            segment_t = segment_t[:, :classes].reshape(batch, classes, h, w)
-        return F.binary_cross_entropy_with_logits(segm, segment_t, reduction="sum") / (h * w)
+        return semantic_sum(segm, mask_targets(packed, segm.shape[2:]), packed.labels, packed.valid)
+
+
+def mask_targets(packed: PackedTargets, size) -> torch.Tensor:
+    """[B, G, h, w] ground-truth masks at size, 0/1: uint8 where they were packed at that size (the loss converts
+    them, in its graph on a GPU), else downsampled now (float)."""
+    size = (int(size[0]), int(size[1]))
+    if packed.small_masks is not None and size in packed.small_masks:
+        return packed.small_masks[size]
+    return packed.masks_at(size)
+
+
+def _loss_sums(loc: torch.Tensor, conf: torch.Tensor, coeffs: torch.Tensor, proto: torch.Tensor, segm: torch.Tensor,
+               conf_t: torch.Tensor, loc_t: torch.Tensor, gt_box: torch.Tensor, gt_index: torch.Tensor,
+               image_idx: torch.Tensor, prior_idx: torch.Tensor, slot_idx: torch.Tensor, scale: torch.Tensor,
+               slots: int, gt_proto: torch.Tensor, gt_segm: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
+               cfg: LossConfig, mask_bce=None) -> dict[str, torch.Tensor]:
+    """``YolactLoss.sums`` from tensors only: the model's outputs (any float dtype; computed in float32), the
+    matches (conf_t, loc_t, gt_box, gt_index), the MaskSlots (image_idx, prior_idx, slot_idx, scale, slots), the
+    ground-truth masks at proto and segm size, labels and valid [B, G]. mask_bce: the cropped BCE's implementation
+    (default the plain one)."""
+    loc, conf, coeffs, proto, segm = loc.float(), conf.float(), coeffs.float(), proto.float(), segm.float()
+    box_each = F.smooth_l1_loss(loc, loc_t, reduction="none").sum(dim=2)
+    box = torch.where(conf_t > 0, box_each, 0.0).sum() * cfg.bbox_alpha
+    mask = mask_sum(proto, coeffs, gt_box, gt_index, image_idx, prior_idx, slot_idx, scale, slots, gt_proto,
+                    mask_bce or _cropped_mask_bce)
+    return {"box": box, "conf": conf_sum(conf, conf_t, cfg.negpos_ratio) * cfg.conf_alpha,
+            "mask": mask * cfg.mask_alpha, "semantic": semantic_sum(segm, gt_segm, labels, valid) * cfg.semantic_alpha}
+
+
+def conf_sum(conf: torch.Tensor, conf_t: torch.Tensor, negpos_ratio: int) -> torch.Tensor:
+    """conf [B, N, C] logits, conf_t [B, N] -> cross entropy summed over positives and mined negatives."""
+    chosen = (conf_t > 0) | hard_negatives(conf, conf_t, negpos_ratio)
+    each = F.cross_entropy(conf.flatten(0, 1), conf_t.clamp(min=0).flatten(), reduction="none")
+    return torch.where(chosen.flatten(), each, 0.0).sum()
+
+
+def mask_sum(proto: torch.Tensor, coeffs: torch.Tensor, gt_box: torch.Tensor, gt_index: torch.Tensor,
+             image_idx: torch.Tensor, prior_idx: torch.Tensor, slot_idx: torch.Tensor, scale: torch.Tensor, slots: int,
+             gt_masks: torch.Tensor, mask_bce=None) -> torch.Tensor:
+    """proto [B, Ph, Pw, k], coeffs [B, N, k], the matches' gt_box [B, N, 4] and gt_index [B, N], the MaskSlots of
+    the kept positives (image_idx, prior_idx, slot_idx [P], scale [B], slots K), gt_masks [B, G, Ph, Pw] 0/1 -> the
+    sum over the kept positives of the cropped BCE divided by the matched box's area in proto pixels, each image's
+    times its scale. The kept positives are gathered into [B, K] slots and assembled with one batched matmul.
+    mask_bce: the cropped BCE's implementation (default ``cropped_mask_bce``)."""
+    batch, mask_h, mask_w, mask_dim = proto.shape
+    if slots == 0:
+        return proto.sum() * 0.0
+    used = torch.zeros(batch, slots, dtype=torch.bool, device=proto.device)
+    used[image_idx, slot_idx] = True
+    chosen = coeffs.new_zeros(batch, slots, mask_dim)
+    chosen[image_idx, slot_idx] = coeffs[image_idx, prior_idx]
+    boxes = proto.new_zeros(batch, slots, 4)                                        # unused slots: whole image
+    boxes[..., 2:] = 1.0     # (filled on the device: a tensor from a host list would wait for the step queued)
+    boxes[image_idx, slot_idx] = gt_box[image_idx, prior_idx]
+    gt_slot = torch.zeros(batch, slots, dtype=torch.long, device=proto.device)
+    gt_slot[image_idx, slot_idx] = gt_index[image_idx, prior_idx]
+    with torch.no_grad():
+        rows = torch.arange(batch, device=proto.device)[:, None]
+        mask_t = gt_masks[rows, gt_slot].permute(0, 2, 3, 1).float()                # [B, Ph, Pw, K]
+    logits = torch.bmm(proto.reshape(batch, mask_h * mask_w, mask_dim), chosen.transpose(1, 2))
+    bce = (mask_bce or cropped_mask_bce)(logits.reshape(batch, mask_h, mask_w, slots), boxes, mask_t)   # [B, K]
+    size = center_size(boxes.reshape(-1, 4)).reshape(batch, slots, 4)
+    per_mask = bce / (size[..., 2] * mask_w) / (size[..., 3] * mask_h)
+    return (torch.where(used, per_mask, 0.0).sum(dim=1) * scale).sum()
+
+
+def semantic_sum(segm: torch.Tensor, gt_masks: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """segm [B, C-1, h, w] logits, gt_masks [B, G, h, w] 0/1, labels and valid [B, G] -> BCE-with-logits summed over
+    pixels / (h * w), summed over images; the target of class c is the union of that class's masks."""
+    batch, classes, h, w = segm.shape
+    with torch.no_grad():
+        segment_t = segm.new_zeros(batch, classes + 1, h * w)       # channel C-1 collects the padding
+        if labels.shape[1]:
+            small = gt_masks.reshape(batch, -1, h * w).to(segm.dtype)
+            channel = torch.where(valid, labels, classes)
+            segment_t.scatter_reduce_(1, channel[:, :, None].expand(-1, -1, h * w), small, reduce="amax")
+        segment_t = segment_t[:, :classes].reshape(batch, classes, h, w)
+    return F.binary_cross_entropy_with_logits(segm, segment_t, reduction="sum") / (h * w)
 
 
 def _cropped_mask_bce(logits: torch.Tensor, boxes: torch.Tensor, mask_t: torch.Tensor) -> torch.Tensor:
@@ -315,6 +362,9 @@ def _cropped_mask_bce(logits: torch.Tensor, boxes: torch.Tensor, mask_t: torch.T
 
 
 cropped_mask_bce = FusedOnCuda(_cropped_mask_bce)   # ~10 passes each way over [B, Ph, Pw, K] floats unfused
+# On a GPU the whole loss is one compiled graph, forward and backward (eager, ~150 small kernels each way that the
+# host launches one by one); where it cannot compile, the eager terms with the fused mask BCE run.
+loss_sums = FusedOnCuda(_loss_sums, fallback=partial(_loss_sums, mask_bce=cropped_mask_bce))
 
 
 def hard_negatives(conf: torch.Tensor, conf_t: torch.Tensor, negpos_ratio: int) -> torch.Tensor:
@@ -322,7 +372,7 @@ def hard_negatives(conf: torch.Tensor, conf_t: torch.Tensor, negpos_ratio: int) 
     ``logsumexp(conf) - conf[:, 0]`` (never positives or neutrals; at most N - 1)."""
     with torch.no_grad():
         score = torch.logsumexp(conf, dim=2) - conf[:, :, 0]      # [B, N]
-        score[conf_t != 0] = 0                                    # positives and neutrals are never negatives
+        score = torch.where(conf_t != 0, 0.0, score)              # positives and neutrals are never negatives
         _, order = score.sort(dim=1, descending=True, stable=True)
         _, rank = order.sort(dim=1, stable=True)
         num_pos = (conf_t > 0).sum(dim=1, keepdim=True)
