@@ -1,8 +1,9 @@
 """Benchmark the training input workers' per-image work (not a test): ``batches.make_micro_batch`` in its workers'
 form (uint8 images, colour draws deferred, targets packed at the loss's mask sizes), the current code against the
 previous one (tests/reference_micro_batch.py: expand canvas, crop, mirror and float resize of full-size masks),
-alternating in one process, on the same micro-batches; the outputs are checked equal, tensor by tensor. Then where
-the current code spends its time (cProfile's top functions). Writes OUT/loader.md and OUT/loader.json.
+alternating in one process, on the same micro-batches; the outputs are checked equal, tensor by tensor (the masks but
+for pixels at the threshold: see assert_equal). Then where the current code spends its time (cProfile's top
+functions). Writes OUT/loader.md and OUT/loader.json.
 
     .venv/bin/python scripts/bench_loader.py                       # r18_small 352 and R50 550, expand off and on
     .venv/bin/python scripts/bench_loader.py --images 32 --rounds 3 --models yolact_r18_small:352
@@ -73,15 +74,16 @@ def model_spec(name: str, size: int):
 
 
 def assert_equal(a, b) -> None:
-    """Two packed micro-batches are equal, tensor by tensor."""
-    import torch
-
+    """Two packed micro-batches are equal, tensor by tensor; the masks but for pixels at the threshold (at most 1 in
+    500: the previous code's come from torch's resize, whose rounding depends on the size and instruction set;
+    tests/test_training_augment_speed_equal.py's TIES_PER_PIXEL)."""
     ta, tb = a.targets, b.targets
     checks = {"images": (a.images, b.images), "colour": (a.colour, b.colour), "boxes": (ta.boxes, tb.boxes),
               "labels": (ta.labels, tb.labels), "valid": (ta.valid, tb.valid)}
     checks.update({f"masks {size}": (ta.small_masks[size], tb.small_masks.get(size)) for size in ta.small_masks})
     for name, (x, y) in checks.items():
-        if y is None or x.dtype != y.dtype or not torch.equal(x, y):
+        ties = x.numel() / 500 if name.startswith("masks") else 0
+        if y is None or x.dtype != y.dtype or x.shape != y.shape or int((x != y).sum()) > ties:
             raise AssertionError(f"micro-batch {a.indices}: {name} differ")
     if ta.seeds != tb.seeds or set(ta.small_masks) != set(tb.small_masks):
         raise AssertionError(f"micro-batch {a.indices}: seeds or mask sizes differ")

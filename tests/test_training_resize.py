@@ -88,3 +88,35 @@ def test_rgbx_windows_crop_and_mirror_as_rgb_ones():
             four = crop_image(rgbx, g, fill_value(rgbx.dtype, mean, 4))
             assert four.flags.writeable and four.flags.c_contiguous and four.shape == (height, width, 4)
             assert np.array_equal(four[..., :3], crop_image(rgb, g, fill_value(rgb.dtype, mean)))
+
+
+@pytest.mark.parametrize("size,small", [(352, (88, 88)), (352, (44, 44)), (550, (138, 138)), (550, (69, 69)),
+                                        (96, (16, 16)), (64, (8, 8))])
+def test_masks_resized_twice_equal_torchs_but_for_ties_at_the_threshold(size, small):
+    """augment.resized_mask_bits (the input workers' masks at the loss's sizes, without the S x S ones) against
+    torch's two resizes and threshold (augment.resize_masks, then yolact_loss.downsample_bits): random 0/1 masks of
+    window sizes, empty and full ones, 1 and 2 threads. A pixel may differ only where torch's value is 0.5 within 2
+    float32 ulps (the same bilinear sums, rounded in another order); at most 1 in 500 pixels."""
+    from pipelines.training.augment import resize_masks, resized_mask_bits
+
+    rng = np.random.default_rng(size + small[0])
+    differ = total = 0
+    for case in range(12):
+        height, width = int(rng.integers(1, 700)), int(rng.integers(1, 700))
+        masks = (rng.random((3, height, width)) < rng.random()).astype(np.uint8)
+        masks[0] = 0
+        masks[1, : height // 2] = 1
+        for threads in (1, 2):
+            with_threads = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                values = resize_bilinear(resize_masks(masks, size)[None], small)[0]
+                got = resized_mask_bits(masks, size, [small])[small]
+            finally:
+                torch.set_num_threads(with_threads)
+            assert got.dtype == torch.bool and got.shape == (3, *small)
+            wrong = got != (values > 0.5)
+            assert torch.all((values[wrong] - 0.5).abs() <= 2 * 2 ** -24), (height, width, threads)
+            assert not got[0].any()
+            differ, total = differ + int(wrong.sum()), total + wrong.numel()
+    assert differ <= total / 500, (differ, total)

@@ -7,6 +7,8 @@ per-pixel loop is `compiled_loops.resample`, which reads only the source rows th
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from pipelines.ops import compiled_loops
@@ -71,6 +73,42 @@ def resize_normalized_planes(x: np.ndarray, size: tuple[int, int], channels: tup
                                    *plane_columns(bilinear_axis(x.shape[1], width), x.shape[2], channels),
                                    mean, std, out)
     return out
+
+
+def resized_twice_above(x: np.ndarray, middle: tuple[int, int], size: tuple[int, int],
+                        threshold: float) -> np.ndarray:
+    """``resize_bilinear(resize_bilinear(plane, middle), size) > threshold`` for each plane of x (the values of
+    torch's generic kernel, twice), without the middle images: only their pixels that the second resize reads are
+    made (a downsample reads at most two rows and two columns per output pixel: a quarter of the middle image for a
+    factor of 4). x: [N, H, W] uint8 or float32 (0/1 masks at the augmentation window's size); returns bool
+    [N, *size]."""
+    x = np.asarray(x)
+    if x.ndim != 3:
+        raise ValueError(f"resized_twice_above: x must be [N, H, W], got shape {x.shape}")
+    out = np.empty((x.shape[0], int(size[0]), int(size[1])), dtype=np.bool_)
+    if x.shape[0] == 0:
+        return out
+    x, height, width = _resize_source(x.reshape(-1, x.shape[2]), size, "resized_twice_above", (2,))
+    x = x.reshape(out.shape[0], -1, x.shape[1])
+    rows_out, rows_mid = _through_middle(x.shape[1], int(middle[0]), height)
+    cols_out, cols_mid = _through_middle(x.shape[2], int(middle[1]), width)
+    made = np.empty((rows_mid[0].shape[0], cols_mid[0].shape[0]), dtype=np.float32)
+    limit = np.float32(threshold)
+    for plane, target in zip(x, out):
+        compiled_loops.resample(plane, *rows_mid, *cols_mid, made)
+        compiled_loops.resample_above(made, *rows_out, *cols_out, limit, target)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _through_middle(in_size: int, middle: int, out_size: int) -> tuple[AxisTable, AxisTable]:
+    """One axis of two resizes in a row, in_size -> middle -> out_size: (the second's table with its indices into
+    the middle pixels it reads, the first's table cut to those pixels), both still non-decreasing. Cached: the
+    tables' numpy work costs more than the kernels for the few masks of an image (never write to them)."""
+    i0, i1, w1 = bilinear_axis(middle, out_size)
+    needed = np.unique(np.concatenate([i0, i1]))
+    return ((np.searchsorted(needed, i0), np.searchsorted(needed, i1), w1),
+            tuple(part[needed] for part in bilinear_axis(in_size, middle)))
 
 
 def _resize_source(x: np.ndarray, size: tuple[int, int], caller: str,

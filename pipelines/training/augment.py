@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pipelines.ops.image_ops import resized_twice_above
 from pipelines.training import photometric
 from pipelines.training.resize import resize_bilinear
 
@@ -144,6 +145,14 @@ def resize_masks(masks: np.ndarray, size: int) -> torch.Tensor:
     """[G, h, w] 0/1 -> [G, S, S] float32 (bilinear, align_corners=False, no antialias), from float32 masks."""
     masks = torch.from_numpy(np.ascontiguousarray(masks, dtype=np.float32))
     return resize_bilinear(masks[None], (size, size))[0]
+
+
+def resized_mask_bits(masks: np.ndarray, size: int, mask_sizes: list[tuple[int, int]]) -> dict:
+    """[G, h, w] 0/1 -> {(mh, mw): [G, mh, mw] bool}: ``yolact_loss.downsample_bits(resize_masks(masks, size), (mh,
+    mw))`` for each of mask_sizes (the values of torch's generic kernel, as ``image_ops.resized_twice_above`` makes
+    them), without the [G, S, S] float masks: a third of their pixels are made, the ones the downsamples read."""
+    return {tuple(map(int, small)): torch.from_numpy(resized_twice_above(masks, (size, size), small, 0.5))
+            for small in mask_sizes}
 
 
 # ------------------------------------------------------------------------------------------------ photometric

@@ -21,7 +21,7 @@ from pipelines.ops import compiled_loops
 from pipelines.ops.image_decode import decode_image
 from pipelines.training import photometric
 from pipelines.training.augment import (AugmentConfig, Geometry, crop_image, draw_geometry, fill_value, resize_masks,
-                                        to_network_input)
+                                        resized_mask_bits, to_network_input)
 from pipelines.training.fused import FusedOnCuda
 from pipelines.training.yolact_loss import PackedTargets, Targets
 
@@ -143,8 +143,8 @@ def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec,
     targets = []
     for b, index in enumerate(indices):
         images[b], target = network_sample(rows[index], sample_seed(seed, epoch, index), spec, augment_cfg, mean,
-                                           std, deferred)
-        targets.append(target if mask_sizes is None else target.downsampled(mask_sizes))
+                                           std, deferred, mask_sizes)
+        targets.append(target)
     if mask_sizes is None:
         return MicroBatch(images=images, targets=targets, indices=list(indices))
     return MicroBatch(images=images, targets=PackedTargets.pack(targets, mask_sizes),
@@ -152,11 +152,13 @@ def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec,
 
 
 def network_sample(row: dict, rng: np.random.Generator, spec: InputSpec, augment_cfg: AugmentConfig | None,
-                   mean: np.ndarray, std: np.ndarray, deferred: list | None) -> tuple[torch.Tensor, Targets]:
+                   mean: np.ndarray, std: np.ndarray, deferred: list | None,
+                   mask_sizes: list[tuple[int, int]] | None = None) -> tuple[torch.Tensor, Targets]:
     """One prepared row -> its network input [3, S, S] (possibly a strided view) and targets (masks [G', S, S]
-    float32), augmented with draws from rng (augment_cfg None: as it is); deferred: see
-    ``augment.to_network_input``. The image is decoded into memory the decoder reuses, as RGBX where it can (no
-    copy of Pillow's 4-byte pixels); only the window ``crop_image`` copies out of it is kept."""
+    float32; with mask_sizes, {size: [G', h, w] bool} at those sizes instead, as ``augment.resized_mask_bits``),
+    augmented with draws from rng (augment_cfg None: as it is); deferred: see ``augment.to_network_input``. The
+    image is decoded into memory the decoder reuses, as RGBX where it can (no copy of Pillow's 4-byte pixels); only
+    the window ``crop_image`` copies out of it is kept."""
     source = decode_image(bytes(row["image"]), row["file_name"], shared_memory=True)   # [H, W, 3 or 4]
     height, width, channels = source.shape
     boxes = np.asarray(row["boxes"], dtype=np.float32).reshape(-1, 4)
@@ -169,8 +171,9 @@ def network_sample(row: dict, rng: np.random.Generator, spec: InputSpec, augment
     image, boxes, labels, keep = to_network_input(pixels, geometry.boxes, geometry.labels, spec.size, mean, std,
                                                   min_box, rng, distort, deferred)
     masks = window_masks(row["rles"], geometry.objects[keep], height, width, geometry)
-    return image, Targets(boxes=boxes, labels=labels, masks=resize_masks(masks, spec.size),
-                          seed=int(rng.integers(2**31)))
+    masks = (resize_masks(masks, spec.size) if mask_sizes is None
+             else resized_mask_bits(masks, spec.size, mask_sizes))
+    return image, Targets(boxes=boxes, labels=labels, masks=masks, seed=int(rng.integers(2**31)))
 
 
 # --------------------------------------------------------------------------------------------------------- masks

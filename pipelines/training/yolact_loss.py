@@ -53,20 +53,13 @@ class LossConfig:
 @dataclass
 class Targets:
     """Ground truth of one augmented image: boxes [G, 4] relative point form, labels [G] 0-based foreground
-    classes, masks [G, S, S] float32 in [0, 1] at the network input size (or, ``downsampled``, only the loss's
-    sizes of them); seed drives masks_to_train sampling."""
+    classes, masks [G, S, S] float32 in [0, 1] at the network input size (or only the loss's sizes of them: {(h, w):
+    [G, h, w] bool}, what the input workers make); seed drives masks_to_train sampling."""
 
     boxes: torch.Tensor
     labels: torch.Tensor
     masks: torch.Tensor | dict
     seed: int = 0
-
-    def downsampled(self, mask_sizes: list[tuple[int, int]]) -> "Targets":
-        """These targets with masks {(h, w): [G, h, w] bool} at each of mask_sizes instead (``downsample_bits``: what
-        PackedTargets.pack packs at those sizes), made while the full-size masks are fresh in cache; the full-size
-        ones are dropped (their memory is the next image's)."""
-        return Targets(self.boxes, self.labels, {tuple(size): downsample_bits(self.masks, size) for size in mask_sizes},
-                       self.seed)
 
 
 @dataclass
@@ -86,7 +79,7 @@ class PackedTargets:
     @classmethod
     def pack(cls, targets: list[Targets], mask_sizes: list[tuple[int, int]] | None = None) -> "PackedTargets":
         """mask_sizes None: keep full masks; else downsample each image's masks to each size now (CPU side), or take
-        them as they are where targets come ``downsampled`` already."""
+        them as they are where targets come with masks at those sizes already."""
         batch, slots = len(targets), max((int(t.labels.shape[0]) for t in targets), default=0)
         first = targets[0].masks
         device = targets[0].boxes.device
