@@ -137,6 +137,7 @@ def test_the_matching_compiles_whole_in_two_parts_and_gives_the_plain_matches(mo
                 patched.setattr(boxes, name, function)
             got = boxes.match_batch(*arguments)
         assert torch.equal(got.conf, want.conf) and torch.equal(got.gt_index, want.gt_index), counts
+        assert got.counts == want.counts == (want.conf > 0).sum(dim=1).tolist()
         torch.testing.assert_close(got.loc, want.loc, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(got.gt_box, want.gt_box, rtol=0, atol=0)
 

@@ -76,6 +76,7 @@ def test_batched_loss_equals_the_reference(counts, masks_to_train, duplicate):
             assert torch.equal(matches[i].gt_index[positive], ref.gt_index[positive])
             torch.testing.assert_close(matches[i].loc[positive], ref.loc[positive], rtol=1e-6, atol=1e-6)
         assert num_positives(matches) == reference.num_positives(ref_matches)
+        assert matches.counts == [int(ref.positive.sum()) for ref in ref_matches]   # read with the matching
         terms = normalized_terms(loss, outputs, packed, matches)
         for key in LOSS_KEYS:
             assert float(terms[key].detach()) == pytest.approx(float(expected[key].detach()), rel=1e-5, abs=1e-7), key

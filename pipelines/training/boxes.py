@@ -120,6 +120,7 @@ class BatchMatch:
     loc: torch.Tensor
     gt_box: torch.Tensor
     slots: object = None        # yolact_loss.MaskSlots, set by YolactLoss.match
+    counts: list[int] | None = None     # positives of each image, as the host read them with the matching
 
     @property
     def positive(self) -> torch.Tensor:
@@ -148,20 +149,26 @@ def match_batch(truths: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
     [B, G] bool (real objects first, padding after), priors [N, 4] center-size. Same result as ``match`` per
     image. The forced best-prior rule: when the objects' best priors are distinct (the usual case) each object
     simply takes its own (what the greedy rule gives then); otherwise the greedy rule runs batched over images
-    (one iteration per object slot, no host round trip inside)."""
+    (one iteration per object slot, no host round trip inside). The host reads the device once (on a GPU a wait
+    for the stream): whether the greedy rule is needed, with the positives each image would then have (``counts``).
+    """
     batch, slots = labels.shape
     num_priors = priors.shape[0]
     if slots == 0:
         zeros = torch.zeros(batch, num_priors, dtype=torch.long, device=priors.device)
         return BatchMatch(zeros, zeros.clone(), priors.new_zeros(batch, num_priors, 4),
-                          priors.new_zeros(batch, num_priors, 4))
+                          priors.new_zeros(batch, num_priors, 4), counts=[0] * batch)
     overlaps, best_truth_overlap, best_truth_idx, claimed, repeated = best_overlaps(truths, valid, priors)
-    if bool(repeated):         # the one read on the host: two objects of an image want the same best prior
+    objects = torch.arange(slots, device=labels.device).expand(batch, slots)
+    *targets, read = match_targets(truths, labels, valid, priors, best_truth_overlap, best_truth_idx, claimed,
+                                   objects, repeated, pos_thresh, neg_thresh)
+    read = read.tolist()       # the one read on the host: [repeated, positives of each image]
+    if read[0]:                # two objects of an image want the same best prior (rare): the greedy rule's targets
         objects, claimed = _greedy_forced(overlaps, valid)
-    else:
-        objects = torch.arange(slots, device=labels.device).expand(batch, slots)
-    return BatchMatch(*match_targets(truths, labels, valid, priors, best_truth_overlap, best_truth_idx, claimed,
-                                     objects, pos_thresh, neg_thresh))
+        *targets, read = match_targets(truths, labels, valid, priors, best_truth_overlap, best_truth_idx, claimed,
+                                       objects, torch.zeros_like(repeated), pos_thresh, neg_thresh)
+        read = read.tolist()
+    return BatchMatch(*targets, counts=read[1:])
 
 
 def _best_overlaps(truths: torch.Tensor, valid: torch.Tensor, priors: torch.Tensor):
@@ -181,9 +188,10 @@ def _best_overlaps(truths: torch.Tensor, valid: torch.Tensor, priors: torch.Tens
 
 def _match_targets(truths: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, priors: torch.Tensor,
                    best_truth_overlap: torch.Tensor, best_truth_idx: torch.Tensor, claimed: torch.Tensor,
-                   objects: torch.Tensor, pos_thresh: float, neg_thresh: float):
+                   objects: torch.Tensor, repeated: torch.Tensor, pos_thresh: float, neg_thresh: float):
     """match_batch's second part: the forced matches (object [B, G] claims prior [B, G]) written over each prior's
-    best object, then the per-prior targets (conf, gt_index, loc, gt_box)."""
+    best object, then the per-prior targets (conf, gt_index, loc, gt_box) and what the host reads of them in one
+    copy: [1 + B] int64, repeated (the first part's [] bool) then the positives of each image."""
     batch, slots = labels.shape
     num_priors = priors.shape[0]
     # scatter into N + G columns: padding slots land past the priors and are cut off
@@ -201,7 +209,8 @@ def _match_targets(truths: torch.Tensor, labels: torch.Tensor, valid: torch.Tens
     loc = encode(matched.reshape(-1, 4), priors.repeat(batch, 1)).reshape(batch, num_priors, 4)
     loc = torch.where(has_objects[:, :, None], loc, 0.0)
     matched = torch.where(has_objects[:, :, None], matched, 0.0)
-    return conf, torch.where(has_objects, best_truth_idx, 0), loc, matched
+    read = torch.cat([repeated.reshape(1).long(), (conf > 0).sum(dim=1)])
+    return conf, torch.where(has_objects, best_truth_idx, 0), loc, matched, read
 
 
 # on a GPU each part is one compiled graph (eager: ~25 and ~30 small kernels that the host launches one by one)

@@ -194,7 +194,8 @@ class YolactLoss:
         return matches
 
     def mask_slots(self, matches: BatchMatch, seeds: list[int]) -> "MaskSlots":
-        counts = matches.positive.sum(dim=1).tolist()      # the one read on the host: the positives per image
+        # the positives per image: read with the matching (match_batch), else here (the one read on the host)
+        counts = matches.counts if matches.counts is not None else matches.positive.sum(dim=1).tolist()
         kept, scale = self.kept_positives(matches.positive, seeds, counts)
         kept_counts = [min(count, self.cfg.masks_to_train) for count in counts]
         # sized from the counts, so that finding the kept positives does not wait for the device
