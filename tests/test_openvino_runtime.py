@@ -16,8 +16,8 @@ def _save(model: ov.Model, tmp_path, name: str) -> str:
     return str(path)
 
 
-def _static_ir(tmp_path) -> str:
-    image = ops.parameter([1, 3, 8, 8], np.float32, name="image")
+def _static_ir(tmp_path, side: int = 8) -> str:
+    image = ops.parameter([1, 3, side, side], np.float32, name="image")
     scaled = ops.multiply(image, ops.constant(np.float32(2)))
     pooled = ops.reduce_mean(image, ops.constant(np.array([2, 3], np.int64)), keep_dims=False)
     scaled.output(0).get_tensor().set_names({"scaled"})
@@ -76,3 +76,24 @@ def test_a_failed_start_leaves_the_ir_usable(tmp_path, streams):
             ir.infer([good[0], np.zeros((3, 9, 8), np.float32), good[1]])
     np.testing.assert_array_equal(ir.infer(good)["scaled"], good * 2)
     np.testing.assert_array_equal(ir.infer_one(good[2])["scaled"], good[2] * 2)
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_strided_and_other_typed_images_give_the_values_of_contiguous_float32_ones(tmp_path, streams):
+    """The requests read each image where it is (share_inputs): images of any layout and type the caller passes are
+    made C-contiguous float32 first. Strided views, Fortran order, float64 and read-only arrays, mixed in one batch
+    and after the images of earlier calls were freed, give the values of the contiguous float32 images. (Images of
+    192 KiB: freed, their memory goes back to the system at once, so a read of a freed image would fail.)"""
+    ir = CompiledIR(_static_ir(tmp_path, 128), RuntimeSettings(precision="f32", threads=1, streams=streams))
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        images = rng.random((4, 3, 128, 128), dtype=np.float32)
+        read_only = images[3].copy()
+        read_only.flags.writeable = False
+        wide = np.repeat(images[0], 2, axis=2)[:, :, ::2]                          # a strided view of images[0]
+        batch = [wide, images[1].astype(np.float64), np.asfortranarray(images[2]), read_only]
+        outputs = {name: value.copy() for name, value in ir.infer(batch).items()}
+        del batch, wide, read_only
+        expected = ir.infer(images)
+        for name in ("scaled", "pooled"):
+            np.testing.assert_array_equal(outputs[name], expected[name])
