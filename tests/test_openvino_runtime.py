@@ -80,10 +80,10 @@ def test_a_failed_start_leaves_the_ir_usable(tmp_path, streams):
 
 @pytest.mark.parametrize("streams", [1, 2])
 def test_strided_and_other_typed_images_give_the_values_of_contiguous_float32_ones(tmp_path, streams):
-    """The requests read each image where it is (share_inputs): images of any layout and type the caller passes are
-    made C-contiguous float32 first. Strided views, Fortran order, float64 and read-only arrays, mixed in one batch
-    and after the images of earlier calls were freed, give the values of the contiguous float32 images. (Images of
-    192 KiB: freed, their memory goes back to the system at once, so a read of a freed image would fail.)"""
+    """Images of any layout and type the caller passes give the values of contiguous float32 ones: strided views,
+    Fortran order, float64 and read-only arrays, mixed in one batch, after the images of earlier calls were freed.
+    (Images of 192 KiB: freed, their memory goes back to the system at once, so a request that read a freed image,
+    as OpenVINO's requests do after sharing an image in place (tried, session 38), would fail here.)"""
     ir = CompiledIR(_static_ir(tmp_path, 128), RuntimeSettings(precision="f32", threads=1, streams=streams))
     rng = np.random.default_rng(11)
     for _ in range(20):

@@ -66,7 +66,6 @@ class CompiledIR:
         self.settings = settings
         self.compiled = core.compile_model(str(xml_path), settings.device, settings.ov_config())
         self.input_name = self.compiled.inputs[0].get_any_name()
-        self._input_dtype = self.compiled.inputs[0].get_element_type().to_dtype()
         self.output_names = [out.get_any_name() for out in self.compiled.outputs]
         self._static_outputs = _static_output_shapes(self.compiled.outputs)
         self.num_requests = int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
@@ -76,13 +75,9 @@ class CompiledIR:
 
     def infer(self, batch: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         """batch: B images [3, H, W] float32, as a list or a [B, 3, H, W] array (the IR takes one image; the queue
-        overlaps them). Each request reads its image where it is (``share_inputs``: no copy into the request, 5 % of
-        YOLACT-R50 550's CPU time per image in bf16), so every image is made C-contiguous in the IR's input type first
-        (a no-op for the preprocess's arrays): OpenVINO reads a strided array shared wrongly. Nothing may copy into a
-        request's input tensor afterwards either: it still points at the last image shared. Outputs of static
-        shape are copied once, from each request straight into the [B, ...] result; dynamic ones per image, then
-        joined. The result is the caller's: it is never written again while anything holds it or a view of it."""
-        inputs = [np.ascontiguousarray(image, dtype=self._input_dtype)[None] for image in batch]   # held until done
+        overlaps them, each request copying its image in: a list needs no stacked copy). Outputs of static shape
+        are copied once, from each request straight into the [B, ...] result; dynamic ones per image, then joined.
+        The result is the caller's: it is never written again while anything holds it or a view of it."""
         per_image: list[dict | None] = [None] * len(batch)
         outputs: dict[str, np.ndarray] | None = None
 
@@ -98,8 +93,8 @@ class CompiledIR:
                 outputs = self._outputs(len(batch))
             self._queue.set_callback(collect)
             try:
-                for index, image in enumerate(inputs):
-                    self._queue.start_async({self.input_name: image}, index, share_inputs=True)
+                for index, image in enumerate(batch):
+                    self._queue.start_async({self.input_name: image[None]}, index)
                 self._queue.wait_all()
             except BaseException:
                 self._replace_queue()
