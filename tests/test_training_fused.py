@@ -83,8 +83,8 @@ def loss_arguments(counts: list[int], masks_to_train: int, seed: int):
     outputs = random_outputs(generator, len(counts), priors.shape[0])
     arguments = (outputs["loc"], outputs["conf"], outputs["mask"], outputs["proto"], outputs["segm"], matches.conf,
                  matches.loc, matches.gt_box, matches.gt_index, slots.image_idx, slots.prior_idx, slots.slot_idx,
-                 slots.scale, slots.count, yolact_loss.mask_targets(packed, (PROTO, PROTO)),
-                 yolact_loss.mask_targets(packed, (SEGM, SEGM)), packed.labels, packed.valid, loss.cfg)
+                 slots.scale, slots.count, packed.masks_at((PROTO, PROTO)),
+                 packed.masks_at((SEGM, SEGM)), packed.labels, packed.valid, loss.cfg)
     return arguments, list(outputs.values())
 
 

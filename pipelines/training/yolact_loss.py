@@ -125,10 +125,11 @@ class PackedTargets:
                              pin(self.full_masks), small)
 
     def masks_at(self, size: tuple[int, int]) -> torch.Tensor:
-        """[B, G, h, w] float 0/1: the ground-truth masks downsampled to size (bilinear, > 0.5)."""
+        """[B, G, h, w] 0/1: the ground-truth masks downsampled to size (bilinear, > 0.5); uint8 where they were
+        packed at that size (the loss converts them, in its graph on a GPU), else float, downsampled now."""
         size = (int(size[0]), int(size[1]))
         if self.small_masks is not None and size in self.small_masks:
-            return self.small_masks[size].float()
+            return self.small_masks[size]
         if self.full_masks is None:
             raise ValueError(f"targets packed without masks at {size}: pack them with that size")
         return downsample_masks_batch(self.full_masks, size)
@@ -214,8 +215,8 @@ class YolactLoss:
         with torch.autocast("cuda" if proto.is_cuda else "cpu", enabled=False):
             return loss_sums(outputs["loc"], outputs["conf"], outputs["mask"], proto, segm, matches.conf, matches.loc,
                              matches.gt_box, matches.gt_index, layout.image_idx, layout.prior_idx, layout.slot_idx,
-                             layout.scale, layout.count, mask_targets(packed, proto.shape[1:3]),
-                             mask_targets(packed, segm.shape[2:]), packed.labels, packed.valid, self.cfg)
+                             layout.scale, layout.count, packed.masks_at(proto.shape[1:3]),
+                             packed.masks_at(segm.shape[2:]), packed.labels, packed.valid, self.cfg)
 
     def layout(self, matches: BatchMatch, targets) -> MaskSlots:
         """The kept positives' slots: the ones ``match`` made (drawn for this config's masks_to_train), else new."""
@@ -257,22 +258,13 @@ class YolactLoss:
         packed = as_packed(targets)
         layout = self.layout(matches, packed)
         return mask_sum(proto, coeffs, matches.gt_box, matches.gt_index, layout.image_idx, layout.prior_idx,
-                        layout.slot_idx, layout.scale, layout.count, mask_targets(packed, proto.shape[1:3]))
+                        layout.slot_idx, layout.scale, layout.count, packed.masks_at(proto.shape[1:3]))
 
     @staticmethod
     def semantic_sum(segm: torch.Tensor, targets) -> torch.Tensor:
         """segm [B, C-1, h, w] logits -> the semantic term's sum (``semantic_sum``)."""
         packed = as_packed(targets)
-        return semantic_sum(segm, mask_targets(packed, segm.shape[2:]), packed.labels, packed.valid)
-
-
-def mask_targets(packed: PackedTargets, size) -> torch.Tensor:
-    """[B, G, h, w] ground-truth masks at size, 0/1: uint8 where they were packed at that size (the loss converts
-    them, in its graph on a GPU), else downsampled now (float)."""
-    size = (int(size[0]), int(size[1]))
-    if packed.small_masks is not None and size in packed.small_masks:
-        return packed.small_masks[size]
-    return packed.masks_at(size)
+        return semantic_sum(segm, packed.masks_at(segm.shape[2:]), packed.labels, packed.valid)
 
 
 def _loss_sums(loc: torch.Tensor, conf: torch.Tensor, coeffs: torch.Tensor, proto: torch.Tensor, segm: torch.Tensor,
@@ -356,8 +348,8 @@ def _cropped_mask_bce(logits: torch.Tensor, boxes: torch.Tensor, mask_t: torch.T
 
 
 cropped_mask_bce = FusedOnCuda(_cropped_mask_bce)   # ~10 passes each way over [B, Ph, Pw, K] floats unfused
-# On a GPU the whole loss is one compiled graph, forward and backward (eager, ~150 small kernels each way that the
-# host launches one by one); where it cannot compile, the eager terms with the fused mask BCE run.
+# On a GPU the whole loss is one compiled graph, forward and backward (eager, ~200 small operations that the host
+# launches one by one); where it cannot compile, the eager terms with the fused mask BCE run.
 loss_sums = FusedOnCuda(_loss_sums, fallback=partial(_loss_sums, mask_bce=cropped_mask_bce))
 
 
