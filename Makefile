@@ -120,6 +120,12 @@ bench-startup: $(VENV)/.stamp-test jvm-archive
 bench-planning: $(VENV)/.stamp-test
 	$(PY) scripts/bench_planning.py $(BENCH_PLANNING_ARGS)
 
+# The report's gather (output.overlays): pyarrow (the render CLI) against Spark (the job) on synthetic outputs of
+# 10^5..10^6 images: seconds, peak RSS -> reports/report_gather.md (BENCH_REPORT_ARGS="--sizes 100000")
+.PHONY: bench-report
+bench-report: $(VENV)/.stamp-test
+	$(PY) scripts/bench_report.py $(BENCH_REPORT_ARGS)
+
 # Listing a local input: the executors' walk against Spark's file index, seconds and driver heap -> reports/listing.md
 # (BENCH_LISTING_ARGS="--files 100000 --directories 100")
 .PHONY: bench-listing

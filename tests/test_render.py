@@ -185,3 +185,79 @@ def test_the_report_keeps_only_what_it_draws(tmp_path):
     assert rows.errors_total == n_errors == len(tables.errors)
     assert rows.errors == tables.errors[:MAX_ERROR_ROWS]
     assert render.write_report(out).is_file()       # counts only, no overlays
+
+
+def job_table(rows: list[dict], error: bool = False) -> pa.Table:
+    """detections/ or errors/ rows with the job's column types (what Spark reads them with)."""
+    from pipelines.results.result_rows import RESULT_ARROW_SCHEMA
+
+    names = (["path", "error_stage", "error_type", "error_message"] if error else
+             ["path", "width", "height", "instances", "mask_path"]) + ["size", "modification_time", "frame_index"]
+    fields = [RESULT_ARROW_SCHEMA.field(n).with_name({"error_stage": "stage", "error_message": "message"}.get(n, n))
+              for n in names] + [pa.field("model_sha256", pa.string()), pa.field("run_id", pa.string())]
+    schema = pa.schema(fields)
+    return pa.Table.from_pylist([{f.name: row.get(f.name) for f in fields} for row in rows], schema=schema)
+
+
+def given(row: dict) -> dict:
+    """A row's columns that are not null (pyarrow gives only the columns a file has)."""
+    return {key: value for key, value in row.items() if value is not None}
+
+
+def test_the_job_gathers_the_report_rows_with_spark_as_the_local_reader_does(spark, tmp_path):
+    """The job's report rows (spark_rows: partitions gathered on the executors, merged in a tree) equal render.gather's
+    over an output of two runs in several Parquet files: images replaced and re-run (their older records superseded),
+    a replaced image that now fails, earlier failures that now succeed, video frames, another model's rows."""
+    from pipelines.io.storage import Location
+    from pipelines.report.spark_rows import gather_with_spark
+
+    rng = np.random.default_rng(11)
+    names = ["a", "b", "c"]
+    first, second = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)
+
+    def detection(path, run, when, model="m", frame=None):
+        count = int(rng.integers(0, 6))
+        instances = [{"class_id": int(k), "class_name": names[k], "score": float(s), "box": [0, 0, 4, 4],
+                      "mask": None}
+                     for k, s in zip(rng.integers(0, 3, count), rng.random(count).astype(np.float32))]
+        return {"path": path, "width": W, "height": H, "instances": instances, "size": 100,
+                "modification_time": when, "frame_index": frame, "model_sha256": model, "run_id": run}
+
+    def error(path, run, when):
+        return {"path": path, "error_stage": "decode", "error_type": "ImageDecodeError",
+                "error_message": "not an image", "size": 100, "modification_time": when, "model_sha256": "m",
+                "run_id": run}
+
+    run_a, run_b = "20260101T000000Z-a", "20260102T000000Z-b"
+    images = [f"file:/in/{i:04d} x.jpg" for i in range(600)]
+    bad = [f"file:/in/bad/{i:03d}.jpg" for i in range(60)]
+    out = tmp_path / "out"
+    (out / "detections").mkdir(parents=True)
+    (out / "errors").mkdir()
+    files = {
+        "detections/part-a0.parquet": [detection(p, run_a, first) for p in images[:300]],
+        "detections/part-a1.parquet": [detection(p, run_a, first) for p in images[300:]]
+        + [detection("file:/in/clip.mp4", run_a, first, frame=f) for f in range(12)]
+        + [detection(p, run_a, first, model="other") for p in images[:40]],
+        "detections/part-b0.parquet": [detection(p, run_b, second) for p in images[:50] + bad[:10]]
+        + [detection("file:/in/clip.mp4", run_b, first, frame=f) for f in range(4)],
+        "errors/part-a0.parquet": [error(p, run_a, first) for p in bad],
+        "errors/part-b0.parquet": [error(p, run_b, second) for p in images[50:60]],
+    }
+    for name, rows in files.items():
+        pq.write_table(job_table(rows, error=name.startswith("errors")), out / name)
+    (out / "summary.json").write_text(json.dumps({"run_id": run_b, "input": "/in",
+                                                  "model": {"name": "m", "sha256": "m", "classes": names}}))
+
+    for limit in (7, 0, None):
+        local = render.gather(out, limit=limit, score_threshold=0.5)
+        gathered = gather_with_spark(spark, Location(str(out)), limit=limit, score_threshold=0.5)
+        assert gathered.images_total == local.images_total == 600 - 10 + 10 + 12
+        assert gathered.errors_total == local.errors_total == 50 + 10
+        assert [(r["path"], r["frame_index"]) for r in gathered.top] == [(r["path"], r["frame_index"])
+                                                                         for r in local.top]
+        assert [given(r) for r in gathered.top] == [given(r) for r in local.top]   # Spark's rows name every column
+        assert len(local.top) == {7: 7, 0: 612, None: 0}[limit]
+        assert gathered.classes == local.classes and gathered.score_bins == local.score_bins
+        assert [given(r) for r in gathered.errors] == [given(r) for r in local.errors]
+        assert (gathered.root, gathered.summary) == (local.root, local.summary)

@@ -300,7 +300,7 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
                                tables_after=tables_after)
         write_summary(plan.output, summary)
         if config.output.overlays:
-            summary["report"] = render_report(plan.output_uri)
+            summary["report"] = render_report(spark, plan.output)
         processed = totals["done"] + totals["failed"]
         max_fraction = run_cfg.max_error_fraction
         if processed and totals["failed"] / processed > max_fraction:
@@ -518,15 +518,17 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
     }
 
 
-def render_report(output_uri: str) -> str | None:
-    """output.overlays: overlays and report.html (pipelines.report.render) for a local output; the report's path."""
+def render_report(spark: SparkSession, output: Location) -> str | None:
+    """output.overlays: overlays and report.html (pipelines.report.render) for a local output, its rows gathered by
+    Spark (the driver holds the images it draws, not a row per image); the report's path."""
     import logging
 
-    from pipelines.report.render import render
+    from pipelines.report.render import draw
+    from pipelines.report.spark_rows import gather_with_spark
     from pipelines.report.tables import OutputError
 
     try:
-        return str(render(output_uri))
+        return str(draw(gather_with_spark(spark, output)))
     except OutputError as err:   # not a local output: the job's results stand, the report is for later
         logging.getLogger(__name__).warning(
             "no report: %s (python -m pipelines.report.render --output DIR draws it)", err)

@@ -13,12 +13,9 @@ DIR/<its path under the run's input>. The job draws them itself with `output.ove
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import logging
 import sys
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.errors import report_error
@@ -27,9 +24,9 @@ from pipelines.ops.mask_outputs import PNG_COMPRESS_LEVEL
 from pipelines.ops.video_decode import VideoDecodeError, frames_at
 from pipelines.report import overlays as ov
 from pipelines.report import page, plots
-from pipelines.report.page import MAX_ERROR_ROWS
+from pipelines.report.report_rows import ReportRows, top_score
 from pipelines.report.tables import (DETECTION_COLUMNS, ERROR_COLUMNS, OutputError, iter_current_rows, local_file,
-                                     local_output, output_keys, row_order)
+                                     local_output, output_keys)
 
 log = logging.getLogger(__name__)
 OVERLAYS_DIR = "overlays"
@@ -38,70 +35,18 @@ REPORT_NAME = "report.html"
 PLOTS_DIR = "report_files"
 DEFAULT_LIMIT = 100
 DEFAULT_THRESHOLD = 0.5
-SCORE_BINS = 20            # the score histograms' bins over 0..1
-
-
-@dataclass
-class ReportRows:
-    """What the report takes from an output's current rows, gathered in one pass (gather): the `limit` top-scoring
-    detection rows it draws and counts of the rest, so that its memory is bounded by `limit` (and a key per image),
-    not by the instances of every image."""
-
-    root: Path
-    summary: dict | None
-    score_threshold: float
-    top: list[dict] = field(default_factory=list)       # top-scoring detection rows, instances included, in order
-    images_total: int = 0                               # current detection rows (images and video frames)
-    classes: dict[str, list[int]] = field(default_factory=dict)      # [>= threshold, all, images with one >=]
-    score_bins: dict[str, list[int]] = field(default_factory=dict)   # SCORE_BINS counts over 0..1
-    errors: list[dict] = field(default_factory=list)    # the first MAX_ERROR_ROWS current error rows, by path
-    errors_total: int = 0
-
-    def count(self, row: dict) -> dict:
-        """Add a detection row's instances to the counts; returns the row."""
-        self.images_total += 1
-        seen = set()
-        for inst in row.get("instances") or []:
-            name, score = inst["class_name"], float(inst["score"])
-            counts = self.classes.setdefault(name, [0, 0, 0])
-            counts[1] += 1
-            if score >= self.score_threshold:
-                counts[0] += 1
-                seen.add(name)
-            bins = self.score_bins.setdefault(name, [0] * SCORE_BINS)
-            bins[min(max(int(score * SCORE_BINS), 0), SCORE_BINS - 1)] += 1
-        for name in seen:
-            self.classes[name][2] += 1
-        return row
-
-    def class_order(self) -> list[str]:
-        """Classes in the model's order where the summary names them, others after them by name."""
-        order = list((self.summary or {}).get("model", {}).get("classes") or [])
-        return [n for n in order if n in self.classes] + sorted(n for n in self.classes if n not in order)
 
 
 def gather(output: str | Path, limit: int | None = DEFAULT_LIMIT, score_threshold: float = DEFAULT_THRESHOLD
            ) -> ReportRows:
-    """The report's rows of `output`: the `limit` top-scoring current detection rows (0: all of them, None: none;
-    ties by path and frame) and the counts of all of them, and the errors' first rows, streaming the tables once."""
+    """The report's rows of a local `output`: the `limit` top-scoring current detection rows (0: all of them, None:
+    none; ties by path and frame) and the counts of all of them, and the errors' first rows, streaming the tables
+    once (the job gathers them with Spark instead: pipelines.report.spark_rows)."""
     root, summary, _, keys = output_keys(output)
-    rows = ReportRows(root, summary, score_threshold)
-
-    def rank(row: dict) -> tuple:
-        return (-_top_score(row, score_threshold), *row_order(row))
-
-    def counted_errors():
-        for error in iter_current_rows(root, "errors", keys, ERROR_COLUMNS):
-            rows.errors_total += 1
-            yield error
-
-    counted = (rows.count(row) for row in iter_current_rows(root, "detections", keys, DETECTION_COLUMNS))
-    if limit is None:
-        deque(counted, maxlen=0)        # counts only
-    else:
-        rows.top = heapq.nsmallest(limit, counted, key=rank) if limit > 0 else sorted(counted, key=rank)
-    rows.errors = heapq.nsmallest(MAX_ERROR_ROWS, counted_errors(), key=row_order)
-    return rows
+    rows = ReportRows(score_threshold, limit, root, summary)
+    rows.add_detections(iter_current_rows(root, "detections", keys, DETECTION_COLUMNS))
+    rows.add_errors(iter_current_rows(root, "errors", keys, ERROR_COLUMNS))
+    return rows.finished()
 
 
 def source_file(path: str, run_input: str | None, input_root: str | Path | None) -> Path:
@@ -114,10 +59,6 @@ def source_file(path: str, run_input: str | None, input_root: str | Path | None)
         if location.parts[:len(root.parts)] == root.parts and len(location.parts) > len(root.parts):
             return Path(input_root).joinpath(*location.parts[len(root.parts):])
     return Path(input_root) / location.parts[-1]
-
-
-def _top_score(row: dict, threshold: float) -> float:
-    return max([i["score"] for i in row.get("instances") or [] if i["score"] >= threshold], default=0.0)
 
 
 def _frame(row: dict) -> int | None:
@@ -153,7 +94,7 @@ def render_overlays(rows: ReportRows, input_root: str | Path | None = None) -> d
         ov.Image.fromarray(overlay).save(overlay_path, "PNG", compress_level=PNG_COMPRESS_LEVEL)
         ov.thumbnail(overlay).save(thumb_path, "JPEG", quality=85)
         entries.append({"path": row["path"], "frame_index": _frame(row), "name": name, "drawn": len(drawn),
-                        "top_score": _top_score(row, score_threshold),
+                        "top_score": top_score(row, score_threshold),
                         "classes": sorted({i["class_name"] for i in drawn}),
                         "overlay": f"{OVERLAYS_DIR}/{key}.png", "thumbnail": f"{OVERLAYS_DIR}/thumbs/{key}.jpg"})
     if missing:
@@ -216,7 +157,11 @@ def render(output: str | Path, input_root: str | Path | None = None, limit: int 
     """Overlays and report.html for `output`; returns the report's path."""
     if input_root is not None and not Path(input_root).is_dir():
         raise OutputError(f"--input-root {input_root}: no such directory; pass where the input images are now")
-    rows = gather(output, limit, score_threshold)
+    return draw(gather(output, limit, score_threshold), input_root)
+
+
+def draw(rows: ReportRows, input_root: str | Path | None = None) -> Path:
+    """Overlays and report.html from gathered rows (gather, or spark_rows.gather_with_spark); the report's path."""
     render_overlays(rows, input_root)
     return write_report(rows.root, rows)
 

@@ -17,11 +17,12 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow.dataset as ds
 
 from pipelines.errors import UsageError
+from pipelines.report.report_rows import row_order
 
 log = logging.getLogger(__name__)
 KEY_COLUMNS = ["path", "frame_index", "run_id", "size", "modification_time", "model_sha256"]
@@ -126,11 +127,6 @@ def iter_current_rows(root: Path, table: str, keys: dict, columns: list[str]) ->
                 yield row
 
 
-def row_order(row: dict) -> tuple:
-    """Rows by path, a video's whole-file record before its frames, frames in order."""
-    return row["path"], -1 if row.get("frame_index") is None else row["frame_index"]
-
-
 def _current_rows(root: Path, table: str, keys: dict, columns: list[str]) -> list[dict]:
     return sorted(iter_current_rows(root, table, keys, columns), key=row_order)
 
@@ -145,12 +141,19 @@ def output_keys(output: str | Path, all_models: bool = False) -> tuple[Path, dic
     `all_models`, no summary, or none of that model's rows are there."""
     root = local_output(output)
     summary = read_summary(root)
-    model = None if all_models or not summary else summary.get("model", {}).get("sha256")
-    keys = current_keys(root, model)
-    if not keys and (root / "detections").is_dir() and model:
-        log.warning("%s: no rows of model %s (the summary's); reading every model's rows", root, model[:12])
-        model, keys = None, current_keys(root, None)
+    model, keys = summary_model_records(root, summary, lambda model: current_keys(root, model), all_models)
     return root, summary, model, keys
+
+
+def summary_model_records(root: Path, summary: dict | None, current: Callable, all_models: bool = False) -> tuple:
+    """(model sha256 or None, current(model)): the current records of the summary's model, unless `all_models`, no
+    summary, or none of that model's records are there (current(model) falsy): then every model's, with a warning."""
+    model = None if all_models or not summary else summary.get("model", {}).get("sha256")
+    records = current(model)
+    if not records and (root / "detections").is_dir() and model:
+        log.warning("%s: no rows of model %s (the summary's); reading every model's rows", root, model[:12])
+        model, records = None, current(None)
+    return model, records
 
 
 def read_output(output: str | Path, with_instances: bool = True, all_models: bool = False) -> OutputTables:
