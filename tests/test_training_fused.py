@@ -151,3 +151,39 @@ def test_the_first_compiled_call_compiles_the_backward_without_touching_gradient
     result.sum().backward()                   # the step's own backward still runs on the graph kept for it
     (want,) = torch.autograd.grad(yolact_loss._cropped_mask_bce(logits, boxes, mask_t).sum(), logits)
     torch.testing.assert_close(logits.grad, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_backward_that_cannot_compile_fails_in_the_forward_call():
+    """backward_compiled_with_forward moves a backward's compile failure from the step's backward pass to the
+    forward call, where FusedOnCuda falls back, on a recompilation too: a backend whose backward compiler fails
+    from its second graph on, the second graph being size 1's specialization."""
+    import pytest
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from pipelines.training.fused import backward_compiled_with_forward
+
+    def compiled_with_failing_recompile():
+        backward_graphs = []
+
+        def backward(graph, example_inputs):
+            backward_graphs.append(graph)
+            if len(backward_graphs) > 1:
+                raise RuntimeError("this backward cannot compile")
+            return make_boxed_func(graph)
+
+        torch._dynamo.reset()
+        backend = aot_autograd(fw_compiler=lambda graph, example_inputs: make_boxed_func(graph), bw_compiler=backward)
+        return torch.compile(yolact_loss._cropped_mask_bce, backend=backend, dynamic=True, fullgraph=True)
+
+    compiled = compiled_with_failing_recompile()
+    with backward_compiled_with_forward():
+        compiled(*mask_inputs(6, 8)).sum().backward()
+        with pytest.raises(Exception, match="this backward cannot compile"):
+            compiled(*mask_inputs(1, 9))
+    compiled = compiled_with_failing_recompile()
+    compiled(*mask_inputs(6, 8)).sum().backward()
+    result = compiled(*mask_inputs(1, 9))        # without it, the forward passes and the step's backward fails
+    with pytest.raises(Exception, match="this backward cannot compile"):
+        result.sum().backward()
+    torch._dynamo.reset()

@@ -11,14 +11,16 @@ Elsewhere (CPUs, where the chunked eager code is as fast) the function runs as i
 
 Sizes are compiled as dynamic (``dynamic=True``), so the varying numbers of objects and masks per batch compile
 once. A function that cannot be compiled on this machine (no Triton, an unsupported operation, forward or backward:
-the first call runs both) runs as it is, with one warning.
+each compilation compiles both, and the first call runs both) runs as it is, with one warning.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 
 import torch
+import torch._functorch.config
 
 LOG = logging.getLogger(__name__)
 
@@ -41,7 +43,8 @@ class FusedOnCuda:
         if first:
             self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
         try:
-            result = self.compiled(*args)
+            with backward_compiled_with_forward():
+                result = self.compiled(*args)
             if first:
                 _backward_once(result, args)
             return result
@@ -52,10 +55,22 @@ class FusedOnCuda:
             return self.fallback(*args)
 
 
+def backward_compiled_with_forward():
+    """A context in which torch.compile compiles a graph's backward when it compiles its forward (AOTAutograd's
+    force_non_lazy_backward_lowering), on the first call and on every recompilation (a new specialization of a
+    size): a backward that cannot compile then fails in the forward call, where FusedOnCuda can still fall back,
+    not in the step's backward pass. A torch without the setting: as torch does (the first call's _backward_once
+    still checks)."""
+    config = torch._functorch.config   # noqa: SLF001  (AOTAutograd's setting, documented in that module)
+    if not hasattr(config, "force_non_lazy_backward_lowering"):
+        return contextlib.nullcontext()
+    return config.patch(force_non_lazy_backward_lowering=True)
+
+
 def _backward_once(result, args) -> None:
-    """Compile (and run, without touching any .grad) the backward of result with respect to the tensor arguments
-    that need a gradient, so that a backward that cannot compile fails here, where the plain function can still take
-    over, not in the step's backward pass. The step's own backward then reuses the compiled graph."""
+    """Run (without touching any .grad) the compiled backward of result with respect to the tensor arguments that
+    need a gradient, once, so that a backward that fails to compile or to run fails here, where the plain function
+    can still take over, not in the step's backward pass. The step's own backward then reuses the compiled graph."""
     outputs = [t for t in (result.values() if isinstance(result, dict) else [result])
                if torch.is_tensor(t) and t.requires_grad]
     inputs = [a for a in args if torch.is_tensor(a) and a.requires_grad]
