@@ -204,13 +204,10 @@ def given(row: dict) -> dict:
     return {key: value for key, value in row.items() if value is not None}
 
 
-def test_the_job_gathers_the_report_rows_with_spark_as_the_local_reader_does(spark, tmp_path):
-    """The job's report rows (spark_rows: partitions gathered on the executors, merged in a tree) equal render.gather's
-    over an output of two runs in several Parquet files: images replaced and re-run (their older records superseded),
-    a replaced image that now fails, earlier failures that now succeed, video frames, another model's rows."""
-    from pipelines.io.storage import Location
-    from pipelines.report.spark_rows import gather_with_spark
-
+def two_runs_output(tmp_path):
+    """An output of two runs in several Parquet files (job types): images replaced and re-run (their older records
+    superseded), a replaced image that now fails, earlier failures that now succeed, video frames, another model's
+    rows; 612 current detection rows, 60 current errors."""
     rng = np.random.default_rng(11)
     names = ["a", "b", "c"]
     first, second = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)
@@ -248,7 +245,17 @@ def test_the_job_gathers_the_report_rows_with_spark_as_the_local_reader_does(spa
         pq.write_table(job_table(rows, error=name.startswith("errors")), out / name)
     (out / "summary.json").write_text(json.dumps({"run_id": run_b, "input": "/in",
                                                   "model": {"name": "m", "sha256": "m", "classes": names}}))
+    return out
 
+
+def test_the_job_gathers_the_report_rows_with_spark_as_the_local_reader_does(spark, tmp_path):
+    """The job's report rows (spark_rows: partitions gathered on the executors, merged in a tree) equal render.gather's
+    on two_runs_output; the job draws with them beyond LOCAL_REPORT_MAX_RECORDS."""
+    from pipelines.inference.inference_job import LOCAL_REPORT_MAX_RECORDS, render_report
+    from pipelines.io.storage import Location
+    from pipelines.report.spark_rows import gather_with_spark
+
+    out = two_runs_output(tmp_path)
     for limit in (7, 0, None):
         local = render.gather(out, limit=limit, score_threshold=0.5)
         gathered = gather_with_spark(spark, Location(str(out)), limit=limit, score_threshold=0.5)
@@ -261,3 +268,7 @@ def test_the_job_gathers_the_report_rows_with_spark_as_the_local_reader_does(spa
         assert gathered.classes == local.classes and gathered.score_bins == local.score_bins
         assert [given(r) for r in gathered.errors] == [given(r) for r in local.errors]
         assert (gathered.root, gathered.summary) == (local.root, local.summary)
+    large = {"table": {"images": LOCAL_REPORT_MAX_RECORDS, "errors": 1, "superseded_rows": 0}}
+    assert render_report(spark, Location(str(out)), large) == str(out / "report.html")
+    index = json.loads((out / "overlays" / "index.json").read_text())
+    assert index["images_total"] == 612 and len(index["missing"]) == 100    # /in holds no image here

@@ -300,7 +300,7 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
                                tables_after=tables_after)
         write_summary(plan.output, summary)
         if config.output.overlays:
-            summary["report"] = render_report(spark, plan.output)
+            summary["report"] = render_report(spark, plan.output, summary)
         processed = totals["done"] + totals["failed"]
         max_fraction = run_cfg.max_error_fraction
         if processed and totals["failed"] / processed > max_fraction:
@@ -518,16 +518,23 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
     }
 
 
-def render_report(spark: SparkSession, output: Location) -> str | None:
-    """output.overlays: overlays and report.html (pipelines.report.render) for a local output, its rows gathered by
-    Spark (the driver holds the images it draws, not a row per image); the report's path."""
+LOCAL_REPORT_MAX_RECORDS = 50_000   # outputs up to this many records: the report's rows read on the driver (pyarrow,
+                                    # ~1 KB each, faster there than Spark's jobs); beyond: gathered by Spark
+
+
+def render_report(spark: SparkSession, output: Location, summary: dict) -> str | None:
+    """output.overlays: overlays and report.html (pipelines.report.render) for a local output; the report's path.
+    The rows it draws and counts are read on the driver for a small output (summary's `table`: its records), else
+    gathered by Spark, so that the driver holds the rows it draws, not a key per image."""
     import logging
 
-    from pipelines.report.render import draw
+    from pipelines.report.render import draw, gather
     from pipelines.report.spark_rows import gather_with_spark
     from pipelines.report.tables import OutputError
 
     try:
+        if sum(summary["table"].values()) <= LOCAL_REPORT_MAX_RECORDS:
+            return str(draw(gather(output.uri)))
         return str(draw(gather_with_spark(spark, output)))
     except OutputError as err:   # not a local output: the job's results stand, the report is for later
         logging.getLogger(__name__).warning(
