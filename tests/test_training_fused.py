@@ -187,3 +187,47 @@ def test_a_backward_that_cannot_compile_fails_in_the_forward_call():
     with pytest.raises(Exception, match="this backward cannot compile"):
         result.sum().backward()
     torch._dynamo.reset()
+
+
+def test_a_run_of_varying_batches_compiles_a_few_graphs_not_one_per_step(monkeypatch):
+    """On a GPU each new graph costs seconds of compiling and torch.compile gives up on a function after
+    cache_size_limit graphs (8): over 40 micro-batches of 4 images whose object counts, masks to train and
+    duplicate boxes vary as in training (an image with no object, one, a few, many; a batch of 0- and 1-object
+    images; two objects wanting one prior: the greedy path), the loss and the matching's two parts compile a few
+    graphs each (3 each with this torch: dynamic sizes, then the 0/1 and small-size specializations), none for a
+    new count of objects or masks. Traced with a counting backend: the guards that decide a recompilation are the
+    tracer's, whatever the backend."""
+    from pipelines.training import boxes
+    from tests.test_training_loss_vectorized import (PROTO, SEGM, random_outputs, random_priors,  # noqa: PLC0415
+                                                     random_targets)
+
+    graphs: dict[str, int] = {}
+
+    def compiled(name, function):
+        def counting(graph, example_inputs):
+            graphs[name] = graphs.get(name, 0) + 1
+            return graph.forward
+        return torch.compile(function, backend=counting, dynamic=True, fullgraph=True)
+
+    for name in ("best_overlaps", "match_targets"):
+        monkeypatch.setattr(boxes, name, compiled(name, getattr(boxes, "_" + name)))
+    loss_sums = compiled("loss_sums", yolact_loss._loss_sums)
+    rng = np.random.default_rng(12)
+    generator = torch.Generator().manual_seed(12)
+    priors = random_priors(generator)
+    loss = yolact_loss.YolactLoss(yolact_loss.LossConfig(masks_to_train=24), priors)
+    batches = [[int(c) for c in rng.choice([0, 1, 2, 3, 5, 8, 13, 20], 4)] for _ in range(36)]
+    batches += [[0, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [2, 0, 1, 0]]
+    for step, counts in enumerate(batches):
+        targets = [random_targets(generator, count, seed=step * 10 + i, duplicate=step % 3 == 0)
+                   for i, count in enumerate(counts)]
+        packed = yolact_loss.PackedTargets.pack(targets, [(PROTO, PROTO), (SEGM, SEGM)])
+        matches, outputs = loss.match(packed), random_outputs(generator, len(counts), priors.shape[0])
+        slots = matches.slots
+        loss_sums(outputs["loc"], outputs["conf"], outputs["mask"], outputs["proto"], outputs["segm"], matches.conf,
+                  matches.loc, matches.gt_box, matches.gt_index, slots.image_idx, slots.prior_idx, slots.slot_idx,
+                  slots.scale, slots.count, packed.masks_at((PROTO, PROTO)), packed.masks_at((SEGM, SEGM)),
+                  packed.labels, packed.valid, loss.cfg)
+    assert set(graphs) == {"best_overlaps", "match_targets", "loss_sums"}
+    assert max(graphs.values()) <= 4, graphs
+    torch._dynamo.reset()
