@@ -73,3 +73,44 @@ def test_annotations_that_are_not_json_are_one_line_exit_2(bundled_val_run, tmp_
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / name}: {problem}"), done.stderr
+
+
+def test_a_labelled_sample_in_a_large_output_gives_its_own_ap_holding_its_rows_only(bundled_val_run, tmp_path):
+    """The annotated images' rows among 4,000 others (30 instances with masks each, of this model, in another file):
+    the same evaluation as over the annotated run alone, holding a fraction of the memory read_output would
+    (tracemalloc counts the same allocations on every machine)."""
+    import tracemalloc
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.report.tables import read_output
+
+    out = copy_output(bundled_val_run.output, tmp_path / "out")
+    first = next((out / "detections").rglob("*.parquet"))
+    schema = pq.read_schema(first)
+    model = pq.read_table(first, columns=["model_name", "model_sha256", "run_id"]).to_pylist()[0]
+    rng = np.random.default_rng(5)
+    n, per_image = 4000, 30
+    instances = [[{"class_id": 1, "class_name": "pothole", "score": float(score), "box": [0, 0, 8, 8],
+                   "mask": {"size": [480, 640], "counts": "x" * 120}} for score in rng.random(per_image)]
+                 for _ in range(n)]
+    extra = {"path": [f"file:/elsewhere/unlabelled_{i:05d}.jpg" for i in range(n)], "width": [640] * n,
+             "height": [480] * n, "instances": instances, **{key: [value] * n for key, value in model.items()}}
+    columns = {field.name: pa.array(extra.get(field.name, [None] * n), field.type) for field in schema}
+    pq.write_table(pa.table(columns, schema=schema), out / "detections" / "part-unlabelled.parquet")
+
+    def peak(call):
+        tracemalloc.start()
+        try:
+            return call(), tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    report, held = peak(lambda: evaluate_output(out, bundled_val_run.annotations, groups=ROAD_GROUPS))
+    _, everything = peak(lambda: read_output(out))
+    alone = evaluate_output(bundled_val_run.output, bundled_val_run.annotations, groups=ROAD_GROUPS)
+    assert report["overall"] == alone["overall"] and report["per_class"] == alone["per_class"]
+    assert report["images"] == alone["images"] == 40
+    assert held < everything / 4, (held, everything)

@@ -151,32 +151,43 @@ def _rle(segmentation: dict) -> dict:
 
 def evaluate_output(output: str | Path, annotations: str | Path | dict, score_threshold: float = 0.5,
                     groups: Mapping[str, Sequence[str]] | None = None) -> dict:
-    """COCO AP of the job's current detections in `output` against `annotations`; the evaluation.json content."""
-    from pipelines.report.tables import read_output
+    """COCO AP of the job's current detections in `output` against `annotations`; the evaluation.json content.
+    Holds the rows of the annotated images only (and a key per image of the output), so that a labelled sample
+    can be evaluated in a large output."""
+    from pipelines.report.report_rows import row_order
+    from pipelines.report.tables import DETECTION_COLUMNS, iter_current_rows, output_keys
 
-    tables = read_output(output)
+    root, _, _, keys = output_keys(output)
     ground_truth = load_ground_truth(annotations)
     image_ids = {Path(im["file_name"]).name: im["id"] for im in ground_truth.dataset["images"]}
     category_ids = {c["name"]: c["id"] for c in ground_truth.dataset["categories"]}
-    in_output = {Path(r["path"]).name for r in tables.detections + tables.errors}
+    detections, in_output, predicted = [], set(), set()     # rows and names of annotated images; every class seen
+    for row in iter_current_rows(root, "detections", keys, DETECTION_COLUMNS):
+        predicted.update(inst["class_name"] for inst in row.get("instances") or [])
+        if Path(row["path"]).name in image_ids:
+            in_output.add(Path(row["path"]).name)
+            detections.append(row)
+    for row in iter_current_rows(root, "errors", keys, ["path", "frame_index", "run_id"]):
+        if Path(row["path"]).name in image_ids:
+            in_output.add(Path(row["path"]).name)
+    detections.sort(key=row_order)
     matched = {name: image_id for name, image_id in image_ids.items() if name in in_output}
     if not matched:
-        raise EvaluationError(f"{annotations}: none of its {len(image_ids)} image file names is in {tables.root} "
+        raise EvaluationError(f"{annotations}: none of its {len(image_ids)} image file names is in {root} "
                               "(detections/ or errors/): evaluate the output of a run over the annotated images")
-    predicted = {inst["class_name"] for r in tables.detections for inst in r.get("instances") or []}
     if predicted and not predicted & set(category_ids):
         raise EvaluationError(f"{annotations}: its classes {sorted(category_ids)} share no name with the model's "
                               f"{sorted(predicted)}: evaluate against annotations of the model's classes")
     missing = sorted(set(image_ids) - in_output)
     if missing:
-        log.warning("%d annotated images are not in %s and are left out, e.g. %s", len(missing), tables.root,
+        log.warning("%d annotated images are not in %s and are left out, e.g. %s", len(missing), root,
                     ", ".join(missing[:5]))
     if len(matched) < len(image_ids):
         ground_truth = subset_ground_truth(ground_truth, set(matched.values()))
-    results = results_from_rows(tables.detections, matched, category_ids)
+    results = results_from_rows(detections, matched, category_ids)
     has_masks = bool(results) and all("segmentation" in r for r in results)
     iou_types = ("bbox", "segm") if has_masks else ("bbox",)
-    report = {"annotations": str(annotations), "output": str(tables.root), "images": len(matched),
+    report = {"annotations": str(annotations), "output": str(root), "images": len(matched),
               "images_not_in_output": missing[:50], "images_not_in_output_count": len(missing),
               "results": len(results), "score_threshold": score_threshold,
               "ignored_classes": sorted(predicted - set(category_ids)),
