@@ -79,13 +79,12 @@ def test_a_labelled_sample_in_a_large_output_gives_its_own_ap_holding_its_rows_o
     """The annotated images' rows among 4,000 others (30 instances with masks each, of this model, in another file):
     the same evaluation as over the annotated run alone, holding a fraction of the memory read_output would
     (tracemalloc counts the same allocations on every machine)."""
-    import tracemalloc
-
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from pipelines.report.tables import read_output
+    from tests.test_render import traced_peak
 
     out = copy_output(bundled_val_run.output, tmp_path / "out")
     first = next((out / "detections").rglob("*.parquet"))
@@ -101,15 +100,8 @@ def test_a_labelled_sample_in_a_large_output_gives_its_own_ap_holding_its_rows_o
     columns = {field.name: pa.array(extra.get(field.name, [None] * n), field.type) for field in schema}
     pq.write_table(pa.table(columns, schema=schema), out / "detections" / "part-unlabelled.parquet")
 
-    def peak(call):
-        tracemalloc.start()
-        try:
-            return call(), tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-
-    report, held = peak(lambda: evaluate_output(out, bundled_val_run.annotations, groups=ROAD_GROUPS))
-    _, everything = peak(lambda: read_output(out))
+    report, held = traced_peak(lambda: evaluate_output(out, bundled_val_run.annotations, groups=ROAD_GROUPS))
+    _, everything = traced_peak(lambda: read_output(out))
     alone = evaluate_output(bundled_val_run.output, bundled_val_run.annotations, groups=ROAD_GROUPS)
     assert report["overall"] == alone["overall"] and report["per_class"] == alone["per_class"]
     assert report["images"] == alone["images"] == 40

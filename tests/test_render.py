@@ -128,12 +128,21 @@ def test_input_root_finds_moved_images(tmp_path):
     assert render.source_file("abfss://c@acct.dfs.core.windows.net/other/x.jpg", "/data/in", moved) == moved / "x.jpg"
 
 
+def traced_peak(call):
+    """(call(), the peak of the Python memory it allocated: tracemalloc, the same allocations on every machine)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        return call(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_the_report_keeps_only_what_it_draws(tmp_path):
     """render.gather streams the current rows once: its top rows, class counts, score bins and first errors are
     those of the rows read_output holds, while it holds a few hundred rows (Python memory a fraction of
     read_output's on 6,000 images of 30 instances: tracemalloc counts the same allocations on every machine)."""
-    import tracemalloc
-
     from pipelines.report.page import MAX_ERROR_ROWS
 
     rng = np.random.default_rng(3)
@@ -158,15 +167,8 @@ def test_the_report_keeps_only_what_it_draws(tmp_path):
     (out / "summary.json").write_text(json.dumps({"run_id": "20260101T000000Z-a", "input": "/in",
                                                   "model": {"name": "m", "sha256": "m", "classes": names}}))
 
-    def peak(call):
-        tracemalloc.start()
-        try:
-            return call(), tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-
-    tables, held = peak(lambda: read_output(out))
-    rows, streamed = peak(lambda: render.gather(out, limit=7, score_threshold=0.5))
+    tables, held = traced_peak(lambda: read_output(out))
+    rows, streamed = traced_peak(lambda: render.gather(out, limit=7, score_threshold=0.5))
     assert streamed < held / 4, (streamed, held)
 
     def top(row):
