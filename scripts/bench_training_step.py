@@ -150,16 +150,39 @@ def full_step(session, rows: dict, plan: list[list[int]], warmup: int, one_at_a_
     from pipelines.training.loader import micro_batch_stream
 
     stream = micro_batch_stream(rows, plan, session.loader_spec(0))
-    started = 0.0
+    started, graphs = 0.0, 0
     settle = (lambda k: True) if one_at_a_time else (lambda k: k + 1 == warmup)
     for step, _ in enumerate(session.steps(stream, [1] * len(plan), settle=settle)):
         if step + 1 == warmup:
             synchronize(session.device)
-            started = time.perf_counter()
+            started, graphs = time.perf_counter(), compiled_graphs()
     synchronize(session.device)
     stream.close()
     timed = plan[warmup:]
+    COMPILED_IN_TIMED_STEPS.append(compiled_graphs() - graphs)
     return sum(len(mb) for mb in timed) / (time.perf_counter() - started)
+
+
+COMPILED_IN_TIMED_STEPS: list[int] = []   # graphs torch.compile made during each full_step's timed steps
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def fused_states() -> dict[str, str]:
+    """Each FusedOnCuda function of the step: compiled (on a GPU), fell back (compiling failed: it runs eagerly, and
+    the figures measure that), or eager (not called on a GPU)."""
+    from pipelines.training import batches, boxes, yolact_loss
+
+    functions = {"colour": batches.distorted_normalized, "best_overlaps": boxes.best_overlaps,
+                 "match_targets": boxes.match_targets, "loss_sums": yolact_loss.loss_sums,
+                 "cropped_mask_bce": yolact_loss.cropped_mask_bce}
+    return {name: "fell back" if f.failed else "compiled" if f.compiled is not None else "eager"
+            for name, f in functions.items()}
 
 
 def step_without_input(session, rows: dict, plan: list[list[int]], warmup: int, steps: int) -> float:
@@ -327,6 +350,8 @@ def measure(args, device, prepared: Path, rows: dict, config: str, size: int, ba
     result["step_without_input_images_per_s"] = round(
         step_without_input(session, rows, plan, args.warmup, args.steps), 1)
     result["loader_only_images_per_s"] = round(loader_only(session, rows, plan[:args.steps]), 1)
+    result["fused"] = fused_states()
+    result["graphs_compiled_in_timed_full_steps"] = COMPILED_IN_TIMED_STEPS[-2:]
     if args.profile:
         result["profile"], table = profile_steps(session, rows, plan, args.profile)
         result["profile"]["component_ms"], component_tables = component_times(session, rows, plan)
@@ -376,6 +401,13 @@ def markdown(report: dict) -> str:
                      f"{r['ceiling_images_per_s']} | {r['full_step_images_per_s']} | {r['ratio_full_to_ceiling']} | "
                      f"{r['full_step_one_at_a_time_images_per_s']} | "
                      f"{r['step_without_input_images_per_s']} | {r['loader_only_images_per_s']} |")
+    lines += ["", "Compiled parts of the step (FusedOnCuda: compiled on a GPU; fell back: compiling failed and the "
+              "figures measure the eager code) and graphs torch.compile made during the two timed full steps "
+              "(a recompilation there is time the figure counts):", ""]
+    for r in report["results"]:
+        states = ", ".join(f"{name} {state}" for name, state in r.get("fused", {}).items())
+        lines.append(f"- {r['model']} {r['input_size']} b{r['batch']} {r['precision']}: {states}; graphs in the "
+                     f"timed steps: {r.get('graphs_compiled_in_timed_full_steps')}")
     lines += ["", "First step's loss terms (box, conf, mask, semantic) from the same seeded weights and micro-batch, "
               "graphs off vs on (largest relative difference):", ""]
     for (model, precision), rows in group_rows(report["results"]).items():
