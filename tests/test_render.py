@@ -252,7 +252,7 @@ def two_runs_output(tmp_path):
 
 def test_the_job_gathers_the_report_rows_with_spark_as_the_local_reader_does(spark, tmp_path):
     """The job's report rows (spark_rows: partitions gathered on the executors, merged in a tree) equal render.gather's
-    on two_runs_output; the job draws with them beyond LOCAL_REPORT_MAX_RECORDS."""
+    on two_runs_output; the job draws with them beyond LOCAL_REPORT_MAX_RECORDS, and the CLI with --spark."""
     from pipelines.inference.inference_job import LOCAL_REPORT_MAX_RECORDS, render_report
     from pipelines.io.storage import Location
     from pipelines.report.spark_rows import gather_with_spark
@@ -274,3 +274,8 @@ def test_the_job_gathers_the_report_rows_with_spark_as_the_local_reader_does(spa
     assert render_report(spark, Location(str(out)), large) == str(out / "report.html")
     index = json.loads((out / "overlays" / "index.json").read_text())
     assert index["images_total"] == 612 and len(index["missing"]) == 100    # /in holds no image here
+    (out / "overlays" / "index.json").unlink()
+    assert render.main(["--output", str(out), "--spark", "--limit", "7"]) == 0    # the CLI's --spark: the same
+    index = json.loads((out / "overlays" / "index.json").read_text())
+    assert index["images_total"] == 612 and [m["path"] for m in index["missing"]] == [
+        r["path"] for r in render.gather(out, limit=7, score_threshold=0.5).top]

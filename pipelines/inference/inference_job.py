@@ -528,14 +528,12 @@ def render_report(spark: SparkSession, output: Location, summary: dict) -> str |
     gathered by Spark, so that the driver holds the rows it draws, not a key per image."""
     import logging
 
-    from pipelines.report.render import draw, gather
-    from pipelines.report.spark_rows import gather_with_spark
+    from pipelines.report.render import render
     from pipelines.report.tables import OutputError
 
     try:
-        if sum(summary["table"].values()) <= LOCAL_REPORT_MAX_RECORDS:
-            return str(draw(gather(output.uri)))
-        return str(draw(gather_with_spark(spark, output)))
+        return str(render(output.uri, spark=None if sum(summary["table"].values()) <= LOCAL_REPORT_MAX_RECORDS
+                          else spark))
     except OutputError as err:   # not a local output: the job's results stand, the report is for later
         logging.getLogger(__name__).warning(
             "no report: %s (python -m pipelines.report.render --output DIR draws it)", err)

@@ -1,6 +1,6 @@
 """See a job's results: overlay images and a static report page, from a (local) output directory. No Spark.
 
-    python -m pipelines.report.render --output OUT [--input-root DIR] [--limit N] [--score-threshold T]
+    python -m pipelines.report.render --output OUT [--input-root DIR] [--limit N] [--score-threshold T] [--spark]
 
 Writes OUT/overlays/<image key>.png (each instance's mask tinted in its own colour, with box, class and score;
 the key is the image's path under the job's input, as for masks/; a video frame is <video key>/<frame index>.png,
@@ -8,7 +8,8 @@ drawn on the frame decoded from the video), OUT/overlays/thumbs/*.jpg, OUT/overl
 and OUT/report.html (+ OUT/report_files/*.png): open report.html in a browser, copy OUT to view it elsewhere, or
 `displayHTML(open(".../report.html").read())` on Databricks. `--input-root DIR`: where the input images are now,
 when they moved since the run (an hdfs:// or abfss:// input downloaded to DIR): an image is looked up at
-DIR/<its path under the run's input>. The job draws them itself with `output.overlays: true`.
+DIR/<its path under the run's input>. The job draws them itself with `output.overlays: true`. `--spark`: the rows
+are gathered by a local Spark session (pyspark and Java), for outputs too large for one key per image in memory.
 """
 from __future__ import annotations
 
@@ -153,11 +154,17 @@ def write_report(output: str | Path, rows: ReportRows | None = None) -> Path:
 
 
 def render(output: str | Path, input_root: str | Path | None = None, limit: int = DEFAULT_LIMIT,
-           score_threshold: float = DEFAULT_THRESHOLD) -> Path:
-    """Overlays and report.html for `output`; returns the report's path."""
+           score_threshold: float = DEFAULT_THRESHOLD, spark=None) -> Path:
+    """Overlays and report.html for `output`; returns the report's path. spark: a SparkSession that gathers the rows
+    (pipelines.report.spark_rows: this process holds the rows it draws, not a key per image), else pyarrow here."""
     if input_root is not None and not Path(input_root).is_dir():
         raise OutputError(f"--input-root {input_root}: no such directory; pass where the input images are now")
-    return draw(gather(output, limit, score_threshold), input_root)
+    if spark is None:
+        return draw(gather(output, limit, score_threshold), input_root)
+    from pipelines.io.storage import Location
+    from pipelines.report.spark_rows import gather_with_spark
+
+    return draw(gather_with_spark(spark, Location(str(local_output(output))), limit, score_threshold), input_root)
 
 
 def draw(rows: ReportRows, input_root: str | Path | None = None) -> Path:
@@ -174,14 +181,28 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"draw at most this many images, top-scoring first (default {DEFAULT_LIMIT}; 0: all)")
     parser.add_argument("--score-threshold", type=float, default=DEFAULT_THRESHOLD,
                         help=f"draw and count instances with at least this score (default {DEFAULT_THRESHOLD})")
+    parser.add_argument("--spark", action="store_true",
+                        help="gather the rows with a local Spark session (local[*]; needs pyspark and Java): for "
+                             "outputs of millions of images, of which this process would otherwise hold a key each")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        path = render(args.output, args.input_root, args.limit, args.score_threshold)
+        path = render(args.output, args.input_root, args.limit, args.score_threshold,
+                      local_spark() if args.spark else None)
     except OutputError as err:
         return report_error(err)
     print(f"report: {path}")
     return 0
+
+
+def local_spark():
+    """A local[*] SparkSession for --spark (quiet), or OutputError where pyspark is not installed."""
+    try:
+        from pipelines.spark.spark_session import local_session
+    except ImportError as err:
+        raise OutputError(f"--spark needs pyspark and Java ({err}): install the job's dependencies (pip install "
+                          "sparkseg), or leave --spark out") from None
+    return local_session(app_name="sparkseg-report")
 
 
 if __name__ == "__main__":

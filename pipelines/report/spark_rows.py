@@ -1,10 +1,10 @@
 """The report's rows (report_rows.ReportRows) of a job's output, gathered by Spark: what the job's `output.overlays`
-draws after a run.
+draws after a large run, and `python -m pipelines.report.render --spark`.
 
 The current records are ranked by Spark (pipelines.results.incremental), each partition's rows are gathered on the
 executors and the partial results merged there in a tree, so that the driver receives one ReportRows (`limit` rows,
-the counts, the first errors) whatever the number of images. `python -m pipelines.report.render` (no Spark) streams
-a local output with pyarrow instead, through the same ReportRows.
+the counts, the first errors) whatever the number of images. `python -m pipelines.report.render` streams a local
+output with pyarrow instead, through the same ReportRows, unless given --spark.
 """
 from __future__ import annotations
 
