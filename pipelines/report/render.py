@@ -25,7 +25,7 @@ from pipelines.ops.mask_outputs import PNG_COMPRESS_LEVEL
 from pipelines.ops.video_decode import VideoDecodeError, frames_at
 from pipelines.report import overlays as ov
 from pipelines.report import page, plots
-from pipelines.report.report_rows import ReportRows, top_score
+from pipelines.report.report_rows import DEFAULT_LIMIT, DEFAULT_THRESHOLD, ReportRows, top_score
 from pipelines.report.tables import (DETECTION_COLUMNS, ERROR_COLUMNS, OutputError, iter_current_rows, local_file,
                                      local_output, output_keys)
 
@@ -34,8 +34,6 @@ OVERLAYS_DIR = "overlays"
 INDEX_NAME = "index.json"
 REPORT_NAME = "report.html"
 PLOTS_DIR = "report_files"
-DEFAULT_LIMIT = 100
-DEFAULT_THRESHOLD = 0.5
 
 
 def gather(output: str | Path, limit: int | None = DEFAULT_LIMIT, score_threshold: float = DEFAULT_THRESHOLD

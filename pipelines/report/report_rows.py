@@ -16,6 +16,8 @@ from pathlib import Path
 from pipelines.report.page import MAX_ERROR_ROWS
 
 SCORE_BINS = 20            # the score histograms' bins over 0..1
+DEFAULT_LIMIT = 100        # top-scoring images drawn
+DEFAULT_THRESHOLD = 0.5    # instances drawn and counted at or above this score
 
 
 @dataclass

@@ -13,8 +13,7 @@ from functools import partial
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.io.storage import Location
-from pipelines.report.render import DEFAULT_LIMIT, DEFAULT_THRESHOLD
-from pipelines.report.report_rows import ReportRows, added_spark_row
+from pipelines.report.report_rows import DEFAULT_LIMIT, DEFAULT_THRESHOLD, ReportRows, added_spark_row
 from pipelines.report.tables import (DETECTION_COLUMNS, ERROR_COLUMNS, local_output, read_summary,
                                      summary_model_records)
 from pipelines.results.incremental import current_records, read_tables
