@@ -48,8 +48,8 @@ class DetectorParityGate:
     ONNX Runtime and OpenVINO f32 on the FP32-weights IR: at least `min_reproduced` of torch's detections
     reproduced (a near-tie in an NMS may flip a few). The shipped FP16-weights IR run in f32: `fp16_min_matched`
     and a median matched box IoU >= `fp16_min_median_box_iou` (FP16 weights move scores by 1e-3..1e-2, enough to
-    flip near-tied NMS decisions; a broken conversion matches almost nothing). bf16 (the device default on AMX
-    CPUs) is reported, not gated. torchvision's own transform (resize + normalize in torch) against our
+    flip near-tied NMS decisions; a broken conversion matches almost nothing). bf16 (the device default on
+    AVX512-BF16 CPUs) is reported, not gated. torchvision's own transform (resize + normalize in torch) against our
     preprocessing: `transform_min_matched`.
     """
 

@@ -15,7 +15,8 @@ from pipelines.ops import yolact_postprocess as yp
 
 @dataclass(frozen=True)
 class ParityGate:
-    """Thresholds the export must meet in f32; bf16 (the device default on AMX CPUs) is reported, not gated."""
+    """Thresholds the export must meet in f32; bf16 (the device default on CPUs with AVX512-BF16) is reported, not
+    gated."""
 
     ort_atol: float = 1e-4            # ONNX Runtime vs torch, every raw output
     ov_fp32_ir_atol: float = 1e-3     # OpenVINO f32, FP32-weights IR vs torch
@@ -125,7 +126,8 @@ def runtime_outputs(network, tensors: list[np.ndarray], onnx_path, ir_xml, input
                     output_names: list[str]) -> dict[str, list[dict]]:
     """Every runtime's raw outputs on the same preprocessed tensors ([3, H, W] each): torch (eval), ONNX Runtime on
     the simplified ONNX, OpenVINO f32 on an FP32-weights IR (made here, in memory only), and the shipped FP16 IR in
-    f32 and in the device default (bf16 on AMX CPUs). Returns {runtime: [{output name: array without batch}]}."""
+    f32 and in the device default (bf16 on CPUs with AVX512-BF16). Returns {runtime: [{output name: array without
+    batch}]}."""
     import onnxruntime as ort
     import openvino as ov
     import torch

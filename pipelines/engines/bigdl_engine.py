@@ -515,7 +515,7 @@ def bigdl_predict(df: DataFrame, ir_xml_path: str | Path, input_col: str = "chw"
     the batch axis, C order). batch_size: images per inference call; > 1 makes Orca reshape the IR's batch axis
     (the last batch is padded by repeating its last image), so use 1 for IRs with batch-dependent constants
     (YOLACT's reshapes). precision: f32 | bf16 | auto (OpenVINO's INFERENCE_PRECISION_HINT; auto: the device
-    default, bf16 on AMX).
+    default, bf16 on CPUs with AVX512-BF16).
 
     The nested input is persisted (MEMORY_AND_DISK; `Predictions.persisted_input`): Orca's DataFrame predict
     zips the input's JVM rows with the Python workers' predictions computed from that same input, so each task

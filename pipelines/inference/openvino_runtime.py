@@ -18,8 +18,9 @@ PRECISION_HINTS = {"f32": "f32", "bf16": "bf16", "auto": None}
 
 @dataclass(frozen=True)
 class RuntimeSettings:
-    """precision: f32 | bf16 | auto (device default: bf16 on AMX CPUs). threads/streams: None = OpenVINO default.
-    pin_cores: the process claims `threads` free cores and runs on them only (core_pinning; needs threads)."""
+    """precision: f32 | bf16 | auto (device default: bf16 on CPUs with AVX512-BF16). threads/streams: None =
+    OpenVINO's default. pin_cores: the process claims `threads` free cores and runs on them only (core_pinning;
+    needs threads)."""
 
     precision: str = "auto"
     threads: int | None = None
