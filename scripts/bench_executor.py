@@ -12,9 +12,9 @@ Per model and precision, in one run, in --rounds interleaved rounds (medians of 
   "after" the current one, "boxes only" the current one with output.masks none, "jpeg_draft" the current one
   with inference.jpeg_draft (reduced-size JPEG decode; not result-identical), and "pinned" the current one with
   inference.pin_cores (each process claims a core of its own);
-- the Spark job itself (`jobs/infer_yolact.py --master local[P]`, the same settings) over P x 8 and over
-  --job-images images: its images/s beyond its fixed start-up and summary cost (YOLACT rows at the manifest's
-  conf_thresh).
+- the Spark job itself (`jobs/infer_yolact.py --master local[P]`, the same settings) over P x 8 images and over
+  enough for --job-seconds of the executor function's work: its images/s beyond its fixed start-up and summary
+  cost (YOLACT rows at the manifest's conf_thresh).
 Images: JPEGs of 480-1920 px made from the samples (scripts/bench/images.py). Detections: YOLACT's COCO setting
 (fast NMS, top_k 200, up to 100 kept); every detection is written (score threshold 0) so before and after write
 the same instances, and conf_thresh is lowered from the manifest's until the mean is >= 90 per image. Reported:
@@ -30,6 +30,7 @@ import datetime as dt
 import itertools
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -459,16 +460,14 @@ def median_result(results: list[dict]) -> dict:
 
 
 def measure_job(args, manifest, precision: str, conf, image_dir: Path, paths: list[Path], work: Path,
-                large_count: int) -> dict:
+                min_large_count: int) -> dict:
     """The Spark job (local[P], P tasks x 1 OpenVINO thread, the executor rows' settings: every detection written,
-    masks as RLE + PNG) over P x 8 and over `large_count` bench images: its images/s beyond its fixed cost, against
-    the executor function ('after') in --rounds interleaved rounds [executor, job small, job large] closed by one
-    more executor run. A round's ratio is the job's img/s over the mean of the executor runs around it (the
-    machine's speed drifts: only neighbours in time compare); the result is the median round, with every round's
-    figures beside it."""
-    small_count = args.processes * 8
-    small = bench_images.make_images(work / f"images-executor-{small_count}", small_count, sizes=EXECUTOR_SIZES)
-    large = bench_images.make_images(work / f"images-executor-{large_count}", large_count, sizes=EXECUTOR_SIZES)
+    masks as RLE + PNG) over P x 8 and over a large set of bench images (--job-images; by default enough for
+    --job-seconds at the executor function's first measured rate, at least `min_large_count`): its images/s beyond
+    its fixed cost, against the executor function ('after') in --rounds interleaved rounds [executor, job small,
+    job large] closed by one more executor run. A round's ratio is the job's img/s over the mean of the executor
+    runs around it (the machine's speed drifts: only neighbours in time compare); the result is the median round,
+    with every round's figures beside it."""
     output = work / "executor-out" / f"{manifest.model_sha256[:12]}-{precision}-after"
 
     def executor_images_per_s() -> float:
@@ -477,6 +476,10 @@ def measure_job(args, manifest, precision: str, conf, image_dir: Path, paths: li
                             min_seconds=args.executor_seconds)["images_per_s"]
 
     executor_runs, rounds = [executor_images_per_s()], []
+    small_count = args.processes * 8
+    large_count = args.job_images or max(min_large_count, math.ceil(executor_runs[0] * args.job_seconds))
+    small = bench_images.make_images(work / f"images-executor-{small_count}", small_count, sizes=EXECUTOR_SIZES)
+    large = bench_images.make_images(work / f"images-executor-{large_count}", large_count, sizes=EXECUTOR_SIZES)
     for number in range(args.rounds):
         log.info("  Spark job, local[%d], round %d: %d and %d images", args.processes, number + 1, small_count,
                  large_count)
@@ -528,9 +531,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of benchmark_app and the executor runs, interleaved; medians reported")
     parser.add_argument("--no-job", action="store_true", help="skip the Spark job row")
-    parser.add_argument("--job-images", type=int, default=512,
-                        help="bench images of the Spark job's large run (default 512, 4 x --large-model-images "
-                             "for large models; its small run has P x 8)")
+    parser.add_argument("--job-images", type=int, default=None,
+                        help="bench images of the Spark job's large run (its small run has P x 8); default: enough "
+                             "for --job-seconds at the executor function's rate, at least 512 (4 x "
+                             "--large-model-images for large models)")
+    parser.add_argument("--job-seconds", type=float, default=40,
+                        help="the large run's images are sized for at least this long beyond the small run "
+                             "(default 40: the job's fixed cost moves by 1-3 s between runs, ~5%% of 40 s; over "
+                             "768 images, 14 s of work at 55 img/s, rounds of one run read 0.77-1.06)")
     parser.add_argument("--work-dir", default=str(REPO / "work" / "bench"), help="images and scratch outputs")
     parser.add_argument("--out", default=str(REPO / "reports"), help="where executor.md and executor.json go")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before an executor run is abandoned")
@@ -582,8 +590,8 @@ def main(argv=None) -> int:
                             and not (v == "after_pinned" and args.no_pinned)]
                 measure_rounds(args, row, manifest, precision, conf, variants, image_dir, paths, work)
                 if not args.no_job and manifest.model == "yolact" and conf == row["manifest_conf_thresh"]:
-                    large = 4 * count if large_model else args.job_images
-                    row["job"] = measure_job(args, manifest, precision, conf, image_dir, paths, work, large)
+                    row["job"] = measure_job(args, manifest, precision, conf, image_dir, paths, work,
+                                             4 * count if large_model else 512)
             except Exception as err:  # noqa: BLE001  (one failed row must not lose the others)
                 log.exception("%s %s failed", name, precision)
                 row["error"] = f"{type(err).__name__}: {err}"[:300]
