@@ -459,6 +459,9 @@ def median_result(results: list[dict]) -> dict:
     return {**ordered[len(ordered) // 2], "rounds_images_per_s": [r["images_per_s"] for r in results]}
 
 
+MIN_JOB_IMAGES = 512   # the Spark job's large run, at least (small models; large ones: 4 x --large-model-images)
+
+
 def measure_job(args, manifest, precision: str, conf, image_dir: Path, paths: list[Path], work: Path,
                 min_large_count: int) -> dict:
     """The Spark job (local[P], P tasks x 1 OpenVINO thread, the executor rows' settings: every detection written,
@@ -533,12 +536,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-job", action="store_true", help="skip the Spark job row")
     parser.add_argument("--job-images", type=int, default=None,
                         help="bench images of the Spark job's large run (its small run has P x 8); default: enough "
-                             "for --job-seconds at the executor function's rate, at least 512 (4 x "
+                             f"for --job-seconds at the executor function's rate, at least {MIN_JOB_IMAGES} (4 x "
                              "--large-model-images for large models)")
     parser.add_argument("--job-seconds", type=float, default=40,
                         help="the large run's images are sized for at least this long beyond the small run "
                              "(default 40: the job's fixed cost moves by 1-3 s between runs, ~5%% of 40 s; over "
-                             "768 images, 14 s of work at 55 img/s, rounds of one run read 0.77-1.06)")
+                             "768 images, 14-22 s of work, rounds of one run read 0.77-1.34)")
     parser.add_argument("--work-dir", default=str(REPO / "work" / "bench"), help="images and scratch outputs")
     parser.add_argument("--out", default=str(REPO / "reports"), help="where executor.md and executor.json go")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before an executor run is abandoned")
@@ -591,7 +594,7 @@ def main(argv=None) -> int:
                 measure_rounds(args, row, manifest, precision, conf, variants, image_dir, paths, work)
                 if not args.no_job and manifest.model == "yolact" and conf == row["manifest_conf_thresh"]:
                     row["job"] = measure_job(args, manifest, precision, conf, image_dir, paths, work,
-                                             4 * count if large_model else 512)
+                                             4 * count if large_model else MIN_JOB_IMAGES)
             except Exception as err:  # noqa: BLE001  (one failed row must not lose the others)
                 log.exception("%s %s failed", name, precision)
                 row["error"] = f"{type(err).__name__}: {err}"[:300]
