@@ -38,12 +38,13 @@ $(VENV)/.stamp-test: setup.py constraints.txt | $(PY)
 # The bundled road-distress model on SYNTHETIC road images like those it was trained on (generated once; the first
 # two are samples/images/synthetic_road_*.jpg), evaluated against the generator's exact masks; ends with the report.
 DEMO_DATA := work/demo/roads
-demo: $(VENV)/.stamp-infer jvm-archive
-	test -f $(DEMO_DATA)/annotations.json || $(PY) -m pipelines.datasets.synthetic_roads --out $(DEMO_DATA) \
-	    --count 8 --seed 90210 --size 640x480 --format coco
+demo: $(VENV)/.stamp-infer jvm-archive $(DEMO_DATA)/annotations.json
 	$(PY) jobs/infer_yolact.py --config conf/demo.yaml
 	$(PY) -m pipelines.results.evaluate --output output/demo --annotations $(DEMO_DATA)/annotations.json \
 	    --group blobs=pothole,patch,puddle
+
+$(DEMO_DATA)/annotations.json: | $(VENV)/.stamp-infer
+	$(PY) -m pipelines.datasets.synthetic_roads --out $(DEMO_DATA) --count 8 --seed 90210 --size 640x480 --format coco
 
 azurite:
 	scripts/install_azurite.sh
@@ -92,14 +93,14 @@ test-bigdl: bigdl-env
 	PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl --durations=25 --basetemp="$(PYTEST_TMP)/bigdl" \
 		tests/test_bigdl_engine.py tests/test_bigdl_job.py
 
-bench: $(VENV)/.stamp-test
+bench: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench.py
 
 # The job's executor function (P processes x 1 thread, masks written) vs benchmark_app (P streams x 1 thread), the
 # previous per-image code beside the current one -> reports/executor.md, .json. Options: BENCH_EXECUTOR_ARGS="--r50
 # --detector --int8 --processes 16 --precisions f32,bf16" (python scripts/bench_executor.py --help)
 .PHONY: bench-executor
-bench-executor: $(VENV)/.stamp-test
+bench-executor: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench_executor.py $(BENCH_EXECUTOR_ARGS)
 
 # INT8 vs f32 (and bf16 where the CPU has it) with benchmark_app, detection agreement and mask AP of the bundled
@@ -111,38 +112,38 @@ bench-int8: $(VENV)/.stamp-test
 # The job's own cost: first progress line and wall of `make demo`, overhead of a 200-image run, empty incremental
 # runs after 100 earlier runs; with and without the JVM class archive -> reports/startup.md, .json
 .PHONY: bench-startup
-bench-startup: $(VENV)/.stamp-test jvm-archive
+bench-startup: $(VENV)/.stamp-test jvm-archive $(DEMO_DATA)/annotations.json
 	$(PY) scripts/bench_startup.py $(BENCH_STARTUP_ARGS)
 
 # The job's planning without image files: synthetic listings and done tables of 10^5..10^7 rows, driver memory 1g,
 # first and incremental runs -> reports/planning.md (BENCH_PLANNING_ARGS="--sizes 100000,1000000")
 .PHONY: bench-planning
-bench-planning: $(VENV)/.stamp-test
+bench-planning: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench_planning.py $(BENCH_PLANNING_ARGS)
 
 # The report's gather (output.overlays): pyarrow (the render CLI) against Spark (the job) on synthetic outputs of
 # 10^5..10^6 images: seconds, peak RSS -> reports/report_gather.md (BENCH_REPORT_ARGS="--sizes 100000")
 .PHONY: bench-report
-bench-report: $(VENV)/.stamp-test
+bench-report: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench_report.py $(BENCH_REPORT_ARGS)
 
 # Listing a local input: the executors' walk against Spark's file index, seconds and driver heap -> reports/listing.md
 # (BENCH_LISTING_ARGS="--files 100000 --directories 100")
 .PHONY: bench-listing
-bench-listing: $(VENV)/.stamp-test
+bench-listing: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench_listing.py $(BENCH_LISTING_ARGS)
 
 # Training: the strategies through the real job (make bench-training), the step on one device against its model-only
 # ceiling (BENCH_TRAINING_ARGS="--device cuda"), the input workers' ms per image (make bench-loader)
 .PHONY: bench-training bench-loader
-bench-training: $(VENV)/.stamp-test
+bench-training: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench_training.py $(BENCH_TRAINING_ARGS)
 
 bench-loader: $(VENV)/.stamp-test
 	$(PY) scripts/bench_loader.py $(BENCH_LOADER_ARGS)
 
 # partitions x executor cores on a 2-worker standalone cluster, 200 bench images -> reports/sweep-cluster/
-sweep: $(VENV)/.stamp-test
+sweep: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench/images.py work/bench/images-200 200
 	$(PY) jobs/sweep.py --config conf/sweep_cluster.yaml
 

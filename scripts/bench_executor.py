@@ -375,13 +375,16 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
                          f"{', '.join(f'{x:.1f}' for x in b['per_process'])} |")
     jobs = [r for r in results if r.get("job")]
     if jobs:
+        archive = ("yes" if all(r["job"].get("jvm_class_archive") for r in jobs)
+                   else "no (`make jvm-archive`: without it the fixed cost is ~2x)")
         lines += ["", "## The Spark job against the executor function", "",
                   "`jobs/infer_yolact.py` with `--master local[P]` (P tasks x 1 OpenVINO thread) and the rows' "
                   "settings, over P x 8 images and over the large set (fresh outputs): its images/s beyond the fixed "
                   "cost = (large images - small images) / (large wall - small wall), both walls timed from the "
                   "command; fixed = the small run's wall minus its images at that rate. Rounds of [executor "
                   "function, job small, job large] closed by one more executor run; a round's ratio is the job's "
-                  "img/s over the mean of the executor runs around it; the table has the median round.", "",
+                  "img/s over the mean of the executor runs around it; the table has the median round. The driver JVM "
+                  f"mapped this env's class archive: {archive}.", "",
                   "| model | precision | small: images, wall s | large: images, wall s | job img/s | fixed s | "
                   "executor after img/s | job / executor (rounds) |", "|---|---|---|---|---|---|---|---|"]
         for r in jobs:

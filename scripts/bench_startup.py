@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_startup.py [--repeats 3] [--images 200] [--history-runs 100] [--configs A,B]
 
 Cases, each a plain `python jobs/infer_yolact.py` (local[*], the JVM started by the job) timed from the command:
-- demo: conf/demo.yaml on its 9 synthetic road images (`make demo` makes them): seconds to the first "n/N images"
+- demo: conf/demo.yaml on its 9 synthetic road images (`make demo` and `make bench-startup` make them): seconds to the first "n/N images"
   progress line, wall seconds until the command exits (as a shell times it), lines printed, and when its output
   closed (the driver JVM it started holds the pipe until its own shutdown ends, after the command);
 - 200 images (scripts/bench/images.py, 480-800 px JPEGs, the bundled model): wall, and overhead = wall minus the
@@ -128,7 +128,7 @@ def measure(args) -> list[dict]:
     work = Path(args.work)
     demo_conf = REPO / "conf" / "demo.yaml"
     if not (REPO / "work" / "demo" / "roads" / "images").is_dir():
-        raise SystemExit("error: run `make demo` once first (it generates the demo images)")
+        raise SystemExit("error: no demo images under work/demo/roads: run `make bench-startup` (it generates them)")
     images = bench_images.make_images(work / f"images-{args.images}", args.images)
     rows = []
     for repeat in range(args.repeats):

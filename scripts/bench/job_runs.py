@@ -71,6 +71,15 @@ def marginal_throughput(small_dir: Path, large_dir: Path, scratch: Path, job_arg
         shutil.rmtree(output, ignore_errors=True)
     extra = runs["large"]["images"] - runs["small"]["images"]
     seconds = runs["large"]["wall_s"] - runs["small"]["wall_s"]
-    return {**runs, "images_per_s": round(extra / seconds, 3) if seconds > 0 else None,
+    return {**runs, "jvm_class_archive": jvm_class_archive_built(), "images_per_s": round(extra / seconds, 3) if seconds > 0 else None,
             "fixed_s": round(runs["small"]["wall_s"] - runs["small"]["images"] * seconds / extra, 2)
             if seconds > 0 else None, "args": job_args}
+
+
+def jvm_class_archive_built() -> bool:
+    """Whether the jobs' driver JVMs map this env's class archive (`make jvm-archive`; every bench target builds it):
+    without it a job's fixed cost on 2 cores is ~2x (reports/startup.md, `JVM defaults`)."""
+    from pipelines.spark.jvm_class_archive import archive_path
+
+    path = archive_path()
+    return path is not None and path.is_file()
