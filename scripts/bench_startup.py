@@ -3,9 +3,10 @@
     .venv/bin/python scripts/bench_startup.py [--repeats 3] [--images 200] [--history-runs 100] [--configs A,B]
 
 Cases, each a plain `python jobs/infer_yolact.py` (local[*], the JVM started by the job) timed from the command:
-- demo: conf/demo.yaml on its 9 synthetic road images (`make demo` and `make bench-startup` make them): seconds to the first "n/N images"
-  progress line, wall seconds until the command exits (as a shell times it), lines printed, and when its output
-  closed (the driver JVM it started holds the pipe until its own shutdown ends, after the command);
+- demo: conf/demo.yaml on its 9 synthetic road images (`make demo` and `make bench-startup` make them): seconds to
+  the first "n/N images" progress line, wall seconds until the command exits (as a shell times it), lines printed,
+  and when its output closed (the driver JVM it started holds the pipe until its own shutdown ends, after the
+  command);
 - 200 images (scripts/bench/images.py, 480-800 px JPEGs, the bundled model): wall, and overhead = wall minus the
   model's stage seconds (summary.json, summed over tasks) divided by the cores that ran them in parallel, split into
   phases by when the job's own lines appear (run_phases);

@@ -71,7 +71,8 @@ def marginal_throughput(small_dir: Path, large_dir: Path, scratch: Path, job_arg
         shutil.rmtree(output, ignore_errors=True)
     extra = runs["large"]["images"] - runs["small"]["images"]
     seconds = runs["large"]["wall_s"] - runs["small"]["wall_s"]
-    return {**runs, "jvm_class_archive": jvm_class_archive_built(), "images_per_s": round(extra / seconds, 3) if seconds > 0 else None,
+    return {**runs, "jvm_class_archive": jvm_class_archive_built(),
+            "images_per_s": round(extra / seconds, 3) if seconds > 0 else None,
             "fixed_s": round(runs["small"]["wall_s"] - runs["small"]["images"] * seconds / extra, 2)
             if seconds > 0 else None, "args": job_args}
 
