@@ -52,10 +52,16 @@ def archive_path() -> Path | None:
     return ARCHIVE_DIR / f"spark-driver-{key.hexdigest()[:16]}.jsa"
 
 
+def built_archive() -> Path | None:
+    """This env's archive when it is built for this java and pyspark, else None."""
+    path = archive_path()
+    return path if path is not None and path.is_file() else None
+
+
 def driver_java_options() -> str:
     """The JVM flag that maps the archive, or "" when it is not built for this java and pyspark."""
-    path = archive_path()
-    if path is None or not path.is_file():
+    path = built_archive()
+    if path is None:
         return ""
     # a JVM whose class path differs (e.g. spark.driver.extraClassPath) starts without it, silently
     return f"-XX:SharedArchiveFile={path} -Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"

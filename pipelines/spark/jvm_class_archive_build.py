@@ -1,6 +1,6 @@
 """Build this env's class-data-sharing archive of the Spark driver JVM (pipelines.spark.jvm_class_archive names it).
 
-    python -m pipelines.spark.jvm_class_archive_build [--if-missing]   # ~1 min; `make demo` and `make test` run it once
+    python -m pipelines.spark.jvm_class_archive_build [--if-missing]   # ~1 min; make demo, test, bench* run it
     python -m pipelines.spark.jvm_class_archive_build --path           # print where the archive is (built or not)
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipelines.inference import inference_job
 from pipelines.job_config import load_config
-from pipelines.spark.jvm_class_archive import archive_path
+from pipelines.spark.jvm_class_archive import archive_path, built_archive
 from pipelines.spark.spark_session import local_session
 
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", action="store_true", help="only print where the archive is")
     args = parser.parse_args(argv)
     path = archive_path()
-    if not args.path and not (args.if_missing and path is not None and path.is_file()):
+    if not args.path and not (args.if_missing and built_archive()):
         path = build()
     print(path if path is not None else "no java found")
     return 0
