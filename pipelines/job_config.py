@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from pipelines.errors import UsageError
+from pipelines.io.uris import scheme_of
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent   # the checkout when running from one (samples/, conf/, jobs/ beside pipelines/)
@@ -103,14 +104,21 @@ def set_path(config: dict, dotted: str, value) -> None:
 
 
 def resolve_local(uri: str) -> str:
-    """Plain relative paths: relative to the working directory, or else to the checkout this package runs from (so
-    the embedded default's samples/ work from anywhere); URIs with a scheme are returned as they are."""
-    if "://" in uri or uri.startswith("file:"):
+    """Something to read (an input, a model): a plain relative path is relative to the working directory, or else,
+    where only there it exists, to the checkout this package runs from (so the embedded default's samples/ work from
+    anywhere); URIs with a scheme (`file:/a`, `hdfs:/a`, `az://c/a`) are returned as they are."""
+    if scheme_of(uri):
         return uri
     path = Path(uri).expanduser()
     if path.is_absolute() or (Path.cwd() / path).exists() or not (REPO_ROOT / path).exists():
         return str(path.resolve())
     return str((REPO_ROOT / path).resolve())
+
+
+def resolve_output(uri: str) -> str:
+    """Somewhere to write: a plain relative path is relative to the working directory (an output need not exist
+    yet); URIs with a scheme are returned as they are."""
+    return uri if scheme_of(uri) else str(Path(uri).expanduser().resolve())
 
 
 def local_path(uri: str) -> Path | None:

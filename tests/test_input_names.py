@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pipelines.inference import image_sources as src
 from pipelines.inference.inference_job import run
 from tests.conftest import SAMPLES
-from tests.job_helpers import job_config, read_rows
+from tests.job_helpers import DEFAULT_MODEL_DIR, job_config, read_rows
 
 GOOD_NAMES = ["a/b/UPPER CASE.JPG", "c/straße ünïcode.jpg", "c/100% #1 a+b.jpeg", "d/p%20already escaped.Png",
               "d/plain.jpg"]
@@ -54,6 +54,19 @@ def test_every_local_name_is_counted_once_and_resumed(spark, tmp_path):
     assert third["counts"]["skipped"] == third["counts"]["inputs"] == len(GOOD_NAMES) + 2
     paths = [row.path for row in read_rows(spark, output, "detections")]
     assert len(paths) == len(set(paths)) == len(GOOD_NAMES) + 1
+
+
+def test_file_uris_name_the_output_and_the_model_as_they_name_the_input(spark, tmp_path, monkeypatch):
+    """`file:/a b` (Hadoop's spelling, which inputs take) is the directory "/a b" for --output and --model too,
+    whatever the working directory; a re-run given the plain path finds the results."""
+    images, output, elsewhere = tmp_path / "in", tmp_path / "out put", tmp_path / "cwd"
+    write_tree(images, ["plain.jpg"])
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    summary = run(spark, job_config(images, f"file:{output}", model_dir=f"file:{DEFAULT_MODEL_DIR}"))
+    assert summary["counts"]["done"] == 1 and (output / "summary.json").is_file()
+    assert list(elsewhere.iterdir()) == []
+    assert run(spark, job_config(images, output))["counts"]["skipped"] == 1
 
 
 def test_names_with_glob_characters_are_names(spark, tmp_path):

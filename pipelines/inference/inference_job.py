@@ -25,7 +25,8 @@ from pipelines.inference import image_sources as src
 from pipelines.inference import video_sources as videos
 from pipelines.inference.crash_guard import MARKER_DIR, CrashGuard, remove_markers
 from pipelines.inference.executor_warmup import ExecutorWarmUp, LoadModel, load_compiled_loops
-from pipelines.job_config import InferenceSettings, JobConfig, VideoSettings, local_path, resolve_local
+from pipelines.job_config import (InferenceSettings, JobConfig, VideoSettings, local_path, resolve_local,
+                                  resolve_output)
 from pipelines.inference.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
 from pipelines.inference.openvino_runtime import RuntimeSettings
 from pipelines.io.output_paths import qualify_root
@@ -184,9 +185,7 @@ def plan_job(config: JobConfig | dict, family: str, azure_credentials=None) -> J
     or Spark task."""
     config = JobConfig.of(config)
     config = replace(config, model=replace(config.model, dir=config.model.dir_for(family)))   # as the summary says
-    output = config.output.uri
-    input_uri = resolve_local(config.input.uri)
-    output_uri = output if "://" in output else str(Path(output).expanduser().resolve())
+    input_uri, output_uri = resolve_local(config.input.uri), resolve_output(config.output.uri)
     check_local_paths(input_uri, output_uri)
     manifest = load_manifest(resolve_local(config.model.dir), verify=True)
     if manifest.model != family:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.errors import UsageError
+from pipelines.io.uris import is_local, to_local_path
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -104,7 +105,11 @@ class ModelManifest:
 def load_manifest(model_dir: str | Path, verify: bool = True) -> ModelManifest:
     """Read `model_dir/manifest.json`; with `verify`, check the sha256 of the files inference uses (fails fast,
     naming the file). `manifest.verify_files()` checks every listed file."""
-    root = Path(str(model_dir).removeprefix("file://")).expanduser().resolve()
+    if not is_local(model_dir):
+        raise ModelManifestError(f"{model_dir}: a model directory is read on the driver, from its file system: give a "
+                                 "local path (copy the export directory there, or ship it with spark-submit "
+                                 "--archives model.tar.gz#model and pass --model model)")
+    root = Path(to_local_path(model_dir)).expanduser().resolve()
     path = root / MANIFEST_NAME
     if not path.is_file():
         hint = "pass --model an export directory made by `python -m model_export`"

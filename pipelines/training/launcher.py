@@ -19,6 +19,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 
 from pipelines.io import storage
+from pipelines.job_config import resolve_local
 from pipelines.training import tracking
 from pipelines.training.config import TrainConfig
 from pipelines.training.devices import (GpuUnavailableError, cuda_available, local_gpu_conf, parse_use_gpu,
@@ -31,24 +32,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SUMMARY_NAME = "summary.json"
 
 
-def _absolute(uri: str) -> str:
-    if storage.scheme_of(uri):
-        return uri
-    path = Path(uri).expanduser()
-    if not path.is_absolute():
-        from_repo = REPO_ROOT / path
-        path = from_repo if from_repo.exists() and not (Path.cwd() / path).exists() else Path.cwd() / path
-    return str(path.resolve())
-
-
 def resolve_paths(cfg: TrainConfig) -> TrainConfig:
-    """Relative paths -> absolute (ranks may run in another working directory)."""
-    data = dataclasses.replace(cfg.data, images=_absolute(cfg.data.images),
-                               annotations=_absolute(cfg.data.annotations), prepared=_absolute(cfg.data.prepared))
-    model = dataclasses.replace(cfg.model, init=_absolute(cfg.model.init) if cfg.model.init else None)
-    tracking_cfg = dataclasses.replace(cfg.tracking, baseline=_absolute(cfg.tracking.baseline)
+    """Relative paths -> absolute (ranks may run in another working directory): the working directory's, else the
+    checkout's where only there it exists (job_config.resolve_local; the run and prepared data directories too, so
+    that a run started from the checkout is found again from elsewhere)."""
+    data = dataclasses.replace(cfg.data, images=resolve_local(cfg.data.images),
+                               annotations=resolve_local(cfg.data.annotations),
+                               prepared=resolve_local(cfg.data.prepared))
+    model = dataclasses.replace(cfg.model, init=resolve_local(cfg.model.init) if cfg.model.init else None)
+    tracking_cfg = dataclasses.replace(cfg.tracking, baseline=resolve_local(cfg.tracking.baseline)
                                        if cfg.tracking.baseline else None)
-    return dataclasses.replace(cfg, run_dir=_absolute(cfg.run_dir), data=data, model=model, tracking=tracking_cfg)
+    return dataclasses.replace(cfg, run_dir=resolve_local(cfg.run_dir), data=data, model=model, tracking=tracking_cfg)
 
 
 def prepare(spark: SparkSession, cfg: TrainConfig, class_names: tuple[str, ...]):
