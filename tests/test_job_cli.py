@@ -3,6 +3,7 @@ argument and the fix, before any JVM starts and without leaving anything behind;
 works as written; the export stage says which extra to install when torch is missing."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -172,16 +173,29 @@ def test_settings_spark_does_not_know_are_warned_about(spark, caplog):
 
 def test_readmes_spark_submit_line_works_with_the_venv_activated(tmp_path):
     """pyspark's spark-submit finds SPARK_HOME with the `python3` on PATH: the README says to activate the venv
-    first. Also: an unknown --conf is warned about, and the job still runs."""
-    images = one_image(tmp_path)
-    line = (f". {REPO}/.venv/bin/activate && spark-submit --master 'local[1]' jobs/infer_yolact.py --input "
-            f"'{images}' --output '{tmp_path / 'out'}' --precision f32 --conf spark.foo.bar=1")
+    first. Also: an unknown --conf is warned about, and the job still runs; spark-submit's --name and --conf win
+    over the config's spark.app_name and spark.conf."""
+    images, events = one_image(tmp_path), tmp_path / "events"
+    events.mkdir()
+    config = tmp_path / "job.yaml"
+    config.write_text("spark:\n  app_name: from-the-config\n  conf:\n    spark.sql.shuffle.partitions: 3\n")
+    line = (f". {REPO}/.venv/bin/activate && spark-submit --master 'local[1]' --name from-spark-submit "
+            f"--conf spark.sql.shuffle.partitions=5 --conf spark.eventLog.enabled=true --conf "
+            f"spark.eventLog.compress=false --conf spark.eventLog.rolling.enabled=false --conf "
+            f"'spark.eventLog.dir=file:{events}' jobs/infer_yolact.py "
+            f"--config '{config}' --input '{images}' --output '{tmp_path / 'out'}' --precision f32 "
+            "--conf spark.foo.bar=1")
     env = {key: value for key, value in os.environ.items() if key not in ("SPARK_HOME", "VIRTUAL_ENV")}
     env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
     done = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "done 1, failed 0" in done.stdout
     assert "--conf spark.foo.bar: Spark" in done.stdout   # spark-submit sends the driver's stderr to its stdout
+    [log] = events.iterdir()
+    settings = [event for event in map(json.loads, log.read_text().splitlines())
+                if event["Event"] == "SparkListenerEnvironmentUpdate"][-1]["Spark Properties"]
+    assert (settings["spark.app.name"], settings["spark.sql.shuffle.partitions"]) == ("from-spark-submit", "5")
+    assert settings["spark.foo.bar"] == "1"   # the job's own --conf, which spark-submit did not set
 
 
 def test_export_without_torch_names_the_extra_to_install(tmp_path):

@@ -190,6 +190,8 @@ def bigdl_python_env(master: str = "local[2]", app_name: str = "sparkseg-bigdl",
     from bigdl.dllib.utils.engine import get_bigdl_classpath
     from pyspark import SparkConf, SparkContext
 
+    from pipelines.spark.spark_session import submitted_app_name, submitted_conf
+
     if SparkContext._active_spark_context is None:
         # BigDL's jars: init_spark_conf puts them on the driver's classpath (PYSPARK_SUBMIT_ARGS
         # --driver-class-path) and adds BigDL's own settings (spark-bigdl.conf). Executors of a standalone
@@ -203,9 +205,9 @@ def bigdl_python_env(master: str = "local[2]", app_name: str = "sparkseg-bigdl",
                                           "classpath from its start: add these options to spark-submit (before the "
                                           "job script): " + shlex.join(spark_submit_args()) + "  (the same as "
                                           "$(python -m pipelines.engines.bigdl_engine --spark-submit-args))")
-            submitted = dict(SparkConf().getAll())
+            submitted = submitted_conf()
             master = submitted.get("spark.master", master)
-            app_name = submitted.get("spark.app.name", app_name)
+            app_name = submitted_app_name(submitted, app_name)
             settings = {key: value for key, value in settings.items() if key not in submitted}
         missing = missing_cluster_settings(master, {**dict(SparkConf().getAll()), **settings})
         if missing:

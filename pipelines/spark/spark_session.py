@@ -26,7 +26,7 @@ OPEN_SETTING_PREFIXES = ("spark.hadoop.", "spark.executorEnv.", "spark.yarn.", "
                          "spark.metrics.", "spark.databricks.", "spark.plugins.", "spark.eventLog.",
                          "spark.history.", "spark.ssl.", "spark.jars.")
 
-# Settings every sparkseg session gets unless the caller (or spark-submit) set them.
+# Settings every sparkseg session gets unless the caller (or spark-submit: submitted_conf) set them.
 DEFAULT_CONF = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # Our partitions are balanced on purpose; AQE must not merge them.
@@ -209,10 +209,13 @@ def job_session(master: str, app_name: str, conf: dict, log_level: str = DEFAULT
     conf = {str(k): str(v) for k, v in conf.items()}
     level = log_level.upper()
     if os.environ.get("PYSPARK_GATEWAY_PORT"):   # launched by spark-submit: its master and conf win
+        submitted = submitted_conf()
+        level = submitted.get("spark.log.level", level).upper()
         set_jvm_log_level(level)   # the JVM is up: quiet it before the SparkContext logs its start-up
-        builder = SparkSession.builder.appName(app_name)
+        builder = SparkSession.builder.appName(submitted_app_name(submitted, app_name))
         for key, value in {**DEFAULT_CONF, "spark.log.level": level, **conf}.items():
-            builder = builder.config(key, value)
+            if key not in submitted:
+                builder = builder.config(key, value)
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel(level)
     else:
@@ -222,6 +225,21 @@ def job_session(master: str, app_name: str, conf: dict, log_level: str = DEFAULT
         except Exception as err:  # noqa: BLE001 - PySpark's and Py4J's error classes moved between releases
             raise session_not_started(err, master) from None
     return session
+
+
+def submitted_conf() -> dict[str, str]:
+    """The settings spark-submit gave the JVM it started (--conf, --name, --master, its properties file): those
+    win over the job's config under spark-submit."""
+    from pyspark import SparkConf
+
+    SparkContext._ensure_initialized()   # connects to spark-submit's JVM, whose system properties SparkConf reads
+    return dict(SparkConf().getAll())
+
+
+def submitted_app_name(submitted: dict[str, str], app_name: str) -> str:
+    """spark-submit's --name, else `app_name` (without --name spark-submit names the application after its script)."""
+    name = submitted.get("spark.app.name")
+    return app_name if name in (None, os.path.basename(sys.argv[0])) else name
 
 
 def check_standalone_master(master: str, timeout_s: float = 5.0) -> None:
