@@ -82,6 +82,8 @@ def merge(base: dict, overlay: dict, source: str = "config", prefix: str = "") -
         dotted = f"{prefix}{key}"
         if key not in merged and dotted not in FREE_FORM:
             raise ConfigError(f"{source}: unknown key '{dotted}' (known: {', '.join(sorted(merged))})")
+        if value is None and isinstance(merged.get(key), dict):
+            continue   # a section left empty (`input:` and nothing under it) keeps its defaults
         if isinstance(value, dict) and isinstance(merged.get(key), dict) and dotted not in FREE_FORM:
             merged[key] = merge(merged[key], value, source, f"{dotted}.")
         elif isinstance(value, dict) and isinstance(merged.get(key), dict):
@@ -98,8 +100,13 @@ def set_path(config: dict, dotted: str, value) -> None:
     """Apply one override (`inference.partitions`, 8), making the sections it names (typing refuses unknown keys)."""
     *parents, leaf = dotted.split(".")
     node = config
-    for key in parents:
-        node = node.setdefault(key, {})
+    for depth, key in enumerate(parents, 1):
+        if node.get(key) is None:   # absent, or a section left empty
+            node[key] = {}
+        if not isinstance(node[key], dict):
+            raise ConfigError(f"{'.'.join(parents[:depth])} is {node[key]!r}: it must be a section of keys (setting "
+                              f"{dotted})")
+        node = node[key]
     node[leaf] = value
 
 

@@ -82,6 +82,16 @@ def test_an_unknown_key_is_refused_with_the_known_ones_listed(tmp_path):
         load_config(user)
 
 
+def test_a_section_left_empty_keeps_its_defaults_and_takes_the_command_lines_overrides(tmp_path):
+    from pipelines.job_cli import build_config, parse_args
+
+    user = tmp_path / "job.yaml"
+    user.write_text("input:\nspark:\n  conf:\n", encoding="utf-8")
+    assert load_config(user) == load_config()
+    config = build_config(parse_args(["--config", str(user), "--input", "/data/in", "--conf", "spark.task.cpus=1"]))
+    assert (config["input"]["uri"], config["spark"]["conf"]["spark.task.cpus"]) == ("/data/in", "1")
+
+
 @pytest.mark.parametrize("text, message", [
     ("inference: [1, 2\n", r"job\.yaml: not valid YAML: line 2, column 1: expected ',' or ']', but got '<stream "
                            r"end>' \(while parsing a flow sequence\)$"),
@@ -152,3 +162,15 @@ def test_training_configs_are_typed_as_their_fields_declare():
         load_train_config(overrides={"distributed.use_gpu": 3})
     with pytest.raises(TrainConfigError, match=r"\(see conf/train_detector\.yaml\)"):
         load_detector_train_config(overrides={"train.epochs": "many"})
+
+
+def test_a_training_config_with_a_section_left_empty_keeps_its_defaults(tmp_path):
+    from pipelines.training.config import TrainConfig, TrainConfigError, load_train_config
+
+    user = tmp_path / "train.yaml"
+    user.write_text("train:\naugment:\n", encoding="utf-8")
+    assert load_train_config(user).train == TrainConfig().train
+    assert load_train_config(user, {"train.epochs": 2}).train.epochs == 2
+    user.write_text("train: 5\n", encoding="utf-8")
+    with pytest.raises(TrainConfigError, match=r"^train is 5: it must be a section of keys"):
+        load_train_config(user)

@@ -187,8 +187,10 @@ def _build(kind, data: dict, where: str, see: str = "conf/train_yolact.yaml"):
     defaults, hints = kind(), typing.get_type_hints(kind)
     for name, value in data.items():
         default = getattr(defaults, name)
-        if is_dataclass(default) and isinstance(value, dict):
-            values[name] = _build(type(default), value, f"{where}{name}.", see)
+        if is_dataclass(default) and (value is None or isinstance(value, dict)):   # None: a section left empty
+            values[name] = _build(type(default), value or {}, f"{where}{name}.", see)
+        elif is_dataclass(default):
+            raise TrainConfigError(f"{where}{name} is {value!r}: it must be a section of keys (see {see})")
         else:   # typed as the field declares: `--set train.lr=abc` is an error now, not a crash in a rank
             values[name] = conform_value(value, hints[name], where + name, see, TrainConfigError)
     try:
