@@ -151,3 +151,7 @@ def print_summary(summary: dict) -> None:
         print(f"  ... and {counts['failed'] - len(failed)} more failed images in {summary['output']}/errors")
     if summary.get("report"):
         print(f"  report: {summary['report']}  (open it in a browser)")
+
+
+if __name__ == "__main__":   # python -m pipelines.job_cli: the YOLACT job of an installed package
+    sys.exit(main_yolact())

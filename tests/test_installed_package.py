@@ -82,3 +82,15 @@ def test_the_wheel_runs_the_job_from_another_directory_with_and_without_a_config
     script = subprocess.run([str(installed / "bin" / "sparkseg-infer-yolact"), "--help"], cwd=elsewhere,
                             capture_output=True, text=True, timeout=120)
     assert script.returncode == 0 and "--input" in script.stdout
+
+
+def test_the_wheel_without_a_model_or_an_input_says_what_to_pass(installed, tmp_path):
+    """The bundled models ship with the checkout, not the wheel; `python -m pipelines.job_cli` exits with the
+    job's code."""
+    done = run_installed(installed, tmp_path, "--input", str(SAMPLES / "images"), "--output", str(tmp_path / "out"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "the bundled yolact model is not here" in done.stderr and "pass --model" in done.stderr, done.stderr
+    module = subprocess.run([str(installed / "bin" / "python"), "-m", "pipelines.job_cli", "--input",
+                             str(tmp_path / "missing"), "--output", str(tmp_path / "out")], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert module.returncode == 2 and str(tmp_path / "missing") in module.stderr, module.stderr[-3000:]

@@ -184,10 +184,17 @@ def plan_job(config: JobConfig | dict, family: str, azure_credentials=None) -> J
     the model and the engine, find credentials: everything that can fail on bad input, in pure Python, before any JVM
     or Spark task."""
     config = JobConfig.of(config)
+    bundled = config.model.dir is None
     config = replace(config, model=replace(config.model, dir=config.model.dir_for(family)))   # as the summary says
     input_uri, output_uri = resolve_local(config.input.uri), resolve_output(config.output.uri)
     check_local_paths(input_uri, output_uri)
-    manifest = load_manifest(resolve_local(config.model.dir), verify=True)
+    model_dir = resolve_local(config.model.dir)
+    if bundled and not Path(model_dir).is_dir():
+        raise src.InputError(f"no --model (model.dir) given, and the bundled {family} model is not here "
+                             f"({config.model.dir}): the bundled models ship with the source checkout "
+                             "(samples/models), not with an installed package; pass --model an export directory "
+                             f"(python -m model_export {family} ..., or a copy of the checkout's {config.model.dir})")
+    manifest = load_manifest(model_dir, verify=True)
     if manifest.model != family:
         raise src.InputError(f"{manifest.root}: a '{manifest.model}' model; this job needs a {family} export "
                              f"(python -m model_export {family} ...)")
