@@ -203,6 +203,9 @@ def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
     require(key, value in choices, value, f"choose one of {', '.join(choices)}")
 
 
+SPARK_LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")   # SparkContext.setLogLevel's
+
+
 @dataclass(frozen=True)
 class SparkSettings:
     """spark: the session a plain `python jobs/...` run starts (spark-submit's own master and settings win)."""
@@ -211,6 +214,10 @@ class SparkSettings:
     app_name: str
     conf: dict          # extra Spark settings, free-form
     log_level: str
+
+    def __post_init__(self) -> None:
+        require("spark.log_level", self.log_level.upper() in SPARK_LOG_LEVELS, self.log_level,
+                f"give one of {', '.join(SPARK_LOG_LEVELS)}")
 
 
 @dataclass(frozen=True)
@@ -348,6 +355,9 @@ class RunSettings:
         require("run.progress_interval_s", self.progress_interval_s >= 0, self.progress_interval_s,
                 "give a number of seconds >= 0 (0: no progress line)")
         _at_least("run.broadcast_max_rows", self.broadcast_max_rows, 0, "done keys broadcast up to this many rows")
+        require("run.lock_heartbeat_s", 0 < self.lock_heartbeat_s < self.lock_stale_after_s, self.lock_heartbeat_s,
+                f"give seconds > 0 and below run.lock_stale_after_s ({self.lock_stale_after_s}), else a live run "
+                "looks dead")
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,10 @@ def test_every_default_lives_in_the_packaged_yaml_only():
     ("input.video.fps", 0, r"input\.video\.fps \(--fps\) is 0.0: give a number > 0"),
     ("run.max_error_fraction", 2, r"run\.max_error_fraction is 2.0: give a fraction between 0 and 1"),
     ("spark.conf", ["spark.executor.cores=2"], r"spark\.conf is \['spark\.executor\.cores=2'\]: it must be a mapping"),
+    ("spark.log_level", "LOUD", r"spark\.log_level is 'LOUD': give one of ALL, TRACE, DEBUG, INFO, WARN, ERROR"),
+    ("run.lock_heartbeat_s", -5, r"run\.lock_heartbeat_s is -5.0: give seconds > 0 and below run\.lock_stale_after_s"),
+    ("run.lock_stale_after_s", 10, r"run\.lock_heartbeat_s is 30.0: give seconds > 0 and below run\.lock_stale_after_s "
+                                   r"\(10.0\)"),
 ])
 def test_a_bad_value_is_refused_naming_its_key_and_what_it_must_be(key, value, message):
     with pytest.raises(ConfigError, match=message):

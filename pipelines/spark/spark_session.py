@@ -265,7 +265,8 @@ def session_not_started(err: Exception, master: str) -> Exception:
     (ClusterUnreachable, exit 1); anything else as it is."""
     if "JAVA_GATEWAY_EXITED" in str(err):
         return UsageError("Spark did not start: its JVM exited (the reason is printed above, e.g. a setting it "
-                          "refuses); check the --conf and spark.conf settings and that a JDK 17 is installed")
+                          "refuses); check --master (spark.master), the --conf and spark.conf settings and that a "
+                          "JDK 17 is installed")
     java = getattr(err, "java_exception", None)
     if java is None:
         return err
@@ -273,7 +274,8 @@ def session_not_started(err: Exception, master: str) -> Exception:
     if "stopped SparkContext" in reason and master.startswith("spark://"):
         return ClusterUnreachable(f"{master}: the standalone master did not answer (Spark gave up after its "
                                   "retries): start it, or check --master and that this host reaches it")
-    return UsageError(f"Spark did not start with master {master!r}: {reason}")
+    return UsageError(f"Spark did not start with master {master!r}: {reason} (check --master and spark.master: "
+                      "local[*], local[N], spark://host:7077, yarn, k8s://..., and the --conf and spark.conf settings)")
 
 
 def stop_session(session: SparkSession) -> None:
@@ -313,7 +315,8 @@ def warn_unknown_spark_settings(session: SparkSession, settings: dict) -> list[s
     unknown = [key for key in settings if not key.startswith(OPEN_SETTING_PREFIXES)
                and registry.findEntry(key) is None]
     for key in unknown:
-        log.warning("--conf %s: Spark %s has no such setting (a typo?); passed on as given", key, session.version)
+        log.warning("%s (--conf or spark.conf): Spark %s has no such setting (a typo?); passed on as given", key,
+                    session.version)
     return unknown
 
 
