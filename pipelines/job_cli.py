@@ -30,26 +30,33 @@ OVERRIDES = {  # command-line flag -> config key
 def parse_args(argv: list[str] | None = None, description: str | None = None,
                family: str = "yolact") -> argparse.Namespace:
     """The job's command line; --masks for YOLACT only (the detector writes boxes)."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Options not given take the config's value (--config, else the embedded "
+                                            "conf/local.yaml, whose values the brackets give).")
+    packaged = load_config()
+    inference = packaged["inference"]
     parser.add_argument("--config", help="YAML config (conf/*.yaml); default: the embedded conf/local.yaml")
     parser.add_argument("--input", help="image/video URI: file://, hdfs://, abfss://, wasbs://, az://container/prefix")
     parser.add_argument("--output", help="output URI (detections/, masks/, errors/, summary.json)")
     parser.add_argument("--model", help="export directory with manifest.json (default: the job's bundled model, "
                         "model.bundled in conf/local.yaml)")
     parser.add_argument("--partitions", type=int, help="tasks per wave, images spread evenly by count (0: "
-                        "spark.default.parallelism, more where a task would hold over inference.max_images_per_task)")
-    parser.add_argument("--batch-size", type=int, help="images per Arrow batch on an executor")
-    parser.add_argument("--precision", choices=["f32", "bf16", "auto"], help="OpenVINO inference precision")
+                        "spark.default.parallelism, more where a task would hold over inference.max_images_per_task) "
+                        f"[{inference['partitions']}]")
+    parser.add_argument("--batch-size", type=int, help=f"images per Arrow batch on an executor [{inference['batch_size']}]")
+    parser.add_argument("--precision", choices=["f32", "bf16", "auto"], help="OpenVINO inference precision (auto: bf16 where the CPU "
+                        f"has it) [{inference['precision']}]")
     parser.add_argument("--pin-cores", action="store_const", const=True,
                         help="each executor Python worker on spark.task.cpus cores of its own (inference.pin_cores; "
                              "for hosts that run nothing else)")
-    parser.add_argument("--engine", choices=["native", "bigdl"], help="inference engine")
-    parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"], help="how images are read")
-    parser.add_argument("--master", help="Spark master when not run by spark-submit (default from the config)")
+    parser.add_argument("--engine", choices=["native", "bigdl"], help=f"inference engine [{inference['engine']}]")
+    parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"], help=f"how images are read [{packaged['input']['reader']}]")
+    parser.add_argument("--master", help="Spark master when not run by spark-submit "
+                        f"[{packaged['spark']['master']}]")
     if family == "yolact":
         parser.add_argument("--masks", choices=["rle_and_png", "rle", "none"],
                             help="what is written per instance: RLE masks and a PNG label map per image, RLE only, "
-                                 "or none (boxes only)")
+                                 f"or none (boxes only) [{packaged['output']['masks']}]")
     parser.add_argument("--score-threshold", type=float, metavar="S",
                         help="write only instances scoring above S (default: the manifest's threshold)")
     parser.add_argument("--frame-stride", type=int, metavar="N",
@@ -60,8 +67,13 @@ def parse_args(argv: list[str] | None = None, description: str | None = None,
                         help="a Spark setting (repeatable), added to the config's spark.conf: "
                              "--conf spark.executor.cores=2")
     parser.add_argument("--break-lock", action="store_true",
-                        help="take over the output's lock left by a run that is gone (see README: scheduled runs)")
+                        help="take over the output's lock even while its run looks alive (a lock whose heartbeat "
+                             "is older than run.lock_stale_after_s is taken over without this; see README: "
+                             "scheduled runs)")
     parser.add_argument("--force", action="store_true", help="recompute images already done for this model")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="sparkseg's own log: -v info (planning, pinning, listing choices), -vv debug; Spark's "
+                             "log level is the config's spark.log_level")
     return parser.parse_args(argv)
 
 
@@ -90,6 +102,8 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     run it; the exit code. Expected failures (SparkSegError) print one line; anything else is a bug and raises."""
     args = parse_args(argv, description, family)
     logging.basicConfig(level=logging.WARNING, format="sparkseg: %(levelname)s: %(message)s")
+    if args.verbose:
+        logging.getLogger("pipelines").setLevel(logging.INFO if args.verbose == 1 else logging.DEBUG)
     from pipelines.errors import SparkSegError, report_error
     from pipelines.inference.inference_job import plan_job, run_plan
     from pipelines.spark.spark_session import job_session, stop_session, warn_unknown_spark_settings
