@@ -15,8 +15,8 @@ PYTEST_TMP := $(CURDIR)/.pytest-tmp
 # a job starts maps it (~2x faster start-up on 2 cores, reports/startup.md).
 .PHONY: jvm-archive
 jvm-archive: $(VENV)/.stamp-infer
-	@$(PY) -m pipelines.spark.jvm_class_archive_build --if-missing > $(VENV)/jvm-archive.log \
-	    || { cat $(VENV)/jvm-archive.log; exit 1; }
+	@$(PY) -m pipelines.spark.jvm_class_archive_build --if-missing 2> $(VENV)/jvm-archive.log \
+	    || { cat $(VENV)/jvm-archive.log; exit 1; }   # its job's own lines: in the log (shown if it fails)
 
 .PHONY: demo test test-main test-bigdl bench sweep bigdl-env azurite browser clean-venv env-archive bigdl-env-archive
 
@@ -57,7 +57,8 @@ bigdl-env:
 	scripts/make_bigdl_env.sh $(BIGDL_VENV)
 
 # Relocatable envs for `spark-submit --archives dist/<archive>#environment` (README: "Run on a cluster").
-env-archive: $(VENV)/.stamp-test
+env-archive: $(VENV)/.stamp-infer   # the inference env (make demo's) and venv-pack: no torch needed to pack
+	$(PY) -c 'import venv_pack' 2>/dev/null || $(PIP) install -c constraints.txt venv-pack
 	PYTHON=$(PYTHON) PACKER_PYTHON=$(abspath $(PY)) scripts/build_env_archive.sh
 
 bigdl-env-archive: $(VENV)/.stamp-test

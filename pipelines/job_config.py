@@ -47,6 +47,23 @@ def load_config(path: str | Path | None = None) -> dict:
     return merge(base, read_yaml(path, "config file (see conf/ for examples)"), str(path))
 
 
+class StrictKeysLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, except that a key given twice in one mapping is an error (the YAML spec says keys are
+    unique; PyYAML keeps the last one silently, so a setting written twice loses its first value unseen)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, typing.Hashable):
+                continue   # the base class refuses it, naming it
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"found the key {key!r} twice in one mapping",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path, what: str, error: type[UsageError] | None = None) -> dict:
     """A YAML file's mapping ({} for an empty file); a missing file or bad YAML raises `error` (ConfigError) naming
     the path and `what` it should be."""
@@ -57,7 +74,7 @@ def read_yaml(path: str | Path, what: str, error: type[UsageError] | None = None
     if not path.is_file():
         raise error(f"{path}: no such {what}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=StrictKeysLoader) or {}
     except yaml.YAMLError as err:
         raise error(f"{path}: not valid YAML: {yaml_problem(err)}") from None
     if not isinstance(data, dict):
@@ -277,6 +294,10 @@ class BundledModels:
 class ModelSettings:
     dir: str | None         # an export directory with manifest.json; None: bundled's model of the job's family
     bundled: BundledModels
+
+    def __post_init__(self) -> None:
+        require("model.dir (--model)", self.dir is None or bool(self.dir.strip()), self.dir,
+                "give an export directory, or null for the job's bundled model")
 
     def dir_for(self, family: str) -> str:
         """The export directory the `family` job runs."""

@@ -59,6 +59,7 @@ def test_every_default_lives_in_the_packaged_yaml_only():
     ("run.max_error_fraction", 2, r"run\.max_error_fraction is 2.0: give a fraction between 0 and 1"),
     ("spark.conf", ["spark.executor.cores=2"], r"spark\.conf is \['spark\.executor\.cores=2'\]: it must be a mapping"),
     ("spark.log_level", "LOUD", r"spark\.log_level is 'LOUD': give one of ALL, TRACE, DEBUG, INFO, WARN, ERROR"),
+    ("model.dir", "", r"model\.dir \(--model\) is '': give an export directory, or null for the job's bundled"),
     ("run.lock_heartbeat_s", -5, r"run\.lock_heartbeat_s is -5.0: give seconds > 0 and below run\.lock_stale_after_s"),
     ("run.lock_stale_after_s", 10, r"run\.lock_heartbeat_s is 30.0: give seconds > 0 and below run\.lock_stale_after_s "
                                    r"\(10.0\)"),
@@ -101,6 +102,8 @@ def test_a_section_left_empty_keeps_its_defaults_and_takes_the_command_lines_ove
                            r"end>' \(while parsing a flow sequence\)$"),
     ("a:\n\t- b\n", r"job\.yaml: not valid YAML: line 2, column 1: found character '\\t' that cannot start any "),
     ("- inference\n", r"job\.yaml: holds a list, not a mapping of keys: not a config file \(see conf/ for examples\)$"),
+    ("inference:\n  batch_size: 2\n  batch_size: 4\n", r"job\.yaml: not valid YAML: line 3, column 3: found the key "
+                                                      r"'batch_size' twice in one mapping$"),
 ])
 def test_a_file_that_is_no_config_is_one_line_naming_it_and_where_it_went_wrong(tmp_path, text, message):
     user = tmp_path / "job.yaml"

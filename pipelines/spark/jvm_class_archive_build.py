@@ -53,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", action="store_true", help="only print where the archive is")
     args = parser.parse_args(argv)
     path = archive_path()
-    if not args.path and not (args.if_missing and built_archive()):
+    if args.if_missing and not args.path and built_archive():
+        return 0
+    if not args.path:
+        print("sparkseg: building the Spark driver JVM's class archive (once per env, ~1 min): a job over the "
+              "bundled images", flush=True)
         path = build()
     print(path if path is not None else "no java found")
     return 0
