@@ -62,7 +62,8 @@ class ProgressReporter:
         if final:
             return text
         eta = duration((self.total - done) / rate) if done else "when the first task ends"
-        return f"{text}, {self.running_tasks()} tasks running, ETA {eta}"
+        running = self.running_tasks()
+        return f"{text}, {running} task{'' if running == 1 else 's'} running, ETA {eta}"
 
     def _print(self, text: str, final: bool = False) -> None:
         if self._tty:
