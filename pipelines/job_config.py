@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from pipelines.errors import UsageError
-from pipelines.io.uris import scheme_of
+from pipelines.io.uris import is_local, scheme_of, to_local_path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent   # the checkout when running from one (samples/, conf/, jobs/ beside pipelines/)
@@ -130,9 +130,10 @@ def set_path(config: dict, dotted: str, value) -> None:
 def resolve_local(uri: str) -> str:
     """Something to read (an input, a model): a plain relative path is relative to the working directory, or else,
     where only there it exists, to the checkout this package runs from (so the embedded default's samples/ work from
-    anywhere); URIs with a scheme (`file:/a`, `hdfs:/a`, `az://c/a`) are returned as they are."""
+    anywhere); a `file:` URI as its absolute path, symlinks resolved, as plain paths are (one spelling of a local
+    directory however it was given); other URIs (`hdfs:/a`, `az://c/a`) as they are."""
     if scheme_of(uri):
-        return uri
+        return str(Path(to_local_path(uri)).resolve()) if is_local(uri) else uri
     path = Path(uri).expanduser()
     if path.is_absolute() or (Path.cwd() / path).exists() or not (REPO_ROOT / path).exists():
         return str(path.resolve())
@@ -140,16 +141,15 @@ def resolve_local(uri: str) -> str:
 
 
 def resolve_output(uri: str) -> str:
-    """Somewhere to write: a plain relative path is relative to the working directory (an output need not exist
-    yet); URIs with a scheme are returned as they are."""
-    return uri if scheme_of(uri) else str(Path(uri).expanduser().resolve())
+    """Somewhere to write: a local output (a plain path, relative to the working directory, or a `file:` URI) as its
+    absolute path, symlinks resolved, so that the paths the job writes (mask_path) have one spelling however the
+    output was given; other URIs as they are."""
+    return str(Path(to_local_path(uri)).expanduser().resolve()) if is_local(uri) else uri
 
 
 def local_path(uri: str) -> Path | None:
     """The local filesystem path a URI names (plain paths, and file: URIs in Hadoop's spelling, as the job reads
     them: `file:/a b` is "/a b", `file:///a%20b` is "/a%20b", see storage.to_spark_uri), or None for other schemes."""
-    from pipelines.io.uris import is_local, to_local_path
-
     if not is_local(uri):
         return None
     return Path(to_local_path(uri)).expanduser()

@@ -106,3 +106,29 @@ def test_a_labelled_sample_in_a_large_output_gives_its_own_ap_holding_its_rows_o
     assert report["overall"] == alone["overall"] and report["per_class"] == alone["per_class"]
     assert report["images"] == alone["images"] == 40
     assert held < everything / 4, (held, everything)
+
+
+def test_images_are_matched_by_the_end_of_their_path_and_an_ambiguous_name_is_refused(bundled_val_run, tmp_path):
+    """An annotated `road_00001.jpg` beside another `road_00001.jpg` of the output in another folder: refused (by
+    base name alone, both images' detections were scored against one image's ground truth); given with its folder
+    (`images/road_00001.jpg`), it is told apart and the AP is that of the annotated run alone."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = copy_output(bundled_val_run.output, tmp_path / "out")
+    first = next((out / "detections").rglob("*.parquet"))
+    [row] = pq.read_table(first).slice(0, 1).to_pylist()
+    twin = {**row, "path": "file:/elsewhere/" + row["path"].rsplit("/", 1)[1]}
+    pq.write_table(pa.Table.from_pylist([twin], schema=pq.read_schema(first)), out / "detections" / "part-twin.parquet")
+    with pytest.raises(EvaluationError, match=r"is the end of two paths of .*: give its file_name with the folders"):
+        evaluate_output(out, bundled_val_run.annotations)
+
+    annotations = json.loads(bundled_val_run.annotations.read_text())
+    folder = row["path"].rsplit("/", 2)[1]
+    for image in annotations["images"]:
+        image["file_name"] = f"{folder}/{image['file_name']}"
+    with_folder = tmp_path / "with folder.json"
+    with_folder.write_text(json.dumps(annotations))
+    report = evaluate_output(out, with_folder, groups=ROAD_GROUPS)
+    alone = evaluate_output(bundled_val_run.output, bundled_val_run.annotations, groups=ROAD_GROUPS)
+    assert report["overall"] == alone["overall"] and report["images"] == 40

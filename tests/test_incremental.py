@@ -49,7 +49,7 @@ def wait_for(condition, what: str, timeout_s: float = 300.0, interval_s: float =
 
 # ---- incremental runs -------------------------------------------------------------------------------------------
 
-def test_next_run_processes_exactly_the_new_and_replaced_images(spark, tmp_path):
+def test_next_run_processes_exactly_the_new_and_replaced_images(spark, tmp_path, caplog):
     images, output = tmp_path / "images", tmp_path / "out"
     for seed, name in enumerate(["a.jpg", "b.jpg", "c.jpg", "e.jpg"]):
         write_image(images / name, seed)
@@ -82,9 +82,20 @@ def test_next_run_processes_exactly_the_new_and_replaced_images(spark, tmp_path)
     assert second["table"] == counts
     assert json.loads((output / "summary.json").read_text())["table"] == counts
 
-    third = run(spark, job_config(images, output))
+    with caplog.at_level("WARNING", logger="pipelines.inference.inference_job"):
+        third = run(spark, job_config(images, output))
     assert third["counts"]["skipped"] == 5 and third["counts"]["done"] == third["counts"]["failed"] == 0
     assert not (output / LOCK_NAME).exists(), "a finished run must release the lock"
+    assert "already done keep" not in caplog.text
+
+    # other output settings: the images done keep their rows, and the run says so
+    write_image(images / "f.jpg", seed=6)
+    config = job_config(images, output)
+    config["output"].update({"masks": "none", "score_threshold": 0.5})
+    with caplog.at_level("WARNING", logger="pipelines.inference.inference_job"):
+        assert run(spark, config)["counts"]["done"] == 1
+    assert ("5 images already done keep the rows the last run wrote (output.masks (--masks) 'rle_and_png' -> "
+            "'none', output.score_threshold (--score-threshold) None -> 0.5)") in caplog.text
 
 
 def test_images_whose_failure_was_not_their_own_are_tried_again_by_the_next_runs(spark, tmp_path):

@@ -107,6 +107,21 @@ def test_second_run_skips_everything_and_deleted_outputs_are_recomputed(spark, s
     assert sorted((output / "errors").glob("part-*.parquet")) == error_parts
 
 
+def test_a_new_output_of_an_input_with_no_image_gets_its_tables_empty(spark, tmp_path):
+    """A scheduled run over a landing folder that is empty today: whatever reads the output next finds both tables,
+    with their columns, and a second such run adds no file."""
+    (tmp_path / "in").mkdir()
+    output = tmp_path / "out"
+    summary = run(spark, job_config(tmp_path / "in", output))
+    assert summary["counts"]["inputs"] == summary["counts"]["done"] == 0
+    for table, column in (("detections", "instances"), ("errors", "message")):
+        frame = spark.read.parquet(str(output / table))
+        assert frame.count() == 0 and column in frame.columns
+    files = sorted(output.rglob("*.parquet"))
+    run(spark, job_config(tmp_path / "in", output))
+    assert sorted(output.rglob("*.parquet")) == files
+
+
 def test_bad_input_corpus_every_file_accounted_for(spark, tmp_path):
     corpus = tmp_path / "bad"
     corpus.mkdir()

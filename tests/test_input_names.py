@@ -5,6 +5,7 @@ match)."""
 from __future__ import annotations
 
 import io
+import os
 import shutil
 from pathlib import Path
 
@@ -58,15 +59,48 @@ def test_every_local_name_is_counted_once_and_resumed(spark, tmp_path):
 
 def test_file_uris_name_the_output_and_the_model_as_they_name_the_input(spark, tmp_path, monkeypatch):
     """`file:/a b` (Hadoop's spelling, which inputs take) is the directory "/a b" for --output and --model too,
-    whatever the working directory; a re-run given the plain path finds the results."""
+    whatever the working directory; however input and output are spelled (plain or file:, through a symlink or
+    not), a re-run finds the results and every path written has one spelling."""
     images, output, elsewhere = tmp_path / "in", tmp_path / "out put", tmp_path / "cwd"
     write_tree(images, ["plain.jpg"])
     elsewhere.mkdir()
+    (tmp_path / "link").symlink_to(images)
     monkeypatch.chdir(elsewhere)
     summary = run(spark, job_config(images, f"file:{output}", model_dir=f"file:{DEFAULT_MODEL_DIR}"))
     assert summary["counts"]["done"] == 1 and (output / "summary.json").is_file()
     assert list(elsewhere.iterdir()) == []
     assert run(spark, job_config(images, output))["counts"]["skipped"] == 1
+    write_tree(images, ["second.jpg"])
+    again = run(spark, job_config(f"file:{tmp_path / 'link'}", f"file://{output}/"))
+    assert (again["counts"]["skipped"], again["counts"]["done"]) == (1, 1)
+    rows = read_rows(spark, output, "detections")
+    assert sorted(row.path for row in rows) == [f"file:{images / 'plain.jpg'}", f"file:{images / 'second.jpg'}"]
+    assert sorted(row.mask_path for row in rows) == [f"{output}/masks/plain.jpg.png", f"{output}/masks/second.jpg.png"]
+
+
+def test_a_run_names_the_underscored_photos_it_skipped(spark, tmp_path, caplog):
+    """Names starting with '_' are hidden (Hadoop's rule, which every store's listing follows): a run that lists
+    other images too says how many it skipped and what to do (a camera's Adobe RGB photos are `_DSC0001.JPG`)."""
+    images = tmp_path / "in"
+    write_tree(images, ["DSC0002.JPG", "_DSC0001.JPG"])
+    with caplog.at_level("WARNING", logger="pipelines.inference.inference_job"):
+        assert run(spark, job_config(images, tmp_path / "out"))["counts"]["inputs"] == 1
+    assert "1 file with those endings is skipped for a name starting with '_' (e.g. _DSC0001.JPG;" in caplog.text
+
+
+def test_a_name_that_is_not_utf8_is_the_files_own_error_naming_what_to_do(spark, tmp_path):
+    """Linux names are bytes: a Latin-1 `café.jpg` cannot be spelled in a Spark string. It is listed with U+FFFD for
+    its bad bytes (as Hadoop's listing spells it), recorded once as its own error saying to rename it, and not
+    tried again by the next run."""
+    images = tmp_path / "in"
+    write_tree(images, ["plain.jpg"])
+    os.link(images / "plain.jpg", os.fsencode(images) + b"/caf\xe9.jpg")
+    summary = run(spark, job_config(images, tmp_path / "out"))
+    assert (summary["counts"]["done"], summary["counts"]["failed"]) == (1, 1)
+    [error] = read_rows(spark, tmp_path / "out", "errors")
+    assert (error.path, error.error_type) == (f"file:{images}/caf\ufffd.jpg", "ImageDecodeError.name_not_utf8")
+    assert "rename it with a UTF-8 name" in error.message
+    assert run(spark, job_config(images, tmp_path / "out"))["counts"]["skipped"] == 2
 
 
 def test_names_with_glob_characters_are_names(spark, tmp_path):

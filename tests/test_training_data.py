@@ -49,6 +49,26 @@ def test_bad_images_are_counted_and_skipped(spark, tiny_roads, tmp_path):
     assert second.reused and second.counts == report.counts
 
 
+def test_a_split_the_run_needs_without_a_usable_image_stops_it_before_any_rank(tiny_roads, tmp_path):
+    import pytest
+
+    from pipelines.training.config import TrainConfigError
+    from pipelines.training.launcher import check_splits
+    from pipelines.training.prepare import PrepareReport
+
+    def report(train: int, val: int) -> PrepareReport:
+        return PrepareReport("sig", {"train": {"ok": train, "missing": 1}, "val": {"ok": val, "corrupt": 1}}, "x")
+
+    evaluated = tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run", **{"eval.every_epochs": 1})
+    check_splits(evaluated, report(3, 1))
+    check_splits(tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run"), report(3, 0))   # no evaluation
+    with pytest.raises(TrainConfigError, match=r"^the val split has no usable image to evaluate on \(skipped .*"
+                                               r"'corrupt': 1.*set eval\.every_epochs: 0"):
+        check_splits(evaluated, report(3, 0))
+    with pytest.raises(TrainConfigError, match=r"^no usable training image \(skipped .*'missing': 1.*prepare_report"):
+        check_splits(evaluated, report(0, 1))
+
+
 def test_unknown_category_is_a_clear_error(spark, tiny_roads, tmp_path):
     import pytest
 

@@ -26,6 +26,7 @@ from pyspark.sql import types as T
 
 from pipelines.errors import UsageError
 from pipelines.io.storage import spark_read_path, to_spark_uri
+from pipelines.ops.image_decode import NAME_NOT_UTF8, ImageDecodeError
 from pipelines.io.uris import (hadoop_path_string, is_azure, is_local,  # noqa: F401 (re-exported)
                                normalize_extensions, store_of, to_local_path)
 from pipelines.spark.hash_partitioning import partition_keys
@@ -70,21 +71,16 @@ def nothing_listed(uri: str, extensions: list[str], recursive: bool = True, outp
                "case-insensitive; names starting with '.' or '_' are skipped as hidden)")
     if not reads_on_executors(uri):
         return message
-    from pipelines.io.local_listing import listing_root, underscored_files, walk
+    from pipelines.io.local_listing import listing_root, walk
 
     root, skip = listing_root(to_spark_uri(uri)), walk_skip(output_prefix_)
     try:
         others = list(itertools.islice(walk(root, None, recursive, skip), sample))
-        hidden = list(itertools.islice(underscored_files(root, normalize_extensions(extensions), recursive, skip),
-                                       sample))
     except OSError:
         return message
+    hidden = underscored_note(uri, extensions, recursive, output_prefix_, sample)
     if hidden:
-        more = "+" if len(hidden) == sample else ""
-        files = "file with those endings is" if len(hidden) == 1 else "files with those endings are"
-        message += (f"; {len(hidden)}{more} {files} skipped for a name starting with '_' (e.g. "
-                    f"{os.path.basename(hidden[0])}; Spark and Hadoop skip these as hidden, and so does this job on "
-                    "every store): rename them without the leading '_' to process them")
+        message += f"; {hidden}"
     if others:
         endings = sorted({os.path.splitext(f.path)[1].lower() or "(none)" for f in others})
         more = "+" if len(others) == sample else ""
@@ -92,6 +88,29 @@ def nothing_listed(uri: str, extensions: list[str], recursive: bool = True, outp
                     f"{' ...' if len(endings) > 10 else ''}: add their ending to input.extensions where Pillow reads "
                     "them, or convert them to JPEG or PNG")
     return message
+
+
+def underscored_note(uri: str, extensions: list[str], recursive: bool = True, output_prefix_: str | None = None,
+                     sample: int = 1000) -> str | None:
+    """For a local input: how many files with a listed ending the listing skipped only for a name starting with '_'
+    (a camera's `_DSC0001.JPG`), what to do about them; None for none (or another store: not looked at)."""
+    if not reads_on_executors(uri):
+        return None
+    from pipelines.io.local_listing import listing_root, underscored_files
+
+    root = listing_root(to_spark_uri(uri))
+    try:
+        hidden = list(itertools.islice(underscored_files(root, normalize_extensions(extensions), recursive,
+                                                         walk_skip(output_prefix_)), sample))
+    except OSError:
+        return None
+    if not hidden:
+        return None
+    more = "+" if len(hidden) == sample else ""
+    files = "file with those endings is" if len(hidden) == 1 else "files with those endings are"
+    return (f"{len(hidden)}{more} {files} skipped for a name starting with '_' (e.g. {os.path.basename(hidden[0])}; "
+            "Spark and Hadoop skip these as hidden, and so does this job on every store): rename them without the "
+            "leading '_' to process them")
 
 
 def choose_reader(uri: str, reader: str = "auto") -> str:
@@ -390,9 +409,17 @@ def local_file_path(path: str) -> str:
 
 
 def read_local_file(path: str) -> bytes:
-    """The bytes of a listed `file:` path, read where the task runs (see local_file_path)."""
-    with open(local_file_path(path), "rb") as handle:
-        return handle.read()
+    """The bytes of a listed `file:` path, read where the task runs (see local_file_path). A name the listing could
+    not spell (not UTF-8: its bytes show as U+FFFD) is the file's own error, not a read failure to retry."""
+    try:
+        with open(local_file_path(path), "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        if "\ufffd" not in path:
+            raise
+        raise ImageDecodeError(path, NAME_NOT_UTF8, "its name is not valid UTF-8 (the bytes shown as U+FFFD), so no "
+                               "path names it", "rename it with a UTF-8 name (e.g. convmv -f latin1 -t utf-8 "
+                               "--notest)") from None
 
 
 def with_content(spark: SparkSession, todo: DataFrame, todo_count: int, uri: str, extensions: list[str],

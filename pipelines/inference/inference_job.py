@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import os
 import shutil
 import tempfile
@@ -38,10 +39,13 @@ from pipelines.results.table_index import counts_after_run, rows_before_run
 from pipelines.results.coco_results import write_coco_results
 from pipelines.results.result_schema import RESULT_SCHEMA
 from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, failed_paths, failure_types,
-                                              holds_tables, write_results, write_summary)
+                                              holds_tables, read_summary, write_results, write_summary)
 from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.spark.spark_session import ship_library, ship_once
 from pipelines.io.storage import Location
+
+log = logging.getLogger(__name__)
+
 
 class JobFailed(RunFailed):
     """The job ran but its outcome is not acceptable (e.g. too many errors); the summary was written."""
@@ -187,7 +191,7 @@ def plan_job(config: JobConfig | dict, family: str, azure_credentials=None) -> J
     bundled = config.model.dir is None
     config = replace(config, model=replace(config.model, dir=config.model.dir_for(family)))   # as the summary says
     input_uri, output_uri = resolve_local(config.input.uri), resolve_output(config.output.uri)
-    check_local_paths(input_uri, output_uri)
+    check_local_paths(input_uri, output_uri, config.input.uri)
     model_dir = resolve_local(config.model.dir)
     if bundled and not Path(model_dir).is_dir():
         raise src.InputError(f"no --model (model.dir) given, and the bundled {family} model is not here "
@@ -212,12 +216,12 @@ def plan_job(config: JobConfig | dict, family: str, azure_credentials=None) -> J
     return JobPlan(config, family, input_uri, Location(output_uri, credentials), manifest, engine, reader)
 
 
-def check_local_paths(input_uri: str, output_uri: str) -> None:
-    """A local --input must exist; a local --output must be a directory or not exist yet (other schemes are
-    checked by their store when the job lists and locks them)."""
+def check_local_paths(input_uri: str, output_uri: str, given_input: str | None = None) -> None:
+    """A local --input must exist (the error names it as `given_input`, the user's spelling); a local --output must
+    be a directory or not exist yet (other schemes are checked by their store when the job lists and locks them)."""
     source, target = local_path(input_uri), local_path(output_uri)
     if source is not None and not source.exists():
-        raise src.missing_input(input_uri)
+        raise src.missing_input(given_input or input_uri)
     if source is not None and target is not None and source.resolve() == target.resolve():
         raise src.output_is_input(output_uri)   # before Spark starts (other stores: when the input is listed)
     if target is not None and target.exists() and not target.is_dir():
@@ -278,9 +282,16 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
                 f"and segments to do ({n_units - n_todo} already done for this model)")
         else:
             say(f"{n_inputs} images, {n_todo} to do ({n_inputs - n_todo} already done for this model)")
+        if n_todo < n_units and not run_cfg.force:
+            warn_if_output_settings_changed(plan, read_summary(plan.output), n_units - n_todo)
         if not n_inputs:
             say(src.nothing_listed(plan.input_uri, config.input.listed_extensions, config.input.recursive,
                                    found.excluded))
+        elif n_inputs <= src.DRIVER_LISTING_MAX_FILES:   # a second walk of a listing the driver could hold anyway
+            hidden = src.underscored_note(plan.input_uri, config.input.listed_extensions, config.input.recursive,
+                                          found.excluded)
+            if hidden:
+                log.warning(hidden)
         partitions = tasks_per_wave(config.inference, spark.sparkContext.defaultParallelism,
                                     min(run_cfg.commit_every or n_todo, n_todo))
         settings = runtime_settings(spark, config.inference)
@@ -295,6 +306,9 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
             with progress, warm_up(spark, plan, task, partitions):
                 own_rows = counts.rows_per_partition if todo is units and not n_videos else None   # the listing's
                 totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions, own_rows)
+        elif new_output:   # nothing listed: the tables exist all the same, empty, for whatever reads them next
+            write_results(tagged_results(spark.createDataFrame([], RESULT_SCHEMA), plan), plan.output,
+                          f"part-{plan.run_id}-empty")
         listing.unpersist()
         units.unpersist()
         tables_after = table_file_names(plan.output)
@@ -316,6 +330,23 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
     finally:
         lock.release()
         restore_session_settings(spark, previous_settings)
+
+
+def warn_if_output_settings_changed(plan: JobPlan, previous: dict | None, n_done: int) -> None:
+    """Images already done keep the rows they were written with: warn when the last run on this output wrote this
+    model's rows with other output.masks or score threshold than this run's (one table would mix both)."""
+    if not previous or (previous.get("model") or {}).get("sha256") != plan.manifest.model_sha256:
+        return
+    before = (previous.get("config") or {}).get("output") or {}
+    now = plan.config.output
+    changed = [f"{name} {before.get(key)!r} -> {value!r}" for name, key, value in (
+        ("output.masks (--masks)", "masks", now.masks),
+        ("output.score_threshold (--score-threshold)", "score_threshold", now.score_threshold))
+        if key in before and before[key] != value]
+    if changed:
+        log.warning(
+            "%d images already done keep the rows the last run wrote (%s): only new images get this run's; "
+            "--force redoes them all, or write to a new --output", n_done, ", ".join(changed))
 
 
 MAX_ROUNDS_PER_WAVE = 64   # the driver keeps a few KB per task of a stage: a huge wave (run.commit_every 0) gets
@@ -409,6 +440,13 @@ def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
         video=plan.config.input.video, frames_per_batch=inference.batch_size)
 
 
+def tagged_results(results: DataFrame, plan: JobPlan) -> DataFrame:
+    """The result rows with the columns that say which model and run wrote them."""
+    return (results.withColumn("model_name", F.lit(plan.manifest.name))
+            .withColumn("model_sha256", F.lit(plan.manifest.model_sha256))
+            .withColumn("run_id", F.lit(plan.run_id)))
+
+
 def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings: RuntimeSettings, todo: DataFrame,
               n_todo: int, n_inputs: int, partitions: int, rows_per_partition: dict[int, int] | None = None) -> dict:
     """Process the to-do images in waves of `run.commit_every`, each committed on its own (a killed driver loses
@@ -424,11 +462,7 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
         guard = CrashGuard(plan.output / MARKER_DIR / name, run_cfg.poison_attempts)
         results, intermediates = wave_results(src.balanced(wave, min(partitions, count)),
                                               replace(task, crash_guard=guard), plan, settings)
-        results = (results
-                   .withColumn("model_name", F.lit(plan.manifest.name))
-                   .withColumn("model_sha256", F.lit(plan.manifest.model_sha256))
-                   .withColumn("run_id", F.lit(plan.run_id))
-                   .persist(StorageLevel.MEMORY_AND_DISK))
+        results = tagged_results(results, plan).persist(StorageLevel.MEMORY_AND_DISK)
         wave_totals = write_results(results, plan.output, f"part-{name}")
         remove_markers(plan.output)
         results.unpersist()
@@ -532,8 +566,6 @@ def render_report(spark: SparkSession, output: Location, summary: dict) -> str |
     """output.overlays: overlays and report.html (pipelines.report.render) for a local output; the report's path.
     The rows it draws and counts are read on the driver for a small output (summary's `table`: its records), else
     gathered by Spark, so that the driver holds the rows it draws, not a key per image."""
-    import logging
-
     from pipelines.report.render import render
     from pipelines.report.tables import OutputError
 
@@ -541,7 +573,7 @@ def render_report(spark: SparkSession, output: Location, summary: dict) -> str |
         return str(render(output.uri, spark=None if sum(summary["table"].values()) <= LOCAL_REPORT_MAX_RECORDS
                           else spark))
     except OutputError as err:   # not a local output: the job's results stand, the report is for later
-        logging.getLogger(__name__).warning(
+        log.warning(
             "no report: %s (python -m pipelines.report.render --output DIR draws it)", err)
         return None
 

@@ -134,7 +134,9 @@ def _listed(path: str, extensions: tuple[str, ...] | None) -> ListedFile | None:
     if not stat.S_ISREG(info.st_mode):
         return None
     modified = _EPOCH + dt.timedelta(milliseconds=info.st_mtime_ns // 1_000_000)
-    return ListedFile("file:" + path, info.st_size, modified)
+    # a name that is not UTF-8 (Python keeps its bytes as surrogates, which no Spark string holds) is spelled with
+    # U+FFFD for them, as Hadoop's listing spells it: reading that path fails, naming the file (read_local_file)
+    return ListedFile("file:" + os.fsencode(path).decode("utf-8", "replace"), info.st_size, modified)
 
 
 def _leads_back(link: str) -> bool:

@@ -31,16 +31,17 @@ _HADOOP_GLOB_CHARACTERS = re.compile(r"([\\*?\[\]{}])")
 def to_spark_uri(uri: str | os.PathLike, account: str | None = None) -> str:
     """The spelling of `uri` that Spark's (Hadoop's) file systems read.
 
-    Plain paths -> `file:/absolute/path` (user and symlinks resolved; Hadoop's spelling, not a URI: Spark reads
-    `file:/a b` as the directory "a b" and `file:///a%20b` as "a%20b"); `file:` URIs unchanged; `az://container/p` ->
+    Plain paths and `file:` URIs -> `file:/absolute/path` (user and symlinks resolved, so that one directory has one
+    spelling however it was given; Hadoop's spelling, not a URI: Spark reads `file:/a b` as the directory "a b" and
+    `file:///a%20b` as "a%20b"); `az://container/p` ->
     `abfss://container@<account>.dfs.core.windows.net/p` (`account` or the environment's AZURE_STORAGE_ACCOUNT_NAME /
     connection string AccountName); `s3://` -> `s3a://`; everything else unchanged. abfss:// needs the hadoop-azure
     jar on the cluster; without it, read with `pipelines.io.azure_storage` instead.
     """
     text = os.fspath(uri)
     scheme = scheme_of(text)
-    if scheme == "":
-        return f"file:{Path(text).expanduser().resolve()}"
+    if scheme in ("", "file"):
+        return f"file:{Path(to_local_path(text)).expanduser().resolve()}"
     if scheme == "az":
         from pipelines.io.azure_storage import account_name_from_env, parse_blob_uri
 

@@ -42,7 +42,8 @@ TRUNCATED = "truncated"
 CORRUPT = "corrupt"
 TOO_LARGE = "too_large"
 UNSUPPORTED_MODE = "unsupported_mode"
-REASONS = (EMPTY, NOT_AN_IMAGE, TRUNCATED, CORRUPT, TOO_LARGE, UNSUPPORTED_MODE)
+NAME_NOT_UTF8 = "name_not_utf8"   # a listed file whose name has bytes that are not UTF-8: no path reads it
+REASONS = (EMPTY, NOT_AN_IMAGE, TRUNCATED, CORRUPT, TOO_LARGE, UNSUPPORTED_MODE, NAME_NOT_UTF8)
 
 # Leading bytes of common formats: tells "damaged image" from "not an image at all" when Pillow gives up.
 _MAGIC = (
@@ -166,7 +167,8 @@ def _check_pixel_count(size: tuple[int, int], name: str, max_pixels: int) -> Non
     if width * height > max_pixels:
         raise ImageDecodeError(name, TOO_LARGE,
                                f"image is {width}x{height} = {width * height:,} pixels, over the limit of "
-                               f"{max_pixels:,}", "downscale it before processing or raise max_pixels")
+                               f"{max_pixels:,}", "downscale it, or raise inference.max_image_pixels in the job's "
+                               "config and touch the file (the next run redoes a file whose modification time changed)")
 
 
 def _load_pixels(image: Image.Image, name: str) -> None:

@@ -4,8 +4,10 @@ that training's validation (`pipelines.training.evaluate`) uses too. No torch, n
     python -m pipelines.results.evaluate --output OUT --annotations val/annotations.json [--score-threshold 0.5] \
         [--group blobs=pothole,patch,puddle]
 
-Detections rows are matched to annotated images by file name (`a/b/road_00001.jpg` <-> `road_00001.jpg`), classes
-by name. Images annotated but absent from the output are left out of the evaluation (and named); images the job
+Detections rows are matched to annotated images by the end of their path: a COCO `file_name` (`road_00001.jpg`,
+`day 2/road_00001.jpg`) matches the output's image whose path ends with it (`file:/data/roads/day 2/road_00001.jpg`),
+the longest such `file_name` where several do; a `file_name` that two images of the output end with is an error
+(give it with its folder). Classes are matched by name. Images annotated but absent from the output are left out of the evaluation (and named); images the job
 failed on count as images with no detections. Writes OUT/evaluation.json and, when OUT/report.html exists,
 refreshes the report page with an evaluation section.
 """
@@ -98,11 +100,33 @@ def ap_report(ground_truth: COCO, results: list[dict], groups: Mapping[str, Sequ
     return report
 
 
+class AnnotatedImages:
+    """The annotated images of a COCO file, found by the end of an output path (see the module docstring)."""
+
+    def __init__(self, images: list[dict]):
+        self.ids = {self.normalized(image["file_name"]): image["id"] for image in images}
+        self.depth = max((name.count("/") + 1 for name in self.ids), default=0)
+
+    @staticmethod
+    def normalized(file_name: str) -> str:
+        return "/".join(part for part in file_name.replace("\\", "/").split("/") if part not in ("", "."))
+
+    def file_name(self, path: str) -> str | None:
+        """The longest annotated file_name that `path` ends with (whole components), or None."""
+        parts = path.split("/")
+        for depth in range(min(self.depth, len(parts)), 0, -1):
+            name = "/".join(parts[-depth:])
+            if name in self.ids:
+                return name
+        return None
+
+
 def results_from_rows(rows: list[dict], image_ids: dict[str, int], category_ids: dict[str, int]) -> list[dict]:
-    """detections/ rows (path, instances) -> COCO result entries, images by file name, classes by name."""
+    """detections/ rows (path, instances) -> COCO result entries; image_ids: {output path: COCO image id}, classes by
+    name."""
     results = []
     for row in rows:
-        image_id = image_ids.get(Path(row["path"]).name)
+        image_id = image_ids.get(row["path"])
         for inst in row.get("instances") or []:
             if image_id is None or inst["class_name"] not in category_ids:
                 continue
@@ -159,32 +183,41 @@ def evaluate_output(output: str | Path, annotations: str | Path | dict, score_th
 
     root, _, _, keys = output_keys(output)
     ground_truth = load_ground_truth(annotations)
-    image_ids = {Path(im["file_name"]).name: im["id"] for im in ground_truth.dataset["images"]}
+    annotated = AnnotatedImages(ground_truth.dataset["images"])
+    image_ids = annotated.ids
     category_ids = {c["name"]: c["id"] for c in ground_truth.dataset["categories"]}
-    detections, in_output, predicted = [], set(), set()     # rows and names of annotated images; every class seen
+    detections, in_output, predicted = [], {}, set()   # rows of annotated images, {file_name: path}; classes seen
+
+    def annotated_name(path: str) -> str | None:
+        name = annotated.file_name(path)
+        if name is not None and in_output.setdefault(name, path) != path:
+            raise EvaluationError(f"{annotations}: its image '{name}' is the end of two paths of {root}: "
+                                  f"{in_output[name]} and {path}; give its file_name with the folders that tell "
+                                  "them apart")
+        return name
+
     for row in iter_current_rows(root, "detections", keys, DETECTION_COLUMNS):
         predicted.update(inst["class_name"] for inst in row.get("instances") or [])
-        if Path(row["path"]).name in image_ids:
-            in_output.add(Path(row["path"]).name)
+        if annotated_name(row["path"]) is not None:
             detections.append(row)
     for row in iter_current_rows(root, "errors", keys, ["path", "frame_index", "run_id"]):
-        if Path(row["path"]).name in image_ids:
-            in_output.add(Path(row["path"]).name)
+        annotated_name(row["path"])
     detections.sort(key=row_order)
-    matched = {name: image_id for name, image_id in image_ids.items() if name in in_output}
+    matched = {name: image_ids[name] for name in in_output}
     if not matched:
         raise EvaluationError(f"{annotations}: none of its {len(image_ids)} image file names is in {root} "
                               "(detections/ or errors/): evaluate the output of a run over the annotated images")
     if predicted and not predicted & set(category_ids):
         raise EvaluationError(f"{annotations}: its classes {sorted(category_ids)} share no name with the model's "
                               f"{sorted(predicted)}: evaluate against annotations of the model's classes")
-    missing = sorted(set(image_ids) - in_output)
+    missing = sorted(set(image_ids) - set(in_output))
     if missing:
         log.warning("%d annotated images are not in %s and are left out, e.g. %s", len(missing), root,
                     ", ".join(missing[:5]))
     if len(matched) < len(image_ids):
         ground_truth = subset_ground_truth(ground_truth, set(matched.values()))
-    results = results_from_rows(detections, matched, category_ids)
+    results = results_from_rows(detections, {path: image_ids[name] for name, path in in_output.items()},
+                                category_ids)
     has_masks = bool(results) and all("segmentation" in r for r in results)
     iou_types = ("bbox", "segm") if has_masks else ("bbox",)
     report = {"annotations": str(annotations), "output": str(root), "images": len(matched),

@@ -214,3 +214,12 @@ def failure_types(spark: SparkSession, output: Location, run_id: str) -> dict[st
 
 def write_summary(output: Location, summary: dict) -> None:
     (output / "summary.json").write_bytes_atomic((json.dumps(summary, indent=2, default=str) + "\n").encode())
+
+
+def read_summary(output: Location) -> dict | None:
+    """The summary.json the last run left at `output` (any store); None where there is none or it is unreadable."""
+    location = output / "summary.json"
+    try:
+        return json.loads(location.read_bytes()) if location.exists() else None
+    except (OSError, ValueError):
+        return None

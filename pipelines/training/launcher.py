@@ -18,13 +18,12 @@ from typing import Callable
 
 from pyspark.sql import SparkSession
 
-from pipelines.io import storage
 from pipelines.job_config import resolve_local
 from pipelines.training import tracking
-from pipelines.training.config import TrainConfig
+from pipelines.training.config import TrainConfig, TrainConfigError
 from pipelines.training.devices import (GpuUnavailableError, cuda_available, local_gpu_conf, parse_use_gpu,
                                         resolve_use_gpu)
-from pipelines.training.prepare import PrepareSpec, prepare_training_data
+from pipelines.training.prepare import REPORT_NAME, PrepareSpec, prepare_training_data
 from pipelines.training.progress import DriverProgress
 
 LOG = logging.getLogger(__name__)
@@ -160,6 +159,19 @@ def _mlflow_params(cfg: TrainConfig) -> dict:
             "max_size": cfg.model.max_size, **{f"train.{k}": v for k, v in dataclasses.asdict(cfg.train).items()}}
 
 
+def check_splits(cfg, report) -> None:
+    """Before any rank starts: a split the run needs holds at least one usable image (else TrainConfigError, exit 2,
+    saying what to change); the skipped images are named in the prepared data's prepare_report.json."""
+    where = f"{cfg.data.prepared}/{REPORT_NAME} names the skipped images"
+    if not report.usable("train"):
+        raise TrainConfigError(f"no usable training image (skipped {report.skipped('train')}; {where}): check "
+                               "data.images and data.annotations")
+    if cfg.eval.every_epochs and not report.usable("val"):
+        raise TrainConfigError(f"the val split has no usable image to evaluate on (skipped {report.skipped('val')}; "
+                               f"{where}): raise data.val_fraction ({cfg.data.val_fraction}) or annotate more "
+                               "images, or set eval.every_epochs: 0 to train without evaluation")
+
+
 def train_and_report(spark: SparkSession, cfg, class_names_of: Callable, launch_ranks: Callable,
                      mlflow_params: Callable[..., dict], loss_keys: tuple[str, ...]) -> dict:
     """Prepare the data, launch_ranks(spark, cfg), then speed, plots (loss_keys), MLflow (mlflow_params(cfg)) and
@@ -173,6 +185,7 @@ def train_and_report(spark: SparkSession, cfg, class_names_of: Callable, launch_
     report = prepare(spark, cfg, class_names)
     print(f"data: {report.usable('train')} train / {report.usable('val')} val images usable; skipped "
           f"{report.skipped()} ({'reused' if report.reused else 'prepared'} {cfg.data.prepared})", flush=True)
+    check_splits(cfg, report)
     summary = launch_ranks(spark, cfg)
     summary["prepare"] = {"counts": report.counts, "reused": report.reused}
     summary["wall_seconds"] = round(time.time() - started, 1)
