@@ -120,7 +120,7 @@ def test_images_are_matched_by_the_end_of_their_path_and_an_ambiguous_name_is_re
     [row] = pq.read_table(first).slice(0, 1).to_pylist()
     twin = {**row, "path": "file:/elsewhere/" + row["path"].rsplit("/", 1)[1]}
     pq.write_table(pa.Table.from_pylist([twin], schema=pq.read_schema(first)), out / "detections" / "part-twin.parquet")
-    with pytest.raises(EvaluationError, match=r"is the end of two paths of .*: give its file_name with the folders"):
+    with pytest.raises(EvaluationError, match=r"is the end of two paths of .*; give its file_name with the folders"):
         evaluate_output(out, bundled_val_run.annotations)
 
     annotations = json.loads(bundled_val_run.annotations.read_text())
