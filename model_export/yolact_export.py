@@ -3,6 +3,7 @@ parity report and manifest.json (the contract every later stage reads)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 
 from model_export import onnx_openvino as conv
 from model_export import quantize
-from model_export.models.checkpoint import load_yolact_checkpoint
+from model_export.models.checkpoint import load_yolact_checkpoint, trained_input_size
 from model_export.models.yolact import CONFIGS, Yolact, bias_class_logits, get_config
 from model_export.parity import ParityGate, detection_agreement, format_table, raw_differences, runtime_outputs
 from pipelines.ops import yolact_postprocess as yp
@@ -38,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random weights with biased class logits (tests and benchmarks only)")
     parser.add_argument("--out", required=True, help="export directory to create")
     parser.add_argument("--opset", type=int, default=11, help="ONNX opset (>= 11)")
-    parser.add_argument("--input-size", type=int, help="square input side (default: the config's max_size)")
+    parser.add_argument("--input-size", type=int, help="square input side (default: the size a sparkseg "
+                        "checkpoint was trained at, else the config's max_size)")
     parser.add_argument("--num-classes", type=int, help="override (fine-tuned checkpoints), incl. background")
     parser.add_argument("--class-names", help="comma-separated foreground class names (with --num-classes)")
     parser.add_argument("--seed", type=int, default=0, help="seed for --random-init")
@@ -52,8 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_model(args: argparse.Namespace) -> tuple[Yolact, dict]:
     conv.require_weights_choice(args.weights, args.random_init, "a YOLACT checkpoint")
     overrides = {}
+    trained_size = trained_input_size(args.weights) if args.weights else None
     if args.input_size:
         overrides["max_size"] = args.input_size
+        if trained_size and trained_size != args.input_size:
+            print(f"note: {args.weights} was trained at {trained_size} px; exporting at --input-size "
+                  f"{args.input_size}", file=sys.stderr)
+    elif trained_size:
+        overrides["max_size"] = trained_size   # the size its weights learned; the config's default may differ
     if args.num_classes:
         overrides["num_classes"] = args.num_classes
     if args.class_names:

@@ -122,3 +122,30 @@ def test_a_checkpoint_that_does_not_fit_exits_2_naming_the_file(tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and "other_model.pth" in err
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_sparkseg_checkpoint_is_exported_at_the_size_it_was_trained_at(tmp_path, capsys):
+    """A training checkpoint records the input side its weights learned (`max_size`): the export's default, so that
+    the IR sees images as the network did in training (an official checkpoint keeps the config's side)."""
+    import argparse
+
+    import torch
+
+    from model_export.models.yolact import Yolact, get_config
+    from model_export.yolact_export import add_arguments, build_model
+
+    state = Yolact(get_config("yolact_r18_small", max_size=128)).state_dict()
+    trained, official = tmp_path / "best.pt", tmp_path / "official.pth"
+    torch.save({"model": state, "max_size": 128, "yolact_config": "yolact_r18_small"}, trained)
+    torch.save(state, official)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def exported_side(*flags: str) -> int:
+        model, _ = build_model(parser.parse_args(["--config", "yolact_r18_small", "--out", str(tmp_path), *flags]))
+        return model.cfg.max_size
+
+    assert exported_side("--weights", str(trained)) == 128
+    assert exported_side("--weights", str(official)) == get_config("yolact_r18_small").max_size
+    assert exported_side("--weights", str(trained), "--input-size", "256") == 256
+    assert "best.pt was trained at 128 px; exporting at --input-size 256" in capsys.readouterr().err

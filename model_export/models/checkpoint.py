@@ -181,6 +181,17 @@ def _fill_counters(state: dict, expected: Mapping[str, torch.Tensor], keys: list
 
 
 # -------------------------------------------------------------------------------------------------- loading
+def trained_input_size(path: str | Path) -> int | None:
+    """The square input side a sparkseg training checkpoint was trained at (its `max_size` entry; None for an
+    official checkpoint, or a file read_state_dict will refuse, naming why)."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - read_state_dict reports what is wrong with the file
+        return None
+    size = obj.get("max_size") if isinstance(obj, Mapping) else None
+    return int(size) if isinstance(size, int) and size > 0 else None
+
+
 def load_yolact_checkpoint(model: Yolact, path: str | Path) -> LoadReport:
     """Load every tensor of `path` into `model` (strict: same keys and shapes after dropping the known extras).
     Raises CheckpointError naming the file and, key by key, what does not fit."""
