@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -221,10 +222,25 @@ def test_the_next_step_is_launched_before_a_steps_terms_are_read(plain_shards, t
     def run(settle):
         session = TrainingSession(cfg, make_topology("local", 1))
         stream = micro_batch_stream(rows, plan, session.loader_spec(0))
-        seen = []
-        for terms in session.steps(stream, [1] * len(plan), settle=settle):
+        launch, launch_seconds, seen = session.launch_step, [], []
+
+        def timed_launch(*args):
+            started = time.perf_counter()
+            launched = launch(*args)
+            launch_seconds.append(time.perf_counter() - started)
+            return launched
+
+        session.launch_step = timed_launch
+        for terms, seconds in session.steps(stream, [1] * len(plan), settle=settle):
             seen.append((terms, [p.detach().clone() for p in session.model.parameters()],
                          session.optimizer.param_groups[0]["lr"]))
+            time.sleep(0.3)   # the caller's own work (metrics, progress, a checkpoint): no step's time
+            assert len(launch_seconds) >= len(seen)
+            # a step's time holds its whole launch (on the CPU, the step itself), deferred or not, and not the
+            # caller's time: before, a deferred step was charged with the next one and that one with ~0 s
+            k = len(seen) - 1
+            assert launch_seconds[k] <= seconds, (k, seconds)
+            assert k == 0 or seconds < launch_seconds[k] + 0.3, (k, seconds)   # step 0: the loader's start too
         return seen
 
     one_at_a_time = run(lambda k: True)

@@ -246,7 +246,10 @@ class TrainingSession(RankSessionBase):
         return self.finish_step(self.launch_step(batches, self.normalizer(batches)))
 
     def steps(self, stream, micro_per_step: list[int], settle=lambda k: False):
-        """Run len(micro_per_step) steps on micro-batches from stream; yields each step's loss terms, in order. The
+        """Run len(micro_per_step) steps on micro-batches from stream; yields (loss terms, seconds) of each step, in
+        order: its seconds run from its launch (step 0: the fetch of its micro-batches) to the next step's launch
+        (the last: to its terms), the caller's time between yields left out, so that a deferred step is not
+        charged with the next one's work (a CPU runs a launched step to its end). The
         next step's micro-batches are fetched and sent to the device while this step's forward/backward runs. When a
         step's update was launched with it (gates_on_device), the next step is launched before its terms are read:
         the host's wait for them (a GPU's whole queue) then never leaves the device without work. Not after step k
@@ -254,17 +257,22 @@ class TrainingSession(RankSessionBase):
         by then."""
         first = self.state["step"]
         count = len(micro_per_step)
+        clock = GeneratorClock()
+        starts = [clock.now()]   # where each step's time begins: step 0 with its micro-batches' fetch
         pending = self.to_device([next(stream) for _ in range(micro_per_step[0])]) if count else None
         unread = None       # the launched step whose terms are read after the next one is launched
         for k in range(count):
+            if k:
+                starts.append(clock.now())
             launched = self.launch_step(pending, self.normalizer(pending), first + k)
             following = (self.to_device([next(stream) for _ in range(micro_per_step[k + 1])])
                          if k + 1 < count else None)
             if unread is not None:
-                yield self.finish_step(unread)
+                yield from clock.paused((self.finish_step(unread), starts[k] - starts[k - 1]))
             unread = launched if launched.stepped_on_device and k + 1 < count and not settle(k) else None
             if unread is None:
-                yield self.finish_step(launched)
+                terms = self.finish_step(launched)
+                yield from clock.paused((terms, clock.now() - starts[k]))
             pending = following
 
     def run(self) -> dict | None:
@@ -277,17 +285,31 @@ class TrainingSession(RankSessionBase):
             epoch_started = time.time()
             rows = self.train_index.read([i for step in per_step for mb in step for i in mb])
             stream = micro_batch_stream(rows, [mb for step in per_step for mb in step], self.loader_spec(epoch))
-            started = time.time()
             steps = self.steps(stream, [len(m) for m in per_step],
                                settle=lambda k, done=self.state["step"]: self.checkpoint_after(done + k + 1))
-            for step_in_epoch, terms in zip(range(first, last), steps):
-                self.after_step(epoch, step_in_epoch, steps_per_epoch, terms, time.time() - started)
-                started = time.time()       # a step's time includes waiting for its micro-batches
+            for step_in_epoch, (terms, seconds) in zip(range(first, last), steps):
+                self.after_step(epoch, step_in_epoch, steps_per_epoch, terms, seconds)
             stream.close()                  # stops the loader's workers
             self.after_epoch(epoch, steps_per_epoch, epoch_started)
         return self.summary({"strategy": self.topo.strategy, "world": self.topo.world, "stages": self.topo.stages,
                              "threads_per_process": torch.get_num_threads(), "device": str(self.device),
                              "precision": self.cfg.train.precision}, steps_per_epoch)
+
+
+class GeneratorClock:
+    """Seconds a generator spent running: the time its caller holds a yielded value is left out."""
+
+    def __init__(self):
+        self.spent, self.resumed = 0.0, time.perf_counter()
+
+    def now(self) -> float:
+        return self.spent + time.perf_counter() - self.resumed
+
+    def paused(self, value):
+        """`yield from clock.paused(value)`: yield value with the clock stopped until the generator resumes."""
+        self.spent = self.now()
+        yield value
+        self.resumed = time.perf_counter()
 
 
 def _to_cpu(state: dict) -> dict:
