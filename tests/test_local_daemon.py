@@ -44,6 +44,22 @@ def test_local_workers_find_the_compiled_loops_loaded_from_the_drivers_library(s
     assert facts == [(compiled_loops.__file__, True)] * 2, facts
 
 
+def roles_seen_by_the_sampler(_):
+    import psutil
+
+    from pipelines.sweeps.process_memory import process_role
+
+    worker = psutil.Process()
+    yield process_role(worker, set()), process_role(worker.parent(), set())
+
+
+def test_the_sweeps_memory_sampler_tells_the_local_daemons_workers_from_the_daemon(spark):
+    """pipelines.sweeps.process_memory counts a process forked by sparkseg_local_daemon as a Python worker (its
+    parent is the daemon) and the daemon itself as the daemon, as it does for Spark's pyspark.daemon."""
+    roles = spark.sparkContext.parallelize([0], 1).mapPartitions(roles_seen_by_the_sampler).collect()
+    assert roles == [("python_worker", "python_daemon")]
+
+
 def test_local_masters_get_the_daemon_and_keep_the_callers_pythonpath(monkeypatch):
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.delenv("SPARK_HOME", raising=False)
