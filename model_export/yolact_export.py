@@ -11,7 +11,7 @@ import torch
 
 from model_export import onnx_openvino as conv
 from model_export import quantize
-from model_export.models.checkpoint import load_yolact_checkpoint, trained_input_size
+from model_export.models.checkpoint import load_yolact_checkpoint, training_record
 from model_export.models.yolact import CONFIGS, Yolact, bias_class_logits, get_config
 from model_export.parity import ParityGate, detection_agreement, format_table, raw_differences, runtime_outputs
 from pipelines.ops import yolact_postprocess as yp
@@ -41,8 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--opset", type=int, default=11, help="ONNX opset (>= 11)")
     parser.add_argument("--input-size", type=int, help="square input side (default: the size a sparkseg "
                         "checkpoint was trained at, else the config's max_size)")
-    parser.add_argument("--num-classes", type=int, help="override (fine-tuned checkpoints), incl. background")
-    parser.add_argument("--class-names", help="comma-separated foreground class names (with --num-classes)")
+    parser.add_argument("--num-classes", type=int, help="override (fine-tuned checkpoints), incl. background "
+                        "(default: a sparkseg checkpoint's classes, else the config's)")
+    parser.add_argument("--class-names", help="comma-separated foreground class names (with --num-classes; default: "
+                        "a sparkseg checkpoint's, else the config's)")
     parser.add_argument("--seed", type=int, default=0, help="seed for --random-init")
     parser.add_argument("--parity-images", default=str(DEFAULT_PARITY_IMAGES), help="directory of images")
     parser.add_argument("--parity-count", type=int, default=4, help="how many parity images to use")
@@ -54,18 +56,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_model(args: argparse.Namespace) -> tuple[Yolact, dict]:
     conv.require_weights_choice(args.weights, args.random_init, "a YOLACT checkpoint")
     overrides = {}
-    trained_size = trained_input_size(args.weights) if args.weights else None
+    trained = training_record(args.weights) if args.weights else {}   # a sparkseg checkpoint's size and classes
     if args.input_size:
         overrides["max_size"] = args.input_size
-        if trained_size and trained_size != args.input_size:
-            print(f"note: {args.weights} was trained at {trained_size} px; exporting at --input-size "
+        if trained.get("max_size", args.input_size) != args.input_size:
+            print(f"note: {args.weights} was trained at {trained['max_size']} px; exporting at --input-size "
                   f"{args.input_size}", file=sys.stderr)
-    elif trained_size:
-        overrides["max_size"] = trained_size   # the size its weights learned; the config's default may differ
+    elif "max_size" in trained:
+        overrides["max_size"] = trained["max_size"]   # the size its weights learned; the config's may differ
     if args.num_classes:
         overrides["num_classes"] = args.num_classes
     if args.class_names:
         overrides["class_names"] = conv.class_names_flag(args.class_names)
+    elif not args.num_classes and "class_names" in trained:
+        overrides["class_names"] = trained["class_names"]   # get_config sets num_classes to match
     cfg = get_config(args.config, **overrides)
     torch.manual_seed(args.seed)
     model = Yolact(cfg).eval()

@@ -124,9 +124,10 @@ def test_a_checkpoint_that_does_not_fit_exits_2_naming_the_file(tmp_path, capsys
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
-def test_a_sparkseg_checkpoint_is_exported_at_the_size_it_was_trained_at(tmp_path, capsys):
-    """A training checkpoint records the input side its weights learned (`max_size`): the export's default, so that
-    the IR sees images as the network did in training (an official checkpoint keeps the config's side)."""
+def test_a_sparkseg_checkpoint_is_exported_at_the_size_and_with_the_classes_it_was_trained_with(tmp_path, capsys):
+    """A training checkpoint records the input side its weights learned (`max_size`) and its classes: the export's
+    defaults, so that the IR sees images as the network did in training (an official checkpoint keeps the
+    config's)."""
     import argparse
 
     import torch
@@ -138,14 +139,22 @@ def test_a_sparkseg_checkpoint_is_exported_at_the_size_it_was_trained_at(tmp_pat
     trained, official = tmp_path / "best.pt", tmp_path / "official.pth"
     torch.save({"model": state, "max_size": 128, "yolact_config": "yolact_r18_small"}, trained)
     torch.save(state, official)
+    fine_tuned = tmp_path / "fine_tuned.pt"   # trained on two classes of its own (model.class_names)
+    two_classes = Yolact(get_config("yolact_r18_small", class_names=("hole", "rut"))).state_dict()
+    torch.save({"model": two_classes, "max_size": 352, "class_names": ["hole", "rut"]}, fine_tuned)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
 
-    def exported_side(*flags: str) -> int:
+    def exported(*flags: str):
         model, _ = build_model(parser.parse_args(["--config", "yolact_r18_small", "--out", str(tmp_path), *flags]))
-        return model.cfg.max_size
+        return model.cfg
+
+    def exported_side(*flags: str) -> int:
+        return exported(*flags).max_size
 
     assert exported_side("--weights", str(trained)) == 128
     assert exported_side("--weights", str(official)) == get_config("yolact_r18_small").max_size
     assert exported_side("--weights", str(trained), "--input-size", "256") == 256
     assert "best.pt was trained at 128 px; exporting at --input-size 256" in capsys.readouterr().err
+    assert (exported("--weights", str(fine_tuned)).class_names, exported("--weights", str(fine_tuned)).num_classes) \
+        == (("hole", "rut"), 3)

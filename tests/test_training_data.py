@@ -69,6 +69,25 @@ def test_a_split_the_run_needs_without_a_usable_image_stops_it_before_any_rank(t
         check_splits(evaluated, report(0, 1))
 
 
+def test_a_folder_of_voc_xml_files_is_prepared_as_its_coco_twin(spark, tmp_path):
+    """data.annotations may name a folder of Pascal VOC XML files (labelImg's): the same images and boxes as the
+    COCO file of the same set (VOC has no masks: each object's mask is its box)."""
+    from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
+
+    data = tmp_path / "roads"
+    generate_road_dataset(data, 6, 3, RoadSceneConfig(width=96, height=72, min_instances=1, max_instances=3,
+                                                     formats=("coco", "voc")))
+    reports = {}
+    for name, source in (("coco", data / "annotations.json"), ("voc", data / "voc")):
+        cfg = resolve_paths(tiny_config(data, tmp_path / f"prepared_{name}", tmp_path / "run",
+                                        **{"data.annotations": str(source)}))
+        reports[name] = prepare(spark, cfg, CLASSES)
+        rows = ShardIndex.open(str(tmp_path / f"prepared_{name}" / "train")).read(range(reports[name].usable("train")))
+        reports[name] = (reports[name].counts, sorted((row["file_name"], list(row["labels"]), list(row["boxes"]))
+                                                      for row in rows.values()))
+    assert reports["voc"] == reports["coco"]
+
+
 def test_unknown_category_is_a_clear_error(spark, tiny_roads, tmp_path):
     import pytest
 

@@ -57,14 +57,29 @@ def test_killed_run_resumes_and_reproduces_the_uninterrupted_losses(tiny_roads, 
     assert run_job(job_command(tiny_roads, prepared, straight), tmp_path / "straight.log") == 0
     expected = losses(straight)
     assert sorted(expected) == list(range(1, STEPS + 1))
+    summary = (straight / "summary.json").read_bytes()
+    assert run_job(job_command(tiny_roads, prepared, straight), tmp_path / "again.log") == 0   # finished already
+    again = (tmp_path / "again.log").read_text()
+    assert f"the run in {straight} is finished (step {STEPS} of {STEPS}): nothing to train" in again
+    assert "nothing trained:" in again and (straight / "summary.json").read_bytes() == summary
+    assert losses(straight) == expected
 
     first_checkpoint = killed / "checkpoints" / f"step_{EVERY:08d}.pt"
     code = run_job(job_command(tiny_roads, prepared, killed), tmp_path / "killed.log", kill_when=first_checkpoint)
     assert code == -signal.SIGKILL
     assert run_job(job_command(tiny_roads, prepared, killed), tmp_path / "resumed.log") == 0
     resumed_log = (tmp_path / "resumed.log").read_text()
-    assert "resumed from" in resumed_log
+    assert "resumed from" in resumed_log and "other settings than the checkpoint's" not in resumed_log
     got = losses(killed)
     assert sorted(got) == sorted(expected)
     np.testing.assert_allclose([got[s] for s in sorted(got)], [expected[s] for s in sorted(expected)],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_resume_with_another_schedule_names_what_changed():
+    from pipelines.training.run_state import schedule_changes
+
+    before = {"train": {"epochs": 10, "lr": 0.001, "lr_milestones": [0.5]}, "model": {"max_size": 128}}
+    now = {"train": {"epochs": 12, "lr": 0.001, "lr_milestones": [0.5], "max_steps": 100}, "model": {"max_size": 128}}
+    assert schedule_changes(before, now) == ["train.epochs 10 -> 12"]   # max_steps: not recorded before
+    assert schedule_changes({}, now) == []

@@ -181,15 +181,23 @@ def _fill_counters(state: dict, expected: Mapping[str, torch.Tensor], keys: list
 
 
 # -------------------------------------------------------------------------------------------------- loading
-def trained_input_size(path: str | Path) -> int | None:
-    """The square input side a sparkseg training checkpoint was trained at (its `max_size` entry; None for an
-    official checkpoint, or a file read_state_dict will refuse, naming why)."""
+def training_record(path: str | Path) -> dict:
+    """What a sparkseg training checkpoint says of the model it trained: `max_size` (the square input side) and
+    `class_names`, where recorded ({} for an official checkpoint, or a file read_state_dict will refuse, naming
+    why)."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - read_state_dict reports what is wrong with the file
-        return None
-    size = obj.get("max_size") if isinstance(obj, Mapping) else None
-    return int(size) if isinstance(size, int) and size > 0 else None
+        return {}
+    if not isinstance(obj, Mapping):
+        return {}
+    record = {}
+    if isinstance(obj.get("max_size"), int) and obj["max_size"] > 0:
+        record["max_size"] = int(obj["max_size"])
+    names = obj.get("class_names")
+    if isinstance(names, (list, tuple)) and names and all(isinstance(name, str) for name in names):
+        record["class_names"] = tuple(names)
+    return record
 
 
 def load_yolact_checkpoint(model: Yolact, path: str | Path) -> LoadReport:

@@ -208,6 +208,9 @@ class _CocoReader:
                     raise self.fail(f"{field}[{j}]", f"{field}[{j}] must be a list of at least 3 x, y pairs "
                                                      "(an even count of numbers, at least 6)")
                 polygons.append([float(v) for v in poly])
+            if not any(polygon_area(poly) > 0 for poly in polygons):
+                raise self.fail(field, f"{field} encloses no area (every polygon's points lie on one line): fix the "
+                                       "outline, or remove the object")
             return PolygonMask(polygons)
         if isinstance(raw, dict):
             size = raw.get("size")
@@ -225,6 +228,12 @@ class _CocoReader:
             raise self.fail(f"{field}.counts", f"{field}.counts must be a compressed RLE string or a list of "
                                                "non-negative run lengths")
         raise self.fail(field, f"{field} must be a list of polygons or an RLE object")
+
+
+def polygon_area(flat: list[float]) -> float:
+    """The area a COCO polygon [x0, y0, x1, y1, ...] encloses (shoelace formula)."""
+    xs, ys = flat[0::2], flat[1::2]
+    return abs(sum(xs[i] * ys[i - 1] - xs[i - 1] * ys[i] for i in range(len(xs)))) / 2
 
 
 def dataset_to_coco(dataset: Dataset) -> dict[str, Any]:

@@ -51,6 +51,20 @@ class ModelSection:
     max_size: int | None = None
     init: str | None = None
     batch_norm: str = "train"          # train | frozen
+    class_names: list | None = None    # the classes to train (None: the config's); fine-tuning from model.init
+    #                                    re-initializes the class layers when their number differs
+
+    def yolact_config(self):
+        """The model_export YolactConfig this section names, with its input side and classes."""
+        from model_export.models.yolact import get_config
+
+        overrides = {"max_size": int(self.max_size)} if self.max_size else {}
+        if self.class_names:
+            overrides["class_names"] = tuple(str(name) for name in self.class_names)
+        try:
+            return get_config(self.config, **overrides)
+        except (KeyError, ValueError) as err:
+            raise TrainConfigError(f"model: {err}") from None
 
 
 @dataclass(frozen=True)

@@ -146,9 +146,7 @@ def ship_packages(spark: SparkSession) -> None:
 
 def run_training(spark: SparkSession, cfg: TrainConfig) -> dict:
     """Prepare, train, report. Returns the summary also written to RUN/summary.json."""
-    from model_export.models.yolact import get_config
-
-    return train_and_report(spark, cfg, lambda c: get_config(c.model.config).class_names, launch, _mlflow_params,
+    return train_and_report(spark, cfg, lambda c: c.model.yolact_config().class_names, launch, _mlflow_params,
                             tracking.YOLACT_LOSS_KEYS)
 
 
@@ -187,6 +185,10 @@ def train_and_report(spark: SparkSession, cfg, class_names_of: Callable, launch_
           f"{report.skipped()} ({'reused' if report.reused else 'prepared'} {cfg.data.prepared})", flush=True)
     check_splits(cfg, report)
     summary = launch_ranks(spark, cfg)
+    summary_path = Path(cfg.run_dir) / SUMMARY_NAME
+    if not summary.get("steps_this_run") and summary_path.is_file():   # a finished run started again
+        print(f"nothing trained: {summary_path} and the MLflow run stay those of the run that trained", flush=True)
+        return json.loads(summary_path.read_text())
     summary["prepare"] = {"counts": report.counts, "reused": report.reused}
     summary["wall_seconds"] = round(time.time() - started, 1)
     baseline = json.loads(Path(cfg.tracking.baseline).read_text()) if cfg.tracking.baseline else None
@@ -195,7 +197,6 @@ def train_and_report(spark: SparkSession, cfg, class_names_of: Callable, launch_
     evals = [m for m in metrics if m.get("kind") == "eval"]
     summary["last_eval"] = evals[-1] if evals else None
     artifacts = tracking.plot_curves(metrics, cfg.run_dir, loss_keys) if cfg.tracking.plots else []
-    summary_path = Path(cfg.run_dir) / SUMMARY_NAME
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.tracking.mlflow_uri:
         summary["mlflow_run_id"] = tracking.log_to_mlflow(dataclasses.asdict(cfg.tracking), mlflow_params(cfg),

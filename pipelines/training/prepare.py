@@ -1,4 +1,5 @@
-"""Prepare a training set once, with Spark: images + COCO annotations -> Parquet shards each rank reads its part of.
+"""Prepare a training set once, with Spark: images + annotations (a COCO instances JSON, or a local folder of Pascal
+VOC XML files) -> Parquet shards each rank reads its part of.
 
     report = prepare_training_data(spark, PrepareSpec(images_uri, annotations_uri, out_uri, class_names))
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -31,6 +34,7 @@ from pipelines.errors import UsageError
 from pipelines.io import storage
 from pipelines.datasets import coco_to_dataset, dataset_to_coco, split_train_val
 from pipelines.datasets.coco import parse_coco_json
+from pipelines.datasets.voc import read_voc_files
 from pipelines.datasets.schema import Dataset
 from pipelines.training.shard_rows import image_rows as _rows
 
@@ -91,20 +95,20 @@ def prepare_training_data(spark: SparkSession, spec: PrepareSpec) -> PrepareRepo
     """Validate and shard the data set (or reuse a previous preparation with the same signature)."""
     if spec.num_shards < 1:
         raise UsageError(f"data.num_shards={spec.num_shards} must be >= 1")
-    for uri, key, what in ((spec.annotations_uri, "data.annotations", "COCO instances JSON"),
+    for uri, key, what in ((spec.annotations_uri, "data.annotations", "COCO instances JSON or folder of VOC XML"),
                            (spec.images_uri, "data.images", "images folder")):
         if not storage.exists(uri):
             raise UsageError(f"{uri}: no such {what}: check {key} (a synthetic set to try the job with: python -m "
                              "pipelines.datasets.synthetic_roads --out DIR --count 200 --seed 1, then data.images="
                              "DIR/images data.annotations=DIR/annotations.json)")
-    raw = storage.read_bytes(spec.annotations_uri)
+    raw, read_dataset = annotations_source(spec)
     signature = _signature(spec, raw)
     report_uri = storage.join_uri(spec.out_uri, REPORT_NAME)
     if not spec.reprepare and storage.exists(report_uri):
         previous = json.loads(storage.read_bytes(report_uri))
         if previous.get("signature") == signature:
             return PrepareReport(signature, previous["counts"], spec.out_uri, reused=True)
-    dataset = coco_to_dataset(parse_coco_json(raw, spec.annotations_uri), spec.annotations_uri)
+    dataset = read_dataset()
     class_of = _class_index(dataset, spec)
     train, val = split_train_val(dataset, spec.val_fraction, spec.split_seed)
     rows = _rows(train, "train", class_of, spec.num_shards) + _rows(val, "val", class_of, 1)
@@ -123,6 +127,22 @@ def prepare_training_data(spark: SparkSession, spec: PrepareSpec) -> PrepareRepo
     return report
 
 
+def annotations_source(spec: PrepareSpec) -> tuple[bytes, Callable[[], Dataset]]:
+    """(the annotations' bytes, for the preparation's signature; a reader of them as a Dataset): a COCO instances
+    JSON (any store), or a local folder of Pascal VOC XML files (labelImg's; boxes, `<filename>` relative to
+    data.images; `<name>` one of the model's classes)."""
+    local = storage.to_local_path(spec.annotations_uri) if storage.is_local(spec.annotations_uri) else None
+    if local is None or not Path(local).is_dir():
+        raw = storage.read_bytes(spec.annotations_uri)
+        return raw, lambda: coco_to_dataset(parse_coco_json(raw, spec.annotations_uri), spec.annotations_uri)
+    files = sorted(Path(local).rglob("*.xml"))
+    if not files:
+        raise UsageError(f"{spec.annotations_uri}: a folder without *.xml files: point data.annotations at a COCO "
+                         "instances JSON or a folder of VOC XML files")
+    raw = b"".join(str(path.relative_to(local)).encode() + b"\0" + path.read_bytes() + b"\0" for path in files)
+    return raw, lambda: read_voc_files(files, spec.class_names)
+
+
 def _signature(spec: PrepareSpec, annotations: bytes) -> str:
     key = {k: v for k, v in asdict(spec).items() if k not in ("out_uri", "reprepare")}
     key["annotations_sha256"] = hashlib.sha256(annotations).hexdigest()
@@ -135,7 +155,7 @@ def _class_index(dataset: Dataset, spec: PrepareSpec) -> dict[int, int]:
     unknown = [c.name for c in dataset.categories if c.name not in wanted]
     if unknown:
         raise UsageError(f"{spec.annotations_uri}: categories {unknown} are not model classes {list(spec.class_names)}:"
-                         " train with a config whose class_names include them (model.class_names)")
+                         " list them in model.class_names (the classes to train; the config's by default)")
     return {c.id: wanted[c.name] for c in dataset.categories}
 
 

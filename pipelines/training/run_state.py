@@ -72,6 +72,21 @@ def rank_process(threads: int, use_gpu) -> Iterator[torch.device]:
             dist.destroy_process_group()
 
 
+SCHEDULE_SETTINGS = (("train", "epochs"), ("train", "max_steps"), ("train", "global_batch"), ("train", "lr"),
+                     ("train", "lr_milestones"), ("train", "warmup_steps"), ("model", "max_size"))
+
+
+def schedule_changes(before: dict, now: dict) -> list[str]:
+    """'train.epochs 10 -> 12' for each setting of the steps and the learning-rate schedule that differs between
+    a checkpoint's run config (`before`; {} for none recorded) and this run's."""
+    changes = []
+    for section, key in SCHEDULE_SETTINGS:
+        old, new = (before.get(section) or {}).get(key), (now.get(section) or {}).get(key)
+        if section in before and key in before[section] and old != new:
+            changes.append(f"{section}.{key} {old!r} -> {new!r}")
+    return changes
+
+
 class RankSessionBase:
     LOSS_KEYS: tuple = ()
     AP_KEY = ""                 # the eval report's AP that decides best.pt and early stopping
@@ -123,6 +138,14 @@ class RankSessionBase:
             self._truncate_metrics(self.state["step"])
             # stdout, not the log: TorchDistributor passes the ranks' stdout on (tests read this line)
             print(f"resumed from {path} at step {self.state['step']} (epoch {self.state['epoch']})", flush=True)
+            changed = schedule_changes(payload.get("config") or {}, self.cfg.to_dict())
+            if changed:
+                print(f"warning: this run goes on with other settings than the checkpoint's ({', '.join(changed)}): "
+                      "the learning rate's milestones are fractions of the whole run, so its schedule changes from "
+                      "here; a new run_dir starts afresh", flush=True)
+            if not self.training():
+                print(f"the run in {self.run_dir} is finished (step {self.state['step']} of {self.total_steps}): "
+                      "nothing to train; give it more train.epochs, or a new run_dir", flush=True)
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def payload(self) -> dict | None:
@@ -186,6 +209,7 @@ class RankSessionBase:
         """Resume, and start the images/s and epoch-time counts of the summary."""
         self.resume()
         self.timed_images, self.timed_seconds, self.epoch_seconds = 0, 0.0, []
+        self.first_step = self.state["step"]
 
     def training(self) -> bool:
         """Whether another epoch runs: epochs left, no early stop, steps left."""
@@ -244,6 +268,6 @@ class RankSessionBase:
         if self.rank != 0:
             return None
         return {**head, "state": dict(self.state), "total_steps": self.total_steps,
-                "steps_per_epoch": steps_per_epoch,
+                "steps_per_epoch": steps_per_epoch, "steps_this_run": self.state["step"] - self.first_step,
                 "images_per_second": round(self.timed_images / self.timed_seconds, 3) if self.timed_seconds else None,
                 "epoch_seconds": self.epoch_seconds}

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from model_export.models.checkpoint import load_for_finetune
-from model_export.models.yolact import Yolact, get_config
+from model_export.models.yolact import Yolact
 from pipelines.training import checkpoints as ckpt
 from pipelines.training.batches import InputSpec
 from pipelines.training.config import TrainConfig
@@ -44,9 +44,8 @@ HIGHEST_STREAM_PRIORITY = -100   # torch maps a priority beyond the device's ran
 
 def build_model(cfg: TrainConfig) -> Yolact:
     """The YOLACT of the config, identically initialized on every rank (seeded), optionally from a checkpoint."""
-    overrides = {"max_size": int(cfg.model.max_size)} if cfg.model.max_size else {}
     torch.manual_seed(cfg.train.seed)
-    model = Yolact(get_config(cfg.model.config, **overrides))
+    model = Yolact(cfg.model.yolact_config())
     if cfg.model.init:
         load_for_finetune(model, cfg.model.init)
     return model
@@ -146,7 +145,7 @@ class TrainingSession(RankSessionBase):
         ordered = {k: model_state[k] for k in self.model.state_dict()}
         return {"model": ordered, "optimizer": optimizer_state, "state": dict(self.state),
                 "config": self.cfg.to_dict(), "yolact_config": self.model.cfg.name,
-                "max_size": int(self.model.cfg.max_size)}
+                "max_size": int(self.model.cfg.max_size), "class_names": list(self.model.cfg.class_names)}
 
     # ------------------------------------------------------------------------------------------------- eval
     def val_report(self, payload: dict) -> dict:
