@@ -15,7 +15,7 @@ PYTEST_TMP := $(CURDIR)/.pytest-tmp
 # a job starts maps it (~2x faster start-up on 2 cores, reports/startup.md).
 .PHONY: jvm-archive
 jvm-archive: $(VENV)/.stamp-infer
-	@$(PY) -m pipelines.spark.jvm_class_archive_build --if-missing 2> $(VENV)/jvm-archive.log \
+	@$(PY) -m pipelines.spark.jvm_class_archive_build --if-missing --quiet 2> $(VENV)/jvm-archive.log \
 	    || { cat $(VENV)/jvm-archive.log; exit 1; }   # its job's own lines: in the log (shown if it fails)
 
 .PHONY: demo test test-main test-bigdl bench sweep bigdl-env azurite browser clean-venv env-archive bigdl-env-archive

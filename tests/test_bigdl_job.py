@@ -176,7 +176,7 @@ def test_spark_submit_on_a_two_worker_standalone_cluster_equals_the_python_run(p
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         assert "done 3, failed 0" in done.stdout
         apps = cluster.master_state()["completedapps"]
-        assert [app["name"] for app in apps] == ["infer_yolact.py"]   # spark-submit names it after the script
+        assert [app["name"] for app in apps] == ["sparkseg-infer-yolact"]   # no --name: the job's, not the script's
         app = apps[0]
     assert_same_detections(detections_by_name(tmp_path / "out"), expected)
     # both workers ran an executor of the app (each writes its stderr under <worker work dir>/<app id>/<n>/)

@@ -69,7 +69,7 @@ def nothing_listed(uri: str, extensions: list[str], recursive: bool = True, outp
     other files there (the first `sample` the walk meets), e.g. phone photos in HEIC that no ending matches."""
     message = (f"no file under {uri} ends with {', '.join(extensions)} (input.extensions and input.video.extensions, "
                "case-insensitive; names starting with '.' or '_' are skipped as hidden)")
-    if not reads_on_executors(uri):
+    if not is_local(uri):   # not to_spark_uri: an az:// URI's account may come from the job's credentials only
         return message
     from pipelines.io.local_listing import listing_root, walk
 
@@ -94,7 +94,7 @@ def underscored_note(uri: str, extensions: list[str], recursive: bool = True, ou
                      sample: int = 1000) -> str | None:
     """For a local input: how many files with a listed ending the listing skipped only for a name starting with '_'
     (a camera's `_DSC0001.JPG`), what to do about them; None for none (or another store: not looked at)."""
-    if not reads_on_executors(uri):
+    if not is_local(uri):
         return None
     from pipelines.io.local_listing import listing_root, underscored_files
 

@@ -51,11 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--if-missing", action="store_true", help="nothing to do when the archive exists")
     parser.add_argument("--path", action="store_true", help="only print where the archive is")
+    parser.add_argument("--quiet", action="store_true", help="print nothing when there is nothing to build (make)")
     args = parser.parse_args(argv)
     path = archive_path()
-    if args.if_missing and not args.path and built_archive():
+    if args.quiet and args.if_missing and not args.path and built_archive():
         return 0
-    if not args.path:
+    if not args.path and not (args.if_missing and built_archive()):
         print("sparkseg: building the Spark driver JVM's class archive (once per env, ~1 min): a job over the "
               "bundled images", flush=True)
         path = build()
