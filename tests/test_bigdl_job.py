@@ -87,6 +87,20 @@ def test_a_cluster_master_without_executor_cores_is_refused_before_spark_starts(
     assert not (tmp_path / "out").exists()
 
 
+def test_an_azure_input_under_the_bigdl_engine_is_refused_saying_what_to_use():
+    """The bigdl engine's pinned env has no Azure SDK: an az:// input stops before Spark starts, one line."""
+    from pipelines.inference import image_sources as src
+    from pipelines.inference.inference_job import plan_job
+    from pipelines.job_config import load_config
+
+    config = load_config()
+    config["input"]["uri"], config["output"]["uri"] = "az://images/landing", "/tmp/unused-output"
+    config["inference"]["engine"] = "bigdl"
+    with pytest.raises(src.InputError, match=r"the bigdl engine's env \(make bigdl-env\) has no Azure SDK: run "
+                                             r"this input or output with --engine native"):
+        plan_job(config, "yolact")
+
+
 def three_images(directory: Path) -> Path:
     directory.mkdir(parents=True)
     for name in ("synthetic_road_1.jpg", "coffee.jpg", "camera.png"):

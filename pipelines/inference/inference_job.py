@@ -209,11 +209,29 @@ def plan_job(config: JobConfig | dict, family: str, azure_credentials=None) -> J
         require_bigdl()
     reader = src.choose_reader(input_uri, config.input.reader)
     credentials = azure_credentials
+    if reader == "azure_sdk" or choose_writer(output_uri) == "azure_sdk":
+        require_azure_sdk(engine)
     if credentials is None and (reader == "azure_sdk" or choose_writer(output_uri) == "azure_sdk"):
         from pipelines.io.azure_storage import AzureCredentials
 
         credentials = AzureCredentials.from_env()
     return JobPlan(config, family, input_uri, Location(output_uri, credentials), manifest, engine, reader)
+
+
+def require_azure_sdk(engine: str) -> None:
+    """az:// and abfs:// are read and written with the Azure SDK (setup.py's `azure` extra): an env without it
+    (the bigdl engine's pinned env has none) stops here, saying what to do."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("azure.storage.blob") is not None
+    except ModuleNotFoundError:   # no azure (or azure.storage) package at all
+        found = False
+    if not found:
+        where = ("the bigdl engine's env (make bigdl-env) has no Azure SDK: run this input or output with --engine "
+                 "native, or read it as abfss:// through Spark's hadoop-azure" if engine == "bigdl" else
+                 "this env has no Azure SDK: pip install -c constraints.txt '.[azure]'")
+        raise src.InputError(f"az:// and abfs:// inputs and outputs need the Azure SDK; {where}")
 
 
 def check_local_paths(input_uri: str, output_uri: str, given_input: str | None = None) -> None:

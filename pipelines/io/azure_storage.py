@@ -43,7 +43,15 @@ _MIN_SECRET_LENGTH = 6  # shorter values are not scrubbed: replacing e.g. "sv" e
 
 
 class AzureStorageError(StorageError):
-    """An Azure Storage call failed (missing blobs surface as FileNotFoundError)."""
+    """An Azure Storage call failed: one line naming the URI (exit 1, as for every store)."""
+
+
+class BlobNotFound(AzureStorageError, FileNotFoundError):
+    """No such blob or container (still a FileNotFoundError for the callers that test for one)."""
+
+
+class BlobAccessDenied(AzureStorageError, PermissionError):
+    """The credentials were refused (401/403)."""
 
 
 # ---- URIs -------------------------------------------------------------------------------------------------------
@@ -487,12 +495,12 @@ def translate_error(exc: Exception, action: str, uri: str, creds: AzureCredentia
     detail = " | ".join(line.strip() for line in detail.splitlines() if line.strip())
     message = creds.scrub(f"cannot {action} {uri}: {type(exc).__name__}: {detail}")
     if isinstance(exc, ResourceNotFoundError):
-        return FileNotFoundError(message)
+        return BlobNotFound(message)
     if isinstance(exc, ClientAuthenticationError) or (
             isinstance(exc, HttpResponseError) and getattr(exc, "status_code", None) in (401, 403)):
-        return PermissionError(message + f" (check the credentials: {creds!r})")
+        return BlobAccessDenied(message + f" (check the credentials: {creds!r})")
     if isinstance(exc, (ValueError, TypeError)):
-        return ValueError(message)
+        return UsageError(message)
     return AzureStorageError(message)
 
 
