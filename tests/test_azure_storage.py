@@ -291,12 +291,14 @@ def test_an_azure_input_is_listed_by_the_executors(spark, azurite, container):
     list_blobs for a directory, a directory URI with its slash, a whole container and a blob's own URI (a blob
     that is also a directory), with blobs at the top, nested directories, a look-alike prefix and other
     extensions around; it comes from the executors (the plan holds no rows made on the driver); a path with
-    nothing under it is an InputError."""
+    nothing under it is an InputError. Names starting with '.' or '_' under the input are hidden, as on every
+    store; a blob `2024//x.jpg` (a virtual directory of the empty name) is listed once, not its whole parent again."""
     from pipelines.inference.image_sources import InputError, find_images
 
     creds = AzureCredentials(connection_string=azurite.connection_string)
     names = ["top.jpg", "2024/a.jpg", "2024/a.jpg/inside.png", "2024/B.JPG", "2024/deep/c.png",
-             "2024/deep/er/d.jpg", "2024/day1/e.jpg", "2024/notes.txt", "20240/f.jpg", "2024/only/dir/g.txt"]
+             "2024/deep/er/d.jpg", "2024/day1/e.jpg", "2024/notes.txt", "20240/f.jpg", "2024/only/dir/g.txt",
+             "2024//slash.jpg", "2024/_tmp/h.jpg", "2024/.dot.jpg", "2024/_hidden.jpg", "_top.jpg"]
     for length, name in enumerate(names, start=1):
         write_blob(f"az://{container}/{name}", b"x" * length, creds)
     extensions = [".jpg", ".png"]
@@ -305,10 +307,11 @@ def test_an_azure_input_is_listed_by_the_executors(spark, azurite, container):
         found = find_images(spark, uri, extensions, reader="azure_sdk", azure_credentials=creds)
         listed = sorted((row.path, row.size) for row in found.scanned.collect())
         assert listed == [(info.uri, info.size) for info in list_blobs(uri, extensions, creds)], uri
+        assert len(set(listed)) == len(listed) and not any("_" in path or "/." in path for path, _ in listed), uri
         plan = found.scanned._jdf.queryExecution().optimizedPlan().toString()
         assert "LocalRelation" not in plan and "LogicalRDD" in plan
     assert len(find_images(spark, f"az://{container}", extensions, reader="azure_sdk",
-                           azure_credentials=creds).scanned.collect()) == 8
+                           azure_credentials=creds).scanned.collect()) == 9
     with pytest.raises(InputError, match="does not exist"):
         find_images(spark, f"az://{container}/2025", extensions, reader="azure_sdk", azure_credentials=creds)
 

@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, TypeVar
 from urllib.parse import quote, quote_plus, unquote
 
 from pipelines.errors import StorageError, UsageError
-from pipelines.io.uris import AZURE_SCHEMES, has_extension, normalize_extensions
+from pipelines.io.uris import AZURE_SCHEMES, has_extension, is_hidden, normalize_extensions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -326,14 +326,16 @@ class AzureBlobStore:
         listing of millions)."""
         path = parse_blob_uri(uri)
         wanted = normalize_extensions(extensions)
-        prefix, itself = path.path.rstrip("/"), not path.path.endswith("/")
+        prefix, itself = _directory_name(path.path), not path.path.endswith("/")
         log.debug("listing %s (extensions=%s) with %r", uri, wanted, self.credentials)
         blobs = self._each("list", uri, lambda: self.container_client(path).list_blobs(
             name_starts_with=prefix or None, include=["metadata"]))
         for blob in blobs:
-            # "images" must not match "images2/..."
-            if not prefix or (itself and blob.name == prefix) or blob.name.startswith(prefix + "/"):
+            if itself and blob.name == prefix:
                 yield from _wanted(path, blob, wanted)
+            elif not prefix or blob.name.startswith(prefix + "/"):   # "images" must not match "images2/..."
+                if not is_hidden(blob.name[len(prefix) + 1 if prefix else 0:]):
+                    yield from _wanted(path, blob, wanted)
 
     def walk_top(self, uri: str, extensions: Iterable[str] | str | None = None) -> Iterator[BlobInfo | str]:
         """The top level of `list(uri)`, streamed: `uri` itself when `list` includes it and the blobs directly
@@ -343,7 +345,7 @@ class AzureBlobStore:
 
         path = parse_blob_uri(uri)
         wanted = normalize_extensions(extensions)
-        prefix = path.path.rstrip("/")
+        prefix = _directory_name(path.path)
         container = self.container_client(path)
         if prefix and not path.path.endswith("/"):
             def properties():
@@ -359,6 +361,8 @@ class AzureBlobStore:
         entries = self._each("list", uri, lambda: container.walk_blobs(
             name_starts_with=prefix + "/" if prefix else None, include=["metadata"], delimiter="/"))
         for entry in entries:
+            if is_hidden(entry.name[len(prefix) + 1 if prefix else 0:]):   # `_tmp/`, `.cache/`, `_x.jpg`
+                continue
             if isinstance(entry, BlobPrefix):    # a virtual directory (its name ends in '/')
                 yield path.uri_for(entry.name)
             else:
@@ -472,6 +476,12 @@ class AzureBlobStore:
 
 
 _END = object()
+
+
+def _directory_name(blob_path: str) -> str:
+    """The blob-name prefix a listing of `blob_path` covers: without the one '/' that marks a directory (`p/` ->
+    `p`; `p//` -> `p/`, the virtual directory of the empty name that a blob `p//c.jpg` makes, not `p` again)."""
+    return blob_path[:-1] if blob_path.endswith("/") else blob_path
 
 
 def _wanted(path: BlobPath, blob, wanted) -> Iterator[BlobInfo]:
