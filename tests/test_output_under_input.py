@@ -20,11 +20,16 @@ def test_the_output_prefix_in_each_listings_spelling(spark, tmp_path):
     assert src.output_prefix(spark, str(images), str(tmp_path)) is None
     assert src.output_prefix(spark, "az://c/in", "az://c/in/out") == "az://c/in/out/"
     assert src.output_prefix(spark, "az://c/in", "az://d/in/out") is None
+    abfs = "abfs://c@acct.dfs.core.windows.net"   # the same container spelled with its account
+    assert src.output_prefix(spark, "az://c/in", f"{abfs}/in/out") == "az://c/in/out/"
+    assert src.output_prefix(spark, f"{abfs}/in", "az://c/in/out") == f"{abfs}/in/out/"
+    assert src.output_prefix(spark, f"{abfs}/in", "abfs://c@other.dfs.core.windows.net/in/out") is None
     # qualified by the URI's Hadoop FileSystem (its host must resolve; no name node is asked)
     hdfs = "hdfs://localhost:1/in"
     assert src.output_prefix(spark, hdfs, f"{hdfs}/out/") == f"{hdfs}/out/"
     assert src.output_prefix(spark, hdfs, f"{images}/out") is None
-    for same in ((str(images), f"file://{images}/"), ("az://c/in", "az://c/in/"), (hdfs, "hdfs://localhost:1/in/")):
+    for same in ((str(images), f"file://{images}/"), ("az://c/in", "az://c/in/"), ("az://c/in", f"{abfs}/in"),
+                 (hdfs, "hdfs://localhost:1/in/")):
         with pytest.raises(src.InputError, match="--output is the --input directory"):
             src.output_prefix(spark, *same)
 

@@ -181,10 +181,14 @@ def output_prefix(spark: SparkSession, input_uri: str, output_uri: str) -> str |
         from pipelines.io.local_listing import listing_root
 
         root, output = listing_root(to_spark_uri(input_uri)), listing_root(to_spark_uri(output_uri))
-    elif store == "azure_sdk":
+    elif store == "azure_sdk":   # az://c/p and abfs://c@account.dfs.../p are one place: compare in the input's spelling
         from pipelines.io.azure_storage import parse_blob_uri
 
-        root, output = parse_blob_uri(input_uri).uri, parse_blob_uri(output_uri).uri
+        source, target = parse_blob_uri(input_uri), parse_blob_uri(output_uri)
+        if source.container != target.container or None not in (source.account, target.account) and \
+                source.account != target.account:
+            return None
+        root, output = source.uri, source.uri_for(target.path)
     else:
         from pipelines.io.output_paths import qualify_root
 
