@@ -50,28 +50,35 @@ if str(REPO_ROOT) not in sys.path:
 
 from pipelines.io.azure_storage import AzureCredentials  # noqa: E402
 from pipelines.inference.inference_job import run  # noqa: E402
-from pipelines.job_config import load_config, set_path  # noqa: E402
+from pipelines.job_config import ConfigError, load_config, set_path  # noqa: E402
 
 # COMMAND ----------
 
-widget = dbutils.widgets.get
+def widget(name: str) -> str:
+    return dbutils.widgets.get(name).strip()   # a value pasted with spaces around it
+
+
+partitions = widget("partitions") or "0"
+if not partitions.isdigit():
+    raise ConfigError(f"widget partitions is {partitions!r}: give a whole number of tasks per wave (0: the cluster's "
+                      "cores)")
 config_path = Path(widget("config"))
 config = load_config(config_path if config_path.is_absolute() else REPO_ROOT / config_path)
 for key, value in {"input.uri": widget("input"), "output.uri": widget("output"), "model.dir": widget("model"),
                    "inference.engine": widget("engine"), "inference.precision": widget("precision"),
-                   "inference.partitions": int(widget("partitions") or 0)}.items():
+                   "inference.partitions": int(partitions)}.items():
     set_path(config, key, value)
 config["run"]["break_lock"] = widget("break_lock") == "true"
 
-scope = widget("secret_scope").strip()
+scope = widget("secret_scope")
 credentials = None
 if scope:
     credentials = AzureCredentials.from_databricks_secrets(
         dbutils, scope,
-        connection_string_key=widget("connection_string_key").strip() or None,
-        account_key_key=widget("account_key_key").strip() or None,
-        sas_token_key=widget("sas_token_key").strip() or None,
-        account_name=widget("account_name").strip() or None)
+        connection_string_key=widget("connection_string_key") or None,
+        account_key_key=widget("account_key_key") or None,
+        sas_token_key=widget("sas_token_key") or None,
+        account_name=widget("account_name") or None)
 print(f"input {config['input']['uri']}\noutput {config['output']['uri']}\nmodel {config['model']['dir']}\n"
       f"engine {config['inference']['engine']}, credentials {credentials!r}")
 

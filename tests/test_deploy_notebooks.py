@@ -81,6 +81,9 @@ def test_notebook_names_a_missing_secret_clearly(spark, monkeypatch):
                              {("sparkseg", "storage-connection-string"): "AccountName=x;AccountKey=y"})
     with pytest.raises(ValueError, match="cannot read secret 'no-such-key' from Databricks scope 'sparkseg'"):
         run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=dbutils)
+    dbutils = DbutilsStandIn({"partitions": "eight"}, {})
+    with pytest.raises(ValueError, match=r"widget partitions is 'eight': give a whole number of tasks per wave"):
+        run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=dbutils)
 
 
 def test_job_definition_runs_this_notebook_with_its_widgets():
@@ -102,6 +105,11 @@ def test_job_definition_runs_this_notebook_with_its_widgets():
     assert all(dbutils.widgets.get(name) == value for name, value in notebook["base_parameters"].items())
     packages = " ".join(library["pypi"]["package"] for library in task["libraries"])
     assert "openvino" in packages and "torch" not in packages and "pyspark" not in packages
+    # what the executors import that a Databricks Runtime lacks, at constraints.txt's versions
+    pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().split() if "==" in line)
+    installed = dict(library["pypi"]["package"].split("==") for library in task["libraries"])
+    for name in ("openvino", "pycocotools", "numba", "zlib-ng", "av", "azure-storage-blob"):
+        assert installed.get(name) == pins[name], name
 
 
 def test_explore_notebook_draws_overlays_and_sweep_plots(spark, monkeypatch, tmp_path):

@@ -36,7 +36,8 @@ from pipelines.job_config import ConfigError, SparkSettings
 INSTALL_HINT = (
     "build the BigDL env with `make bigdl-env` (scripts/make_bigdl_env.sh, creates .venv-bigdl), then run the job "
     "with .venv-bigdl/bin/python (spark-submit: PYSPARK_PYTHON=.venv-bigdl/bin/python and "
-    "PYSPARK_DRIVER_PYTHON=.venv-bigdl/bin/python)"
+    "PYSPARK_DRIVER_PYTHON=.venv-bigdl/bin/python); on a managed cluster (Databricks) install bigdl-dllib and its "
+    "jars on the cluster, or run the native engine"
 )
 
 # OpenCV type of 8-bit, 3-channel pixels (CV_8UC3), as Spark's image schema and BigDL's NNImageSchema store it.

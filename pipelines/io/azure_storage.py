@@ -430,8 +430,10 @@ class AzureBlobStore:
         else:
             account = path.account or creds.account_name
             if not account:
-                raise UsageError(f"{path.uri!r} names no storage account; set {ENV_ACCOUNT_NAME} or use "
-                                 f"abfss://{path.container}@<account>.dfs.core.windows.net/{path.path}")
+                raise UsageError(f"{path.uri!r} names no storage account; set {ENV_ACCOUNT_NAME} (from a "
+                                 "Databricks secret scope: the credentials' account_name, the notebook's "
+                                 f"account_name widget) or use abfss://{path.container}@<account>.dfs.core.windows.net/"
+                                 f"{path.path}")
             if creds.kind in ("account_key", "sas") and account != creds.account_name:
                 raise UsageError(f"{path.uri!r} is in account {account!r} but the {creds.kind} is for "
                                  f"{creds.account_name!r}; use matching credentials")
