@@ -50,6 +50,7 @@ def test_bigdl_engine_equals_the_native_engine(bigdl_spark, tmp_path):
     bigdl = run(bigdl_spark, {**job_config(images, tmp_path / "bigdl"),
                               "inference": {**job_config(images, tmp_path)["inference"], "engine": "bigdl"}})
     assert native["counts"]["done"] == bigdl["counts"]["done"] == 4
+    assert bigdl["stage_seconds"]["infer"] > 0   # Orca's predict, timed as its rows are pulled
     ours, theirs = rows_by_name(bigdl_spark, tmp_path / "native"), rows_by_name(bigdl_spark, tmp_path / "bigdl")
     assert set(ours) == set(theirs)
     for name, row in ours.items():

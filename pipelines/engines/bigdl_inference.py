@@ -9,6 +9,7 @@ The paper's stages, with BigDL's own classes (pipelines.engines.bigdl_engine):
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -85,11 +86,15 @@ class PostprocessRaw:
         model = LazyModel((task.model_sha256, "arrays"),
                           lambda: load_executor_model(task.model_dir, task.model_sha256, None))()
         names = model.manifest.outputs
+        resumed = time.perf_counter()
         for batch in batches:
+            # Orca's predict runs as its rows are pulled: the wait for a batch is its inference, shared by its rows
+            infer_s = (time.perf_counter() - resumed) / max(len(batch), 1)
             rows = []
             for record in batch.itertuples(index=False):
                 row = new_row(record)
-                row.update(width=int(record.width), height=int(record.height), timings=dict(record.timings))
+                row.update(width=int(record.width), height=int(record.height),
+                           timings={**dict(record.timings), "infer_s": infer_s})
                 try:
                     raw = {role: np.asarray(getattr(record, name), dtype=np.float32).reshape(self.output_shapes[name])
                            for role, name in names.items()}
@@ -101,6 +106,7 @@ class PostprocessRaw:
             if task.progress is not None:
                 task.progress.add(len(rows))
             yield pd.DataFrame(rows, columns=RESULT_COLUMNS)
+            resumed = time.perf_counter()
 
 
 def bigdl_results(wave: DataFrame, task: ImageInference, manifest,
