@@ -43,14 +43,17 @@ def parse_args(argv: list[str] | None = None, description: str | None = None,
     parser.add_argument("--partitions", type=int, help="tasks per wave, images spread evenly by count (0: "
                         "spark.default.parallelism, more where a task would hold over inference.max_images_per_task) "
                         f"[{inference['partitions']}]")
-    parser.add_argument("--batch-size", type=int, help=f"images per Arrow batch on an executor [{inference['batch_size']}]")
-    parser.add_argument("--precision", choices=["f32", "bf16", "auto"], help="OpenVINO inference precision (auto: bf16 where the CPU "
-                        f"has it) [{inference['precision']}]")
+    parser.add_argument("--batch-size", type=int,
+                        help=f"images per Arrow batch on an executor [{inference['batch_size']}]")
+    parser.add_argument("--precision", choices=["f32", "bf16", "auto"],
+                        help="OpenVINO inference precision (auto: bf16 where the CPU has it) "
+                             f"[{inference['precision']}]")
     parser.add_argument("--pin-cores", action="store_const", const=True,
                         help="each executor Python worker on spark.task.cpus cores of its own (inference.pin_cores; "
                              "for hosts that run nothing else)")
     parser.add_argument("--engine", choices=["native", "bigdl"], help=f"inference engine [{inference['engine']}]")
-    parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"], help=f"how images are read [{packaged['input']['reader']}]")
+    parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"],
+                        help=f"how images are read [{packaged['input']['reader']}]")
     parser.add_argument("--master", help="Spark master when not run by spark-submit "
                         f"[{packaged['spark']['master']}]")
     if family == "yolact":

@@ -7,9 +7,9 @@ that training's validation (`pipelines.training.evaluate`) uses too. No torch, n
 Detections rows are matched to annotated images by the end of their path: a COCO `file_name` (`road_00001.jpg`,
 `day 2/road_00001.jpg`) matches the output's image whose path ends with it (`file:/data/roads/day 2/road_00001.jpg`),
 the longest such `file_name` where several do; a `file_name` that two images of the output end with is an error
-(give it with its folder). Classes are matched by name. Images annotated but absent from the output are left out of the evaluation (and named); images the job
-failed on count as images with no detections. Writes OUT/evaluation.json and, when OUT/report.html exists,
-refreshes the report page with an evaluation section.
+(give it with its folder). Classes are matched by name. Images annotated but absent from the output are left out of
+the evaluation (and named); images the job failed on count as images with no detections. Writes OUT/evaluation.json
+and, when OUT/report.html exists, refreshes the report page with an evaluation section.
 """
 from __future__ import annotations
 
