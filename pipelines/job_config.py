@@ -133,7 +133,7 @@ def resolve_local(uri: str) -> str:
     anywhere); a `file:` URI as its absolute path, symlinks resolved, as plain paths are (one spelling of a local
     directory however it was given); other URIs (`hdfs:/a`, `az://c/a`) as they are."""
     if scheme_of(uri):
-        return str(Path(to_local_path(uri)).resolve()) if is_local(uri) else uri
+        return resolve_output(uri)   # a file: URI names one place, whatever the working directory
     path = Path(uri).expanduser()
     if path.is_absolute() or (Path.cwd() / path).exists() or not (REPO_ROOT / path).exists():
         return str(path.resolve())

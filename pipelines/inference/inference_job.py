@@ -211,10 +211,10 @@ def plan_job(config: JobConfig | dict, family: str, azure_credentials=None) -> J
     credentials = azure_credentials
     if reader == "azure_sdk" or choose_writer(output_uri) == "azure_sdk":
         require_azure_sdk(engine)
-    if credentials is None and (reader == "azure_sdk" or choose_writer(output_uri) == "azure_sdk"):
-        from pipelines.io.azure_storage import AzureCredentials
+        if credentials is None:
+            from pipelines.io.azure_storage import AzureCredentials
 
-        credentials = AzureCredentials.from_env()
+            credentials = AzureCredentials.from_env()
     return JobPlan(config, family, input_uri, Location(output_uri, credentials), manifest, engine, reader)
 
 
