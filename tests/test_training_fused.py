@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from pipelines.training import batches, photometric, yolact_loss
-from pipelines.training.fused import FusedOnCuda, _backward_once
+from pipelines.training.fused import FusedOnCuda
 
 MEAN = torch.tensor([123.68, 116.78, 103.94])[None, :, None, None]
 STD = torch.tensor([58.40, 57.12, 57.38])[None, :, None, None]
@@ -89,9 +89,11 @@ def loss_arguments(counts: list[int], masks_to_train: int, seed: int):
 
 
 def test_the_whole_loss_compiles_whole_and_gives_the_plain_sums_and_gradients():
-    """The loss's four terms as one graph (what a GPU runs): the plain sums within 1e-5 relative (sums of up to
-    ~10^4 float32 terms, each compiled kernel free to reorder them) and the same gradients."""
-    compiled = torch.compile(yolact_loss._loss_sums, dynamic=True, fullgraph=True)
+    """The loss's four terms as one graph, run as FusedOnCuda runs it on a GPU: the plain sums within 1e-5 relative
+    (sums of up to ~10^4 float32 terms, each compiled kernel free to reorder them) and the same gradients. The first
+    call also runs a trial forward and backward: on the step's own graph that backward ran twice, which a backward
+    with donated buffers refused (the loss ran unfused on GPUs) and which, with them off, gave wrong gradients."""
+    compiled = FusedOnCuda(yolact_loss._loss_sums).run_compiled
     # counts and slots change from batch to batch; no object at all takes the graph's other branches
     for counts, masks_to_train, seed in (([12, 0, 20, 5], 100, 1), ([15, 9, 3], 6, 2), ([0, 0], 100, 3)):
         arguments, inputs = loss_arguments(counts, masks_to_train, seed)
@@ -143,12 +145,11 @@ def test_the_matching_compiles_whole_in_two_parts_and_gives_the_plain_matches(mo
 
 
 def test_the_first_compiled_call_compiles_the_backward_without_touching_gradients():
-    compiled = torch.compile(yolact_loss._cropped_mask_bce, dynamic=True, fullgraph=True)
+    fused = FusedOnCuda(yolact_loss._cropped_mask_bce)
     logits, boxes, mask_t = mask_inputs(6, 7)
-    result = compiled(logits, boxes, mask_t)
-    _backward_once(result, (logits, boxes, mask_t))
+    result = fused.run_compiled(logits, boxes, mask_t)
     assert logits.grad is None
-    result.sum().backward()                   # the step's own backward still runs on the graph kept for it
+    result.sum().backward()                   # the step's own backward runs on its graph, untouched by the trial
     (want,) = torch.autograd.grad(yolact_loss._cropped_mask_bce(logits, boxes, mask_t).sum(), logits)
     torch.testing.assert_close(logits.grad, want, rtol=1e-6, atol=1e-7)
 

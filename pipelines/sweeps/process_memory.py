@@ -17,17 +17,18 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from pipelines.spark.spark_session import LOCAL_DAEMON_MODULE
-
 MB = 1024 * 1024
-# Spark's Python daemon, and the one a sparkseg job's local[...] master starts (spark_session.local_daemon_settings):
-# the JVM runs them as `python -m <module>`
-DAEMON_MODULES = ("pyspark.daemon", LOCAL_DAEMON_MODULE)
 ROLES = ("driver", "driver_jvm", "executor_jvm", "python_daemon", "python_worker", "cluster_daemon", "other")
 
 
 def process_role(proc: psutil.Process, driver_pids: set[int]) -> str:
     """What a process is, from its command line: one of ROLES."""
+    # imported here: reading a process's memory (high_water_mark_bytes, the executor bench's) needs no pyspark
+    from pipelines.spark.spark_session import LOCAL_DAEMON_MODULE
+
+    # Spark's Python daemon, and the one a sparkseg job's local[...] master starts (local_daemon_settings): the JVM
+    # runs them as `python -m <module>`
+    daemon_modules = ("pyspark.daemon", LOCAL_DAEMON_MODULE)
     if proc.pid in driver_pids:
         return "driver"
     try:
@@ -42,9 +43,9 @@ def process_role(proc: psutil.Process, driver_pids: set[int]) -> str:
         return "driver_jvm"
     if "org.apache.spark.deploy.master.Master" in cmdline or "org.apache.spark.deploy.worker.Worker" in cmdline:
         return "cluster_daemon"
-    if any(f"-m {module}" in cmdline for module in (*DAEMON_MODULES, "pyspark.worker")):
+    if any(f"-m {module}" in cmdline for module in (*daemon_modules, "pyspark.worker")):
         # The daemon forks its workers without exec: they keep its command line; only the parent tells them apart.
-        return ("python_worker" if any(f"-m {module}" in parent_cmdline for module in DAEMON_MODULES)
+        return ("python_worker" if any(f"-m {module}" in parent_cmdline for module in daemon_modules)
                 else "python_daemon")
     return "other"
 

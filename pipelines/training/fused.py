@@ -39,27 +39,29 @@ class FusedOnCuda:
     def __call__(self, *args):
         if self.failed or not args[0].is_cuda:
             return self.fallback(*args)
-        first = self.compiled is None
-        if first:
-            self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
         try:
-            with backward_compiled_with_forward():
-                result = self.compiled(*args)
-            if first:
-                _backward_once(result, args)
-            return result
+            return self.run_compiled(*args)
         except Exception as err:  # noqa: BLE001  (any compiler failure: the plain function is always right)
             LOG.warning("%s runs unfused on this machine: torch.compile failed (%s: %s)", self.fn.__name__,
                         type(err).__name__, err)
             self.failed = True
             return self.fallback(*args)
 
+    def run_compiled(self, *args):
+        """fn through torch.compile, on the arguments' device. The first call compiles it and first runs it forward
+        and backward on copies of the arguments (_trial_run), so that what fails to compile or run fails here."""
+        with backward_compiled_with_forward():
+            if self.compiled is None:
+                self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+                _trial_run(self.compiled, args)
+            return self.compiled(*args)
+
 
 def backward_compiled_with_forward():
     """A context in which torch.compile compiles a graph's backward when it compiles its forward (AOTAutograd's
     force_non_lazy_backward_lowering), on the first call and on every recompilation (a new specialization of a
     size): a backward that cannot compile then fails in the forward call, where FusedOnCuda can still fall back,
-    not in the step's backward pass. A torch without the setting: as torch does (the first call's _backward_once
+    not in the step's backward pass. A torch without the setting: as torch does (the first call's _trial_run
     still checks)."""
     config = torch._functorch.config   # noqa: SLF001  (AOTAutograd's setting, documented in that module)
     if not hasattr(config, "force_non_lazy_backward_lowering"):
@@ -67,12 +69,15 @@ def backward_compiled_with_forward():
     return config.patch(force_non_lazy_backward_lowering=True)
 
 
-def _backward_once(result, args) -> None:
-    """Run (without touching any .grad) the compiled backward of result with respect to the tensor arguments that
-    need a gradient, once, so that a backward that fails to compile or to run fails here, where the plain function
-    can still take over, not in the step's backward pass. The step's own backward then reuses the compiled graph."""
+def _trial_run(compiled: Callable, args) -> None:
+    """Run compiled forward and backward on copies of args (leaves that need a gradient where the argument does),
+    so that a backward that fails to compile or to run fails here, where the plain function can still take over,
+    not in the step's backward pass. Copies, because a compiled backward may reuse the buffers it saved (donated
+    buffers) and so runs once per forward: the step's own graph is left for the step's backward."""
+    copies = [a.detach().clone().requires_grad_(a.requires_grad) if torch.is_tensor(a) else a for a in args]
+    result = compiled(*copies)
     outputs = [t for t in (result.values() if isinstance(result, dict) else [result])
                if torch.is_tensor(t) and t.requires_grad]
-    inputs = [a for a in args if torch.is_tensor(a) and a.requires_grad]
+    inputs = [c for c in copies if torch.is_tensor(c) and c.requires_grad]
     if outputs and inputs:
-        torch.autograd.grad(sum(t.float().sum() for t in outputs), inputs, retain_graph=True, allow_unused=True)
+        torch.autograd.grad(sum(t.float().sum() for t in outputs), inputs, allow_unused=True)
