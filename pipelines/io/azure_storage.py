@@ -334,7 +334,7 @@ class AzureBlobStore:
             if itself and blob.name == prefix:
                 yield from _wanted(path, blob, wanted)
             elif not prefix or blob.name.startswith(prefix + "/"):   # "images" must not match "images2/..."
-                if not is_hidden(blob.name[len(prefix) + 1 if prefix else 0:]):
+                if not is_hidden(_below(prefix, blob.name)):
                     yield from _wanted(path, blob, wanted)
 
     def walk_top(self, uri: str, extensions: Iterable[str] | str | None = None) -> Iterator[BlobInfo | str]:
@@ -361,7 +361,7 @@ class AzureBlobStore:
         entries = self._each("list", uri, lambda: container.walk_blobs(
             name_starts_with=prefix + "/" if prefix else None, include=["metadata"], delimiter="/"))
         for entry in entries:
-            if is_hidden(entry.name[len(prefix) + 1 if prefix else 0:]):   # `_tmp/`, `.cache/`, `_x.jpg`
+            if is_hidden(_below(prefix, entry.name)):   # `_tmp/`, `.cache/`, `_x.jpg`
                 continue
             if isinstance(entry, BlobPrefix):    # a virtual directory (its name ends in '/')
                 yield path.uri_for(entry.name)
@@ -484,6 +484,12 @@ def _directory_name(blob_path: str) -> str:
     """The blob-name prefix a listing of `blob_path` covers: without the one '/' that marks a directory (`p/` ->
     `p`; `p//` -> `p/`, the virtual directory of the empty name that a blob `p//c.jpg` makes, not `p` again)."""
     return blob_path[:-1] if blob_path.endswith("/") else blob_path
+
+
+def _below(prefix: str, name: str) -> str:
+    """A listed blob's (or virtual directory's) name relative to the listing's prefix (see _directory_name), whose
+    components decide whether it is hidden."""
+    return name[len(prefix) + 1:] if prefix else name
 
 
 def _wanted(path: BlobPath, blob, wanted) -> Iterator[BlobInfo]:

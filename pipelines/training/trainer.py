@@ -257,21 +257,21 @@ class TrainingSession(RankSessionBase):
         first = self.state["step"]
         count = len(micro_per_step)
         clock = GeneratorClock()
-        starts = [clock.now()]   # where each step's time begins: step 0 with its micro-batches' fetch
+        start = clock.now()   # where this step's time begins: step 0 with its micro-batches' fetch
         pending = self.to_device([next(stream) for _ in range(micro_per_step[0])]) if count else None
         unread = None       # the launched step whose terms are read after the next one is launched
         for k in range(count):
             if k:
-                starts.append(clock.now())
+                previous_start, start = start, clock.now()
             launched = self.launch_step(pending, self.normalizer(pending), first + k)
             following = (self.to_device([next(stream) for _ in range(micro_per_step[k + 1])])
                          if k + 1 < count else None)
             if unread is not None:
-                yield from clock.paused((self.finish_step(unread), starts[k] - starts[k - 1]))
+                yield from clock.paused((self.finish_step(unread), start - previous_start))
             unread = launched if launched.stepped_on_device and k + 1 < count and not settle(k) else None
             if unread is None:
                 terms = self.finish_step(launched)
-                yield from clock.paused((terms, clock.now() - starts[k]))
+                yield from clock.paused((terms, clock.now() - start))
             pending = following
 
     def run(self) -> dict | None:
