@@ -51,7 +51,7 @@ import numpy as np  # noqa: E402
 from bench import images as bench_images  # noqa: E402
 from bench.benchmark_app import run_benchmark_app, run_benchmark_app_processes  # noqa: E402
 from bench.job_runs import marginal_throughput  # noqa: E402
-from bench.machine import cpu_isa, isa_text  # noqa: E402
+from bench.machine import SCHEDULER_COUNTS, cpu_isa, isa_text, scheduler_counts  # noqa: E402
 
 log = logging.getLogger("bench_executor")
 EXECUTOR_SIZES = ((640, 480), (1280, 960), (1920, 1080), (480, 640), (1024, 768), (1080, 1920), (800, 600),
@@ -161,6 +161,11 @@ def share_batches(count: int, batch_size: int, started: float, min_seconds: floa
         yield slice(start, min(start + batch_size, count))
 
 
+def counts_since(started: dict[str, int]) -> dict[str, int]:
+    now = scheduler_counts()
+    return {name: now[name] - started[name] for name in now}
+
+
 def worker(task, paths: list[str], batch_size: int, barrier, results, model_only: bool = False,
            min_seconds: float = 0.0) -> None:
     """One executor process: load + warm up, wait for the others, run its share through task(batches), cycling
@@ -174,7 +179,7 @@ def worker(task, paths: list[str], batch_size: int, barrier, results, model_only
         tensors = [task.decode_and_preprocess(c, str(p))[0] for p, c in zip(paths, contents)]
         ir = task.model().ir
     barrier.wait()
-    started, cpu_started = time.time(), time.process_time()
+    started, cpu_started, sched_started = time.time(), time.process_time(), scheduler_counts()
     rows = []
     if model_only:
         images = 0
@@ -184,7 +189,7 @@ def worker(task, paths: list[str], batch_size: int, barrier, results, model_only
         ended, cpu = time.time(), time.process_time() - cpu_started
         results.put({"pid": os.getpid(), "images": images, "failed": 0, "instances": 0, "started": started,
                      "ended": ended, "cpu": cpu, "stages": {s: 0.0 for s in STAGES}, "errors": [],
-                     "peak_rss_mib": peak_rss_mib()})
+                     "peak_rss_mib": peak_rss_mib(), "scheduler": counts_since(sched_started)})
         return
     batches = (records(paths[part], contents[part])
                for part in share_batches(len(paths), batch_size, started, min_seconds))
@@ -194,7 +199,7 @@ def worker(task, paths: list[str], batch_size: int, barrier, results, model_only
     stages = {s: sum(r["timings"][f"{s}_s"] for r in rows) for s in STAGES}
     results.put({"pid": os.getpid(), "images": len(rows), "failed": sum(r["status"] != "ok" for r in rows),
                  "instances": sum(len(r["instances"] or []) for r in rows), "started": started, "ended": ended, "cpu": cpu,
-                 "stages": stages, "peak_rss_mib": peak_rss_mib(),
+                 "stages": stages, "peak_rss_mib": peak_rss_mib(), "scheduler": counts_since(sched_started),
                  "errors": [r["error_message"] for r in rows if r["status"] != "ok"][:3]})
 
 
@@ -248,6 +253,8 @@ def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeo
                 sum(r["instances"] for r in got) / max(images, 1), 1),
             "stage_s_per_image": {s: round(sum(r["stages"][s] for r in got) / max(images, 1), 5) for s in STAGES},
             "peak_rss_mib": [round(r["peak_rss_mib"], 1) for r in got],
+            "scheduler_per_image": {name: round(sum(r["scheduler"][name] for r in got) / max(images, 1), 3)
+                                    for name, _ in SCHEDULER_COUNTS},
             "errors": sum((r["errors"] for r in got), [])[:3]}
 
 
@@ -348,17 +355,23 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
             cells.append(f"{cpu * 1000:.1f} | {round(r['cpu_ratios'][v], 3)}" if cpu else " | ")
         lines.append(f"| {r['model']} | {r['precision']} | {base * 1000 if base else 0:.1f} | " + " | ".join(cells)
                      + " |")
-    lines += ["", "## Per-stage split (ms per image, summed over processes; share of the summed stage time) and "
-                  "peak RSS per process", "",
-              "| model | precision | variant | " + " | ".join(STAGES) + " | peak RSS MiB per process |",
-              "|---|---|---|" + "---|" * len(STAGES) + "---|"]
+    lines += ["", "## Per-stage split (ms per image, summed over processes; share of the summed stage time), peak RSS "
+                  "per process, and the kernel's scheduling per image", "",
+              "Migrations: a thread of an executor process moved to another core; voluntary switches: one waited "
+              "(for another thread, or I/O); involuntary: the kernel preempted it. Per image, over the P processes' "
+              "threads.", "",
+              "| model | precision | variant | " + " | ".join(STAGES) + " | peak RSS MiB per process | "
+              + " | ".join(name for name, _ in SCHEDULER_COUNTS) + " |",
+              "|---|---|---|" + "---|" * len(STAGES) + "---|" + "---|" * len(SCHEDULER_COUNTS)]
     for r in results:
-        for name, v in r.get("variants", {}).items():
+        for name, v in [("model only", r["model_only"])] * ("model_only" in r) + list(r.get("variants", {}).items()):
             per = v["stage_s_per_image"]
             total = sum(per.values()) or 1.0
-            cells = [f"{per[s] * 1000:.1f} ({100 * per[s] / total:.0f}%)" for s in STAGES]
+            cells = [f"{per[s] * 1000:.1f} ({100 * per[s] / total:.0f}%)" if per[s] else "" for s in STAGES]
+            sched = v.get("scheduler_per_image", {})
             lines.append(f"| {r['model']} | {r['precision']} | {name} | " + " | ".join(cells)
-                         + f" | {', '.join(str(m) for m in v['peak_rss_mib'])} |")
+                         + f" | {', '.join(str(m) for m in v['peak_rss_mib'])} | "
+                         + " | ".join(str(sched.get(count, "")) for count, _ in SCHEDULER_COUNTS) + " |")
     separate = [r for r in results if r.get("benchmark_app_processes")]
     if separate:
         lines += ["", "## benchmark_app: P streams in one process against P processes x 1 stream", "",

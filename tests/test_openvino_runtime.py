@@ -1,5 +1,6 @@
-"""CompiledIR.infer: a batch through the async queue equals the images one at a time, for IRs whose outputs have
-static shapes (written straight into the batch result) and dynamic ones (joined per image)."""
+"""CompiledIR.infer: a batch equals the images one at a time, with one stream (each image in the calling thread)
+and with two (an async queue), for IRs whose outputs have static shapes (written straight into the batch result) and
+dynamic ones (joined per image)."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,9 +33,10 @@ def _dynamic_ir(tmp_path) -> str:
     return _save(ov.Model([scaled], [image]), tmp_path, "dynamic")
 
 
+@pytest.mark.parametrize("streams", [1, 2])
 @pytest.mark.parametrize("make_ir", [_static_ir, _dynamic_ir], ids=["static", "dynamic"])
-def test_batch_equals_images_one_at_a_time(tmp_path, make_ir):
-    ir = CompiledIR(make_ir(tmp_path), RuntimeSettings(precision="f32", threads=1, streams=2))
+def test_batch_equals_images_one_at_a_time(tmp_path, make_ir, streams):
+    ir = CompiledIR(make_ir(tmp_path), RuntimeSettings(precision="f32", threads=1, streams=streams))
     batch = np.random.default_rng(7).random((5, 3, 8, 8), dtype=np.float32)
     outputs = ir.infer(batch)
     for index, image in enumerate(batch):

@@ -27,3 +27,26 @@ def cpu_isa() -> tuple[str, list[str]]:
 def isa_text(isa: list[str]) -> str:
     """'**AMX** (AMX, AVX-512, ...)' for a report header."""
     return f"**{isa[0] if isa else 'none'}** ({', '.join(isa) or 'none of AMX/AVX-512/AVX2'})"
+
+
+SCHEDULER_COUNTS = (("migrations", "se.nr_migrations"), ("voluntary switches", "nr_voluntary_switches"),
+                    ("involuntary switches", "nr_involuntary_switches"))
+
+
+def scheduler_counts() -> dict[str, int]:
+    """This process's moves between cores and context switches so far, summed over its threads (the kernel's
+    /proc/self/task/*/sched; zeros where there is none): a thread that waits for another (an inference thread)
+    switches voluntarily, and each wake-up may land it on another core."""
+    totals = dict.fromkeys((name for name, _ in SCHEDULER_COUNTS), 0)
+    keys = {key: name for name, key in SCHEDULER_COUNTS}
+    tasks = Path("/proc/self/task")
+    for task in tasks.iterdir() if tasks.is_dir() else ():
+        try:
+            lines = (task / "sched").read_text().splitlines()
+        except OSError:   # the thread ended meanwhile, or no sched file (a kernel without CONFIG_SCHED_DEBUG)
+            continue
+        for line in lines:
+            key, _, value = line.partition(":")
+            if key.strip() in keys:
+                totals[keys[key.strip()]] += int(float(value))
+    return totals
