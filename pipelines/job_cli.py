@@ -23,7 +23,7 @@ OVERRIDES = {  # command-line flag -> config key
     "batch_size": "inference.batch_size", "precision": "inference.precision", "engine": "inference.engine",
     "reader": "input.reader", "master": "spark.master", "masks": "output.masks",
     "score_threshold": "output.score_threshold", "frame_stride": "input.video.frame_stride", "fps": "input.video.fps",
-    "pin_cores": "inference.pin_cores",
+    "pin_cores": "inference.pin_cores", "max_error_fraction": "run.max_error_fraction",
 }
 
 
@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None = None, description: str | None = None,
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting (repeatable), added to the config's spark.conf: "
                              "--conf spark.executor.cores=2")
+    parser.add_argument("--max-error-fraction", type=float, metavar="F",
+                        help="exit 3 (rows and summary written) when more than this fraction of the run's images "
+                             f"failed; 1.0: never fail on errors [{packaged['run']['max_error_fraction']}]")
     parser.add_argument("--break-lock", action="store_true",
                         help="take over the output's lock even while its run looks alive (a lock whose heartbeat "
                              "is older than run.lock_stale_after_s is taken over without this; see README: "

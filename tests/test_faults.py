@@ -2,6 +2,7 @@
 or errors/ exactly once, with no partial files."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -148,16 +149,21 @@ def test_a_retried_task_removes_the_temp_files_a_killed_attempt_left(spark, tmp_
 
 
 def test_too_many_errors_fail_the_job_with_a_summary(spark, tmp_path):
+    """By default (run.max_error_fraction 0.5) a run where most images failed fails (exit 3), its rows and summary
+    written; 1.0 never fails on errors."""
     images = tmp_path / "images"
     images.mkdir()
     for i in range(4):
         (images / f"broken{i}.jpg").write_bytes(b"not an image")
     shutil.copy(SAMPLES / "images" / "coffee.jpg", images / "good.jpg")
     config = job_config(images, tmp_path / "out")
-    config["run"]["max_error_fraction"] = 0.5
-    with pytest.raises(JobFailed, match="4 of 5 images failed"):
+    with pytest.raises(JobFailed, match="4 of 5 images failed") as failed:
         run(spark, config)
-    assert (tmp_path / "out" / "summary.json").is_file()
+    assert failed.value.exit_code == 3
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["counts"]["failed"] == 4
+    config["run"].update(max_error_fraction=1.0, force=True)
+    again = run(spark, config)
+    assert (again["counts"]["done"], again["counts"]["failed"]) == (1, 4)
 
 
 @pytest.fixture(scope="module")

@@ -219,6 +219,7 @@ def test_command_line_overrides_and_spark_settings_reach_the_config():
     with pytest.raises(ConfigError, match="--conf 'spark.executor.cores'.*KEY=VALUE"):
         build_config(parse_args(["--conf", "spark.executor.cores"]))
     assert build_config(parse_args(["--masks", "none"]))["output"]["masks"] == "none"
+    assert build_config(parse_args(["--max-error-fraction", "1"]))["run"]["max_error_fraction"] == 1.0
 
 
 def test_the_detector_job_has_no_masks_flag(capsys):

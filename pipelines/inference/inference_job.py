@@ -342,8 +342,9 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
         processed = totals["done"] + totals["failed"]
         max_fraction = run_cfg.max_error_fraction
         if processed and totals["failed"] / processed > max_fraction:
-            raise JobFailed(f"{int(totals['failed'])} of {processed} images failed (> max_error_fraction "
-                            f"{max_fraction}): see {plan.output_uri}/errors and summary.json")
+            raise JobFailed(f"{int(totals['failed'])} of {processed} images failed (more than "
+                            f"run.max_error_fraction {max_fraction}): see {plan.output_uri}/errors and summary.json; "
+                            f"raise run.max_error_fraction (1.0: never fail on errors) if that many are expected")
         return summary
     finally:
         lock.release()
