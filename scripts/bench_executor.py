@@ -66,7 +66,9 @@ CONF_STEPS = (0.01, 0.001, 1e-4, 0.0)
 VARIANTS = {"before": "previous per-image code", "after": "current code",
             "after_boxes": "current code, output.masks none (boxes only)",
             "after_draft": "current code, inference.jpeg_draft (reduced JPEG decode; detections change)",
-            "after_pinned": "current code, inference.pin_cores (each process on a core of its own)"}
+            "after_pinned": "current code, inference.pin_cores (each process on a core of its own)",
+            "after_queue": "current code, inference in OpenVINO's stream thread behind its async queue (before "
+                           "session 44)"}
 
 
 # ----------------------------------------------------------------------------------------------------- machine
@@ -117,6 +119,10 @@ def make_task(manifest, variant: str, precision: str, conf_thresh: float | None,
         from bench.legacy_executor import LegacyDetectorInference, LegacyYolactInference
 
         cls = LegacyYolactInference if manifest.model == "yolact" else LegacyDetectorInference
+    elif variant == "after_queue":
+        from bench.legacy_executor import QueuedDetectorInference, QueuedYolactInference
+
+        cls = QueuedYolactInference if manifest.model == "yolact" else QueuedDetectorInference
     else:
         cls = inference_task_class(manifest.model)
     postprocess = dict(manifest.postprocess)
@@ -314,17 +320,19 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         "- before: the previous per-image code (full-size masks, RLE and label map; tests/reference_postprocess.py)"
         "; after: the current code; boxes only: `output.masks: none`; jpeg_draft: after with "
         "`inference.jpeg_draft: true` (reduced-size JPEG decode: faster, but the model sees other pixels); pinned: "
-        "after with `inference.pin_cores: true` (each process on a core of its own)",
+        "after with `inference.pin_cores: true` (each process on a core of its own); queue (--queue): after with "
+        "each image's inference in OpenVINO's stream thread behind its async queue, the worker's thread waiting (the "
+        "executors' code before session 44; now one stream runs in the calling thread)",
         "",
         "| model | input | precision | P | images (distinct, processed) | det/img | benchmark_app img/s | before img/s | before ratio | "
         "after img/s | after ratio | after/before | boxes only img/s | boxes only ratio | jpeg_draft img/s | "
-        "jpeg_draft ratio | pinned img/s | pinned ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "jpeg_draft ratio | pinned img/s | pinned ratio | queue img/s | queue ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['model']} | | {r['precision']} | {r['processes']} | failed: {r['error']} |"
-                         + " |" * 13)
+                         + " |" * 15)
             continue
         ceiling = r["benchmark_app"]["images_per_s"]
         v = r["variants"]
@@ -337,7 +345,8 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
             f"{get('after')} | **{rat('after')}** | "
             f"{round(get('after') / get('before'), 2) if get('before') else ''} | {get('after_boxes') or ''} | "
             f"{rat('after_boxes')} | {get('after_draft') or ''} | {rat('after_draft')} | "
-            f"{get('after_pinned') or ''} | {rat('after_pinned')} |")
+            f"{get('after_pinned') or ''} | {rat('after_pinned')} | {get('after_queue') or ''} | "
+            f"{rat('after_queue')} |")
     lines += ["", "## CPU time per image (robust to other work on the machine)", "",
               "CPU ms per image, summed over the P processes, over the timed loop (after load and warm-up): "
               "'model only' runs just the compiled IR's infer on the same preprocessed images in the same harness "
@@ -545,6 +554,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-boxes-only", action="store_true", help="skip the output.masks none row")
     parser.add_argument("--no-draft", action="store_true", help="skip the inference.jpeg_draft row")
     parser.add_argument("--no-pinned", action="store_true", help="skip the inference.pin_cores row")
+    parser.add_argument("--queue", action="store_true",
+                        help="also the row with inference behind OpenVINO's async queue (the code before session 44)")
     parser.add_argument("--no-process-ceiling", action="store_true",
                         help="skip benchmark_app as P processes x 1 stream (run once per model and precision)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -606,7 +617,8 @@ def main(argv=None) -> int:
                 variants = [v for v in VARIANTS if not (v == "before" and args.no_before)
                             and not (v == "after_boxes" and (args.no_boxes_only or manifest.model != "yolact"))
                             and not (v == "after_draft" and args.no_draft)
-                            and not (v == "after_pinned" and args.no_pinned)]
+                            and not (v == "after_pinned" and args.no_pinned)
+                            and not (v == "after_queue" and not args.queue)]
                 measure_rounds(args, row, manifest, precision, conf, variants, image_dir, paths, work)
                 if not args.no_job and manifest.model == "yolact" and conf == row["manifest_conf_thresh"]:
                     row["job"] = measure_job(args, manifest, precision, conf, image_dir, paths, work,

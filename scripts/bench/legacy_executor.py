@@ -42,3 +42,27 @@ class LegacyYolactInference(_LegacyPreprocess, YolactInference):
 @dataclass(frozen=True)
 class LegacyDetectorInference(_LegacyPreprocess, DetectorInference):
     """The detector's postprocess is unchanged; only the preprocess differs."""
+
+
+class _QueuedInference:
+    """The current code with each image's inference handed to OpenVINO's async queue even with one stream (its
+    stream thread runs it while the worker's thread waits), as the executors ran it before session 44: the bench's
+    "after_queue" row, to compare with the calling thread's inference (the current code) side by side."""
+
+    def model(self) -> ExecutorModel:
+        import openvino as ov
+
+        model = super().model()
+        if model.ir._request is not None:   # once per process: LazyModel keeps the model
+            model.ir._queue, model.ir._request = ov.AsyncInferQueue(model.ir.compiled, model.ir.num_requests), None
+        return model
+
+
+@dataclass(frozen=True)
+class QueuedYolactInference(_QueuedInference, YolactInference):
+    pass
+
+
+@dataclass(frozen=True)
+class QueuedDetectorInference(_QueuedInference, DetectorInference):
+    pass
