@@ -78,10 +78,10 @@ class CompiledIR:
         self._last_outputs: dict[str, np.ndarray] = {}   # the previous static-shape result, to reuse (_outputs)
 
     def infer(self, batch: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-        """batch: B images [3, H, W] float32, as a list or a [B, 3, H, W] array (the IR takes one image; a request copies
-        each image in, so a list needs no stacked copy). Outputs of static shape
-        are copied once, from each request straight into the [B, ...] result; dynamic ones per image, then joined.
-        The result is the caller's: it is never written again while anything holds it or a view of it."""
+        """batch: B images [3, H, W] float32, as a list or a [B, 3, H, W] array (the IR takes one image; a request
+        copies each image in, so a list needs no stacked copy). Outputs of static shape are copied once, from each
+        request straight into the [B, ...] result; dynamic ones per image, then joined. The result is the caller's:
+        it is never written again while anything holds it or a view of it."""
         per_image: list[dict | None] = [None] * len(batch)
         outputs: dict[str, np.ndarray] | None = None
 
