@@ -67,8 +67,7 @@ VARIANTS = {"before": "previous per-image code", "after": "current code",
             "after_boxes": "current code, output.masks none (boxes only)",
             "after_draft": "current code, inference.jpeg_draft (reduced JPEG decode; detections change)",
             "after_pinned": "current code, inference.pin_cores (each process on a core of its own)",
-            "after_queue": "current code, inference in OpenVINO's stream thread behind its async queue (before "
-                           "session 44)"}
+            "after_thread": "current code, each image's inference in the worker's own thread (InferRequest.infer)"}
 
 
 # ----------------------------------------------------------------------------------------------------- machine
@@ -119,10 +118,10 @@ def make_task(manifest, variant: str, precision: str, conf_thresh: float | None,
         from bench.legacy_executor import LegacyDetectorInference, LegacyYolactInference
 
         cls = LegacyYolactInference if manifest.model == "yolact" else LegacyDetectorInference
-    elif variant == "after_queue":
-        from bench.legacy_executor import QueuedDetectorInference, QueuedYolactInference
+    elif variant == "after_thread":
+        from bench.legacy_executor import InThreadDetectorInference, InThreadYolactInference
 
-        cls = QueuedYolactInference if manifest.model == "yolact" else QueuedDetectorInference
+        cls = InThreadYolactInference if manifest.model == "yolact" else InThreadDetectorInference
     else:
         cls = inference_task_class(manifest.model)
     postprocess = dict(manifest.postprocess)
@@ -320,13 +319,13 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         "- before: the previous per-image code (full-size masks, RLE and label map; tests/reference_postprocess.py)"
         "; after: the current code; boxes only: `output.masks: none`; jpeg_draft: after with "
         "`inference.jpeg_draft: true` (reduced-size JPEG decode: faster, but the model sees other pixels); pinned: "
-        "after with `inference.pin_cores: true` (each process on a core of its own); queue (--queue): after with "
-        "each image's inference in OpenVINO's stream thread behind its async queue, the worker's thread waiting (the "
-        "executors' code before session 44; now one stream runs in the calling thread)",
+        "after with `inference.pin_cores: true` (each process on a core of its own); thread (--thread): after with "
+        "each image's inference run in the worker's own thread (`InferRequest.infer`) instead of OpenVINO's stream "
+        "thread behind its async queue, the worker's thread waiting (bench only)",
         "",
         "| model | input | precision | P | images (distinct, processed) | det/img | benchmark_app img/s | before img/s | before ratio | "
         "after img/s | after ratio | after/before | boxes only img/s | boxes only ratio | jpeg_draft img/s | "
-        "jpeg_draft ratio | pinned img/s | pinned ratio | queue img/s | queue ratio |",
+        "jpeg_draft ratio | pinned img/s | pinned ratio | thread img/s | thread ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -345,8 +344,8 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
             f"{get('after')} | **{rat('after')}** | "
             f"{round(get('after') / get('before'), 2) if get('before') else ''} | {get('after_boxes') or ''} | "
             f"{rat('after_boxes')} | {get('after_draft') or ''} | {rat('after_draft')} | "
-            f"{get('after_pinned') or ''} | {rat('after_pinned')} | {get('after_queue') or ''} | "
-            f"{rat('after_queue')} |")
+            f"{get('after_pinned') or ''} | {rat('after_pinned')} | {get('after_thread') or ''} | "
+            f"{rat('after_thread')} |")
     lines += ["", "## CPU time per image (robust to other work on the machine)", "",
               "CPU ms per image, summed over the P processes, over the timed loop (after load and warm-up): "
               "'model only' runs just the compiled IR's infer on the same preprocessed images in the same harness "
@@ -554,8 +553,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-boxes-only", action="store_true", help="skip the output.masks none row")
     parser.add_argument("--no-draft", action="store_true", help="skip the inference.jpeg_draft row")
     parser.add_argument("--no-pinned", action="store_true", help="skip the inference.pin_cores row")
-    parser.add_argument("--queue", action="store_true",
-                        help="also the row with inference behind OpenVINO's async queue (the code before session 44)")
+    parser.add_argument("--thread", action="store_true",
+                        help="also the row with each image's inference in the worker's own thread, not OpenVINO's "
+                             "stream thread behind the async queue (bench only)")
     parser.add_argument("--no-process-ceiling", action="store_true",
                         help="skip benchmark_app as P processes x 1 stream (run once per model and precision)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -618,7 +618,7 @@ def main(argv=None) -> int:
                             and not (v == "after_boxes" and (args.no_boxes_only or manifest.model != "yolact"))
                             and not (v == "after_draft" and args.no_draft)
                             and not (v == "after_pinned" and args.no_pinned)
-                            and not (v == "after_queue" and not args.queue)]
+                            and not (v == "after_thread" and not args.thread)]
                 measure_rounds(args, row, manifest, precision, conf, variants, image_dir, paths, work)
                 if not args.no_job and manifest.model == "yolact" and conf == row["manifest_conf_thresh"]:
                     row["job"] = measure_job(args, manifest, precision, conf, image_dir, paths, work,

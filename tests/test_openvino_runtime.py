@@ -1,6 +1,6 @@
-"""CompiledIR.infer: a batch equals the images one at a time, with one stream (each image in the calling thread)
-and with two (an async queue), for IRs whose outputs have static shapes (written straight into the batch result) and
-dynamic ones (joined per image)."""
+"""CompiledIR.infer: a batch through the async queue equals the images one at a time, with one stream and with two,
+for IRs whose outputs have static shapes (written straight into the batch result) and dynamic ones (joined per
+image)."""
 from __future__ import annotations
 
 import numpy as np

@@ -55,10 +55,8 @@ class RuntimeSettings:
 
 
 class CompiledIR:
-    """A compiled IR with named outputs. `infer(batch)` returns {output name: [B, ...] array}. With one stream (the
-    executors' default: one per task) each image runs synchronously in the calling thread, so a Python worker is one
-    busy thread and its inference never waits for another thread's wake-up on whatever core the kernel picks; with
-    more, the images overlap through an async queue (one request per stream)."""
+    """A compiled IR with named outputs. `infer(batch)` runs images through an async queue (one request per
+    stream) and returns {output name: [B, ...] array}."""
 
     def __init__(self, xml_path: str | Path, settings: RuntimeSettings) -> None:
         import openvino as ov
@@ -72,16 +70,15 @@ class CompiledIR:
         self.output_names = [out.get_any_name() for out in self.compiled.outputs]
         self._static_outputs = _static_output_shapes(self.compiled.outputs)
         self.num_requests = int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-        self._queue = ov.AsyncInferQueue(self.compiled, self.num_requests) if self.num_requests > 1 else None
-        self._request = self.compiled.create_infer_request() if self._queue is None else None
+        self._queue = ov.AsyncInferQueue(self.compiled, self.num_requests)
         self._lock = threading.Lock()
         self._last_outputs: dict[str, np.ndarray] = {}   # the previous static-shape result, to reuse (_outputs)
 
     def infer(self, batch: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-        """batch: B images [3, H, W] float32, as a list or a [B, 3, H, W] array (the IR takes one image; a request
-        copies each image in, so a list needs no stacked copy). Outputs of static shape are copied once, from each
-        request straight into the [B, ...] result; dynamic ones per image, then joined. The result is the caller's:
-        it is never written again while anything holds it or a view of it."""
+        """batch: B images [3, H, W] float32, as a list or a [B, 3, H, W] array (the IR takes one image; the queue
+        overlaps them, each request copying its image in: a list needs no stacked copy). Outputs of static shape
+        are copied once, from each request straight into the [B, ...] result; dynamic ones per image, then joined.
+        The result is the caller's: it is never written again while anything holds it or a view of it."""
         per_image: list[dict | None] = [None] * len(batch)
         outputs: dict[str, np.ndarray] | None = None
 
@@ -95,32 +92,17 @@ class CompiledIR:
         with self._lock:
             if self._static_outputs is not None:
                 outputs = self._outputs(len(batch))
-            if self._request is not None:
-                self._infer_in_this_thread(batch, collect)
-            else:
-                self._infer_through_queue(batch, collect)
+            self._queue.set_callback(collect)
+            try:
+                for index, image in enumerate(batch):
+                    self._queue.start_async({self.input_name: image[None]}, index)
+                self._queue.wait_all()
+            except BaseException:
+                self._replace_queue()
+                raise
         if outputs is not None:
             return dict(outputs)
         return {name: np.concatenate([image[name] for image in per_image]) for name in self.output_names}
-
-    def _infer_in_this_thread(self, batch, collect) -> None:
-        try:
-            for index, image in enumerate(batch):
-                self._request.infer({self.input_name: image[None]})
-                collect(self._request, index)
-        except BaseException:
-            self._request = self.compiled.create_infer_request()   # as _infer_through_queue: a fresh one
-            raise
-
-    def _infer_through_queue(self, batch, collect) -> None:
-        self._queue.set_callback(collect)
-        try:
-            for index, image in enumerate(batch):
-                self._queue.start_async({self.input_name: image[None]}, index)
-            self._queue.wait_all()
-        except BaseException:
-            self._replace_queue()
-            raise
 
     def _replace_queue(self) -> None:
         """After a failed start or inference: the requests still running finish, and a new queue replaces the

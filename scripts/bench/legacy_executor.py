@@ -44,25 +44,49 @@ class LegacyDetectorInference(_LegacyPreprocess, DetectorInference):
     """The detector's postprocess is unchanged; only the preprocess differs."""
 
 
-class _QueuedInference:
-    """The current code with each image's inference handed to OpenVINO's async queue even with one stream (its
-    stream thread runs it while the worker's thread waits), as the executors ran it before session 44: the bench's
-    "after_queue" row, to compare with the calling thread's inference (the current code) side by side."""
+
+class _InThreadInference:
+    """The current code with each image's inference run by `InferRequest.infer` in the worker's own thread (the CPU
+    plugin runs a synchronous request there) instead of OpenVINO's stream thread behind the async queue: the bench's
+    "after_thread" row, one busy thread per process where the queue makes two take turns. Bench only: in the job it
+    crashed a long-lived process (the test suite's pytest worker, 3 runs of 3: session 44), cause not found."""
 
     def model(self) -> ExecutorModel:
-        import openvino as ov
-
         model = super().model()
-        if model.ir._request is not None:   # once per process: LazyModel keeps the model
-            model.ir._queue, model.ir._request = ov.AsyncInferQueue(model.ir.compiled, model.ir.num_requests), None
+        if not hasattr(model.ir, "_in_thread"):   # once per process: LazyModel keeps the model
+            model.ir._in_thread = _RequestInThisThread(model.ir)
+            model.ir.infer = model.ir._in_thread.infer
         return model
 
 
+class _RequestInThisThread:
+    """CompiledIR.infer's contract (static-shape outputs copied into reused [B, ...] arrays) for a one-stream IR,
+    each image through one InferRequest in the calling thread."""
+
+    def __init__(self, ir) -> None:
+        self.ir, self.request = ir, ir.compiled.create_infer_request()
+
+    def infer(self, batch):
+        ir = self.ir
+        if ir._static_outputs is None:
+            per_image = []
+            for image in batch:
+                self.request.infer({ir.input_name: image[None]})
+                per_image.append({n: self.request.get_tensor(n).data.copy() for n in ir.output_names})
+            return {n: np.concatenate([out[n] for out in per_image]) for n in ir.output_names}
+        outputs = ir._outputs(len(batch))
+        for index, image in enumerate(batch):
+            self.request.infer({ir.input_name: image[None]})
+            for name, out in outputs.items():
+                out[index] = self.request.get_tensor(name).data[0]
+        return dict(outputs)
+
+
 @dataclass(frozen=True)
-class QueuedYolactInference(_QueuedInference, YolactInference):
+class InThreadYolactInference(_InThreadInference, YolactInference):
     pass
 
 
 @dataclass(frozen=True)
-class QueuedDetectorInference(_QueuedInference, DetectorInference):
+class InThreadDetectorInference(_InThreadInference, DetectorInference):
     pass
