@@ -375,7 +375,9 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         for name, v in [("model only", r["model_only"])] * ("model_only" in r) + list(r.get("variants", {}).items()):
             per = v["stage_s_per_image"]
             total = sum(per.values()) or 1.0
-            cells = [f"{per[s] * 1000:.1f} ({100 * per[s] / total:.0f}%)" if per[s] else "" for s in STAGES]
+            # the model-only row times inference alone: its other stages are not measured, not 0
+            cells = ["" if name == "model only" and not per[s] else f"{per[s] * 1000:.1f} ({100 * per[s] / total:.0f}%)"
+                     for s in STAGES]
             sched = v.get("scheduler_per_image", {})
             lines.append(f"| {r['model']} | {r['precision']} | {name} | " + " | ".join(cells)
                          + f" | {', '.join(str(m) for m in v['peak_rss_mib'])} | "

@@ -6,7 +6,7 @@ import pickle
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
 
 from pipelines.ops.image_decode import (REASONS, ImageDecodeError, decode_image, decode_image_reduced, image_size,
                                        reuse_decode_memory)
@@ -85,6 +85,22 @@ def test_exif_orientation_6_is_rotated_clockwise(corpus):
     assert np.abs(rgb[38, 10].astype(int) - (0, 0, 255)).max() < 20
     assert np.abs(rgb[24, 29].astype(int) - (0, 255, 0)).max() < 20
     assert np.abs(rgb.astype(int) - expected).mean() < 8
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_exif_orientation_gives_what_pillows_exif_transpose_shows(orientation):
+    pixels = np.random.default_rng(orientation).integers(0, 256, (24, 40, 3), dtype=np.uint8)   # not square
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    data = _encode(Image.fromarray(pixels), "JPEG", quality=95, exif=exif.tobytes())
+    with Image.open(io.BytesIO(data)) as image:
+        shown = np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
+    assert shown.shape == ((40, 24, 3) if orientation >= 5 else (24, 40, 3))
+    np.testing.assert_array_equal(decode_image(data, "o.jpg"), shown)
+    np.testing.assert_array_equal(decode_image(data, "o.jpg", shared_memory=True)[:, :, :3], shown)
+    reduced, size = decode_image_reduced(data, "o.jpg", (8, 8))
+    assert size == (shown.shape[1], shown.shape[0]) and reduced.shape[2] == 3
+    assert (reduced.shape[0] > reduced.shape[1]) == (shown.shape[0] > shown.shape[1])
 
 
 def test_cmyk_jpeg_gives_the_expected_rgb(corpus):
@@ -258,9 +274,11 @@ def test_shared_memory_decode_gives_the_same_pixels_without_a_copy():
     jpeg, png = _encode(Image.fromarray(pixels), "JPEG", quality=90), _encode(Image.fromarray(pixels), "PNG")
     gray = _encode(Image.fromarray(pixels[:, :, 0]), "PNG")
     shared = [decode_image(data, "x", shared_memory=True) for data in (jpeg, png, gray)]
-    # RGB: Pillow's own 4-byte pixels, read-only; the first three channels are decode_image's pixels
+    # RGB: Pillow's own 4-byte pixels, read-only, where Pillow shares them (>= 11.2; older ones: decode_image's
+    # copy); the first three channels are decode_image's pixels
+    shares = hasattr(Image.Image, "__arrow_c_array__")
     for data, rgbx in zip((jpeg, png), shared):
-        assert rgbx.shape == (480, 640, 4) and not rgbx.flags.writeable
+        assert rgbx.shape == (480, 640, 4) and not rgbx.flags.writeable if shares else rgbx.shape == (480, 640, 3)
         np.testing.assert_array_equal(rgbx[:, :, :3], decode_image(data, "x"))
     np.testing.assert_array_equal(shared[1][:, :, :3], pixels)
     # other modes are converted as usual

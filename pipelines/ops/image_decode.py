@@ -28,7 +28,7 @@ import threading
 import warnings
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from pipelines.errors import UsageError
 
@@ -95,11 +95,11 @@ def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS, *
         _check_pixel_count(image.size, name, max_pixels)
         target = _decode_into_reused_buffer(image) if shared_memory else None
         _load_pixels(image, name)
-        _exif_transpose(image)
-        if target is not None and image.im is target[1]:   # decoded there (and not rotated since)
+        shown = _exif_transposed(image)
+        if target is not None and shown.im is target[1]:   # decoded there (and not rotated since)
             return target[0]
-        pixels = _shared_rgbx(image) if shared_memory else None
-        return pixels if pixels is not None else _to_rgb_array(image, name)
+        pixels = _shared_rgbx(shown) if shared_memory else None
+        return pixels if pixels is not None else _to_rgb_array(shown, name)
 
 
 def decode_image_reduced(data: bytes, name: str, min_size: tuple[int, int],
@@ -115,20 +115,19 @@ def decode_image_reduced(data: bytes, name: str, min_size: tuple[int, int],
     with _open(data, name) as image:
         _check_pixel_count(image.size, name, max_pixels)
         width, height = image.size
-        if _exif_orientation(image) in (5, 6, 7, 8):   # transposed by _exif_transpose below
+        if _exif_orientation(image) in (5, 6, 7, 8):   # transposed by _exif_transposed below
             width, height = height, width
         if image.format == "JPEG":
             side = max(int(min_size[0]), int(min_size[1]))
             image.draft("RGB", (side, side))
         _load_pixels(image, name)
-        _exif_transpose(image)
-        return _to_rgb_array(image, name), (width, height)
+        return _to_rgb_array(_exif_transposed(image), name), (width, height)
 
 
 def _exif_orientation(image: Image.Image) -> int:
     try:
         return int(image.getexif().get(0x0112, 1))
-    except Exception:  # noqa: BLE001 - unreadable EXIF: as stored (as _exif_transpose)
+    except Exception:  # noqa: BLE001 - unreadable EXIF: as stored
         return 1
 
 
@@ -188,12 +187,19 @@ def _classify_decoder_error(error: Exception, image_format: str | None = None) -
     return CORRUPT, f"{kind} data is corrupt (Pillow: {type(error).__name__}: {text})"
 
 
-def _exif_transpose(image: Image.Image) -> None:
-    """Apply the EXIF orientation tag in place; a damaged EXIF block leaves the image as stored."""
-    try:
-        ImageOps.exif_transpose(image, in_place=True)  # in place: no copy of images without a tag
-    except Exception:  # noqa: BLE001 - EXIF is metadata: unreadable orientation means "as stored"
-        pass
+# EXIF orientation -> the transposition that shows the stored pixels as a viewer does (the EXIF/TIFF table, as
+# Pillow's ImageOps.exif_transpose applies it; that function also rewrites the metadata, which a damaged EXIF block
+# can fail, and its in_place= is missing from Pillow 9.4, Databricks Runtime 15.4 LTS's).
+_ORIENTATION_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+                          4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+                          6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90}
+
+
+def _exif_transposed(image: Image.Image) -> Image.Image:
+    """The loaded image as a viewer shows it: a new image with the EXIF orientation applied, or `image` itself where
+    there is nothing to apply (no tag, orientation 1, an unknown value, or a damaged EXIF block: as stored)."""
+    method = _ORIENTATION_TRANSPOSE.get(_exif_orientation(image))
+    return image if method is None else image.transpose(method)
 
 
 REUSED_BUFFER_BYTES = 16 << 20   # 4 Mpx of RGB: Pillow's block size, the images it can share anyway

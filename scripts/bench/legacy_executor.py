@@ -44,7 +44,6 @@ class LegacyDetectorInference(_LegacyPreprocess, DetectorInference):
     """The detector's postprocess is unchanged; only the preprocess differs."""
 
 
-
 class _InThreadInference:
     """The current code with each image's inference run by `InferRequest.infer` in the worker's own thread (the CPU
     plugin runs a synchronous request there) instead of OpenVINO's stream thread behind the async queue: the bench's
