@@ -18,7 +18,8 @@ jvm-archive: $(VENV)/.stamp-infer
 	@$(PY) -m pipelines.spark.jvm_class_archive_build --if-missing --quiet 2> $(VENV)/jvm-archive.log \
 	    || { cat $(VENV)/jvm-archive.log; exit 1; }   # its job's own lines: in the log (shown if it fails)
 
-.PHONY: demo test test-main test-bigdl bench sweep bigdl-env azurite browser clean-venv env-archive bigdl-env-archive
+.PHONY: demo test test-main test-bigdl test-databricks bench sweep bigdl-env databricks-env azurite browser clean-venv \
+	env-archive bigdl-env-archive
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +57,12 @@ browser:
 bigdl-env:
 	scripts/make_bigdl_env.sh $(BIGDL_VENV)
 
+# A Databricks notebook job's libraries: Databricks Runtime 15.4 LTS's numpy, pandas, pyarrow, Pillow, matplotlib and
+# Spark, plus what notebooks/databricks_job.json installs (scripts/make_databricks_env.sh)
+DATABRICKS_VENV ?= .venv-databricks
+databricks-env:
+	scripts/make_databricks_env.sh $(DATABRICKS_VENV)
+
 # Relocatable envs for `spark-submit --archives dist/<archive>#environment` (README: "Run on a cluster").
 env-archive: $(VENV)/.stamp-infer   # the inference env (make demo's) and venv-pack: no torch needed to pack
 	$(PY) -c 'import venv_pack' 2>/dev/null || $(PIP) install -c constraints.txt venv-pack
@@ -65,18 +72,24 @@ bigdl-env-archive: $(VENV)/.stamp-test
 	PACKER_PYTHON=$(abspath $(PY)) scripts/build_env_archive.sh --from-venv $(BIGDL_VENV) \
 	    --output dist/sparkseg-bigdl-env.tar.gz
 
-# Both suites always run (a failure in one does not hide the other); make fails at the end if either did. The
-# BigDL suite (its env built first) runs beside the main one, its output kept in a log and printed after the main
-# suite's: both mostly wait on the JVMs and jobs they start (side by side: ~4 min off the whole run). The main venv
-# comes first: the BigDL suite exports a model with it.
+# All suites always run (a failure in one does not hide another); make fails at the end if any did. The BigDL suite
+# (its env built first), then the Databricks one, run beside the main one, their output kept in logs and printed
+# after the main suite's: all mostly wait on the JVMs and jobs they start (side by side: ~4 min off the whole run for
+# the BigDL suite). The main venv comes first: the BigDL suite exports a model with it; Azurite before the fork: two
+# suites use it.
 BIGDL_SUITE_LOG := $(PYTEST_TMP)/bigdl-suite.log
-test: $(VENV)/.stamp-test
+DATABRICKS_SUITE_LOG := $(PYTEST_TMP)/databricks-suite.log
+test: $(VENV)/.stamp-test azurite
 	@mkdir -p "$(PYTEST_TMP)"; status=0; \
-	$(MAKE) --no-print-directory test-bigdl > "$(BIGDL_SUITE_LOG)" 2>&1 & bigdl=$$!; \
+	{ side=0; $(MAKE) --no-print-directory test-bigdl > "$(BIGDL_SUITE_LOG)" 2>&1 || side=1; \
+	  $(MAKE) --no-print-directory test-databricks > "$(DATABRICKS_SUITE_LOG)" 2>&1 || side=1; exit $$side; } & \
+	beside=$$!; \
 	$(MAKE) --no-print-directory test-main || status=1; \
-	wait $$bigdl || status=1; \
+	wait $$beside || status=1; \
 	echo "---- the BigDL suite (make test-bigdl), run beside the main one: $(BIGDL_SUITE_LOG)"; \
 	cat "$(BIGDL_SUITE_LOG)"; \
+	echo "---- the Databricks suite (make test-databricks), run beside the main one: $(DATABRICKS_SUITE_LOG)"; \
+	cat "$(DATABRICKS_SUITE_LOG)"; \
 	if [ $$status -ne 0 ]; then echo "make test: FAILED (see the suites above)"; fi; exit $$status
 
 # The main suite in TEST_WORKERS processes (pytest-xdist), one test file per process at a time (--dist loadfile: a
@@ -93,6 +106,16 @@ test-bigdl: bigdl-env
 	mkdir -p "$(PYTEST_TMP)"
 	PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl --durations=25 --basetemp="$(PYTEST_TMP)/bigdl" \
 		tests/test_bigdl_engine.py tests/test_bigdl_job.py
+
+# The inference path's tests in the Databricks env (databricks-env): the notebook, decoding, the job, incremental
+# runs, video, masks and the report, on the Runtime's older numpy, pandas, pyarrow, Pillow, matplotlib and Spark.
+DATABRICKS_SUITE := tests/test_deploy_notebooks.py tests/test_image_decode.py tests/test_infer_job.py \
+	tests/test_incremental.py tests/test_video_input.py tests/test_mask_outputs.py tests/test_box_local_masks.py \
+	tests/test_render.py
+test-databricks: databricks-env azurite
+	mkdir -p "$(PYTEST_TMP)"
+	PYSPARK_PYTHON=$(abspath $(DATABRICKS_VENV))/bin/python $(DATABRICKS_VENV)/bin/python -m pytest -m "not bigdl" \
+		--durations=10 --basetemp="$(PYTEST_TMP)/databricks" $(DATABRICKS_SUITE)
 
 bench: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench.py

@@ -3,13 +3,15 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
+# numpy, pillow, pyarrow, pandas and matplotlib (the extras): at least Databricks Runtime 15.4 LTS's versions, the
+# oldest tested (make test-databricks). A wheel asking for newer ones would replace the Runtime's on install.
 CORE = [
     "pyspark>=3.5,<5",
     "openvino>=2023.3",
-    "numpy>=1.24",
-    "pillow>=10",
+    "numpy>=1.23.5",
+    "pillow>=9.4",
     "pyarrow>=14",
-    "pandas>=2.0,<3",
+    "pandas>=1.5.3,<3",
     "pyyaml>=6",
     "pycocotools>=2.0.7",
     "zlib-ng>=0.5",   # label-map PNGs deflated ~4x faster than by zlib (pipelines.ops.mask_outputs)
@@ -24,7 +26,7 @@ EXTRAS = {
     # PyTorch -> ONNX -> simplified ONNX -> OpenVINO IR, and the parity report.
     "export": TORCH + ["onnx>=1.16", "onnxruntime>=1.18", "onnxslim>=0.1.40", "nncf>=3.0,<4"],
     # Distributed training (TorchDistributor), runs tracking and plots.
-    "train": TORCH + ["mlflow>=2.10", "matplotlib>=3.8", "tqdm>=4.66"],
+    "train": TORCH + ["mlflow>=2.10", "matplotlib>=3.7.2", "tqdm>=4.66"],
     # Azure SDK read/write path for clusters without hadoop-azure.
     "azure": ["adlfs>=2024.4", "azure-storage-blob>=12.19", "azure-identity>=1.15"],
     # The BigDL engine's own env. The BigDL 2.4 wheels themselves pin pyspark 3.1 and must be installed with
@@ -41,10 +43,10 @@ EXTRAS = {
         "filelock",
     ],
     # The run report (python -m pipelines.report.render): per-class count and score plots. make demo installs it.
-    "report": ["matplotlib>=3.8"],
+    "report": ["matplotlib>=3.7.2"],
     # Sweeps and benchmarks (jobs/sweep.py, make bench): process memory sampling and plots.
-    "sweep": ["psutil>=5.9", "matplotlib>=3.8"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "matplotlib>=3.8", "venv-pack>=0.2",
+    "sweep": ["psutil>=5.9", "matplotlib>=3.7.2"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "matplotlib>=3.7.2", "venv-pack>=0.2",
             "psutil>=5.9", "selenium>=4.20,<5"],   # selenium drives Debian's chromium (make browser) in the report page test
 }
 

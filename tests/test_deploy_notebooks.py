@@ -108,8 +108,19 @@ def test_job_definition_runs_this_notebook_with_its_widgets():
     # what the executors import that a Databricks Runtime lacks, at constraints.txt's versions
     pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().split() if "==" in line)
     installed = dict(library["pypi"]["package"].split("==") for library in task["libraries"])
-    for name in ("openvino", "pycocotools", "numba", "zlib-ng", "av", "azure-storage-blob"):
+    for name in ("openvino", "PyYAML", "pycocotools", "numba", "zlib-ng", "av", "azure-storage-blob"):
         assert installed.get(name) == pins[name], name
+
+
+def test_setup_py_lower_bounds_are_the_databricks_runtime_versions_the_databricks_suite_runs_on():
+    # make test-databricks runs on scripts/make_databricks_env.sh's Runtime versions: the oldest sparkseg is tested
+    # with, so the lower bounds setup.py promises for those libraries
+    script = (REPO / "scripts" / "make_databricks_env.sh").read_text()
+    runtime = dict(re.findall(r'"([\w-]+)==([\d.]+)"', re.search(r"RUNTIME_PINS=\((.*)\)", script).group(1)))
+    floors = dict(re.findall(r'"([\w-]+)>=([\d.]+)', (REPO / "setup.py").read_text()))
+    for name in ("numpy", "pillow", "pyarrow", "pandas", "matplotlib"):
+        assert runtime[name].startswith(floors[name]), name   # 9.4 for 9.4.0
+    assert runtime["pyspark"].startswith(floors["pyspark"])
 
 
 def test_explore_notebook_draws_overlays_and_sweep_plots(spark, monkeypatch, tmp_path):

@@ -307,7 +307,8 @@ def test_shared_memory_decode_of_a_rotated_or_held_image_keeps_its_pixels(corpus
     data = _encode(Image.fromarray(images[0]), "PNG")
     first = decode_image(data, "again.png", shared_memory=True).__array_interface__["data"][0]
     second = decode_image(data, "again.png", shared_memory=True).__array_interface__["data"][0]
-    assert first == second
+    if hasattr(Image, "fromarrow"):   # Pillow >= 11.2 decodes into the reused buffer; older ones: a copy each time
+        assert first == second
 
 
 def test_shared_memory_decode_of_an_image_over_one_memory_block_is_a_copy():
