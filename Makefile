@@ -107,11 +107,15 @@ test-bigdl: bigdl-env
 	PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl --durations=25 --basetemp="$(PYTEST_TMP)/bigdl" \
 		tests/test_bigdl_engine.py tests/test_bigdl_job.py
 
-# The inference path's tests in the Databricks env (databricks-env): the notebook, decoding, the job, incremental
-# runs, video, masks and the report, on the Runtime's older numpy, pandas, pyarrow, Pillow, matplotlib and Spark.
+# The inference path's tests in the Databricks env (databricks-env): the notebook, decoding, the job, masks, video
+# and the report, on the Runtime's older numpy, pandas, pyarrow, Pillow, matplotlib and Spark. A few minutes: the
+# main suite runs them all with its own versions, and this one runs beside it on the same cores.
 DATABRICKS_SUITE := tests/test_deploy_notebooks.py tests/test_image_decode.py tests/test_infer_job.py \
-	tests/test_incremental.py tests/test_video_input.py tests/test_mask_outputs.py tests/test_box_local_masks.py \
-	tests/test_render.py
+	tests/test_mask_outputs.py tests/test_box_local_masks.py \
+	tests/test_video_input.py::test_stride_1_and_5_give_exact_frames_and_timestamps_and_detections_equal_to_images \
+	tests/test_video_input.py::test_truncated_empty_and_fake_videos_are_error_rows_and_readable_frames_are_kept \
+	tests/test_render.py::test_overlay_paints_exactly_the_masks_pixels_higher_score_on_top \
+	tests/test_render.py::test_failed_images_are_named_in_the_report_and_the_cli_summary
 test-databricks: databricks-env azurite
 	mkdir -p "$(PYTEST_TMP)"
 	PYSPARK_PYTHON=$(abspath $(DATABRICKS_VENV))/bin/python $(DATABRICKS_VENV)/bin/python -m pytest -m "not bigdl" \
