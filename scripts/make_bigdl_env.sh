@@ -42,31 +42,16 @@ fi
 WANT="$(printf '%s\n' "$("$PYTHON" -c 'import sys; print(sys.version)')" \
         "${RUNTIME_PINS[@]}" "${BIGDL_PINS[@]}" "${REPO_PINS[@]}" "natives: lib/bigdl-native")"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$ENV_DIR/bin/python" ]; then
-    echo "make_bigdl_env: $ENV_DIR is up to date ($(du -sh "$ENV_DIR" | cut -f1))"
-    exit 0
-fi
-if [ -e "$ENV_DIR" ] && [ ! -f "$ENV_DIR/pyvenv.cfg" ] && [ -n "$(ls -A "$ENV_DIR")" ]; then
-    echo "make_bigdl_env: $ENV_DIR exists and is not a venv: not deleting it; choose another ENV_DIR" >&2
-    exit 1
-fi
-
 start=$SECONDS
-rm -rf "$ENV_DIR"
-"$PYTHON" -m venv "$ENV_DIR"
-pip_install() {
-    # The machine's pip config lists local indexes that may be absent: drop pip's warnings about those.
-    "$ENV_DIR/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
-        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
-    return "${PIPESTATUS[0]}"
-}
-pip_install "${RUNTIME_PINS[@]}" "${REPO_PINS[@]}"
-pip_install --no-deps "${BIGDL_PINS[@]}"
+source "$REPO/scripts/env_lib.sh"
+fresh_venv make_bigdl_env "$ENV_DIR" "$STAMP" "$WANT" "$PYTHON"
+env_pip "$ENV_DIR" "${RUNTIME_PINS[@]}" "${REPO_PINS[@]}"
+env_pip "$ENV_DIR" --no-deps "${BIGDL_PINS[@]}"
 
 # This repo, editable and without its deps (setup.py's CORE asks for the main venv's versions). setup.py reads
 # README.md for the long description; while that file is missing, fall back to a .pth path entry (same effect).
 if [ -f "$REPO/README.md" ]; then
-    pip_install --no-deps -e "$REPO"
+    env_pip "$ENV_DIR" --no-deps -e "$REPO"
 else
     echo "make_bigdl_env: $REPO/README.md missing (setup.py needs it): adding $REPO to the env's path instead"
     "$ENV_DIR/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/sparkseg-repo.pth", "w").write(sys.argv[1] + "\n")' "$REPO"

@@ -37,25 +37,12 @@ fi
 WANT="$(printf '%s\n' "$("$PYTHON" -c 'import sys; print(sys.version)')" "${RUNTIME_PINS[@]}" "${JOB_LIBRARIES[@]}" \
         "${TEST_PINS[@]}")"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$ENV_DIR/bin/python" ]; then
-    echo "make_databricks_env: $ENV_DIR is up to date"
-    exit 0
-fi
-if [ -e "$ENV_DIR" ] && [ ! -f "$ENV_DIR/pyvenv.cfg" ] && [ -n "$(ls -A "$ENV_DIR")" ]; then
-    echo "make_databricks_env: $ENV_DIR exists and is not a venv: not deleting it; choose another ENV_DIR" >&2
-    exit 1
-fi
-
 start=$SECONDS
-rm -rf "$ENV_DIR"
-"$PYTHON" -m venv "$ENV_DIR"
+source "$REPO/scripts/env_lib.sh"
+fresh_venv make_databricks_env "$ENV_DIR" "$STAMP" "$WANT" "$PYTHON"
 # One resolution: a job library that needs a newer version of a Runtime library fails here, as it would replace
-# the Runtime's on the cluster. (The machine's pip config lists local indexes that may be absent: drop pip's
-# warnings about those.)
-"$ENV_DIR/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "${RUNTIME_PINS[@]}" "${JOB_LIBRARIES[@]}" "${TEST_PINS[@]}" 2>&1 \
-    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
-[ "${PIPESTATUS[0]}" -eq 0 ]
+# the Runtime's on the cluster.
+env_pip "$ENV_DIR" "${RUNTIME_PINS[@]}" "${JOB_LIBRARIES[@]}" "${TEST_PINS[@]}"
 
 # No install of the repository: the notebook finds pipelines/ above itself, and tests run from the checkout.
 "$ENV_DIR/bin/python" - <<'EOF'
