@@ -148,6 +148,28 @@ def test_a_retried_task_removes_the_temp_files_a_killed_attempt_left(spark, tmp_
     assert all(path.is_file() for path in label_maps)
 
 
+def test_a_killed_runs_uncommitted_tasks_are_removed_not_committed_by_the_next_run(spark, tmp_path, caplog):
+    """A run killed mid-wave leaves the tasks it finished under <table>/_temporary/0/ (Hadoop's FileOutputCommitter,
+    v1): the next run's first append would commit them with its own, and their images, redone, would be there
+    twice. Built here as the killed run leaves it: a finished task's part file, and an errors/ write begun."""
+    images, output = tmp_path / "images", tmp_path / "out"
+    names = copies(images, 3)
+    run(spark, job_config(images, output))
+    committed = next((output / "detections").glob("part-*.parquet"))
+    finished_task = output / "detections" / "_temporary" / "0" / "task_202611280000000000_0007_m_000000"
+    finished_task.mkdir(parents=True)
+    shutil.copy(committed, finished_task / committed.name.replace("part-00000", "part-00001"))
+    (output / "errors" / "_temporary" / "0" / "_temporary").mkdir(parents=True)
+    shutil.copy(SAMPLES / "images" / "chelsea.jpg", images / "new.jpg")
+
+    with caplog.at_level("WARNING", logger="pipelines.inference.inference_job"):
+        summary = run(spark, job_config(images, output))
+    assert summary["counts"]["done"] == 1
+    assert_exactly_once(spark, output, names + ["new.jpg"])
+    assert not list(output.rglob("_temporary"))
+    assert sum("uncommitted files of an earlier run" in record.getMessage() for record in caplog.records) == 2
+
+
 def test_too_many_errors_fail_the_job_with_a_summary(spark, tmp_path):
     """By default (run.max_error_fraction 0.5) a run where most images failed fails (exit 3), its rows and summary
     written; 1.0 never fails on errors."""

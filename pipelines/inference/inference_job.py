@@ -39,7 +39,8 @@ from pipelines.results.table_index import counts_after_run, rows_before_run
 from pipelines.results.coco_results import write_coco_results
 from pipelines.results.result_schema import RESULT_SCHEMA
 from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, failed_paths, failure_types,
-                                              holds_tables, read_summary, write_results, write_summary)
+                                              holds_tables, read_summary, remove_uncommitted_writes, write_results,
+                                              write_summary)
 from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.spark.spark_session import ship_library, ship_once
 from pipelines.io.storage import Location
@@ -283,6 +284,8 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
     try:
         previous_settings = set_session_settings(spark, planning_settings(config))
         new_output = not holds_tables(spark, plan.output)   # under the lock: no other run writes to it now
+        for leftover in remove_uncommitted_writes(spark, plan.output):
+            log.warning("removed %s: the uncommitted files of an earlier run that was killed", leftover)
         tables_before = None if new_output else table_file_names(plan.output)
         rows_before = None if new_output else rows_before_run(plan.output, tables_before)
         # on disk only: each wave reads it back (index_todo), and MEMORY_AND_DISK would pull whole blocks of a

@@ -186,6 +186,24 @@ def hadoop_path_exists(spark: SparkSession, uri: str) -> bool:
         raise unreachable_storage(spark, uri, err) or err from None
 
 
+def remove_uncommitted_writes(spark: SparkSession, output: Location) -> list[str]:
+    """Delete what killed runs' Spark writes left uncommitted in detections/ and errors/ (Hadoop's `_temporary/`);
+    returns the URIs removed. The next append would otherwise commit them with its own: Hadoop's FileOutputCommitter
+    (v1) moves every committed task under `_temporary/0/` into the table, the killed run's as well, and those rows
+    would then be there twice once this run redoes their images. Call only under the output's lock: no other run
+    writes there."""
+    if choose_writer(output.uri) != "spark":   # the Azure SDK writer uploads finished blobs only
+        return []
+    removed = []
+    for name in TABLES:
+        uri = (output / name / "_temporary").uri
+        if hadoop_path_exists(spark, uri):
+            path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(uri)
+            path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(path, True)
+            removed.append(uri)
+    return removed
+
+
 def holds_tables(spark: SparkSession, output: Location) -> bool:
     """Whether detections/ or errors/ exist at `output` (a new output has neither); no Spark job, no listing of a
     table's files on the Hadoop writer's stores."""
