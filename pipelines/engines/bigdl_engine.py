@@ -53,8 +53,9 @@ IMAGE_STRUCT = T.StructType([
     T.StructField("data", T.BinaryType(), True),
 ])
 
-# BigDL's dllib jar ships a log4j2-test.xml (logger "org" at INFO, additivity off) that wins over Spark's defaults
-# and floods the console with INFO lines that setLogLevel cannot silence. Point log4j2 at Spark's own defaults.
+# BigDL's dllib jar ships a log4j2-test.xml (logger "org" at INFO, additivity off) that wins over Spark's defaults:
+# it floods the console with INFO lines that setLogLevel cannot silence (~2,600 for three images under spark-submit)
+# and appends them all to a file named "/tmp/${sys:logFilename}". Point log4j2 at Spark's own defaults.
 SPARK_LOG4J2_DEFAULTS = "-Dlog4j2.configurationFile=classpath:org/apache/spark/log4j2-defaults.properties"
 
 
@@ -107,7 +108,10 @@ def spark_submit_args() -> list[str]:
 
     jars = get_bigdl_jars()
     args = ["--jars", ",".join(jars), "--conf", "spark.driver.extraClassPath=" + ":".join(jars),
-            "--conf", "spark.executor.extraClassPath=" + ":".join(os.path.basename(jar) for jar in jars)]
+            "--conf", "spark.executor.extraClassPath=" + ":".join(os.path.basename(jar) for jar in jars),
+            # the driver JVM starts before the job can set spark.driver.extraJavaOptions (bigdl_spark_conf)
+            "--driver-java-options", SPARK_LOG4J2_DEFAULTS,
+            "--conf", "spark.executor.extraJavaOptions=" + SPARK_LOG4J2_DEFAULTS]
     natives = installed_native_library_dir()
     if natives:   # see pipelines.engines.bigdl_natives
         args += ["--driver-library-path", natives, "--conf", "spark.executor.extraLibraryPath=" + natives]
