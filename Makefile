@@ -9,6 +9,12 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # Each suite's temporary files in this checkout: pytest prunes old runs under the shared /tmp/pytest-of-<user>, which
 # would delete the files of a suite still running from another checkout (two clones tested at once).
 PYTEST_TMP := $(CURDIR)/.pytest-tmp
+# The suites' other temporary files (Python's tempfile, Spark's local dirs, Chromium's profile, staged models) in one
+# directory per checkout, emptied when `make test` starts and removed when it passes: a run leaves nothing in /tmp,
+# where killed JVMs and random test models would otherwise pile up run after run. A short path: some of them hold
+# Unix sockets (108 bytes at most).
+SUITE_TMP := $(or $(TMPDIR),/tmp)/sparkseg-tests-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
+SUITE_ENV := TMPDIR="$(SUITE_TMP)" SPARK_LOCAL_DIRS="$(SUITE_TMP)"
 
 # The Spark driver JVM's class-data-sharing archive, once per env (~1 min;
 # pipelines/spark/jvm_class_archive_build.py): every JVM
@@ -77,10 +83,22 @@ bigdl-env-archive: $(VENV)/.stamp-test
 # after the main suite's: all mostly wait on the JVMs and jobs they start (side by side: ~4 min off the whole run for
 # the BigDL suite). The main venv comes first: the BigDL suite exports a model with it; Azurite before the fork: two
 # suites use it.
+# Free space (GB) `make test` needs, checked before it starts: the envs it has yet to build (.venv ~7.5 GB with
+# torch's CUDA libraries, the BigDL and Databricks envs ~1.3 GB each, plus pip's downloads) and its suites' peak in
+# the checkout (.pytest-tmp/, dist/, build/) and in SUITE_TMP; measured with a fresh clone (DEVELOPERS.md).
+ENVS_GB := $(if $(wildcard $(VENV)/.stamp-test),0,9) $(if $(wildcard $(BIGDL_VENV)/bin/python),0,2) \
+	$(if $(wildcard $(DATABRICKS_VENV)/bin/python),0,2)
+CHECKOUT_PEAK_GB := 3
+SUITE_TMP_PEAK_GB := 3
+.PHONY: disk-space
+disk-space:
+	@scripts/check_free_space.sh "make test" "$(CURDIR)" $$(( $(CHECKOUT_PEAK_GB) $(patsubst %,+ %,$(ENVS_GB)) )) \
+	    "$(SUITE_TMP)" $(SUITE_TMP_PEAK_GB)
+
 BIGDL_SUITE_LOG := $(PYTEST_TMP)/bigdl-suite.log
 DATABRICKS_SUITE_LOG := $(PYTEST_TMP)/databricks-suite.log
-test: $(VENV)/.stamp-test azurite
-	@mkdir -p "$(PYTEST_TMP)"; status=0; \
+test: disk-space $(VENV)/.stamp-test azurite
+	@mkdir -p "$(PYTEST_TMP)"; rm -rf "$(SUITE_TMP)"; mkdir -p "$(SUITE_TMP)"; status=0; \
 	{ side=0; $(MAKE) --no-print-directory test-bigdl > "$(BIGDL_SUITE_LOG)" 2>&1 || side=1; \
 	  $(MAKE) --no-print-directory test-databricks > "$(DATABRICKS_SUITE_LOG)" 2>&1 || side=1; exit $$side; } & \
 	beside=$$!; \
@@ -90,7 +108,8 @@ test: $(VENV)/.stamp-test azurite
 	cat "$(BIGDL_SUITE_LOG)"; \
 	echo "---- the Databricks suite (make test-databricks), run beside the main one: $(DATABRICKS_SUITE_LOG)"; \
 	cat "$(DATABRICKS_SUITE_LOG)"; \
-	if [ $$status -ne 0 ]; then echo "make test: FAILED (see the suites above)"; fi; exit $$status
+	if [ $$status -ne 0 ]; then echo "make test: FAILED (see the suites above)"; else rm -rf "$(SUITE_TMP)"; fi; \
+	exit $$status
 
 # The main suite in TEST_WORKERS processes (pytest-xdist), one test file per process at a time (--dist loadfile: a
 # file's module fixtures are built once). Its tests wait on processes they start (JVMs, clusters, jobs) much of the
@@ -98,13 +117,13 @@ test: $(VENV)/.stamp-test azurite
 # (--max-worker-restart=0): xdist's replacement worker would hang the run, both sides waiting, until CI's time limit.
 TEST_WORKERS ?= 2
 test-main: $(VENV)/.stamp-test azurite browser jvm-archive
-	mkdir -p "$(PYTEST_TMP)"
-	$(PY) -m pytest -m "not bigdl" -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 --durations=25 \
+	mkdir -p "$(PYTEST_TMP)" "$(SUITE_TMP)"
+	$(SUITE_ENV) $(PY) -m pytest -m "not bigdl" -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 --durations=25 \
 		--basetemp="$(PYTEST_TMP)/main" tests
 
 test-bigdl: bigdl-env
-	mkdir -p "$(PYTEST_TMP)"
-	PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl --durations=25 --basetemp="$(PYTEST_TMP)/bigdl" \
+	mkdir -p "$(PYTEST_TMP)" "$(SUITE_TMP)"
+	$(SUITE_ENV) PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl --durations=25 --basetemp="$(PYTEST_TMP)/bigdl" \
 		tests/test_bigdl_engine.py tests/test_bigdl_job.py
 
 # The inference path's tests in the Databricks env (databricks-env): the notebook, decoding, the job, masks, video
@@ -117,8 +136,8 @@ DATABRICKS_SUITE := tests/test_deploy_notebooks.py tests/test_image_decode.py te
 	tests/test_render.py::test_overlay_paints_exactly_the_masks_pixels_higher_score_on_top \
 	tests/test_render.py::test_failed_images_are_named_in_the_report_and_the_cli_summary
 test-databricks: databricks-env azurite
-	mkdir -p "$(PYTEST_TMP)"
-	PYSPARK_PYTHON=$(abspath $(DATABRICKS_VENV))/bin/python $(DATABRICKS_VENV)/bin/python -m pytest -m "not bigdl" \
+	mkdir -p "$(PYTEST_TMP)" "$(SUITE_TMP)"
+	$(SUITE_ENV) PYSPARK_PYTHON=$(abspath $(DATABRICKS_VENV))/bin/python $(DATABRICKS_VENV)/bin/python -m pytest -m "not bigdl" \
 		--durations=10 --basetemp="$(PYTEST_TMP)/databricks" $(DATABRICKS_SUITE)
 
 bench: $(VENV)/.stamp-test jvm-archive

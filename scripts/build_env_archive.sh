@@ -82,6 +82,8 @@ start=$SECONDS
 BUILD="$REPO/build/env-archive/$(basename "$OUTPUT" .tar.gz)"
 rm -rf "$BUILD"
 mkdir -p "$BUILD" "$(dirname "$OUTPUT")"
+# The build env (~0.9 GB) is only the archive's source: gone when the script ends, however it ends.
+trap 'rm -rf "$BUILD"' EXIT
 pip_install() {
     # The machine's pip config may list local indexes that are absent: drop pip's warnings about those.
     "$PREFIX/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
