@@ -78,11 +78,6 @@ bigdl-env-archive: $(VENV)/.stamp-test
 	PACKER_PYTHON=$(abspath $(PY)) scripts/build_env_archive.sh --from-venv $(BIGDL_VENV) \
 	    --output dist/sparkseg-bigdl-env.tar.gz
 
-# All suites always run (a failure in one does not hide another); make fails at the end if any did. The BigDL suite
-# (its env built first), then the Databricks one, run beside the main one, their output kept in logs and printed
-# after the main suite's: all mostly wait on the JVMs and jobs they start (side by side: ~4 min off the whole run for
-# the BigDL suite). The main venv comes first: the BigDL suite exports a model with it; Azurite before the fork: two
-# suites use it.
 # Free space (GB) `make test` needs, checked before it starts: the envs it has yet to build (.venv ~7.5 GB with
 # torch's CUDA libraries, the BigDL and Databricks envs ~1.3 GB each, plus pip's downloads) and its suites' peak in
 # the checkout (.pytest-tmp/, dist/, build/: 3.4 GB) and in SUITE_TMP (1.7 GB), measured on a fresh clone
@@ -96,6 +91,11 @@ disk-space:
 	@scripts/check_free_space.sh "make test" "$(CURDIR)" $$(( $(CHECKOUT_PEAK_GB) $(patsubst %,+ %,$(ENVS_GB)) )) \
 	    "$(SUITE_TMP)" $(SUITE_TMP_PEAK_GB)
 
+# All suites always run (a failure in one does not hide another); make fails at the end if any did. The BigDL suite
+# (its env built first), then the Databricks one, run beside the main one, their output kept in logs and printed
+# after the main suite's: all mostly wait on the JVMs and jobs they start (side by side: ~4 min off the whole run for
+# the BigDL suite). The main venv comes first: the BigDL suite exports a model with it; Azurite before the fork: two
+# suites use it.
 BIGDL_SUITE_LOG := $(PYTEST_TMP)/bigdl-suite.log
 DATABRICKS_SUITE_LOG := $(PYTEST_TMP)/databricks-suite.log
 test: disk-space $(VENV)/.stamp-test azurite
