@@ -48,6 +48,13 @@ class OutputBusy(SparkSegError, RuntimeError):
     exit_code = 4
 
 
+class Interrupted(SparkSegError):
+    """Ctrl-C (SIGINT) stopped a job's command line (exit 130, as a shell reports a process SIGINT ended): what the
+    run committed before is kept, and the same command run again goes on from there."""
+
+    exit_code = 130
+
+
 def report_error(error: SparkSegError) -> int:
     """What a command line does with an expected error: one line on stderr; returns the exit code it means."""
     print(f"error: {error}", file=sys.stderr)

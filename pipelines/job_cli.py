@@ -110,9 +110,23 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     logging.basicConfig(level=logging.WARNING, format="sparkseg: %(levelname)s: %(message)s")
     if args.verbose:
         logging.getLogger("pipelines").setLevel(logging.INFO if args.verbose == 1 else logging.DEBUG)
+    from pipelines.errors import Interrupted, report_error
+    from pipelines.spark.spark_session import ctrl_c_received
+
+    try:
+        return run_job(args, family)
+    except BaseException as error:   # after a Ctrl-C: whatever the stopped context raised (stop_on_ctrl_c)
+        if not (isinstance(error, KeyboardInterrupt) or ctrl_c_received()):
+            raise
+        return report_error(Interrupted("interrupted (Ctrl-C): the images this run committed before it are kept; "
+                                        "run the same command again to go on (it skips them)"))
+
+
+def run_job(args: argparse.Namespace, family: str) -> int:
+    """main's work once the arguments are parsed: the exit code."""
     from pipelines.errors import SparkSegError, report_error
     from pipelines.inference.inference_job import plan_job, run_plan
-    from pipelines.spark.spark_session import job_session, stop_session, warn_unknown_spark_settings
+    from pipelines.spark.spark_session import job_session, stop_on_ctrl_c, stop_session, warn_unknown_spark_settings
 
     try:
         config = build_config(args, family)
@@ -127,6 +141,7 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     except SparkSegError as err:
         return report_error(err)
     try:
+        stop_on_ctrl_c()
         warn_unknown_spark_settings(spark, settings.conf)
         summary = run_plan(spark, plan)
     except SparkSegError as err:

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -234,6 +235,31 @@ def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
     assert len(detections) == 120 and not errors
     metrics = parse_event_log(find_event_log(events))
     assert metrics.failed_tasks >= 1 and metrics.retried_tasks >= 1, "the killed executor's task must have re-run"
+
+
+@pytest.mark.cluster
+def test_ctrl_c_stops_the_run_in_two_lines_exit_130_and_the_next_run_does_everything_once(spark, cluster, tmp_path):
+    images, output, log = tmp_path / "images", tmp_path / "out", tmp_path / "job.log"
+    names = copies(images, 6)
+    # executors of 2g never fit the cluster's 1g workers: the run waits for them, in its first Spark job, until
+    # interrupted (a cluster too small for the settings is where a user presses Ctrl-C)
+    job = start_job("--input", str(images), "--output", str(output), "--master", cluster.master_url,
+                    "--conf", "spark.executor.memory=2g", log=log)
+    try:
+        wait_for(lambda: "[sparkseg] run " in log.read_text(errors="replace"), 300, "the run's start", job)
+        job.send_signal(signal.SIGINT)
+        assert job.wait(timeout=300) == 130, log.read_text(errors="replace")[-3000:]
+    finally:
+        job.kill()
+    said = log.read_text(errors="replace")
+    assert "Traceback" not in said and " ERROR " not in said, said[-3000:]
+    assert "sparkseg: stopping (Ctrl-C again to quit at once)" in said
+    assert said.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C): "), said[-3000:]
+    # the output's lock was released: the next run goes through at once, and does every image exactly once
+    rerun = start_job("--input", str(images), "--output", str(output), "--master", "local[2]")
+    rerun_log = rerun.communicate(timeout=900)[0].decode(errors="replace")
+    assert rerun.returncode == 0 and "done 6, failed 0" in rerun_log, rerun_log[-3000:]
+    assert_exactly_once(spark, output, names)
 
 
 @pytest.mark.cluster
