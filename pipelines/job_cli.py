@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     if args.verbose:
         logging.getLogger("pipelines").setLevel(logging.INFO if args.verbose == 1 else logging.DEBUG)
     from pipelines.errors import Interrupted, report_error
-    from pipelines.spark.spark_session import ctrl_c_received
+    from pipelines.spark.ctrl_c import ctrl_c_received
 
     try:
         return run_job(args, family)
@@ -126,7 +126,8 @@ def run_job(args: argparse.Namespace, family: str) -> int:
     """main's work once the arguments are parsed: the exit code."""
     from pipelines.errors import SparkSegError, report_error
     from pipelines.inference.inference_job import plan_job, run_plan
-    from pipelines.spark.spark_session import job_session, stop_on_ctrl_c, stop_session, warn_unknown_spark_settings
+    from pipelines.spark.ctrl_c import stop_on_ctrl_c
+    from pipelines.spark.spark_session import job_session, stop_session, warn_unknown_spark_settings
 
     try:
         config = build_config(args, family)

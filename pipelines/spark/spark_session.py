@@ -6,11 +6,9 @@ import logging
 import os
 import py_compile
 import shutil
-import signal
 import socket
 import sys
 import tempfile
-import threading
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -278,60 +276,6 @@ def session_not_started(err: Exception, master: str) -> Exception:
                                   "retries): start it, or check --master and that this host reaches it")
     return UsageError(f"Spark did not start with master {master!r}: {reason} (check --master and spark.master: "
                       "local[*], local[N], spark://host:7077, yarn, k8s://..., and the --conf and spark.conf settings)")
-
-
-def stop_on_ctrl_c() -> None:
-    """Ctrl-C (SIGINT) in a job's command line, once its SparkContext is up: a thread of ours stops the context
-    (its running jobs end, and every later call on it fails), so the run's code unwinds with an error that the
-    command line reports as errors.Interrupted (ctrl_c_received()); a second Ctrl-C raises KeyboardInterrupt at once.
-    PySpark's own handler instead calls the JVM from inside the handler (cancelAllJobs) while the interrupted main
-    thread is often mid-call on the same Py4J connection, then raises KeyboardInterrupt there: a "reentrant call"
-    error, Py4J's broken connections and ~100 lines of tracebacks, and the JVM's aborts of the interrupted writes.
-    The context's own log is turned off first (the jobs it cancels log their aborts), and Py4J's log records after
-    the Ctrl-C (with tracebacks) are dropped. Main thread only, where Python lets handlers be set."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    signal.signal(signal.SIGINT, _on_ctrl_c)
-    # Py4J's modules log on their loggers and with logging.exception() on the root logger (a logger's filters see
-    # only the records logged on it)
-    for name in ("", "py4j.clientserver", "py4j.java_gateway"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(existing, _Py4JRecordsAfterCtrlC) for existing in logger.filters):
-            logger.addFilter(_Py4JRecordsAfterCtrlC())
-
-
-_ctrl_c = threading.Event()
-
-
-def ctrl_c_received() -> bool:
-    """Whether stop_on_ctrl_c's handler ran in this process."""
-    return _ctrl_c.is_set()
-
-
-def _on_ctrl_c(signum, frame) -> None:
-    if _ctrl_c.is_set():
-        raise KeyboardInterrupt
-    _ctrl_c.set()
-    os.write(2, b"\nsparkseg: stopping (Ctrl-C again to quit at once)\n")
-    threading.Thread(target=_stop_spark, name="sparkseg-ctrl-c", daemon=True).start()
-
-
-def _stop_spark() -> None:
-    context = SparkContext._active_spark_context
-    if context is None:
-        return
-    try:
-        context.setLogLevel("OFF")
-        context._jsc.sc().stop()   # the JVM's context only: PySpark's objects stay usable for the clean-up's calls
-    except Exception:  # noqa: BLE001 - the context is stopping anyway; the process exits next
-        pass
-
-
-class _Py4JRecordsAfterCtrlC(logging.Filter):
-    """Drops Py4J's log records once Ctrl-C was pressed (stop_on_ctrl_c)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (_ctrl_c.is_set() and f"{os.sep}py4j{os.sep}" in record.pathname)
 
 
 def stop_session(session: SparkSession) -> None:
