@@ -11,6 +11,7 @@ Two writers, one layout:
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -178,10 +179,18 @@ def with_frame_columns(table: DataFrame) -> DataFrame:
 
 def hadoop_path_exists(spark: SparkSession, uri: str) -> bool:
     """Whether `uri` exists, asked of the Hadoop FileSystem the driver's Spark reads it with (any scheme)."""
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return _on_hadoop_file_system(spark, uri, lambda file_system, path: file_system.exists(path))
+
+
+def hadoop_delete(spark: SparkSession, uri: str) -> bool:
+    """Delete `uri` (recursively) with the Hadoop FileSystem the driver's Spark writes it with; whether it existed."""
+    return _on_hadoop_file_system(spark, uri, lambda file_system, path: file_system.delete(path, True))
+
+
+def _on_hadoop_file_system(spark: SparkSession, uri: str, call: Callable) -> bool:
+    path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(uri)
     try:
-        return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+        return bool(call(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path))
     except Exception as err:  # noqa: BLE001 - py4j wraps the Java exception
         raise unreachable_storage(spark, uri, err) or err from None
 
@@ -194,14 +203,8 @@ def remove_uncommitted_writes(spark: SparkSession, output: Location) -> list[str
     writes there."""
     if choose_writer(output.uri) != "spark":   # the Azure SDK writer uploads finished blobs only
         return []
-    removed = []
-    for name in TABLES:
-        uri = (output / name / "_temporary").uri
-        if hadoop_path_exists(spark, uri):
-            path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(uri)
-            path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(path, True)
-            removed.append(uri)
-    return removed
+    leftovers = [(output / name / "_temporary").uri for name in TABLES]
+    return [uri for uri in leftovers if hadoop_delete(spark, uri)]
 
 
 def holds_tables(spark: SparkSession, output: Location) -> bool:
