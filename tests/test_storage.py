@@ -217,3 +217,17 @@ def test_one_routing_rule_for_every_store():
               "abfss://c@a.dfs.core.windows.net/p": "hadoop", "wasbs://c@a.blob.core.windows.net/p": "hadoop",
               "hdfs://nn/data": "hadoop", "s3://bucket/k": "hadoop", "memory://x": "hadoop", "C:/data": "local"}
     assert {uri: store_of(uri) for uri in routes} == routes
+
+
+def test_publish_once_keeps_the_first_file_and_removes_the_later_ones_staging(tmp_path):
+    """Two processes building the same content-keyed file (the library zip, a staged model): the first one's file
+    stays, byte for byte and with its time stamp, since a SparkContext that added it copies it again by path."""
+    target = tmp_path / "sparkseg_pipelines.zip"
+    first, second = tmp_path / ".first.tmp", tmp_path / ".second.tmp"
+    first.write_bytes(b"first build")
+    second.write_bytes(b"second build, other time stamps")
+    storage.publish_once(first, target)
+    before = target.stat()
+    storage.publish_once(second, target)
+    assert target.read_bytes() == b"first build" and target.stat().st_mtime_ns == before.st_mtime_ns
+    assert not first.exists() and not second.exists()

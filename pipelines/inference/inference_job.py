@@ -43,7 +43,7 @@ from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, fail
                                               write_summary)
 from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.spark.spark_session import ship_library, ship_once
-from pipelines.io.storage import Location
+from pipelines.io.storage import Location, publish_once
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,10 @@ def ship_model(spark: SparkSession, manifest: ModelManifest) -> str:
         files = manifest.data["files"]   # a detector has no priors
         for rel in [files[role] for role in INFERENCE_ROLES if role in files] + [MANIFEST_NAME]:
             shutil.copy2(manifest.root / rel, tmp / rel)
-        tmp_archive = shutil.make_archive(str(tmp), "zip", root_dir=tmp)
+        publish_once(Path(shutil.make_archive(str(tmp), "zip", root_dir=tmp)), archive)
+        if staged.exists() and not (staged / MANIFEST_NAME).is_file():
+            shutil.rmtree(staged, ignore_errors=True)   # incomplete; a complete one may be in use by another job
         try:
-            os.replace(tmp_archive, archive)
-            if staged.exists():
-                shutil.rmtree(staged, ignore_errors=True)
             os.replace(tmp, staged)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)   # another job staged it first

@@ -315,6 +315,20 @@ def temp_file_target(name: str) -> str | None:
     return target if target and random_part else None
 
 
+def publish_once(staging: Path, target: Path) -> None:
+    """Move the finished file `staging` to `target` unless a file is there already: the first of processes building
+    the same content-keyed file at once wins, and a file at `target` never changes once there (a SparkContext
+    that added it copies it again by path for its tasks, and fails them with "File ... exists" when the bytes
+    changed; numba keys its cache by the file's time stamp). A hard link: atomic, and refused when `target`
+    exists."""
+    try:
+        os.link(staging, target)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(staging)
+
+
 def _write_local_atomic(path: Path, data: bytes, durable: bool = True) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

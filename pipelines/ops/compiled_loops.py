@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.io.storage import publish_once
+
 log = logging.getLogger(__name__)
 _ONE = np.float32(1.0)
 # attributes of this module once compiled
@@ -100,7 +102,7 @@ def _file_copy():
         path.parent.mkdir(exist_ok=True)
         staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         staging.write_text(source, encoding="utf-8")
-        os.replace(staging, path)
+        publish_once(staging, path)
     name = f"sparkseg_compiled_loops_{digest}"   # in sys.modules: numba's cached code names its module
     spec = importlib.util.spec_from_file_location(name, path)
     copy = sys.modules[name] = importlib.util.module_from_spec(spec)

@@ -17,6 +17,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from pipelines.errors import ClusterUnreachable, UsageError
+from pipelines.io.storage import publish_once
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ def staged_library_archive(package: Path) -> Path:
         archive.parent.mkdir(exist_ok=True)
         staging = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
         library_archive(package, staging)
-        os.replace(staging, archive)   # atomic: a job starting meanwhile sees the whole zip or none
+        publish_once(staging, archive)   # a job starting meanwhile sees the whole zip or none, and only one
     return archive
 
 
