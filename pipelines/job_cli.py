@@ -110,43 +110,34 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     logging.basicConfig(level=logging.WARNING, format="sparkseg: %(levelname)s: %(message)s")
     if args.verbose:
         logging.getLogger("pipelines").setLevel(logging.INFO if args.verbose == 1 else logging.DEBUG)
-    from pipelines.errors import Interrupted, report_error
-    from pipelines.spark.ctrl_c import ctrl_c_received
+    from pipelines.spark.ctrl_c import exit_code_of
 
     try:
         return run_job(args, family)
-    except BaseException as error:   # after a Ctrl-C: whatever the stopped context raised (stop_on_ctrl_c)
-        if not (isinstance(error, KeyboardInterrupt) or ctrl_c_received()):
-            raise
-        return report_error(Interrupted("interrupted (Ctrl-C): the images this run committed before it are kept; "
-                                        "run the same command again to go on (it skips them)"))
+    except BaseException as error:   # an expected error, a bug, or after a Ctrl-C whatever the stopped context raised
+        return exit_code_of(error, "the images this run committed before it are kept; run the same command again "
+                                   "to go on (it skips them)")
 
 
 def run_job(args: argparse.Namespace, family: str) -> int:
-    """main's work once the arguments are parsed: the exit code."""
-    from pipelines.errors import SparkSegError, report_error
+    """main's work once the arguments are parsed: 0, or the error main maps to an exit code."""
     from pipelines.inference.inference_job import plan_job, run_plan
     from pipelines.spark.ctrl_c import stop_on_ctrl_c
     from pipelines.spark.spark_session import job_session, stop_session, warn_unknown_spark_settings
 
-    try:
-        config = build_config(args, family)
-        plan = plan_job(config, family)
-        settings = plan.config.spark
-        if plan.engine == "bigdl":
-            from pipelines.engines.bigdl_engine import bigdl_job_session
+    config = build_config(args, family)
+    plan = plan_job(config, family)
+    settings = plan.config.spark
+    if plan.engine == "bigdl":
+        from pipelines.engines.bigdl_engine import bigdl_job_session
 
-            spark = bigdl_job_session(settings)
-        else:
-            spark = job_session(settings.master, settings.app_name, settings.conf, settings.log_level)
-    except SparkSegError as err:
-        return report_error(err)
+        spark = bigdl_job_session(settings)
+    else:
+        spark = job_session(settings.master, settings.app_name, settings.conf, settings.log_level)
     try:
         stop_on_ctrl_c()
         warn_unknown_spark_settings(spark, settings.conf)
         summary = run_plan(spark, plan)
-    except SparkSegError as err:
-        return report_error(err)
     finally:
         stop_session(spark)
     print_summary(summary)

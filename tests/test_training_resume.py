@@ -1,9 +1,11 @@
-"""Kill a training run (the whole process group: driver, torchrun, rank) after it wrote a checkpoint, run the same
-command again: it resumes there and its losses are those of an uninterrupted run."""
+"""Stop a training run after it wrote a checkpoint, with a terminal's Ctrl-C (SIGINT to the whole process group:
+driver, torchrun, rank) or a kill (SIGKILL to it), run the same command again: it resumes there and its losses are
+those of an uninterrupted run."""
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.fixtures_training import REPO, tiny_roads  # noqa: F401
+from tests.process_io import read_line
 
 STEPS, EVERY = 6, 2
 
@@ -31,19 +34,24 @@ def job_command(data: Path, prepared: Path, run_dir: Path) -> list[str]:
     return command
 
 
-def run_job(command: list[str], log: Path, kill_when: Path | None = None) -> int:
+def run_job(command: list[str], log: Path, signal_when: Path | None = None, signal_number=signal.SIGKILL) -> int:
+    """The job's exit code; with signal_when, its process group gets signal_number once that file exists."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
                                    start_new_session=True)
-        if kill_when is None:
+        if signal_when is None:
             return process.wait(timeout=900)
         deadline = time.time() + 900
-        while not kill_when.exists() and process.poll() is None and time.time() < deadline:
+        while not signal_when.exists() and process.poll() is None and time.time() < deadline:
             time.sleep(0.2)
-        assert process.poll() is None, f"the run ended before it could be killed: {log.read_text()[-2000:]}"
-        os.killpg(process.pid, signal.SIGKILL)
-        return process.wait(timeout=60)
+        assert process.poll() is None, f"the run ended before it could be stopped: {log.read_text()[-2000:]}"
+        os.killpg(process.pid, signal_number)
+        return process.wait(timeout=300)
+
+
+def checkpoint(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f"step_{step:08d}.pt"
 
 
 def losses(run_dir: Path) -> dict[int, list[float]]:
@@ -51,9 +59,9 @@ def losses(run_dir: Path) -> dict[int, list[float]]:
     return {m["step"]: [m["loss"], m["box"], m["conf"], m["mask"], m["semantic"]] for m in rows if m["kind"] == "step"}
 
 
-def test_killed_run_resumes_and_reproduces_the_uninterrupted_losses(tiny_roads, tmp_path):
+def test_stopped_runs_resume_and_reproduce_the_uninterrupted_losses(tiny_roads, tmp_path):
     prepared = tmp_path / "prepared"
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert run_job(job_command(tiny_roads, prepared, straight), tmp_path / "straight.log") == 0
     expected = losses(straight)
     assert sorted(expected) == list(range(1, STEPS + 1))
@@ -64,13 +72,20 @@ def test_killed_run_resumes_and_reproduces_the_uninterrupted_losses(tiny_roads, 
     assert "nothing trained:" in again and (straight / "summary.json").read_bytes() == summary
     assert losses(straight) == expected
 
-    first_checkpoint = killed / "checkpoints" / f"step_{EVERY:08d}.pt"
-    code = run_job(job_command(tiny_roads, prepared, killed), tmp_path / "killed.log", kill_when=first_checkpoint)
+    command = job_command(tiny_roads, prepared, stopped)
+    code = run_job(command, tmp_path / "ctrl-c.log", checkpoint(stopped, EVERY), signal.SIGINT)
+    said = (tmp_path / "ctrl-c.log").read_text()
+    assert code == 130, said[-3000:]
+    assert "Traceback" not in said and "sparkseg: stopping (Ctrl-C again to quit at once)" in said, said[-3000:]
+    assert said.strip().splitlines()[-1] == ("error: interrupted (Ctrl-C): the run keeps its checkpoints; run the "
+                                             "same command again to resume from the newest"), said[-3000:]
+    # killed once it resumed and wrote the next checkpoint (at once if the Ctrl-C came too late to stop that one)
+    code = run_job(command, tmp_path / "killed.log", checkpoint(stopped, 2 * EVERY))
     assert code == -signal.SIGKILL
-    assert run_job(job_command(tiny_roads, prepared, killed), tmp_path / "resumed.log") == 0
+    assert run_job(command, tmp_path / "resumed.log") == 0
     resumed_log = (tmp_path / "resumed.log").read_text()
     assert "resumed from" in resumed_log and "other settings than the checkpoint's" not in resumed_log
-    got = losses(killed)
+    got = losses(stopped)
     assert sorted(got) == sorted(expected)
     np.testing.assert_allclose([got[s] for s in sorted(got)], [expected[s] for s in sorted(expected)],
                                rtol=1e-5, atol=1e-6)
@@ -83,3 +98,24 @@ def test_a_resume_with_another_schedule_names_what_changed():
     now = {"train": {"epochs": 12, "lr": 0.001, "lr_milestones": [0.5], "max_steps": 100}, "model": {"max_size": 128}}
     assert schedule_changes(before, now) == ["train.epochs 10 -> 12"]   # max_steps: not recorded before
     assert schedule_changes({}, now) == []
+
+
+def test_a_rank_ends_with_its_parent(tmp_path):
+    """torchrun starts each rank in a session of its own: a kill of the job's process group does not reach the rank,
+    which must not train on alone (the next run resumes in the same run directory)."""
+    rank = ("import os, signal; from pipelines.training.run_state import end_with_parent; end_with_parent(); "
+            "print(os.getpid(), flush=True); signal.pause()")
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+                               f"{rank!r}], start_new_session=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    rank_pid = int(read_line(parent))
+    rank_ended = os.pidfd_open(rank_pid)   # readable once the rank has ended
+    try:
+        parent.kill()
+        parent.wait(timeout=60)
+        outlived = not select.select([rank_ended], [], [], 60)[0]
+        if outlived:
+            signal.pidfd_send_signal(rank_ended, signal.SIGKILL)
+        assert not outlived, "the rank outlived its parent"
+    finally:
+        os.close(rank_ended)

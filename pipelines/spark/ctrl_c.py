@@ -1,19 +1,23 @@
 """Ctrl-C in a job's command line: the run stops cleanly (stop_on_ctrl_c), and the command line tells it was that
-(ctrl_c_received)."""
+(exit_code_of); the output of child processes that get the Ctrl-C too is dropped (children_quiet_after_ctrl_c)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 
 from pyspark import SparkContext
+
+from pipelines.errors import Interrupted, SparkSegError, report_error
 
 
 def stop_on_ctrl_c() -> None:
     """Ctrl-C (SIGINT) in a job's command line, once its SparkContext is up: a thread of ours stops the context
     (its running jobs end, and every later call on it fails), so the run's code unwinds with an error that the
-    command line reports as errors.Interrupted (ctrl_c_received()); a second Ctrl-C raises KeyboardInterrupt at once.
+    command line reports as errors.Interrupted (exit_code_of); a second Ctrl-C raises KeyboardInterrupt at once.
     PySpark's own handler instead calls the JVM from inside the handler (cancelAllJobs) while the interrupted main
     thread is often mid-call on the same Py4J connection, then raises KeyboardInterrupt there: a "reentrant call"
     error, Py4J's broken connections and ~100 lines of tracebacks, and the JVM's aborts of the interrupted writes.
@@ -33,9 +37,34 @@ def stop_on_ctrl_c() -> None:
 _ctrl_c = threading.Event()
 
 
-def ctrl_c_received() -> bool:
-    """Whether stop_on_ctrl_c's handler ran in this process."""
-    return _ctrl_c.is_set()
+def is_ctrl_c(error: BaseException) -> bool:
+    """Whether error is how a Ctrl-C ended the run: a KeyboardInterrupt, or anything raised once stop_on_ctrl_c's
+    handler ran (what the stopped context or the stopped child processes made the run's code raise)."""
+    return isinstance(error, KeyboardInterrupt) or _ctrl_c.is_set()
+
+
+def exit_code_of(error: BaseException, interrupted: str) -> int:
+    """What a job's command line does with the error that ended it: after a Ctrl-C (is_ctrl_c) one line,
+    `error: interrupted (Ctrl-C): <interrupted>`, exit 130 (errors.Interrupted); a SparkSegError's one line and exit
+    code; anything else is a bug and is raised again (traceback, exit 1)."""
+    if is_ctrl_c(error):
+        return report_error(Interrupted(f"interrupted (Ctrl-C): {interrupted}"))
+    if isinstance(error, SparkSegError):
+        return report_error(error)
+    raise error
+
+
+@contextlib.contextmanager
+def children_quiet_after_ctrl_c():
+    """For the block, what is written to sys.stdout after a Ctrl-C is dropped. For child processes whose output the
+    block copies there (TorchDistributor's local-mode ranks and their torchrun): a terminal's Ctrl-C reaches their
+    process group too, and they answer it with a traceback each."""
+    copied_to = sys.stdout
+    sys.stdout = _DroppedAfterCtrlC(copied_to)
+    try:
+        yield
+    finally:
+        sys.stdout = copied_to
 
 
 def _on_ctrl_c(signum, frame) -> None:
@@ -62,3 +91,16 @@ class _Py4JRecordsAfterCtrlC(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (_ctrl_c.is_set() and f"{os.sep}py4j{os.sep}" in record.pathname)
+
+
+class _DroppedAfterCtrlC:
+    """A text stream that passes writes on to `stream` until Ctrl-C is pressed (children_quiet_after_ctrl_c)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return len(text) if _ctrl_c.is_set() else self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)

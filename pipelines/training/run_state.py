@@ -6,15 +6,19 @@ epoch times of the summary. A subclass (``trainer.TrainingSession``, ``detector_
 builds the model, optimizer and sampler and sets ``rank``, ``distributed``, ``LOSS_KEYS`` and ``AP_KEY``; it
 supplies ``payload()`` (rank 0's checkpoint dict) and ``val_report(payload)`` (rank 0's raw eval report).
 
-``rank_process`` sets up (and tears down) one TorchDistributor process: threads, device, process group.
+``rank_process`` sets up (and tears down) one TorchDistributor process: threads, device, process group; the process
+ends with its torchrun (end_with_parent).
 
 Torch only (no pyspark): the detector trains without Spark too.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
+import signal
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,6 +64,7 @@ def make_optimizer(cfg, params: list[torch.nn.Parameter]) -> torch.optim.Optimiz
 def rank_process(threads: int, use_gpu) -> Iterator[torch.device]:
     """One TorchDistributor process: torch threads, this rank's device (use_gpu "auto" / True / False) and the
     process group when torchrun's env says so; the group is destroyed on the way out."""
+    end_with_parent()
     torch.set_num_threads(threads)
     device = rank_device(torch.cuda.is_available() if use_gpu == "auto" else bool(use_gpu))
     configure_device(device)
@@ -70,6 +75,23 @@ def rank_process(threads: int, use_gpu) -> Iterator[torch.device]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def end_with_parent() -> None:
+    """On Linux, this process is killed (SIGKILL) when its parent ends. torchrun starts each rank in a session of its
+    own, so a job killed as a whole (`kill -9` of its process group, a closed terminal) would otherwise leave its
+    ranks training on alone, writing checkpoints into the run directory that the next run resumes from."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:   # the parent ended before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 SCHEDULE_SETTINGS = (("train", "epochs"), ("train", "max_steps"), ("train", "global_batch"), ("train", "lr"),
@@ -115,7 +137,7 @@ class RankSessionBase:
     def _truncate_metrics(self, step: int) -> None:
         path = self.run_dir / METRICS_NAME
         lines = path.read_text().splitlines() if path.exists() else []
-        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+        kept = [line for line in lines if _step_of(line) <= step]
         path.write_text("".join(line + "\n" for line in kept))
 
     # ----------------------------------------------------------------------------------------------- resume
@@ -271,3 +293,12 @@ class RankSessionBase:
                 "steps_per_epoch": steps_per_epoch, "steps_this_run": self.state["step"] - self.first_step,
                 "images_per_second": round(self.timed_images / self.timed_seconds, 3) if self.timed_seconds else None,
                 "epoch_seconds": self.epoch_seconds}
+
+
+def _step_of(metrics_line: str) -> float:
+    """The step a RUN/metrics.jsonl line records; inf (never kept) for a line a full disk cut short."""
+    try:
+        return json.loads(metrics_line).get("step", 0)
+    except ValueError:
+        return float("inf")
+

@@ -10,7 +10,6 @@ import argparse
 import json
 from typing import Callable, Sequence
 
-from pipelines.errors import SparkSegError, report_error
 
 FLAGS = {"strategy": "distributed.strategy", "num_processes": "distributed.num_processes",
          "threads": "distributed.threads_per_process", "run_dir": "run_dir", "epochs": "train.epochs"}
@@ -54,23 +53,29 @@ def overrides_from(args: argparse.Namespace) -> dict:
 def run_train_job(args: argparse.Namespace, load_config: Callable, run_training: Callable,
                   summary_keys: Sequence[str]) -> int:
     """Load the config, run_training(spark, cfg) in a job session, print the summary's summary_keys. Returns the exit
-    code: a SparkSegError prints one line and exits with its code; anything else is a bug (traceback, exit 1)."""
+    code: a SparkSegError prints one line and exits with its code; Ctrl-C stops the run (stop_on_ctrl_c) and exits
+    130 with one line; anything else is a bug (traceback, exit 1)."""
+    from pipelines.spark.ctrl_c import exit_code_of
+
     try:
-        cfg = load_config(args.config, overrides_from(args))
-    except SparkSegError as err:
-        return report_error(err)
+        summary = train(args, load_config, run_training)
+    except BaseException as error:   # an expected error, a bug, or after a Ctrl-C what the stopped run raised
+        return exit_code_of(error, "the run keeps its checkpoints; run the same command again to resume from the "
+                                   "newest")
+    print(json.dumps({k: summary.get(k) for k in summary_keys}, indent=2))
+    return 0
+
+
+def train(args: argparse.Namespace, load_config: Callable, run_training: Callable) -> dict:
+    """run_train_job's work: the run's summary."""
+    from pipelines.spark.ctrl_c import stop_on_ctrl_c
     from pipelines.spark.spark_session import job_session, stop_session
     from pipelines.training.launcher import session_conf
 
+    cfg = load_config(args.config, overrides_from(args))
+    spark = job_session(cfg.spark.master, cfg.spark.app_name, session_conf(cfg))
     try:
-        spark = job_session(cfg.spark.master, cfg.spark.app_name, session_conf(cfg))
-    except SparkSegError as err:   # a master that does not answer, a setting Spark refuses
-        return report_error(err)
-    try:
-        summary = run_training(spark, cfg)
-    except SparkSegError as err:
-        return report_error(err)
+        stop_on_ctrl_c()
+        return run_training(spark, cfg)
     finally:
         stop_session(spark)
-    print(json.dumps({k: summary.get(k) for k in summary_keys}, indent=2))
-    return 0
