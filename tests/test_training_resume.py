@@ -1,6 +1,7 @@
-"""Stop a training run after it wrote a checkpoint, with a terminal's Ctrl-C (SIGINT to the whole process group:
-driver, torchrun, rank) or a kill (SIGKILL to it), run the same command again: it resumes there and its losses are
-those of an uninterrupted run."""
+"""Stop a training run after it wrote a checkpoint, with a terminal's Ctrl-C (SIGINT to the job's process group:
+driver, pyspark's wrapper, torchrun, which stops the rank) or a kill (SIGKILL to that group; the rank, in a session
+of its own, ends with its torchrun), run the same command again: it resumes there and its losses are those of an
+uninterrupted run."""
 from __future__ import annotations
 
 import json

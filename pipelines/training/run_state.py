@@ -301,4 +301,3 @@ def _step_of(metrics_line: str) -> float:
         return json.loads(metrics_line).get("step", 0)
     except ValueError:
         return float("inf")
-
