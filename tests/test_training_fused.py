@@ -1,14 +1,24 @@
 """The element-wise chains that a GPU runs as fused kernels (pipelines/training/fused.py): they compile whole (no
 graph break, which on a GPU would leave them unfused) and give the values of the plain functions.
 
-Compiled here with the CPU backend (a C++ compiler instead of Triton): the same traced graph as on a GPU, other
-generated code. Tolerances: the compiled kernels may contract a multiply and an add into one rounding and sum in
-another order; float32's relative rounding is 6e-8 per operation, so sums of a few hundred terms stay within 1e-6
-relative, and the colour's values (-2.2..2.7 after normalization) within 1e-5 absolute.
+Two ways of compiling here, neither of them a GPU's Triton kernels:
+- the mask term with inductor's CPU backend (a C++ compiler instead of Triton): the whole path down to generated,
+  compiled, run code, on a small graph;
+- the rest with `compiled_up_to_code_generation`: everything torch.compile does before generating code (the traced
+  graph, AOTAutograd's forward and backward graphs with inductor's decompositions and its partition between them,
+  donated buffers), the graphs then run by PyTorch's own operators. The C++ code of the larger graphs is not what a
+  GPU runs, and compiling it took ~4 of this file's ~5 minutes on 2 cores.
+Tolerances: the compiled kernels may contract a multiply and an add into one rounding and sum in another order, and
+the decompositions compute some operations as other ones; float32's relative rounding is 6e-8 per operation, so sums
+of a few hundred terms stay within 1e-6 relative, and the colour's values (-2.2..2.7 after normalization) within 1e-5
+absolute.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+import pytest
 import torch
 
 from pipelines.training import batches, photometric, yolact_loss
@@ -16,6 +26,13 @@ from pipelines.training.fused import FusedOnCuda
 
 MEAN = torch.tensor([123.68, 116.78, 103.94])[None, :, None, None]
 STD = torch.tensor([58.40, 57.12, 57.38])[None, :, None, None]
+
+
+@pytest.fixture
+def compiled_up_to_code_generation(monkeypatch):
+    """torch.compile, also inside FusedOnCuda, with the backend that runs inductor's decompositions and partition,
+    not its code generation."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager_decomp_partition"))
 
 
 def colour_inputs(count: int, seed: int):
@@ -33,7 +50,7 @@ def mask_inputs(slots: int, seed: int):
     return logits, boxes, mask_t
 
 
-def test_the_colour_compiles_whole_and_gives_the_plain_values():
+def test_the_colour_compiles_whole_and_gives_the_plain_values(compiled_up_to_code_generation):
     compiled = torch.compile(batches._distorted_normalized, dynamic=True, fullgraph=True)
     for count, seed in ((4, 1), (6, 2)):
         inputs = colour_inputs(count, seed)
@@ -88,7 +105,7 @@ def loss_arguments(counts: list[int], masks_to_train: int, seed: int):
     return arguments, list(outputs.values())
 
 
-def test_the_whole_loss_compiles_whole_and_gives_the_plain_sums_and_gradients():
+def test_the_whole_loss_compiles_whole_and_gives_the_plain_sums_and_gradients(compiled_up_to_code_generation):
     """The loss's four terms as one graph, run as FusedOnCuda runs it on a GPU: the plain sums within 1e-5 relative
     (sums of up to ~10^4 float32 terms, each compiled kernel free to reorder them) and the same gradients. The first
     call also runs a trial forward and backward: on the step's own graph that backward ran twice, which a backward
@@ -118,7 +135,8 @@ def test_the_loss_gives_the_same_sums_through_fused_on_cuda_off_a_gpu():
     assert yolact_loss.loss_sums.compiled is None
 
 
-def test_the_matching_compiles_whole_in_two_parts_and_gives_the_plain_matches(monkeypatch):
+def test_the_matching_compiles_whole_in_two_parts_and_gives_the_plain_matches(monkeypatch,
+                                                                               compiled_up_to_code_generation):
     """match_batch with its two parts compiled (as a GPU runs them) against the plain parts: the same classes and
     objects per prior, offsets within float32 rounding. Batches with and without two objects that want the same
     prior (the greedy path between the parts)."""
@@ -144,7 +162,7 @@ def test_the_matching_compiles_whole_in_two_parts_and_gives_the_plain_matches(mo
         torch.testing.assert_close(got.gt_box, want.gt_box, rtol=0, atol=0)
 
 
-def test_the_first_compiled_call_compiles_the_backward_without_touching_gradients():
+def test_the_first_compiled_call_compiles_the_backward_without_touching_gradients(compiled_up_to_code_generation):
     fused = FusedOnCuda(yolact_loss._cropped_mask_bce)
     logits, boxes, mask_t = mask_inputs(6, 7)
     result = fused.run_compiled(logits, boxes, mask_t)
@@ -158,7 +176,6 @@ def test_a_backward_that_cannot_compile_fails_in_the_forward_call():
     """backward_compiled_with_forward moves a backward's compile failure from the step's backward pass to the
     forward call, where FusedOnCuda falls back, on a recompilation too: a backend whose backward compiler fails
     from its second graph on, the second graph being size 1's specialization."""
-    import pytest
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
