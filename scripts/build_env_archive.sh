@@ -125,11 +125,13 @@ else
     ADD_PACKAGE=1
 fi
 
-# Smoke test: what an executor imports (SMOKE_IMPORTS overrides the list), from / (not the checkout's modules),
-# writing those modules' bytecode into the env (whatever PYTHONDONTWRITEBYTECODE says here): executors then load it
-# instead of compiling it at every Python worker's start wherever the unpacked archive cannot be written.
+# Smoke test: what an executor imports (SMOKE_IMPORTS overrides the list), from / (not the checkout's modules).
+# A fresh env gets those modules' bytecode written (whatever PYTHONDONTWRITEBYTECODE says here): executors then load
+# it instead of compiling it at every Python worker's start wherever the unpacked archive cannot be written. An
+# existing venv is not written to: its listing is one of the archive's inputs.
+if [ -z "$FROM_VENV" ]; then BYTECODE=(env -u PYTHONDONTWRITEBYTECODE); else BYTECODE=(env PYTHONDONTWRITEBYTECODE=1); fi
 # shellcheck disable=SC2086  (a list of module names)
-(cd / && env -u PYTHONDONTWRITEBYTECODE "$PREFIX/bin/python" -W ignore - \
+(cd / && "${BYTECODE[@]}" "$PREFIX/bin/python" -W ignore - \
     ${SMOKE_IMPORTS:-numpy openvino pandas pyarrow PIL pycocotools zlib_ng numba pipelines}) <<'EOF'
 import importlib, sys
 

@@ -76,6 +76,12 @@ def test_archive_holds_the_package_and_inference_deps_but_not_torch_or_pyspark(e
         assert f"{SITE}/{module}" in names, f"{module} missing from the archive"
     for absent in ("torch/", "torchvision/", "pyspark/", "py4j/", "onnx/"):
         assert not any(name.startswith(f"{SITE}/{absent}") for name in names), f"{absent} must not be packed"
+    # the bytecode of what executors import (written by the build's smoke test), not of whole packages
+    tag = sys.implementation.cache_tag
+    for module in ("numpy/__pycache__/__init__", "openvino/__pycache__/__init__", "pandas/__pycache__/__init__"):
+        assert f"{SITE}/{module}.{tag}.pyc" in names, f"{module}.{tag}.pyc missing from the archive"
+    assert f"{SITE}/pandas/tests/__init__.py" in names and not [
+        name for name in names if name.startswith(f"{SITE}/pandas/tests/") and name.endswith(".pyc")]
 
 
 def test_job_runs_on_a_standalone_cluster_with_the_packed_interpreter(env_archive, standalone_cluster, tmp_path):
