@@ -9,12 +9,12 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # Each suite's temporary files in this checkout: pytest prunes old runs under the shared /tmp/pytest-of-<user>, which
 # would delete the files of a suite still running from another checkout (two clones tested at once).
 PYTEST_TMP := $(CURDIR)/.pytest-tmp
-# The suites' other temporary files (Python's tempfile, Spark's local dirs, Chromium's profile, staged models) in one
-# directory per checkout, emptied when `make test` starts and removed when it passes: a run leaves nothing in /tmp,
-# where killed JVMs and random test models would otherwise pile up run after run. A short path: some of them hold
-# Unix sockets (108 bytes at most).
+# The suites' other temporary files (Python's tempfile, Spark's local dirs, Chromium's profile, staged models, the
+# driver JVMs' own temp files: Java does not read TMPDIR) in one directory per checkout, emptied when `make test`
+# starts and removed when it passes: a run leaves nothing in /tmp, where the files of killed JVMs and random test
+# models would otherwise pile up run after run. A short path: some of them hold Unix sockets (108 bytes at most).
 SUITE_TMP := $(or $(TMPDIR),/tmp)/sparkseg-tests-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
-SUITE_ENV := TMPDIR="$(SUITE_TMP)" SPARK_LOCAL_DIRS="$(SUITE_TMP)"
+SUITE_ENV := TMPDIR="$(SUITE_TMP)" SPARK_LOCAL_DIRS="$(SUITE_TMP)" SPARK_SUBMIT_OPTS="-Djava.io.tmpdir='$(SUITE_TMP)'"
 
 # The Spark driver JVM's class-data-sharing archive, once per env (~1 min;
 # pipelines/spark/jvm_class_archive_build.py): every JVM
@@ -32,9 +32,8 @@ $(PY):
 	$(PIP) install --upgrade "pip>=24"
 
 # An editable install writes sparkseg.egg-info/ in this checkout: `make test` builds the BigDL env (which installs
-# this checkout editable too) while it installs the main venv, so the installs take turns (scripts/make_bigdl_env.sh;
-# no lock where flock is missing, e.g. macOS, which has no BigDL env).
-EDITABLE_INSTALL_LOCK := $(if $(shell command -v flock),flock "$(CURDIR)/.editable-install.lock")
+# this checkout editable too) while it installs the main venv, so the installs take turns (scripts/env_lib.sh).
+EDITABLE_INSTALL_LOCK := scripts/editable_install_lock.sh
 
 # Inference only: pyspark, openvino, numpy, numba, pillow, pyarrow, pandas, pycocotools, zlib-ng; matplotlib for the
 # report. No torch.

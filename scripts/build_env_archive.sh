@@ -84,7 +84,7 @@ rm -rf "$BUILD"
 mkdir -p "$BUILD" "$(dirname "$OUTPUT")"
 # The build env (~0.9 GB) is only the archive's source: gone when the script ends, however it ends.
 trap 'rm -rf "$BUILD"' EXIT
-source "$REPO/scripts/env_lib.sh"   # env_pip
+source "$REPO/scripts/env_lib.sh"   # quiet_pip, env_pip
 
 if [ -z "$FROM_VENV" ]; then
     # ---- a fresh env: the package, then its requirements minus pyspark/py4j, pinned by constraints.txt --------
@@ -94,8 +94,7 @@ if [ -z "$FROM_VENV" ]; then
     mkdir -p "$BUILD/src"
     (cd "$REPO" && cp -r setup.py README.md pipelines model_export conf "$BUILD/src/")
     find "$BUILD/src" -name __pycache__ -prune -exec rm -rf {} +
-    "$PREFIX/bin/python" -m pip wheel --quiet --no-deps --wheel-dir "$BUILD/wheel" "$BUILD/src" 2>&1 \
-        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+    quiet_pip "$PREFIX" wheel --no-deps --wheel-dir "$BUILD/wheel" "$BUILD/src"
     WHEEL="$(ls "$BUILD"/wheel/sparkseg-*.whl)"
     REQUIREMENTS="$("$PREFIX/bin/python" - "$WHEEL" "$EXTRAS" <<'EOF'
 import re, sys, zipfile

@@ -50,10 +50,9 @@ env_pip "$ENV_DIR" --no-deps "${BIGDL_PINS[@]}"
 
 # This repo, editable and without its deps (setup.py's CORE asks for the main venv's versions). setup.py reads
 # README.md for the long description; while that file is missing, fall back to a .pth path entry (same effect).
-# An editable install writes sparkseg.egg-info/ in the checkout: taking turns with the main venv's (Makefile,
-# EDITABLE_INSTALL_LOCK; `make test` builds both envs at once).
+# It takes turns with the main venv's editable install (`make test` builds both envs at once).
 if [ -f "$REPO/README.md" ]; then
-    (flock 9 && env_pip "$ENV_DIR" --no-deps -e "$REPO") 9> "$REPO/.editable-install.lock"
+    with_editable_install_lock env_pip "$ENV_DIR" --no-deps -e "$REPO"
 else
     echo "make_bigdl_env: $REPO/README.md missing (setup.py needs it): adding $REPO to the env's path instead"
     "$ENV_DIR/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/sparkseg-repo.pth", "w").write(sys.argv[1] + "\n")' "$REPO"

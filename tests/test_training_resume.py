@@ -1,7 +1,7 @@
-"""Stop a training run after it wrote a checkpoint, with a terminal's Ctrl-C (SIGINT to the job's process group:
-driver, pyspark's wrapper, torchrun, which stops the rank) or a kill (SIGKILL to that group; the rank, in a session
-of its own, ends with its torchrun), run the same command again: it resumes there and its losses are those of an
-uninterrupted run."""
+"""Stop a training run after it wrote a checkpoint: with a terminal's Ctrl-C (SIGINT to the job's process group:
+driver, pyspark's wrapper, torchrun, which stops the rank), with `kill -INT` of the driver alone (which stops its
+ranks itself), or with a kill (SIGKILL to that group; the rank, in a session of its own, ends with its torchrun);
+run the same command again: it resumes there and its losses are those of an uninterrupted run."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,7 @@ import numpy as np
 from tests.fixtures_training import REPO, tiny_roads  # noqa: F401
 from tests.process_io import read_line
 
-STEPS, EVERY = 6, 2
+STEPS, EVERY = 10, 2   # a stop that comes a checkpoint late still leaves the next stop one to come
 
 
 def job_command(data: Path, prepared: Path, run_dir: Path) -> list[str]:
@@ -35,24 +35,39 @@ def job_command(data: Path, prepared: Path, run_dir: Path) -> list[str]:
     return command
 
 
-def run_job(command: list[str], log: Path, signal_when: Path | None = None, signal_number=signal.SIGKILL) -> int:
-    """The job's exit code; with signal_when, its process group gets signal_number once that file exists."""
+def run_job(command: list[str], log: Path, stop_in: Path | None = None, signal_number=signal.SIGKILL,
+            whole_group: bool = True) -> int:
+    """The job's exit code; with stop_in (its run directory), once the run wrote a checkpoint there that was not
+    there when it started, signal_number goes to the job's process group (whole_group) or to its driver alone."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    before = checkpoints(stop_in) if stop_in else set()
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
                                    start_new_session=True)
-        if signal_when is None:
+        if stop_in is None:
             return process.wait(timeout=900)
         deadline = time.time() + 900
-        while not signal_when.exists() and process.poll() is None and time.time() < deadline:
+        while checkpoints(stop_in) <= before and process.poll() is None and time.time() < deadline:
             time.sleep(0.2)
         assert process.poll() is None, f"the run ended before it could be stopped: {log.read_text()[-2000:]}"
-        os.killpg(process.pid, signal_number)
+        if whole_group:
+            os.killpg(process.pid, signal_number)
+        else:
+            os.kill(process.pid, signal_number)
         return process.wait(timeout=300)
 
 
-def checkpoint(run_dir: Path, step: int) -> Path:
-    return run_dir / "checkpoints" / f"step_{step:08d}.pt"
+def checkpoints(run_dir: Path) -> set[str]:
+    """The names of the run's step checkpoints (not a checkpoint being written: a hidden temp file)."""
+    return {path.name for path in (run_dir / "checkpoints").glob("step_*.pt")}
+
+
+def assert_interrupted(code: int, log: Path) -> None:
+    said = log.read_text()
+    assert code == 130, said[-3000:]
+    assert "Traceback" not in said and "sparkseg: stopping (Ctrl-C again to quit at once)" in said, said[-3000:]
+    assert said.strip().splitlines()[-1] == ("error: interrupted (Ctrl-C): the run keeps its checkpoints; run the "
+                                             "same command again to resume from the newest"), said[-3000:]
 
 
 def losses(run_dir: Path) -> dict[int, list[float]]:
@@ -74,15 +89,12 @@ def test_stopped_runs_resume_and_reproduce_the_uninterrupted_losses(tiny_roads, 
     assert losses(straight) == expected
 
     command = job_command(tiny_roads, prepared, stopped)
-    code = run_job(command, tmp_path / "ctrl-c.log", checkpoint(stopped, EVERY), signal.SIGINT)
-    said = (tmp_path / "ctrl-c.log").read_text()
-    assert code == 130, said[-3000:]
-    assert "Traceback" not in said and "sparkseg: stopping (Ctrl-C again to quit at once)" in said, said[-3000:]
-    assert said.strip().splitlines()[-1] == ("error: interrupted (Ctrl-C): the run keeps its checkpoints; run the "
-                                             "same command again to resume from the newest"), said[-3000:]
-    # killed once it resumed and wrote the next checkpoint (at once if the Ctrl-C came too late to stop that one)
-    code = run_job(command, tmp_path / "killed.log", checkpoint(stopped, 2 * EVERY))
-    assert code == -signal.SIGKILL
+    assert_interrupted(run_job(command, tmp_path / "ctrl-c.log", stopped, signal.SIGINT), tmp_path / "ctrl-c.log")
+    # the driver alone (a scheduler's or an operator's `kill -INT`): the rank does not get it, the driver ends it
+    assert_interrupted(run_job(command, tmp_path / "driver.log", stopped, signal.SIGINT, whole_group=False),
+                       tmp_path / "driver.log")
+    assert not (stopped / "summary.json").exists()   # stopped, not trained to the end with the driver waiting
+    assert run_job(command, tmp_path / "killed.log", stopped) == -signal.SIGKILL
     assert run_job(command, tmp_path / "resumed.log") == 0
     resumed_log = (tmp_path / "resumed.log").read_text()
     assert "resumed from" in resumed_log and "other settings than the checkpoint's" not in resumed_log

@@ -1,5 +1,6 @@
 """Ctrl-C in a job's command line: the run stops cleanly (stop_on_ctrl_c), and the command line tells it was that
-(exit_code_of); the output of child processes that get the Ctrl-C too is dropped (children_quiet_after_ctrl_c)."""
+(exit_code_of); child processes the driver waits on are stopped too, their output after it dropped
+(children_stop_on_ctrl_c)."""
 from __future__ import annotations
 
 import contextlib
@@ -54,16 +55,29 @@ def exit_code_of(error: BaseException, interrupted: str) -> int:
     raise error
 
 
+_waiting_on_children = threading.Event()
+
+
 @contextlib.contextmanager
-def children_quiet_after_ctrl_c():
-    """For the block, what is written to sys.stdout after a Ctrl-C is dropped. For child processes whose output the
-    block copies there (TorchDistributor's local-mode ranks and their torchrun): a terminal's Ctrl-C reaches their
-    process group too, and they answer it with a traceback each."""
+def children_stop_on_ctrl_c(local: bool):
+    """For the block, in which the main thread waits on processes and copies their output to sys.stdout
+    (TorchDistributor's ranks): what is written there after a Ctrl-C (stop_on_ctrl_c) is dropped, as a terminal's
+    Ctrl-C reaches local ranks too and each answers with a traceback.
+
+    local: they are this driver's child processes (TorchDistributor's local mode: ranks under torchrun under its
+    wrapper), which the stopped SparkContext does not end. A Ctrl-C then also ends the main thread's wait with a
+    KeyboardInterrupt, and the launcher's clean-up ends them (TorchDistributor: SIGTERM to the wrapper, which ends
+    torchrun; the ranks end with it), whether or not the SIGINT reached their process group: `kill -INT <driver>`
+    does not, and the ranks would train on to the end, the driver waiting. Else they are Spark tasks, which end with
+    the context; the main thread is in a Py4J call there, which an exception raised in it would break."""
     copied_to = sys.stdout
     sys.stdout = _DroppedAfterCtrlC(copied_to)
+    if local:
+        _waiting_on_children.set()
     try:
         yield
     finally:
+        _waiting_on_children.clear()
         sys.stdout = copied_to
 
 
@@ -73,6 +87,8 @@ def _on_ctrl_c(signum, frame) -> None:
     _ctrl_c.set()
     os.write(2, b"\nsparkseg: stopping (Ctrl-C again to quit at once)\n")
     threading.Thread(target=_stop_spark, name="sparkseg-ctrl-c", daemon=True).start()
+    if _waiting_on_children.is_set():
+        raise KeyboardInterrupt   # children_stop_on_ctrl_c: the main thread stops waiting, its clean-up ends them
 
 
 def _stop_spark() -> None:
@@ -94,7 +110,7 @@ class _Py4JRecordsAfterCtrlC(logging.Filter):
 
 
 class _DroppedAfterCtrlC:
-    """A text stream that passes writes on to `stream` until Ctrl-C is pressed (children_quiet_after_ctrl_c)."""
+    """A text stream that passes writes on to `stream` until Ctrl-C is pressed (children_stop_on_ctrl_c)."""
 
     def __init__(self, stream):
         self._stream = stream

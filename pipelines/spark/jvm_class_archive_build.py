@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -25,7 +26,7 @@ def build(timeout_s: float = 600) -> Path:
     if target is None:
         raise RuntimeError("no java found (JAVA_HOME or PATH): install a JDK 17 first")
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="sparkseg-cds-") as work:
+    with tempfile.TemporaryDirectory(prefix="sparkseg-cds-") as work, staged_in(work):
         dump = Path(work) / "classes.jsa"
         spark = local_session("sparkseg-class-archive", "local[2]",
                               {"spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={dump} -Xlog:cds=off"
@@ -45,6 +46,19 @@ def build(timeout_s: float = 600) -> Path:
         shutil.copyfile(dump, staged)
         os.replace(staged, target)
     return target
+
+
+@contextlib.contextmanager
+def staged_in(directory: str):
+    """For the block, Python's temp files go under `directory`: the build's job stages the model and the library
+    there (inference_job.ship_model, spark_session.staged_library_archive), removed with it,
+    instead of leaving copies in the machine's temp directory that no later job of another env would reuse."""
+    previous = tempfile.tempdir
+    tempfile.tempdir = directory
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
 
 
 def main(argv: list[str] | None = None) -> int:
