@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.training.checkpoints import step_checkpoints
 from tests.fixtures_training import REPO, tiny_roads  # noqa: F401
 from tests.process_io import read_line
 
@@ -59,7 +60,7 @@ def run_job(command: list[str], log: Path, stop_in: Path | None = None, signal_n
 
 def checkpoints(run_dir: Path) -> set[str]:
     """The names of the run's step checkpoints (not a checkpoint being written: a hidden temp file)."""
-    return {path.name for path in (run_dir / "checkpoints").glob("step_*.pt")}
+    return {path.name for path in step_checkpoints(run_dir)}
 
 
 def assert_interrupted(code: int, log: Path) -> None:
