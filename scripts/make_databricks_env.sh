@@ -19,7 +19,9 @@ STAMP="$ENV_DIR/.sparkseg-databricks-env"
 JOB_DEFINITION="$REPO/notebooks/databricks_job.json"
 
 # Databricks Runtime 15.4 LTS (Python 3.11): its versions of what sparkseg imports from the Runtime. These are
-# setup.py's lower bounds too: the oldest versions sparkseg is tested with.
+# setup.py's lower bounds too: the oldest versions sparkseg is tested with. Spark 3.5.0: the Runtime's release notes
+# (docs.databricks.com/aws/en/release-notes/runtime/15.4lts); the libraries: Databricks' pins for the Runtime, github
+# databricks/environments, python/dbr/15.4.x-scala2.12/constraints.txt.
 RUNTIME_PINS=("pyspark==3.5.0" "numpy==1.23.5" "pandas==1.5.3" "pyarrow==14.0.1" "pillow==9.4.0" "matplotlib==3.7.2")
 # The job definition's libraries (its tasks' "libraries": what the job installs on the cluster)
 mapfile -t JOB_LIBRARIES < <("$PYTHON" -c 'import json, sys
