@@ -129,14 +129,16 @@ test: test-envs
 	exit $$status
 
 # The main suite in TEST_WORKERS processes (pytest-xdist), one test file per process at a time (--dist loadfile: a
-# file's module fixtures are built once). Its tests wait on processes they start (JVMs, clusters, jobs) much of the
-# time: 2 workers on 2 cores took it from ~28 to ~21 min. A worker that crashes (a segfault) fails its file and the run
-# (--max-worker-restart=0): xdist's replacement worker would hang the run, both sides waiting, until CI's time limit.
+# file's module fixtures are built once), the longest files first (tests/conftest.py's LONG_FILES_FIRST; without
+# --no-loadscope-reorder xdist would order files by their number of tests). Its tests wait on processes they start
+# (JVMs, clusters, jobs) much of the time: 2 workers on 2 cores took it from ~28 to ~21 min. A worker that crashes (a
+# segfault) fails its file and the run (--max-worker-restart=0): xdist's replacement worker would hang the run, both
+# sides waiting, until CI's time limit.
 TEST_WORKERS ?= 2
 test-main: $(VENV)/.stamp-test azurite browser jvm-archive
 	mkdir -p "$(PYTEST_TMP)" "$(SUITE_TMP)"
-	$(SUITE_ENV) $(PY) -m pytest -m "not bigdl" -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 --durations=25 \
-		--basetemp="$(PYTEST_TMP)/main" tests
+	$(SUITE_ENV) $(PY) -m pytest -m "not bigdl" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--max-worker-restart=0 --durations=25 --basetemp="$(PYTEST_TMP)/main" tests
 
 test-bigdl: bigdl-env
 	mkdir -p "$(PYTEST_TMP)" "$(SUITE_TMP)"

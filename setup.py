@@ -46,7 +46,7 @@ EXTRAS = {
     "report": ["matplotlib>=3.7.2"],
     # Sweeps and benchmarks (jobs/sweep.py, make bench): process memory sampling and plots.
     "sweep": ["psutil>=5.9", "matplotlib>=3.7.2"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "matplotlib>=3.7.2", "venv-pack>=0.2",
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.8", "matplotlib>=3.7.2", "venv-pack>=0.2",
             "psutil>=5.9", "selenium>=4.20,<5"],   # selenium drives Debian's chromium (make browser) in the report page test
 }
 

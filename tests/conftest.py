@@ -43,12 +43,16 @@ def repo_root() -> Path:
     return REPO
 
 
-# The longest test files (minutes each on 2 cores: clusters, packed envs, killed runs), scheduled first: with
-# `-n 2 --dist loadfile` (make test-main) a long file started last would run alone at the end.
-LONG_FILES_FIRST = ("test_sweep.py", "test_deploy_archive.py", "test_faults.py", "test_video_input.py",
-                    "test_training_resume.py", "test_standalone_cluster.py", "test_installed_package.py",
-                    "test_training_strategies.py", "test_detector_training.py", "test_export_yolact.py",
-                    "test_table_index.py", "test_job_cli.py", "test_job_output.py", "test_incremental.py")
+# The longest test files (minutes each on 2 cores: clusters, packed envs, killed runs, compiles), longest first as
+# measured in a `make test` run (session 52): with `-n 2 --dist loadfile --no-loadscope-reorder` (make test-main) the
+# workers take files in this order, and the short files fill in at the end, where a long file started last would run
+# alone. (Without --no-loadscope-reorder, pytest-xdist >= 3.8 orders files by their number of tests instead.)
+LONG_FILES_FIRST = ("test_faults.py", "test_training_fused.py", "test_job_cli.py", "test_deploy_archive.py",
+                    "test_training_resume.py", "test_video_input.py", "test_sweep.py", "test_incremental.py",
+                    "test_export_yolact.py", "test_training_strategies.py", "test_table_index.py",
+                    "test_export_int8.py", "test_standalone_cluster.py", "test_installed_package.py",
+                    "test_infer_job.py", "test_detector_training.py", "test_detector_export.py",
+                    "test_box_local_masks.py")
 
 
 def pytest_collection_modifyitems(config, items):
