@@ -21,6 +21,11 @@ class LoadedKeys:
 
 
 def test_the_next_tasks_find_the_model_the_warm_up_loaded(spark, tmp_path):
+    """As in a job's own session, the warm-up starts the Python workers the next tasks get. Spark keeps one pool of
+    idle Python workers per executor environment and hands out the longest idle first: the session's shared pool may
+    hold more idle workers than cores (started by earlier tests), which the next tasks would get before the warm-up's.
+    So these two jobs run with an environment variable of their own (captured when their functions are made), which
+    gives them a pool of their own, empty when the warm-up starts."""
     manifest = load_manifest(DEFAULT_MODEL_DIR)
     task = YolactInference(model_dir=str(manifest.root), model_sha256=manifest.model_sha256,
                            class_names=tuple(manifest.class_names), input_spec=manifest.input,
@@ -28,8 +33,13 @@ def test_the_next_tasks_find_the_model_the_warm_up_loaded(spark, tmp_path):
                            input_root=str(tmp_path))
     cores = spark.sparkContext.defaultParallelism
     frame = spark.range(0, cores, numPartitions=cores)
-    frame.mapInPandas(LoadModel(task), frame.schema).collect()
-    seen = frame.mapInPandas(LoadedKeys(), "id long, keys string").collect()
+    environment = spark.sparkContext.environment
+    environment["SPARKSEG_TEST_WORKER_POOL"] = str(tmp_path)
+    try:
+        frame.mapInPandas(LoadModel(task), frame.schema).collect()
+        seen = frame.mapInPandas(LoadedKeys(), "id long, keys string").collect()
+    finally:
+        del environment["SPARKSEG_TEST_WORKER_POOL"]
     assert len(seen) == cores
     assert all(repr((manifest.model_sha256, JOB_RUNTIME)) in row["keys"] for row in seen), seen
 
