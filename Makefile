@@ -3,6 +3,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
+# The venvs are installed without bytecode (pip --no-compile): pip compiled every module of every package, ~2 of the
+# main venv's 3.5 min on 2 cores (torch's most of it). Python writes it for what is imported, when first imported, so
+# make's commands may write bytecode whatever PYTHONDONTWRITEBYTECODE says: where it is set (container images often
+# set it), every process of the suites would compile again each module it imports.
+unexport PYTHONDONTWRITEBYTECODE
 BIGDL_VENV ?= .venv-bigdl
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
@@ -38,12 +43,12 @@ EDITABLE_INSTALL_LOCK := scripts/editable_install_lock.sh
 # Inference only: pyspark, openvino, numpy, numba, pillow, pyarrow, pandas, pycocotools, zlib-ng; matplotlib for the
 # report. No torch.
 $(VENV)/.stamp-infer: setup.py constraints.txt | $(PY)
-	$(EDITABLE_INSTALL_LOCK) $(PIP) install -c constraints.txt -e ".[report]"
+	$(EDITABLE_INSTALL_LOCK) $(PIP) install --no-compile -c constraints.txt -e ".[report]"
 	touch $@
 
 # Everything the tests need: export (torch, onnx, onnxruntime), azure, dev tools.
 $(VENV)/.stamp-test: setup.py constraints.txt | $(PY)
-	$(EDITABLE_INSTALL_LOCK) $(PIP) install -c constraints.txt -e ".[export,train,sweep,azure,dev]"
+	$(EDITABLE_INSTALL_LOCK) $(PIP) install --no-compile -c constraints.txt -e ".[export,train,sweep,azure,dev]"
 	touch $@ $(VENV)/.stamp-infer
 
 # The bundled road-distress model on SYNTHETIC road images like those it was trained on (generated once; the first
@@ -95,15 +100,15 @@ disk-space:
 	@scripts/check_free_space.sh "make test" "$(CURDIR)" $$(( $(CHECKOUT_PEAK_GB) $(patsubst %,+ %,$(ENVS_GB)) )) \
 	    "$(SUITE_TMP)" $(SUITE_TMP_PEAK_GB)
 
-# The suites' envs at once: pip installs the main venv on one core (~3 min on 2 cores, most of it unpacking and
-# compiling torch), and the Databricks and BigDL envs are built on the other meanwhile (~1 min each), not later
-# beside the suites, where all cores are busy. Their output is printed after the main venv's.
+# What the suites need, on both cores before they start, not later beside the suites, where all cores are busy: the
+# main venv and then its JVM class archive on one (~1.5 + 1.5 min on 2 cores), the Databricks and BigDL envs (~1 min
+# each) and Azurite on the other. The other core's output is printed after the main venv's.
 SIDE_ENVS_LOG := $(PYTEST_TMP)/side-envs.log
 .PHONY: test-envs
 test-envs: disk-space
 	@mkdir -p "$(PYTEST_TMP)"; status=0; \
-	$(MAKE) --no-print-directory databricks-env bigdl-env > "$(SIDE_ENVS_LOG)" 2>&1 & side=$$!; \
-	$(MAKE) --no-print-directory $(VENV)/.stamp-test azurite || status=1; \
+	$(MAKE) --no-print-directory databricks-env bigdl-env azurite > "$(SIDE_ENVS_LOG)" 2>&1 & side=$$!; \
+	$(MAKE) --no-print-directory $(VENV)/.stamp-test jvm-archive || status=1; \
 	wait $$side || status=1; \
 	cat "$(SIDE_ENVS_LOG)"; \
 	exit $$status
