@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
-# The venvs are installed without bytecode (pip --no-compile): pip compiled every module of every package, ~2 of the
-# main venv's 3.5 min on 2 cores (torch's most of it). Python writes it for what is imported, when first imported, so
-# make's commands may write bytecode whatever PYTHONDONTWRITEBYTECODE says: where it is set (container images often
-# set it), every process of the suites would compile again each module it imports.
+# The main venv is installed without bytecode (pip --no-compile): compiling every module of every package took ~2 of
+# its 3.5 min on 2 cores, torch's most of it. Python writes the bytecode of a module when it is first imported, so
+# make's commands run without PYTHONDONTWRITEBYTECODE (container images often set it): with it, every process of the
+# suites and jobs would compile again each module it imports.
 unexport PYTHONDONTWRITEBYTECODE
 BIGDL_VENV ?= .venv-bigdl
 export PYSPARK_PYTHON := $(abspath $(PY))

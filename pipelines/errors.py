@@ -55,6 +55,13 @@ class Interrupted(SparkSegError):
     exit_code = 130
 
 
+class Terminated(Interrupted):
+    """SIGTERM (a scheduler's stop, `kill <pid>`) stopped a job's command line, as a Ctrl-C does (exit 143, as a shell
+    reports a process SIGTERM ended)."""
+
+    exit_code = 143
+
+
 def report_error(error: SparkSegError) -> int:
     """What a command line does with an expected error: one line on stderr; returns the exit code it means."""
     print(f"error: {error}", file=sys.stderr)

@@ -110,11 +110,11 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     logging.basicConfig(level=logging.WARNING, format="sparkseg: %(levelname)s: %(message)s")
     if args.verbose:
         logging.getLogger("pipelines").setLevel(logging.INFO if args.verbose == 1 else logging.DEBUG)
-    from pipelines.spark.ctrl_c import exit_code_of
+    from pipelines.spark.stop_signals import exit_code_of
 
     try:
         return run_job(args, family)
-    except BaseException as error:   # an expected error, a bug, or after a Ctrl-C whatever the stopped context raised
+    except BaseException as error:   # an expected error, a bug, or after a stop whatever the stopped context raised
         return exit_code_of(error, "the images this run committed before it are kept; run the same command again "
                                    "to go on (it skips them)")
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
 def run_job(args: argparse.Namespace, family: str) -> int:
     """main's work once the arguments are parsed: 0, or the error main maps to an exit code."""
     from pipelines.inference.inference_job import plan_job, run_plan
-    from pipelines.spark.ctrl_c import stop_on_ctrl_c
+    from pipelines.spark.stop_signals import stop_on_signals
     from pipelines.spark.spark_session import job_session, stop_session, warn_unknown_spark_settings
 
     config = build_config(args, family)
@@ -135,7 +135,7 @@ def run_job(args: argparse.Namespace, family: str) -> int:
     else:
         spark = job_session(settings.master, settings.app_name, settings.conf, settings.log_level)
     try:
-        stop_on_ctrl_c()
+        stop_on_signals()
         warn_unknown_spark_settings(spark, settings.conf)
         summary = run_plan(spark, plan)
     finally:

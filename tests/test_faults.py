@@ -49,11 +49,13 @@ def copies(directory: Path, count: int) -> list[str]:
     return names
 
 
-def start_job(*args: str, env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
+def start_job(*args: str, env: dict | None = None, log: Path | None = None,
+              own_process_group: bool = False) -> subprocess.Popen:
     command = [sys.executable, str(JOB), "--model", str(MODEL_DIR), "--precision", "f32", *args]
     out = open(log, "wb") if log else subprocess.PIPE
     return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                            env={**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})})
+                            env={**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})},
+                            start_new_session=own_process_group)
 
 
 def outputs(spark, output: Path) -> tuple[list[str], list]:
@@ -260,6 +262,27 @@ def test_ctrl_c_stops_the_run_in_two_lines_exit_130_and_the_next_run_does_everyt
     rerun_log = rerun.communicate(timeout=900)[0].decode(errors="replace")
     assert rerun.returncode == 0 and "done 6, failed 0" in rerun_log, rerun_log[-3000:]
     assert_exactly_once(spark, output, names)
+
+
+@pytest.mark.cluster
+def test_sigterm_to_the_process_group_stops_the_run_as_ctrl_c_does_with_exit_143(cluster, tmp_path):
+    """A scheduler's stop (Airflow's on_kill, `timeout`, Kubernetes): SIGTERM to the job's whole process group, its
+    JVM and Python workers included, ends the run as a Ctrl-C does, with a line of its own and exit 143."""
+    images, log = tmp_path / "images", tmp_path / "job.log"
+    copies(images, 2)
+    # as above: the run waits, in its first Spark job, for executors that never fit the cluster
+    job = start_job("--input", str(images), "--output", str(tmp_path / "out"), "--master", cluster.master_url,
+                    "--conf", "spark.executor.memory=2g", log=log, own_process_group=True)
+    try:
+        wait_for(lambda: "[sparkseg] run " in log.read_text(errors="replace"), 300, "the run's start", job)
+        os.killpg(job.pid, signal.SIGTERM)
+        assert job.wait(timeout=300) == 143, log.read_text(errors="replace")[-3000:]
+    finally:
+        job.kill()
+    said = log.read_text(errors="replace")
+    assert "Traceback" not in said and " ERROR " not in said, said[-3000:]
+    assert "sparkseg: stopping on SIGTERM (send it again to quit at once)" in said
+    assert said.strip().splitlines()[-1].startswith("error: terminated (SIGTERM): "), said[-3000:]
 
 
 @pytest.mark.cluster

@@ -19,7 +19,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 
 from pipelines.job_config import resolve_local
-from pipelines.spark.ctrl_c import children_stop_on_ctrl_c
+from pipelines.spark.stop_signals import children_stop_on_signals
 from pipelines.training import tracking
 from pipelines.training.config import TrainConfig, TrainConfigError
 from pipelines.training.devices import (GpuUnavailableError, cuda_available, local_gpu_conf, parse_use_gpu,
@@ -71,7 +71,7 @@ def run_ranks(spark: SparkSession, cfg, worker: Callable[[dict], dict | None], d
                  cfg.distributed.num_processes)
     distributor = TorchDistributor(num_processes=cfg.distributed.num_processes,
                                    local_mode=cfg.distributed.local_mode, use_gpu=bool(cfg.distributed.use_gpu))
-    with rank_environment(cfg), children_stop_on_ctrl_c(local=cfg.distributed.local_mode), \
+    with rank_environment(cfg), children_stop_on_signals(local=cfg.distributed.local_mode), \
             DriverProgress(cfg.run_dir, enabled=cfg.tracking.progress_bar and cfg.distributed.local_mode):
         return distributor.run(worker, cfg.to_dict())
 

@@ -53,13 +53,13 @@ def overrides_from(args: argparse.Namespace) -> dict:
 def run_train_job(args: argparse.Namespace, load_config: Callable, run_training: Callable,
                   summary_keys: Sequence[str]) -> int:
     """Load the config, run_training(spark, cfg) in a job session, print the summary's summary_keys. Returns the exit
-    code: a SparkSegError prints one line and exits with its code; Ctrl-C stops the run (stop_on_ctrl_c) and exits
-    130 with one line; anything else is a bug (traceback, exit 1)."""
-    from pipelines.spark.ctrl_c import exit_code_of
+    code: a SparkSegError prints one line and exits with its code; Ctrl-C or SIGTERM stops the run (stop_on_signals)
+    and exits 130 or 143 with one line; anything else is a bug (traceback, exit 1)."""
+    from pipelines.spark.stop_signals import exit_code_of
 
     try:
         summary = train(args, load_config, run_training)
-    except BaseException as error:   # an expected error, a bug, or after a Ctrl-C what the stopped run raised
+    except BaseException as error:   # an expected error, a bug, or after a stop what the stopped run raised
         return exit_code_of(error, "the run keeps its checkpoints; run the same command again to resume from the "
                                    "newest")
     print(json.dumps({k: summary.get(k) for k in summary_keys}, indent=2))
@@ -68,14 +68,14 @@ def run_train_job(args: argparse.Namespace, load_config: Callable, run_training:
 
 def train(args: argparse.Namespace, load_config: Callable, run_training: Callable) -> dict:
     """run_train_job's work: the run's summary."""
-    from pipelines.spark.ctrl_c import stop_on_ctrl_c
+    from pipelines.spark.stop_signals import stop_on_signals
     from pipelines.spark.spark_session import job_session, stop_session
     from pipelines.training.launcher import session_conf
 
     cfg = load_config(args.config, overrides_from(args))
     spark = job_session(cfg.spark.master, cfg.spark.app_name, session_conf(cfg))
     try:
-        stop_on_ctrl_c()
+        stop_on_signals()
         return run_training(spark, cfg)
     finally:
         stop_session(spark)

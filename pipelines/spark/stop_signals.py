@@ -1,0 +1,149 @@
+"""Ctrl-C or SIGTERM in a job's command line: the run stops cleanly (stop_on_signals), and the command line tells
+which it was (exit_code_of); child processes the driver waits on are stopped too, their output after it dropped
+(children_stop_on_signals).
+
+SIGTERM is how schedulers stop a run before they kill it (Airflow, cron's `timeout`, Kubernetes; YARN gives a
+container 250 ms by default): to the driver alone or to its whole process group, JVM and Python workers included.
+The clean stop releases the output's lock, so the scheduler's next run does not wait for it to go stale."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+
+from pyspark import SparkContext
+
+from pipelines.errors import Interrupted, SparkSegError, Terminated, report_error
+
+# what the first signal prints (on stderr, at once)
+_STOPPING = {signal.SIGINT: b"\nsparkseg: stopping (Ctrl-C again to quit at once)\n",
+             signal.SIGTERM: b"\nsparkseg: stopping on SIGTERM (send it again to quit at once)\n"}
+
+
+def stop_on_signals() -> None:
+    """Ctrl-C (SIGINT) or SIGTERM in a job's command line, once its SparkContext is up: a thread of ours stops the
+    context (its running jobs end, and every later call on it fails), so the run's code unwinds with an error that the
+    command line reports as errors.Interrupted or errors.Terminated (exit_code_of); a second signal raises
+    KeyboardInterrupt at once.
+    PySpark's own SIGINT handler instead calls the JVM from inside the handler (cancelAllJobs) while the interrupted
+    main thread is often mid-call on the same Py4J connection, then raises KeyboardInterrupt there: a "reentrant call"
+    error, Py4J's broken connections and ~100 lines of tracebacks, and the JVM's aborts of the interrupted writes.
+    The context's own log is turned off first (the jobs it cancels log their aborts), and Py4J's log records after
+    the signal (with tracebacks) are dropped. Main thread only, where Python lets handlers be set."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in _STOPPING:
+        signal.signal(signum, _on_stop_signal)
+    # Py4J's modules log on their loggers and with logging.exception() on the root logger (a logger's filters see
+    # only the records logged on it)
+    for name in ("", "py4j.clientserver", "py4j.java_gateway"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, _Py4JRecordsAfterStop) for existing in logger.filters):
+            logger.addFilter(_Py4JRecordsAfterStop())
+
+
+_stopping = threading.Event()
+_stopped_by: list[int] = []   # the first signal's number, once stop_on_signals' handler ran
+
+
+def is_stop(error: BaseException) -> bool:
+    """Whether error is how a Ctrl-C or SIGTERM ended the run: a KeyboardInterrupt, or anything raised once
+    stop_on_signals' handler ran (what the stopped context or the stopped child processes made the run's code
+    raise)."""
+    return isinstance(error, KeyboardInterrupt) or _stopping.is_set()
+
+
+def exit_code_of(error: BaseException, interrupted: str) -> int:
+    """What a job's command line does with the error that ended it: after a stop (is_stop) one line,
+    `error: interrupted (Ctrl-C): <interrupted>`, exit 130 (errors.Interrupted), or `error: terminated (SIGTERM):
+    <interrupted>`, exit 143 (errors.Terminated); a SparkSegError's one line and exit code; anything else is a bug and
+    is raised again (traceback, exit 1)."""
+    if is_stop(error):
+        if _stopped_by[:1] == [signal.SIGTERM]:
+            return report_error(Terminated(f"terminated (SIGTERM): {interrupted}"))
+        return report_error(Interrupted(f"interrupted (Ctrl-C): {interrupted}"))
+    if isinstance(error, SparkSegError):
+        return report_error(error)
+    raise error
+
+
+_waiting_on_children = threading.Event()
+
+
+@contextlib.contextmanager
+def children_stop_on_signals(local: bool):
+    """For the block, in which the main thread waits on processes and copies their output to sys.stdout
+    (TorchDistributor's ranks): what is written there after a Ctrl-C or SIGTERM (stop_on_signals) is dropped, as a
+    terminal's Ctrl-C (or a SIGTERM to the process group) reaches local ranks too and each answers with a traceback.
+
+    local: they are this driver's child processes (TorchDistributor's local mode: ranks under torchrun under its
+    wrapper), which the stopped SparkContext does not end. The signal then also ends the main thread's wait with a
+    KeyboardInterrupt, and the launcher's clean-up ends them (TorchDistributor: SIGTERM to the wrapper, which ends
+    torchrun; the ranks end with it), whether or not the signal reached their process group: `kill -INT <driver>`
+    does not, and the ranks would train on to the end, the driver waiting. Else they are Spark tasks, which end with
+    the context; the main thread is in a Py4J call there, which an exception raised in it would break."""
+    copied_to = sys.stdout
+    sys.stdout = _DroppedAfterStop(copied_to)
+    if local:
+        _waiting_on_children.set()
+    try:
+        yield
+    finally:
+        _waiting_on_children.clear()
+        sys.stdout = copied_to
+
+
+def _on_stop_signal(signum, frame) -> None:
+    if _stopping.is_set():
+        raise KeyboardInterrupt
+    _stopped_by.append(signum)
+    _stopping.set()
+    os.write(2, _STOPPING[signum])
+    _quiet_accumulator_server()
+    threading.Thread(target=_stop_spark, name="sparkseg-stop", daemon=True).start()
+    if _waiting_on_children.is_set():
+        raise KeyboardInterrupt   # children_stop_on_signals: the main thread stops waiting, its clean-up ends them
+
+
+def _quiet_accumulator_server() -> None:
+    """A JVM that got the SIGTERM too (sent to the process group) closes its connection to PySpark's accumulator
+    server mid-update: the server, a socketserver in this process, would print the EOFError's traceback."""
+    context = SparkContext._active_spark_context
+    server = getattr(context, "_accumulatorServer", None)
+    if server is not None:
+        server.handle_error = lambda request, client_address: None
+
+
+def _stop_spark() -> None:
+    context = SparkContext._active_spark_context
+    if context is None:
+        return
+    try:
+        context.setLogLevel("OFF")
+        context._jsc.sc().stop()   # the JVM's context only: PySpark's objects stay usable for the clean-up's calls
+    except Exception:  # noqa: BLE001 - the context is stopping anyway (or its JVM got the SIGTERM too); exit follows
+        pass
+
+
+class _Py4JRecordsAfterStop(logging.Filter):
+    """Drops Py4J's log records once Ctrl-C was pressed or SIGTERM came (stop_on_signals)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_stopping.is_set() and f"{os.sep}py4j{os.sep}" in record.pathname)
+
+
+class _DroppedAfterStop:
+    """A text stream that passes writes on to `stream` until Ctrl-C is pressed or SIGTERM comes
+    (children_stop_on_signals)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return len(text) if _stopping.is_set() else self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
