@@ -239,22 +239,30 @@ def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
     assert metrics.failed_tasks >= 1 and metrics.retried_tasks >= 1, "the killed executor's task must have re-run"
 
 
-@pytest.mark.cluster
-def test_ctrl_c_stops_the_run_in_two_lines_exit_130_and_the_next_run_does_everything_once(spark, cluster, tmp_path):
-    images, output, log = tmp_path / "images", tmp_path / "out", tmp_path / "job.log"
-    names = copies(images, 6)
-    # executors of 2g never fit the cluster's 1g workers: the run waits for them, in its first Spark job, until
-    # interrupted (a cluster too small for the settings is where a user presses Ctrl-C)
-    job = start_job("--input", str(images), "--output", str(output), "--master", cluster.master_url,
-                    "--conf", "spark.executor.memory=2g", log=log)
+def stop_a_run_waiting_for_executors(cluster, tmp_path: Path, stop, exit_code: int) -> str:
+    """Start a run over tmp_path/images into tmp_path/out on `cluster` asking for executors of 2g, which never fit its
+    1g workers: the run waits for them, in its first Spark job (a cluster too small for the settings is where a user
+    presses Ctrl-C). Once the run has started, stop(job); the job must exit with exit_code, without a traceback or an
+    ERROR line. Returns what it said."""
+    log = tmp_path / "job.log"
+    job = start_job("--input", str(tmp_path / "images"), "--output", str(tmp_path / "out"), "--master",
+                    cluster.master_url, "--conf", "spark.executor.memory=2g", log=log, own_process_group=True)
     try:
         wait_for(lambda: "[sparkseg] run " in log.read_text(errors="replace"), 300, "the run's start", job)
-        job.send_signal(signal.SIGINT)
-        assert job.wait(timeout=300) == 130, log.read_text(errors="replace")[-3000:]
+        stop(job)
+        assert job.wait(timeout=300) == exit_code, log.read_text(errors="replace")[-3000:]
     finally:
         job.kill()
     said = log.read_text(errors="replace")
     assert "Traceback" not in said and " ERROR " not in said, said[-3000:]
+    return said
+
+
+@pytest.mark.cluster
+def test_ctrl_c_stops_the_run_in_two_lines_exit_130_and_the_next_run_does_everything_once(spark, cluster, tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out"
+    names = copies(images, 6)
+    said = stop_a_run_waiting_for_executors(cluster, tmp_path, lambda job: job.send_signal(signal.SIGINT), 130)
     assert "sparkseg: stopping (Ctrl-C again to quit at once)" in said
     assert said.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C): "), said[-3000:]
     # the output's lock was released: the next run goes through at once, and does every image exactly once
@@ -268,19 +276,8 @@ def test_ctrl_c_stops_the_run_in_two_lines_exit_130_and_the_next_run_does_everyt
 def test_sigterm_to_the_process_group_stops_the_run_as_ctrl_c_does_with_exit_143(cluster, tmp_path):
     """A scheduler's stop (Airflow's on_kill, `timeout`, Kubernetes): SIGTERM to the job's whole process group, its
     JVM and Python workers included, ends the run as a Ctrl-C does, with a line of its own and exit 143."""
-    images, log = tmp_path / "images", tmp_path / "job.log"
-    copies(images, 2)
-    # as above: the run waits, in its first Spark job, for executors that never fit the cluster
-    job = start_job("--input", str(images), "--output", str(tmp_path / "out"), "--master", cluster.master_url,
-                    "--conf", "spark.executor.memory=2g", log=log, own_process_group=True)
-    try:
-        wait_for(lambda: "[sparkseg] run " in log.read_text(errors="replace"), 300, "the run's start", job)
-        os.killpg(job.pid, signal.SIGTERM)
-        assert job.wait(timeout=300) == 143, log.read_text(errors="replace")[-3000:]
-    finally:
-        job.kill()
-    said = log.read_text(errors="replace")
-    assert "Traceback" not in said and " ERROR " not in said, said[-3000:]
+    copies(tmp_path / "images", 2)
+    said = stop_a_run_waiting_for_executors(cluster, tmp_path, lambda job: os.killpg(job.pid, signal.SIGTERM), 143)
     assert "sparkseg: stopping on SIGTERM (send it again to quit at once)" in said
     assert said.strip().splitlines()[-1].startswith("error: terminated (SIGTERM): "), said[-3000:]
 
