@@ -45,15 +45,14 @@ def stop_on_signals() -> None:
             logger.addFilter(_Py4JRecordsAfterStop())
 
 
-_stopping = threading.Event()
-_stopped_by: list[int] = []   # the first signal's number, once stop_on_signals' handler ran
+_stopped_by: list[int] = []   # the first signal's number, once stop_on_signals' handler ran (empty before)
 
 
 def is_stop(error: BaseException) -> bool:
     """Whether error is how a Ctrl-C or SIGTERM ended the run: a KeyboardInterrupt, or anything raised once
     stop_on_signals' handler ran (what the stopped context or the stopped child processes made the run's code
     raise)."""
-    return isinstance(error, KeyboardInterrupt) or _stopping.is_set()
+    return isinstance(error, KeyboardInterrupt) or bool(_stopped_by)
 
 
 def exit_code_of(error: BaseException, interrupted: str) -> int:
@@ -97,10 +96,9 @@ def children_stop_on_signals(local: bool):
 
 
 def _on_stop_signal(signum, frame) -> None:
-    if _stopping.is_set():
+    if _stopped_by:
         raise KeyboardInterrupt
     _stopped_by.append(signum)
-    _stopping.set()
     os.write(2, _STOPPING[signum])
     _quiet_accumulator_server()
     threading.Thread(target=_stop_spark, name="sparkseg-stop", daemon=True).start()
@@ -132,7 +130,7 @@ class _Py4JRecordsAfterStop(logging.Filter):
     """Drops Py4J's log records once Ctrl-C was pressed or SIGTERM came (stop_on_signals)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (_stopping.is_set() and f"{os.sep}py4j{os.sep}" in record.pathname)
+        return not (_stopped_by and f"{os.sep}py4j{os.sep}" in record.pathname)
 
 
 class _DroppedAfterStop:
@@ -143,7 +141,7 @@ class _DroppedAfterStop:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        return len(text) if _stopping.is_set() else self._stream.write(text)
+        return len(text) if _stopped_by else self._stream.write(text)
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
