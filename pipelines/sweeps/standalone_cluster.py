@@ -263,9 +263,13 @@ class StandaloneCluster:
         # A fixed port that is taken must fail loudly, not silently move to port+1 (we would poll the wrong one).
         # The REST submission server would bind the fixed port 6066: off, so that clusters can run side by side.
         extra = " -Dspark.port.maxRetries=0 -Dspark.master.rest.enabled=false"
-        # The daemons start like a local job's driver: this env's class archive (the same jars) and C1 only
-        extra += f" {driver_java_options()} {QUICK_START_JIT}"
         env[java_opts_key] = (env.get(java_opts_key, "") + extra).strip()
+        # Every JVM of this cluster starts like a local job's driver: this env's class archive (the same jars) and C1
+        # only. JDK_JAVA_OPTIONS reaches the daemons and the executors a Worker starts (they inherit its environment):
+        # an executor of a short job took ~10 CPU-s instead of ~30 on 2 cores. An application's own
+        # spark.executor.extraJavaOptions come later on the executor's command line, and win.
+        quick_start = f"{driver_java_options()} {QUICK_START_JIT}".strip()
+        env["JDK_JAVA_OPTIONS"] = f"{env.get('JDK_JAVA_OPTIONS', '')} {quick_start}".strip()
         return env
 
     def _spawn(self, name: str, args: list[str], env: dict) -> _Daemon:
