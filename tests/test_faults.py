@@ -18,6 +18,7 @@ import pytest
 
 from pipelines.inference.crash_guard import MARKER_DIR, CrashGuard, PoisonImage, TaskCrashGuard, crash_groups
 from pipelines.inference.inference_job import JobFailed, run
+from pipelines.io.run_lock import LOCK_NAME
 from pipelines.io.storage import Location
 from pipelines.results.results_writer import read_table
 from pipelines.sweeps.standalone_cluster import ClusterConfig, StandaloneCluster
@@ -49,12 +50,18 @@ def copies(directory: Path, count: int) -> list[str]:
     return names
 
 
-def start_job(*args: str, env: dict | None = None, log: Path | None = None,
-              own_process_group: bool = False) -> subprocess.Popen:
-    command = [sys.executable, str(JOB), "--model", str(MODEL_DIR), "--precision", "f32", *args]
+def start_job(*args: str, env: dict | None = None, log: Path | None = None, own_process_group: bool = False,
+              spark_submit: tuple[str, ...] | None = None) -> subprocess.Popen:
+    """The job in a process of its own: `python jobs/infer_yolact.py`, or with spark_submit (its options) the venv's
+    `spark-submit` (a JVM that starts the Python driver) with the venv's bin first on PATH, as activating it does."""
+    job_command = [str(JOB), "--model", str(MODEL_DIR), "--precision", "f32", *args]
+    venv_bin = str(Path(sys.executable).parent)
+    command = [sys.executable, *job_command] if spark_submit is None else \
+        [os.path.join(venv_bin, "spark-submit"), *spark_submit, *job_command]
     out = open(log, "wb") if log else subprocess.PIPE
+    path = os.pathsep.join([venv_bin, os.environ.get("PATH", "")])
     return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                            env={**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})},
+                            env={**os.environ, "PATH": path, "PYSPARK_PYTHON": sys.executable, **(env or {})},
                             start_new_session=own_process_group)
 
 
@@ -239,14 +246,16 @@ def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
     assert metrics.failed_tasks >= 1 and metrics.retried_tasks >= 1, "the killed executor's task must have re-run"
 
 
-def stop_a_run_waiting_for_executors(cluster, tmp_path: Path, stop, exit_code: int) -> str:
+def stop_a_run_waiting_for_executors(cluster, tmp_path: Path, stop, exit_code: int, spark_submit: bool = False) -> str:
     """Start a run over tmp_path/images into tmp_path/out on `cluster` asking for executors of 2g, which never fit its
     1g workers: the run waits for them, in its first Spark job (a cluster too small for the settings is where a user
     presses Ctrl-C). Once the run has started, stop(job); the job must exit with exit_code, without a traceback or an
-    ERROR line. Returns what it said."""
+    ERROR line. Returns what it said. spark_submit: the run is started by spark-submit (start_job)."""
     log = tmp_path / "job.log"
-    job = start_job("--input", str(tmp_path / "images"), "--output", str(tmp_path / "out"), "--master",
-                    cluster.master_url, "--conf", "spark.executor.memory=2g", log=log, own_process_group=True)
+    settings = ("--master", cluster.master_url, "--conf", "spark.executor.memory=2g")
+    job = start_job("--input", str(tmp_path / "images"), "--output", str(tmp_path / "out"),
+                    *(() if spark_submit else settings), spark_submit=settings if spark_submit else None, log=log,
+                    own_process_group=True)
     try:
         wait_for(lambda: "[sparkseg] run " in log.read_text(errors="replace"), 300, "the run's start", job)
         stop(job)
@@ -280,6 +289,28 @@ def test_sigterm_to_the_process_group_stops_the_run_as_ctrl_c_does_with_exit_143
     said = stop_a_run_waiting_for_executors(cluster, tmp_path, lambda job: os.killpg(job.pid, signal.SIGTERM), 143)
     assert "sparkseg: stopping on SIGTERM (send it again to quit at once)" in said
     assert said.strip().splitlines()[-1].startswith("error: terminated (SIGTERM): "), said[-3000:]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("to_whom, signum, exit_code, line", [
+    ("jvm", signal.SIGTERM, 143, "error: terminated (SIGTERM): "),
+    ("group", signal.SIGINT, 130, "error: interrupted (Ctrl-C): ")])
+def test_spark_submit_stops_the_run_cleanly_on_a_signal_to_its_jvm_alone_or_to_the_group(
+        cluster, tmp_path, to_whom, signum, exit_code, line):
+    """Under spark-submit the driver JVM is the Python driver's parent. A SIGTERM to it alone (`kill <pid>`,
+    Kubernetes through the driver pod's init process) or a Ctrl-C in its terminal (the process group) stops the run
+    as with `python jobs/...`: its lines, no traceback, the exit code, the output's lock released."""
+    copies(tmp_path / "images", 2)
+    lock = tmp_path / "out" / LOCK_NAME
+
+    def stop(job):
+        wait_for(lock.exists, 300, "the output's lock", job)
+        job.send_signal(signum) if to_whom == "jvm" else os.killpg(job.pid, signum)
+
+    said = stop_a_run_waiting_for_executors(cluster, tmp_path, stop, exit_code, spark_submit=True)
+    assert said.count("sparkseg: stopping") == 1, said[-3000:]
+    assert said.strip().splitlines()[-1].startswith(line), said[-3000:]
+    assert not lock.exists()
 
 
 @pytest.mark.cluster

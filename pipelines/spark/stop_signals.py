@@ -4,9 +4,16 @@ which it was (exit_code_of); child processes the driver waits on are stopped too
 
 SIGTERM is how schedulers stop a run before they kill it (Airflow, cron's `timeout`, Kubernetes; YARN gives a
 container 250 ms by default): to the driver alone or to its whole process group, JVM and Python workers included.
-The clean stop releases the output's lock, so the scheduler's next run does not wait for it to go stale."""
+The clean stop releases the output's lock, so the scheduler's next run does not wait for it to go stale.
+
+Under spark-submit the driver JVM is this process's parent, and the signal often reaches it alone (`kill <pid>`,
+Kubernetes through the driver pod's init process): the JVM's own handler would run its shutdown hooks and exit at once,
+the stopped context making the run's code fail with ~250 lines of Java and Python tracebacks, and its last line lost
+with the JVM that copies this process's output. stop_on_signals has that JVM hand its first Ctrl-C or SIGTERM to the
+same clean stop (forward_jvm_signals); spark-submit then exits with the run's code."""
 from __future__ import annotations
 
+import _thread
 import contextlib
 import logging
 import os
@@ -17,6 +24,8 @@ import threading
 from pyspark import SparkContext
 
 from pipelines.errors import Interrupted, SparkSegError, Terminated, report_error
+
+log = logging.getLogger(__name__)
 
 # what the first signal prints (on stderr, at once)
 _STOPPING = {signal.SIGINT: b"\nsparkseg: stopping (Ctrl-C again to quit at once)\n",
@@ -37,6 +46,7 @@ def stop_on_signals() -> None:
         return
     for signum in _STOPPING:
         signal.signal(signum, _on_stop_signal)
+    forward_jvm_signals()
     # Py4J's modules log on their loggers and with logging.exception() on the root logger (a logger's filters see
     # only the records logged on it)
     for name in ("", "py4j.clientserver", "py4j.java_gateway"):
@@ -45,12 +55,58 @@ def stop_on_signals() -> None:
             logger.addFilter(_Py4JRecordsAfterStop())
 
 
-_stopped_by: list[int] = []   # the first signal's number, once stop_on_signals' handler ran (empty before)
+_stopped_by: list[int] = []      # the stop's signal number, once one began (empty before): see _begin_stop
+_signalled_here: list[int] = []  # the signals this process got (its handler ran): a second one quits at once
+_begin_lock = threading.Lock()   # this process's handler and spark-submit JVM's (a Py4J thread) may both begin a stop
+_interrupt_for_jvm = threading.Event()   # the JVM's signal asks the main thread to stop waiting on children
+
+
+def forward_jvm_signals() -> None:
+    """Under spark-submit (the driver JVM runs SparkSubmit and is this process's parent), the JVM's first Ctrl-C or
+    SIGTERM begins the same clean stop as this process's own (the JVM no longer exits on it), whether it came to the
+    JVM alone or to the whole process group; the JVM's own handler is back for a second one, which ends the JVM at
+    once. A no-op elsewhere: a JVM this process started (`python jobs/...`: Ctrl-C does not reach it, SIGTERM to the
+    group ends it after the stop began), or a shared one (a notebook's)."""
+    context = SparkContext._active_spark_context
+    if context is None:
+        return
+    jvm = context._jvm
+    try:
+        parent_is_spark_submit = (jvm.java.lang.ProcessHandle.current().pid() == os.getppid()
+                                  and str(jvm.java.lang.System.getProperty("sun.java.command", "")).startswith(
+                                      "org.apache.spark.deploy.SparkSubmit"))
+        if not parent_is_spark_submit:
+            return
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        ensure_callback_server_started(context._gateway)   # what lets the JVM's thread call this process
+        for signum, name in ((signal.SIGINT, "INT"), (signal.SIGTERM, "TERM")):
+            handler = _JvmSignalHandler(jvm, signum, name)
+            handler.previous = jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal(name), handler)
+    except Exception as error:  # noqa: BLE001 - e.g. a JVM run with -Xrs: its own handlers stay, as without this
+        log.debug("spark-submit's JVM keeps its own signal handlers: %s", error)
+
+
+class _JvmSignalHandler:
+    """sun.misc.SignalHandler for spark-submit's JVM, implemented here (Py4J calls it on a thread of its own)."""
+
+    def __init__(self, jvm, signum: int, name: str):
+        self._jvm, self._signum, self._name = jvm, signum, name
+        self.previous = None
+
+    def handle(self, java_signal) -> None:
+        self._jvm.sun.misc.Signal.handle(self._jvm.sun.misc.Signal(self._name), self.previous)
+        if _begin_stop(self._signum) and _waiting_on_children.is_set():
+            _interrupt_for_jvm.set()
+            _thread.interrupt_main(self._signum)   # runs _on_stop_signal in the main thread, which sees the Event
+
+    class Java:
+        implements = ["sun.misc.SignalHandler"]
 
 
 def is_stop(error: BaseException) -> bool:
     """Whether error is how a Ctrl-C or SIGTERM ended the run: a KeyboardInterrupt, or anything raised once
-    stop_on_signals' handler ran (what the stopped context or the stopped child processes made the run's code
+    a stop began (stop_on_signals; what the stopped context or the stopped child processes made the run's code
     raise)."""
     return isinstance(error, KeyboardInterrupt) or bool(_stopped_by)
 
@@ -96,14 +152,27 @@ def children_stop_on_signals(local: bool):
 
 
 def _on_stop_signal(signum, frame) -> None:
-    if _stopped_by:
+    if _interrupt_for_jvm.is_set():   # not a signal: spark-submit's JVM got one while the main thread waits on children
+        _interrupt_for_jvm.clear()
         raise KeyboardInterrupt
-    _stopped_by.append(signum)
+    if _signalled_here:
+        raise KeyboardInterrupt
+    _signalled_here.append(signum)
+    if _begin_stop(signum) and _waiting_on_children.is_set():
+        raise KeyboardInterrupt   # children_stop_on_signals: the main thread stops waiting, its clean-up ends them
+
+
+def _begin_stop(signum: int) -> bool:
+    """The stop, once per run, whichever of this process and spark-submit's JVM got the signal first (a signal to
+    the process group reaches both): its line, the context's stop. Whether this call began it."""
+    with _begin_lock:
+        if _stopped_by:
+            return False
+        _stopped_by.append(signum)
     os.write(2, _STOPPING[signum])
     _quiet_accumulator_server()
     threading.Thread(target=_stop_spark, name="sparkseg-stop", daemon=True).start()
-    if _waiting_on_children.is_set():
-        raise KeyboardInterrupt   # children_stop_on_signals: the main thread stops waiting, its clean-up ends them
+    return True
 
 
 def _quiet_accumulator_server() -> None:
