@@ -249,21 +249,23 @@ def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
 def stop_a_run_waiting_for_executors(cluster, tmp_path: Path, stop, exit_code: int, spark_submit: bool = False) -> str:
     """Start a run over tmp_path/images into tmp_path/out on `cluster` asking for executors of 2g, which never fit its
     1g workers: the run waits for them, in its first Spark job (a cluster too small for the settings is where a user
-    presses Ctrl-C). Once the run has started, stop(job); the job must exit with exit_code, without a traceback or an
-    ERROR line. Returns what it said. spark_submit: the run is started by spark-submit (start_job)."""
-    log = tmp_path / "job.log"
+    presses Ctrl-C). Once the run holds the output's lock, stop(job); the job must exit with exit_code, without a
+    traceback or an ERROR line, and release the lock. Returns what it said. spark_submit: the run is started by
+    spark-submit (start_job)."""
+    log, lock = tmp_path / "job.log", tmp_path / "out" / LOCK_NAME
     settings = ("--master", cluster.master_url, "--conf", "spark.executor.memory=2g")
     job = start_job("--input", str(tmp_path / "images"), "--output", str(tmp_path / "out"),
                     *(() if spark_submit else settings), spark_submit=settings if spark_submit else None, log=log,
                     own_process_group=True)
     try:
-        wait_for(lambda: "[sparkseg] run " in log.read_text(errors="replace"), 300, "the run's start", job)
+        wait_for(lock.exists, 300, "the output's lock", job)
         stop(job)
         assert job.wait(timeout=300) == exit_code, log.read_text(errors="replace")[-3000:]
     finally:
         job.kill()
     said = log.read_text(errors="replace")
     assert "Traceback" not in said and " ERROR " not in said, said[-3000:]
+    assert not lock.exists(), "the stopped run released the output's lock"
     return said
 
 
@@ -274,7 +276,7 @@ def test_ctrl_c_stops_the_run_in_two_lines_exit_130_and_the_next_run_does_everyt
     said = stop_a_run_waiting_for_executors(cluster, tmp_path, lambda job: job.send_signal(signal.SIGINT), 130)
     assert "sparkseg: stopping (Ctrl-C again to quit at once)" in said
     assert said.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C): "), said[-3000:]
-    # the output's lock was released: the next run goes through at once, and does every image exactly once
+    # the next run goes through at once (the lock was released: the helper), and does every image exactly once
     rerun = start_job("--input", str(images), "--output", str(output), "--master", "local[2]")
     rerun_log = rerun.communicate(timeout=900)[0].decode(errors="replace")
     assert rerun.returncode == 0 and "done 6, failed 0" in rerun_log, rerun_log[-3000:]
@@ -299,18 +301,12 @@ def test_spark_submit_stops_the_run_cleanly_on_a_signal_to_its_jvm_alone_or_to_t
         cluster, tmp_path, to_whom, signum, exit_code, line):
     """Under spark-submit the driver JVM is the Python driver's parent. A SIGTERM to it alone (`kill <pid>`,
     Kubernetes through the driver pod's init process) or a Ctrl-C in its terminal (the process group) stops the run
-    as with `python jobs/...`: its lines, no traceback, the exit code, the output's lock released."""
+    as with `python jobs/...`: its lines, no traceback, the exit code, the output's lock released (the helper)."""
     copies(tmp_path / "images", 2)
-    lock = tmp_path / "out" / LOCK_NAME
-
-    def stop(job):
-        wait_for(lock.exists, 300, "the output's lock", job)
-        job.send_signal(signum) if to_whom == "jvm" else os.killpg(job.pid, signum)
-
-    said = stop_a_run_waiting_for_executors(cluster, tmp_path, stop, exit_code, spark_submit=True)
+    send = (lambda job: job.send_signal(signum)) if to_whom == "jvm" else (lambda job: os.killpg(job.pid, signum))
+    said = stop_a_run_waiting_for_executors(cluster, tmp_path, send, exit_code, spark_submit=True)
     assert said.count("sparkseg: stopping") == 1, said[-3000:]
     assert said.strip().splitlines()[-1].startswith(line), said[-3000:]
-    assert not lock.exists()
 
 
 @pytest.mark.cluster
