@@ -10,10 +10,11 @@ first ``<object>``).
 """
 from __future__ import annotations
 
+import io
 import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from pipelines.datasets.schema import (
     Annotation,
@@ -46,23 +47,29 @@ def read_voc_dir(
 
 
 def read_voc_files(
-    paths: Iterable[str | Path], class_names: Sequence[str], clip_boxes: bool = False
+    paths: Sequence[str | Path], class_names: Sequence[str], clip_boxes: bool = False,
+    contents: Sequence[bytes] | None = None,
 ) -> Dataset:
-    """The given XML files in the given order, image ids 1..N."""
+    """The given XML files in the given order, image ids 1..N. ``contents``: the files' bytes, where the caller
+    already read them (parsed instead of reading the files again)."""
     categories = categories_from_names(list(class_names))
     images = [
-        read_voc_xml(path, categories, image_id=i + 1, clip_boxes=clip_boxes) for i, path in enumerate(paths)
+        read_voc_xml(path, categories, image_id=i + 1, clip_boxes=clip_boxes,
+                     content=None if contents is None else contents[i])
+        for i, path in enumerate(paths)
     ]
     return Dataset(categories=categories, images=images)
 
 
 def read_voc_xml(
-    path: str | Path, categories: Sequence[Category], image_id: int, clip_boxes: bool = False
+    path: str | Path, categories: Sequence[Category], image_id: int, clip_boxes: bool = False,
+    content: bytes | None = None,
 ) -> ImageRecord:
-    """One VOC XML file -> ImageRecord; raises AnnotationError naming ``path`` and the field."""
+    """One VOC XML file (``content``: its bytes, if already read) -> ImageRecord; raises AnnotationError naming
+    ``path`` and the field."""
     path_str = str(path)
     try:
-        root = ET.parse(path).getroot()
+        root = ET.parse(path if content is None else io.BytesIO(content)).getroot()
     except ET.ParseError as err:
         line, column = err.position
         raise AnnotationError(

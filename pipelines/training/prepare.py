@@ -139,8 +139,10 @@ def annotations_source(spec: PrepareSpec) -> tuple[bytes, Callable[[], Dataset]]
     if not files:
         raise UsageError(f"{spec.annotations_uri}: a folder without *.xml files: point data.annotations at a COCO "
                          "instances JSON or a folder of VOC XML files")
-    raw = b"".join(str(path.relative_to(local)).encode() + b"\0" + path.read_bytes() + b"\0" for path in files)
-    return raw, lambda: read_voc_files(files, spec.class_names)
+    contents = [path.read_bytes() for path in files]   # read once: the signature's bytes are what is parsed
+    raw = b"".join(str(path.relative_to(local)).encode() + b"\0" + content + b"\0"
+                   for path, content in zip(files, contents))
+    return raw, lambda: read_voc_files(files, spec.class_names, contents=contents)
 
 
 def _signature(spec: PrepareSpec, annotations: bytes) -> str:
