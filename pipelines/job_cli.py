@@ -110,13 +110,14 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     logging.basicConfig(level=logging.WARNING, format="sparkseg: %(levelname)s: %(message)s")
     if args.verbose:
         logging.getLogger("pipelines").setLevel(logging.INFO if args.verbose == 1 else logging.DEBUG)
-    from pipelines.spark.stop_signals import exit_code_of
+    from pipelines.spark.stop_signals import exit_code_of, outcome_decided
 
     try:
-        return run_job(args, family)
+        code = run_job(args, family)
     except BaseException as error:   # an expected error, a bug, or after a stop whatever the stopped context raised
-        return exit_code_of(error, "the images this run committed before it are kept; run the same command again "
+        code = exit_code_of(error, "the images this run committed before it are kept; run the same command again "
                                    "to go on (it skips them)")
+    return outcome_decided(code)
 
 
 def run_job(args: argparse.Namespace, family: str) -> int:

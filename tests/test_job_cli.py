@@ -231,3 +231,14 @@ def test_the_commands_stop_leaves_no_context_and_a_next_session_counts_its_accum
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["first", "6", "True", "second", "6", "True"], done.stdout + done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "Exception" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_signal_after_the_outcome_is_printed_leaves_the_exit_code():
+    """A Ctrl-C or SIGTERM that comes once a command line printed its outcome (its summary or error line), while
+    Python, Py4J and Spark shut down, leaves its exit code: Python's teardown restores the default handlers, and the
+    signal would end a finished run with no line, exit 130 or 143."""
+    probe = ("import os, signal, sys; from pipelines.spark.stop_signals import outcome_decided, stop_on_signals; "
+             "stop_on_signals(); code = outcome_decided(3); os.kill(os.getpid(), signal.SIGINT); "
+             "os.kill(os.getpid(), signal.SIGTERM); print('went on'); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "went on\n", "")

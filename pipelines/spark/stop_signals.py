@@ -125,6 +125,17 @@ def exit_code_of(error: BaseException, interrupted: str) -> int:
     raise error
 
 
+def outcome_decided(code: int) -> int:
+    """code, the command line's exit code, once its outcome is printed (the summary, or the error's line): from here
+    to the process's exit a Ctrl-C or SIGTERM is ignored. Python's own teardown (~0.2 s with Py4J's and Spark's)
+    would restore the default handlers, and a signal then would end a finished run with no line, exit 130 or 143.
+    Only where stop_on_signals set its handlers."""
+    for signum in _STOPPING:
+        if signal.getsignal(signum) is _on_stop_signal:
+            signal.signal(signum, signal.SIG_IGN)
+    return code
+
+
 _waiting_on_children = threading.Event()
 
 

@@ -55,15 +55,15 @@ def run_train_job(args: argparse.Namespace, load_config: Callable, run_training:
     """Load the config, run_training(spark, cfg) in a job session, print the summary's summary_keys. Returns the exit
     code: a SparkSegError prints one line and exits with its code; Ctrl-C or SIGTERM stops the run (stop_on_signals)
     and exits 130 or 143 with one line; anything else is a bug (traceback, exit 1)."""
-    from pipelines.spark.stop_signals import exit_code_of
+    from pipelines.spark.stop_signals import exit_code_of, outcome_decided
 
     try:
         summary = train(args, load_config, run_training)
     except BaseException as error:   # an expected error, a bug, or after a stop what the stopped run raised
-        return exit_code_of(error, "the run keeps its checkpoints; run the same command again to resume from the "
-                                   "newest")
+        return outcome_decided(exit_code_of(error, "the run keeps its checkpoints; run the same command again to "
+                                                   "resume from the newest"))
     print(json.dumps({k: summary.get(k) for k in summary_keys}, indent=2))
-    return 0
+    return outcome_decided(0)
 
 
 def train(args: argparse.Namespace, load_config: Callable, run_training: Callable) -> dict:
