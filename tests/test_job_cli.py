@@ -242,3 +242,27 @@ def test_a_signal_after_the_outcome_is_printed_leaves_the_exit_code():
              "os.kill(os.getpid(), signal.SIGTERM); print('went on'); sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (3, "went on\n", "")
+
+
+def test_under_spark_submit_a_signal_after_the_outcome_leaves_the_exit_code_too(tmp_path):
+    """Under spark-submit the JVM hands its Ctrl-C and SIGTERM to the driver's stop (stop_signals); once the driver
+    printed its outcome, the JVM ignores them as the driver does, and spark-submit exits with the driver's code
+    (here: SIGTERM to the JVM, its parent, then Ctrl-C to itself, once the outcome is decided)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os, signal, sys\n"
+                     "from pyspark.sql import SparkSession\n"
+                     "from pipelines.spark.stop_signals import outcome_decided, stop_on_signals\n"
+                     "spark = SparkSession.builder.master('local[1]').getOrCreate()\n"
+                     "stop_on_signals()\n"
+                     "code = outcome_decided(3)\n"
+                     "os.kill(os.getppid(), signal.SIGTERM)\n"
+                     "os.kill(os.getpid(), signal.SIGINT)\n"
+                     "print('went on', flush=True)\n"
+                     "sys.exit(code)\n")
+    venv_bin = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}", "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run([str(venv_bin / "spark-submit"), "--master", "local[1]", str(probe)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == 3 and "went on" in done.stdout, said[-3000:]
+    assert "sparkseg: stopping" not in said and "Exception" not in said, said[-3000:]

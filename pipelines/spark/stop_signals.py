@@ -83,8 +83,12 @@ def forward_jvm_signals() -> None:
         for signum, name in ((signal.SIGINT, "INT"), (signal.SIGTERM, "TERM")):
             handler = _JvmSignalHandler(jvm, signum, name)
             handler.previous = jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal(name), handler)
+            _jvm_handlers.append(handler)
     except Exception as error:  # noqa: BLE001 - e.g. a JVM run with -Xrs: its own handlers stay, as without this
         log.debug("spark-submit's JVM keeps its own signal handlers: %s", error)
+
+
+_jvm_handlers: list[_JvmSignalHandler] = []   # forward_jvm_signals' handlers in spark-submit's JVM
 
 
 class _JvmSignalHandler:
@@ -99,6 +103,10 @@ class _JvmSignalHandler:
         if _begin_stop(self._signum) and _waiting_on_children.is_set():
             _interrupt_for_jvm.set()
             _thread.interrupt_main(self._signum)   # runs _on_stop_signal in the main thread, which sees the Event
+
+    def ignore(self) -> None:
+        """The JVM ignores the signal from now on (this process would not answer the call once it exits)."""
+        self._jvm.sun.misc.Signal.handle(self._jvm.sun.misc.Signal(self._name), self._jvm.sun.misc.SignalHandler.SIG_IGN)
 
     class Java:
         implements = ["sun.misc.SignalHandler"]
@@ -129,10 +137,16 @@ def outcome_decided(code: int) -> int:
     """code, the command line's exit code, once its outcome is printed (the summary, or the error's line): from here
     to the process's exit a Ctrl-C or SIGTERM is ignored. Python's own teardown (~0.2 s with Py4J's and Spark's)
     would restore the default handlers, and a signal then would end a finished run with no line, exit 130 or 143.
-    Only where stop_on_signals set its handlers."""
+    Spark-submit's JVM ignores them too (forward_jvm_signals): it exits with code once this process has. Only where
+    stop_on_signals set its handlers."""
     for signum in _STOPPING:
         if signal.getsignal(signum) is _on_stop_signal:
             signal.signal(signum, signal.SIG_IGN)
+    for handler in _jvm_handlers:
+        try:
+            handler.ignore()
+        except Exception as error:  # noqa: BLE001 - e.g. the JVM already exiting: it ends with this process anyway
+            log.debug("spark-submit's JVM did not take SIG_IGN: %s", error)
     return code
 
 
