@@ -59,6 +59,7 @@ _stopped_by: list[int] = []      # the stop's signal number, once one began (emp
 _signalled_here: list[int] = []  # the signals this process got (its handler ran): a second one quits at once
 _begin_lock = threading.Lock()   # this process's handler and spark-submit JVM's (a Py4J thread) may both begin a stop
 _interrupt_for_jvm = threading.Event()   # the JVM's signal asks the main thread to stop waiting on children
+_jvm_handlers: list[_JvmSignalHandler] = []   # forward_jvm_signals' handlers in spark-submit's JVM
 
 
 def forward_jvm_signals() -> None:
@@ -88,9 +89,6 @@ def forward_jvm_signals() -> None:
         log.debug("spark-submit's JVM keeps its own signal handlers: %s", error)
 
 
-_jvm_handlers: list[_JvmSignalHandler] = []   # forward_jvm_signals' handlers in spark-submit's JVM
-
-
 class _JvmSignalHandler:
     """sun.misc.SignalHandler for spark-submit's JVM, implemented here (Py4J calls it on a thread of its own)."""
 
@@ -106,7 +104,8 @@ class _JvmSignalHandler:
 
     def ignore(self) -> None:
         """The JVM ignores the signal from now on (this process would not answer the call once it exits)."""
-        self._jvm.sun.misc.Signal.handle(self._jvm.sun.misc.Signal(self._name), self._jvm.sun.misc.SignalHandler.SIG_IGN)
+        signals = self._jvm.sun.misc
+        signals.Signal.handle(signals.Signal(self._name), signals.SignalHandler.SIG_IGN)
 
     class Java:
         implements = ["sun.misc.SignalHandler"]
