@@ -1,6 +1,8 @@
 """Small helpers shared by the inference-job tests: a job config over local directories, and table rows."""
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from pipelines.job_config import load_config
@@ -22,6 +24,16 @@ def job_config(input_dir: Path, output_dir: Path, model_dir: Path = DEFAULT_MODE
     config["inference"].update({"partitions": 2, "batch_size": 4, "precision": "f32", **inference})
     config["run"]["progress_interval_s"] = 0
     return config
+
+
+def spark_submit_command(*arguments: str) -> tuple[list[str], dict]:
+    """The command line and environment of this interpreter's env's `spark-submit` as a user runs it, the env
+    activated: its bin/ first on PATH (pyspark's launcher finds its SPARK_HOME with the `python3` on PATH), its
+    Python for the driver and the workers."""
+    venv_bin = Path(sys.executable).parent
+    path = f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": path, "PYSPARK_PYTHON": sys.executable}
+    return [str(venv_bin / "spark-submit"), *arguments], env
 
 
 def read_rows(spark, output_dir: Path, table: str) -> list:

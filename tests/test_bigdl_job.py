@@ -2,7 +2,6 @@
 the same every-input-accounted-for guarantee, local mode and a 2-worker standalone cluster."""
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import subprocess
@@ -20,7 +19,7 @@ from tests.bad_inputs import build_bad_input_corpus
 from tests.bigdl.fixtures import bigdl_log, bigdl_spark  # noqa: F401  (pytest fixtures)
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import DEFAULT_MODEL_DIR as MODEL_DIR
-from tests.job_helpers import job_config
+from tests.job_helpers import job_config, spark_submit_command
 
 pytestmark = pytest.mark.bigdl
 INPUT_HEIGHT, INPUT_WIDTH = load_manifest(MODEL_DIR).input_size   # the bundled model's network input
@@ -117,10 +116,8 @@ def job_command(*args: str) -> list[str]:
 def spark_submit(options: list[str], job_args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """This env's spark-submit as a user runs it: the env's bin/ first on PATH (pyspark's launcher finds its
     SPARK_HOME with the `python3` on PATH), its Python for the workers."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYSPARK_PYTHON": sys.executable}
-    return subprocess.run([str(Path(sys.executable).parent / "spark-submit"), *options, *job_command(*job_args)],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=1200)
+    command, env = spark_submit_command(*options, *job_command(*job_args))
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=1200)
 
 
 def bigdl_submit_options() -> list[str]:

@@ -25,7 +25,7 @@ from pipelines.sweeps.standalone_cluster import ClusterConfig, StandaloneCluster
 from pipelines.sweeps.event_log import find_event_log, parse_event_log
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import DEFAULT_MODEL_DIR as MODEL_DIR
-from tests.job_helpers import job_config
+from tests.job_helpers import job_config, spark_submit_command
 
 JOB = REPO / "jobs" / "infer_yolact.py"
 
@@ -55,13 +55,12 @@ def start_job(*args: str, env: dict | None = None, log: Path | None = None, own_
     """The job in a process of its own: `python jobs/infer_yolact.py`, or with spark_submit (its options) the venv's
     `spark-submit` (a JVM that starts the Python driver) with the venv's bin first on PATH, as activating it does."""
     job_command = [str(JOB), "--model", str(MODEL_DIR), "--precision", "f32", *args]
-    venv_bin = str(Path(sys.executable).parent)
-    command = [sys.executable, *job_command] if spark_submit is None else \
-        [os.path.join(venv_bin, "spark-submit"), *spark_submit, *job_command]
+    if spark_submit is None:
+        command, base_env = [sys.executable, *job_command], {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    else:
+        command, base_env = spark_submit_command(*spark_submit, *job_command)
     out = open(log, "wb") if log else subprocess.PIPE
-    path = os.pathsep.join([venv_bin, os.environ.get("PATH", "")])
-    return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                            env={**os.environ, "PATH": path, "PYSPARK_PYTHON": sys.executable, **(env or {})},
+    return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**base_env, **(env or {})},
                             start_new_session=own_process_group)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipelines.spark.spark_session import warn_unknown_spark_settings
 from tests.conftest import REPO, SAMPLES
+from tests.job_helpers import spark_submit_command
 
 # The job CLI in a fresh process, then whether that process ever started a JVM (py4j gateway).
 CLI_THEN_JVM_PROBE = ("import sys; from pipelines import job_cli; code = job_cli.main(sys.argv[1:]); "
@@ -259,10 +260,8 @@ def test_under_spark_submit_a_signal_after_the_outcome_leaves_the_exit_code_too(
                      "os.kill(os.getpid(), signal.SIGINT)\n"
                      "print('went on', flush=True)\n"
                      "sys.exit(code)\n")
-    venv_bin = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}", "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run([str(venv_bin / "spark-submit"), "--master", "local[1]", str(probe)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    command, env = spark_submit_command("--master", "local[1]", str(probe))
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     said = done.stdout + done.stderr
     assert done.returncode == 3 and "went on" in done.stdout, said[-3000:]
     assert "sparkseg: stopping" not in said and "Exception" not in said, said[-3000:]

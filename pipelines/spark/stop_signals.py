@@ -83,7 +83,7 @@ def forward_jvm_signals() -> None:
         ensure_callback_server_started(context._gateway)   # what lets the JVM's thread call this process
         for signum, name in ((signal.SIGINT, "INT"), (signal.SIGTERM, "TERM")):
             handler = _JvmSignalHandler(jvm, signum, name)
-            handler.previous = jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal(name), handler)
+            handler.previous = handler.install(handler)
             _jvm_handlers.append(handler)
     except Exception as error:  # noqa: BLE001 - e.g. a JVM run with -Xrs: its own handlers stay, as without this
         log.debug("spark-submit's JVM keeps its own signal handlers: %s", error)
@@ -96,16 +96,19 @@ class _JvmSignalHandler:
         self._jvm, self._signum, self._name = jvm, signum, name
         self.previous = None
 
+    def install(self, java_handler):
+        """java_handler (a SignalHandler) takes the JVM's signal from now on; returns the one that had it."""
+        return self._jvm.sun.misc.Signal.handle(self._jvm.sun.misc.Signal(self._name), java_handler)
+
     def handle(self, java_signal) -> None:
-        self._jvm.sun.misc.Signal.handle(self._jvm.sun.misc.Signal(self._name), self.previous)
+        self.install(self.previous)
         if _begin_stop(self._signum) and _waiting_on_children.is_set():
             _interrupt_for_jvm.set()
             _thread.interrupt_main(self._signum)   # runs _on_stop_signal in the main thread, which sees the Event
 
     def ignore(self) -> None:
         """The JVM ignores the signal from now on (this process would not answer the call once it exits)."""
-        signals = self._jvm.sun.misc
-        signals.Signal.handle(signals.Signal(self._name), signals.SignalHandler.SIG_IGN)
+        self.install(self._jvm.sun.misc.SignalHandler.SIG_IGN)
 
     class Java:
         implements = ["sun.misc.SignalHandler"]
