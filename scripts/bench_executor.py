@@ -38,6 +38,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -179,11 +180,22 @@ def worker(task, paths: list[str], batch_size: int, barrier, results, model_only
     batches: the in-harness ceiling)."""
     paths = [Path(p) for p in paths]
     contents = [p.read_bytes() for p in paths]
-    list(task(iter([records(paths[:1], contents[:1])])))   # compile the IR (LazyModel), first-call allocations
+    # compile the IR (LazyModel), first-call allocations; an image failing here fails on every image (a missing
+    # module, an unreadable model): the bench stops at once instead of timing failures
+    warm_up = [row for batch in task(iter([records(paths[:1], contents[:1])])) for row in batch.to_pylist()]
+    failed = [row["error_message"] for row in warm_up if row["status"] != "ok"]
+    if failed:
+        results.put({"pid": os.getpid(), "warm_up_error": f"{paths[0]}: {failed[0]}"})
+        barrier.abort()
+        return
     if model_only:
         tensors = [task.decode_and_preprocess(c, str(p))[0] for p, c in zip(paths, contents)]
         ir = task.model().ir
-    barrier.wait()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:   # another process's warm-up image failed
+        results.put({"pid": os.getpid(), "warm_up_error": None})
+        return
     started, cpu_started, sched_started = time.time(), time.process_time(), scheduler_counts()
     rows = []
     if model_only:
@@ -217,6 +229,10 @@ def process_shares(paths: list[Path], processes: int) -> list[list[Path]]:
     return [[p for i, p in enumerate(paths) if (i // cycle) % processes == k] for k in range(processes)]
 
 
+class ImagesFailed(RuntimeError):
+    """Bench images failed in the executor function: the row is reported as failed, not timed."""
+
+
 def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeout_s: float,
                  model_only: bool = False, min_seconds: float = 0.0) -> dict:
     """P spawned processes, each the same task over an equal share of the images (as P single-core tasks), each
@@ -244,15 +260,25 @@ def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeo
         proc.join(timeout=30)
         if proc.is_alive():
             proc.kill()
+    warm_up_errors = [r["warm_up_error"] for r in got if r.get("warm_up_error")]
+    if warm_up_errors:
+        raise ImagesFailed(f"the executor function failed on its warm-up image ({warm_up_errors[0]}); nothing "
+                           "was timed: install the inference dependencies (pip install -e . -c constraints.txt) and "
+                           "check the model directory")
     if len(got) < processes:
         raise RuntimeError(f"{processes - len(got)} executor processes gave no result (crashed or timed out)")
+    failed = sum(r["failed"] for r in got)
+    if failed:
+        first = sum((r["errors"] for r in got), [])[:1]
+        raise ImagesFailed(f"{failed} of {sum(r['images'] for r in got)} bench images failed in the executor function "
+                           f"(first: {first[0] if first else '?'}): a rate over failed images measures nothing")
     images = sum(r["images"] for r in got)
     wall = max(r["ended"] for r in got) - min(r["started"] for r in got)
     # the throughput of P slots kept busy (a job's slots are, while tasks remain): each process's images over its
     # own time, summed. images / wall also counts the bench's own tail, the cores of the processes that ended first
     # idle until the last ends: up to a batch, 2 s of R50 bf16 at 16 cores (the job row measures a job's tail).
     steady = sum(r["images"] / (r["ended"] - r["started"]) for r in got)
-    return {"images": images, "failed": sum(r["failed"] for r in got), "seconds": round(wall, 3),
+    return {"images": images, "failed": 0, "seconds": round(wall, 3),
             "images_per_s": round(steady, 3), "wall_images_per_s": round(images / wall, 3),
             "cpu_s_per_image": round(sum(r["cpu"] for r in got) / max(images, 1), 5), "detections_per_image": round(
                 sum(r["instances"] for r in got) / max(images, 1), 1),
@@ -372,7 +398,7 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
               + " | ".join(name for name, _ in SCHEDULER_COUNTS) + " |",
               "|---|---|---|" + "---|" * len(STAGES) + "---|" + "---|" * len(SCHEDULER_COUNTS)]
     for r in results:
-        for name, v in [("model only", r["model_only"])] * ("model_only" in r) + list(r.get("variants", {}).items()):
+        for name, v in ([("model only", r["model_only"])] if "model_only" in r else []) + list(r.get("variants", {}).items()):
             per = v["stage_s_per_image"]
             total = sum(per.values()) or 1.0
             # the model-only row times inference alone: its other stages are not measured, not 0
@@ -419,8 +445,6 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
     notes = [f"- {r['model']} {r['precision']}: conf_thresh {r['conf_thresh']} (manifest "
              f"{r['manifest_conf_thresh']}) for ~100 detections per image" for r in results
              if r.get("conf_thresh") is not None]
-    notes += [f"- {r['model']} {r['precision']} {name}: {v['failed']} images failed, e.g. {v['errors'][:1]}"
-              for r in results for name, v in r.get("variants", {}).items() if v["failed"]]
     notes += [f"- {r['model']} {r['precision']}: benchmark_app runs {r['benchmark_app']['runs_images_per_s']} img/s "
               f"(the table has the median); ratios per round: after "
               f"{[round(x['ratios']['after'], 3) for x in r['rounds']]}; executor after img/s per round "
