@@ -52,6 +52,9 @@ def run_job(args: list[str], timeout_s: float = 900) -> dict:
         raise SystemExit(f"error: {' '.join(command)} exited {code}:\n" + "\n".join(lines[-30:]))
     output = Path(args[args.index("--output") + 1])
     summary = json.loads((output / "summary.json").read_text())
+    if summary["counts"]["failed"]:
+        raise SystemExit(f"error: {summary['counts']['failed']} bench images failed in {' '.join(command)} (their "
+                         f"errors: {output / 'errors'}): a rate over failed images measures nothing")
     return {"wall_s": wall, "first_progress_s": marks.get("first_progress_s"),
             "output_closed_s": marks.get("output_closed_s"), "lines": len(lines), "summary": summary, "marks": phases}
 

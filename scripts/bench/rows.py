@@ -116,6 +116,14 @@ def failure(row: str, precision: str, code: int, log_path: Path, peaks: MemoryPe
                        memory=peaks.as_row())
 
 
+def images_failed(row: str, precision: str, failed: int, images: int, first_error: str | None,
+                  memory: dict) -> BenchResult:
+    """A row whose bench images failed is not timed: a rate over failed images measures nothing."""
+    which = f" (first: {first_error})" if first_error else " (the job's errors/ table says why)"
+    return BenchResult(row, precision, "failed", note=f"{failed} of {images} bench images failed{which}",
+                       memory=memory)
+
+
 def ceiling(ir_xml: Path, precision: str, seconds: int, logs: Path, timeout_s: float) -> BenchResult:
     command = [str(BENCHMARK_APP), "-m", str(ir_xml), "-d", "CPU", "-hint", "throughput", "-infer_precision",
                precision, "-t", str(seconds)]
@@ -142,10 +150,12 @@ def single_process(engine: str, precision: str, model: Path, images: Path, cores
     result = last_json(stdout) if code == 0 else None
     if result is None:
         return failure(engine, precision, code, log, peaks)
+    if result["failed"]:
+        return images_failed(engine, precision, result["failed"], result["images"], result["first_error"],
+                             peaks.as_row())
     return BenchResult(engine, precision, "ok", images=result["images"], images_per_s=result["images_per_s"],
                        seconds=result["seconds"], settings=result["settings"], stage_seconds=result["stage_seconds"],
-                       memory=peaks.as_row(), note=f"model load + warm-up {result['load_s']} s not counted"
-                       + (f"; {result['failed']} images failed" if result["failed"] else ""))
+                       memory=peaks.as_row(), note=f"model load + warm-up {result['load_s']} s not counted")
 
 
 def spark_udf(precision: str, model: Path, images: Path, work: Path, logs: Path, timeout_s: float) -> BenchResult:
@@ -188,6 +198,9 @@ def from_point_row(row: str, precision: str, point_row: dict) -> BenchResult:
     if point_row["status"] != "ok":
         status = "not available" if row == "bigdl" else point_row["status"]
         return BenchResult(row, precision, status, note=str(point_row["error"]), memory=memory)
+    if point_row.get("failed_images"):
+        return images_failed(row, precision, int(point_row["failed_images"]), int(point_row["images_in"]), None,
+                             memory)
     stages = {stage: point_row[f"stage_{stage}_s"] for stage in ("read", "preprocess", "infer", "postprocess",
                                                                    "write")}
     return BenchResult(row, precision, "ok", images=int(point_row["images_in"]),

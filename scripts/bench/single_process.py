@@ -153,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         for name, value in row["timings"].items():
             stages[name.removesuffix("_s")] = stages.get(name.removesuffix("_s"), 0.0) + value
-    failed = sum(row["status"] != "ok" for row in rows)
-    print(json.dumps({"images": len(paths), "failed": failed, "seconds": round(seconds, 3),
+    errors = [row["error_message"] for row in rows if row["status"] != "ok"]
+    print(json.dumps({"images": len(paths), "failed": len(errors), "first_error": errors[0] if errors else None,
+                      "seconds": round(seconds, 3),
                       "images_per_s": round(len(paths) / seconds, 3), "load_s": round(load_s, 3),
                       "stage_seconds": {k: round(v, 3) for k, v in stages.items()}, "settings": settings}))
     return 0
