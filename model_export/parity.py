@@ -132,7 +132,7 @@ def runtime_outputs(network, tensors: list[np.ndarray], onnx_path, ir_xml, input
     import openvino as ov
     import torch
 
-    from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
+    from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings, openvino_core
 
     outputs: dict[str, list[dict]] = {"torch": []}
     with torch.no_grad():
@@ -142,8 +142,8 @@ def runtime_outputs(network, tensors: list[np.ndarray], onnx_path, ir_xml, input
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     outputs["onnxruntime"] = [dict(zip(output_names, (o[0] for o in session.run(output_names, {input_name: x[None]}))))
                               for x in tensors]
-    fp32_model = ov.Core().compile_model(ov.convert_model(str(onnx_path)), "CPU",
-                                         RuntimeSettings(precision="f32").ov_config())
+    fp32_model = openvino_core().compile_model(ov.convert_model(str(onnx_path)), "CPU",
+                                               RuntimeSettings(precision="f32").ov_config())
     outputs["openvino_fp32ir_f32"] = [{o.get_any_name(): fp32_model(x[None])[o][0] for o in fp32_model.outputs}
                                       for x in tensors]
     for name, precision in (("openvino_fp16ir_f32", "f32"), ("openvino_fp16ir_default", "auto")):

@@ -99,3 +99,31 @@ def test_strided_and_other_typed_images_give_the_values_of_contiguous_float32_on
         expected = ir.infer(images)
         for name in ("scaled", "pooled"):
             np.testing.assert_array_equal(outputs[name], expected[name])
+
+
+def test_a_signal_after_compiled_models_are_released_reaches_its_handler(tmp_path):
+    """OpenVINO's CPU plugin gives the thread that compiles on a Core an alternate signal stack of its own and unmaps
+    it when that Core is released, putting back the stack it found: two Cores released in the order they were made
+    left the thread's alternate stack unmapped, and the next handled signal (here Ctrl-C) ended the process with
+    SIGSEGV. CompiledIRs share the process's one Core (openvino_runtime.openvino_core), so any order is safe. In a
+    process of its own: the failure is a segfault."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = (
+        "import gc, os, signal\n"
+        "from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings\n"
+        f"first = CompiledIR({_static_ir(tmp_path)!r}, RuntimeSettings(precision='f32', threads=1, streams=1))\n"
+        f"second = CompiledIR({_dynamic_ir(tmp_path)!r}, RuntimeSettings(precision='f32', threads=1, streams=1))\n"
+        "del first\n"
+        "gc.collect()\n"
+        "del second\n"
+        "gc.collect()\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('handled')\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "handled"), done.stderr[-2000:]

@@ -54,6 +54,27 @@ class RuntimeSettings:
                    pin_cores=pin_cores)
 
 
+_core = None
+_core_lock = threading.Lock()
+
+
+def openvino_core():
+    """This process's one `openvino.Core`, made on first use and never released. OpenVINO's CPU plugin (one per
+    Core) gives the thread that first compiles on it an alternate signal stack of its own, and when that Core is
+    released it puts back the stack it found and unmaps its own. Two Cores released in the order they were made
+    therefore leave the thread's alternate stack pointing at unmapped memory, and the next signal with a handler
+    (Python's Ctrl-C, torch's SIGCHLD, a job's SIGTERM) kills the process with SIGSEGV instead of running it. A Core
+    that is never released leaves nothing to unmap; compiled models share its plugin, and their settings are per
+    compile_model."""
+    global _core
+    with _core_lock:
+        if _core is None:
+            import openvino as ov
+
+            _core = ov.Core()
+        return _core
+
+
 class CompiledIR:
     """A compiled IR with named outputs. `infer(batch)` runs images through an async queue (one request per
     stream) and returns {output name: [B, ...] array}."""
@@ -63,9 +84,8 @@ class CompiledIR:
 
         if settings.pin_cores:   # before compiling: the inference threads it starts inherit the affinity
             pin_to_free_cores(settings.threads)
-        core = ov.Core()
         self.settings = settings
-        self.compiled = core.compile_model(str(xml_path), settings.device, settings.ov_config())
+        self.compiled = openvino_core().compile_model(str(xml_path), settings.device, settings.ov_config())
         self.input_name = self.compiled.inputs[0].get_any_name()
         self.output_names = [out.get_any_name() for out in self.compiled.outputs]
         self._static_outputs = _static_output_shapes(self.compiled.outputs)

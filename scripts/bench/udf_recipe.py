@@ -62,10 +62,10 @@ def run(model_dir, images, out, master, precision, batch_size):
         return pd.DataFrame(out)
 
     def make_predict_fn():
-        import openvino as ov
+        from pipelines.inference.openvino_runtime import openvino_core
 
         config = {"INFERENCE_PRECISION_HINT": precision}
-        compiled = ov.Core().compile_model(xml, "CPU", config)
+        compiled = openvino_core().compile_model(xml, "CPU", config)
 
         def predict(inputs: np.ndarray) -> dict:
             results = [compiled(image[None]) for image in inputs]
