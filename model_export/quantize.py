@@ -213,7 +213,9 @@ def quantize_ir(source_xml: Path, xml_path: Path, tensors: list[np.ndarray], inp
     import nncf
     import openvino as ov
 
-    model = ov.Core().read_model(str(source_xml))
+    from pipelines.inference.openvino_runtime import openvino_core
+
+    model = openvino_core().read_model(str(source_xml))
     dataset = nncf.Dataset(tensors, lambda x: {input_name: x[None]})
     ignored = nncf.IgnoredScope(patterns=ignored_patterns, validate=True) if ignored_patterns else None
     quantized = nncf.quantize(model, dataset, preset=nncf.QuantizationPreset.MIXED, subset_size=len(tensors),

@@ -37,11 +37,11 @@ def run(model_dir, images, out, master, precision, batch_size):
     _, channels, height, width = spec["shape"]
     xml, priors_path = str(manifest.path("ir_xml")), str(manifest.path("priors"))
     names = ["loc", "conf", "mask", "proto"]
-    import openvino as ov
+    from pipelines.inference.openvino_runtime import openvino_core
 
     # each output's shape without its batch axis, to undo the flattening predict_batch_udf's arrays need
     shapes = {out.get_any_name(): tuple(out.get_partial_shape().to_shape())[1:]
-              for out in ov.Core().read_model(xml).outputs}
+              for out in openvino_core().read_model(xml).outputs}
 
     spark = (SparkSession.builder.master(master).appName("sparkseg-bench-predict-batch-udf")
              .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
