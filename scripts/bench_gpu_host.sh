@@ -20,7 +20,8 @@ WHEELS=${WHEELS:-.whl}
 OUT=${OUT:-reports/gpu_host}
 LIMIT=${LIMIT:-540}
 START=$(date +%s)
-SITE=$(mktemp -d /tmp/sparkseg-site.XXXXXX)
+SITE=$(mktemp -d /tmp/sparkseg-site.XXXXXX)   # the packages, the reports before they are copied, the scratch
+trap 'rm -rf "$SITE"' EXIT
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 log() { echo "=== $(date +%T) (+$(( $(date +%s) - START )) s) $*" | tee -a "$OUT/run.log"; }
 mkdir -p "$OUT"

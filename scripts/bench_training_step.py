@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -365,6 +366,7 @@ def measure(args, device, prepared: Path, rows: dict, config: str, size: int, ba
         result["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 1)
         torch.cuda.reset_peak_memory_stats(device)
     del session
+    shutil.rmtree(run_dir, ignore_errors=True)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     LOG.info("%s", json.dumps(result))
@@ -454,12 +456,16 @@ def main(argv=None) -> int:
     report = {"machine": machine(device), "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
               "steps": args.steps, "warmup": args.warmup, "images": args.images, "results": []}
     LOG.info("machine: %s", json.dumps(report["machine"]))
-    for spec in args.models.split(","):
-        config, size, batch = spec.split(":")
-        for precision in args.precisions.split(","):
-            for graphs in graph_settings:
-                report["results"].append(measure(args, device, prepared, rows, config, int(size), int(batch),
-                                                 precision, workers, graphs))
+    try:
+        for spec in args.models.split(","):
+            config, size, batch = spec.split(":")
+            for precision in args.precisions.split(","):
+                for graphs in graph_settings:
+                    report["results"].append(measure(args, device, prepared, rows, config, int(size), int(batch),
+                                                     precision, workers, graphs))
+    finally:
+        if not args.data:   # a temp dir of this run's own
+            shutil.rmtree(data_root, ignore_errors=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "training_gpu" if device.type == "cuda" else "training_cpu_step"
