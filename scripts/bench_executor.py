@@ -278,15 +278,14 @@ def run_executor(task, paths: list[Path], processes: int, batch_size: int, timeo
     # own time, summed. images / wall also counts the bench's own tail, the cores of the processes that ended first
     # idle until the last ends: up to a batch, 2 s of R50 bf16 at 16 cores (the job row measures a job's tail).
     steady = sum(r["images"] / (r["ended"] - r["started"]) for r in got)
-    return {"images": images, "failed": 0, "seconds": round(wall, 3),
+    return {"images": images, "seconds": round(wall, 3),
             "images_per_s": round(steady, 3), "wall_images_per_s": round(images / wall, 3),
             "cpu_s_per_image": round(sum(r["cpu"] for r in got) / max(images, 1), 5), "detections_per_image": round(
                 sum(r["instances"] for r in got) / max(images, 1), 1),
             "stage_s_per_image": {s: round(sum(r["stages"][s] for r in got) / max(images, 1), 5) for s in STAGES},
             "peak_rss_mib": [round(r["peak_rss_mib"], 1) for r in got],
             "scheduler_per_image": {name: round(sum(r["scheduler"][name] for r in got) / max(images, 1), 3)
-                                    for name, _ in SCHEDULER_COUNTS},
-            "errors": sum((r["errors"] for r in got), [])[:3]}
+                                    for name, _ in SCHEDULER_COUNTS}}
 
 
 def calibrate_conf(manifest, paths: list[Path], precision: str, target: float) -> tuple[float | None, float]:
@@ -398,7 +397,9 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
               + " | ".join(name for name, _ in SCHEDULER_COUNTS) + " |",
               "|---|---|---|" + "---|" * len(STAGES) + "---|" + "---|" * len(SCHEDULER_COUNTS)]
     for r in results:
-        for name, v in ([("model only", r["model_only"])] if "model_only" in r else []) + list(r.get("variants", {}).items()):
+        measured = [("model only", r["model_only"])] if "model_only" in r else []
+        measured += list(r.get("variants", {}).items())
+        for name, v in measured:
             per = v["stage_s_per_image"]
             total = sum(per.values()) or 1.0
             # the model-only row times inference alone: its other stages are not measured, not 0
