@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from types import SimpleNamespace
@@ -26,6 +25,7 @@ from pipelines.sweeps.event_log import find_event_log, parse_event_log
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import DEFAULT_MODEL_DIR as MODEL_DIR
 from tests.job_helpers import job_config, spark_submit_command
+from tests.process_io import wait_until
 
 JOB = REPO / "jobs" / "infer_yolact.py"
 
@@ -204,17 +204,6 @@ def cluster(tmp_path_factory):
         yield started
 
 
-def wait_for(condition, timeout_s: float, what: str, job: subprocess.Popen | None = None) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if condition():
-            return
-        if job is not None and job.poll() is not None:
-            raise AssertionError(f"the job ended before {what}")
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.cluster
 def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
     images = tmp_path / "images"
@@ -233,8 +222,8 @@ def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
         # 30 tasks of 4 images on 2 one-core executors, so both are busy until the last few; warm executors end a
         # task in ~0.5 s, and the kill comes up to ~1.5 s after the first (progress interval + polling): ~7 s of
         # tasks are left then)
-        wait_for(lambda: re.search(r"\[sparkseg\] [1-9]\d*/120", log.read_text(errors="replace")),
-                 600, "the first finished tasks", job)
+        wait_until(lambda: re.search(r"\[sparkseg\] [1-9]\d*/120", log.read_text(errors="replace")),
+                   "the first finished tasks", 600, process=job)
         cluster.kill_worker(0)
         assert job.wait(timeout=900) == 0, log.read_text(errors="replace")[-3000:]
     finally:
@@ -257,7 +246,7 @@ def stop_a_run_waiting_for_executors(cluster, tmp_path: Path, stop, exit_code: i
                     *(() if spark_submit else settings), spark_submit=settings if spark_submit else None, log=log,
                     own_process_group=True)
     try:
-        wait_for(lock.exists, 300, "the output's lock", job)
+        wait_until(lock.exists, "the output's lock", 300, process=job)
         stop(job)
         assert job.wait(timeout=300) == exit_code, log.read_text(errors="replace")[-3000:]
     finally:
@@ -318,7 +307,8 @@ def test_driver_killed_mid_job_resumes_without_duplicates_or_recomputation(spark
     job = start_job("--config", str(config), "--input", str(images), "--output", str(output), "--partitions", "2",
                     "--master", "local[2,4]")
     try:
-        wait_for(lambda: any((output / "detections").glob("part-*.parquet")), 600, "the first committed wave", job)
+        wait_until(lambda: any((output / "detections").glob("part-*.parquet")), "the first committed wave", 600,
+                   process=job)
         job.kill()      # SIGKILL: no cleanup, no shutdown hooks
         job.wait()
     finally:

@@ -24,7 +24,7 @@ from pipelines.io.run_lock import (LOCK_NAME, AzureLockStore, HadoopLockStore, L
                                 LockSettings, RunLock, lock_store)
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import job_config
-from tests.process_io import read_line
+from tests.process_io import read_line, wait_until
 
 MODEL_DIR = SAMPLES / "models" / "yolact_default"
 
@@ -38,13 +38,6 @@ def write_image(path: Path, seed: int, size: tuple[int, int] = (64, 48)) -> None
 
 def names(rows) -> list[str]:
     return sorted(Path(row.path).name for row in rows)
-
-
-def wait_for(condition, what: str, timeout_s: float = 300.0, interval_s: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(interval_s)
 
 
 # ---- incremental runs -------------------------------------------------------------------------------------------
@@ -222,10 +215,10 @@ def test_heartbeat_keeps_the_lock_fresh_and_a_takeover_is_noticed(tmp_path, capl
     first = RunLock.acquire(output, "first", LockSettings(stale_after_s=60, heartbeat_s=0.1))
     try:
         started = first.info.heartbeat
-        wait_for(lambda: LockInfo.parse(Path(output, LOCK_NAME).read_bytes()).heartbeat != started,
+        wait_until(lambda: LockInfo.parse(Path(output, LOCK_NAME).read_bytes()).heartbeat != started,
                  "the heartbeat thread to rewrite the lock")
         second = RunLock.acquire(output, "second", LockSettings(break_lock=True))
-        wait_for(lambda: first.lost, "the first run's heartbeat to notice the takeover")
+        wait_until(lambda: first.lost, "the first run's heartbeat to notice the takeover", 60)
     finally:
         first.release()
     assert LockInfo.parse(Path(output, LOCK_NAME).read_bytes()).run_id == "second", "release must not remove " \
@@ -244,6 +237,32 @@ def test_local_store_operations_are_conditional(tmp_path):
     assert store.delete(token) is False and store.read()[0] == b"three"
     assert store.delete(newer) is True and store.read() is None
     assert sorted(os.listdir(tmp_path)) == []   # no temp or aside files left
+
+
+def test_a_rewrite_during_a_take_over_waits_and_then_finds_the_lock_taken(tmp_path):
+    """A local lock's check-and-act steps (create, a heartbeat's rewrite, a breaker's removal) hold an flock on the
+    lock's directory. A rewrite that starts while another process is between its check and its act waits, then
+    finds the new lock instead of renaming its own version over it (which left the breaker, not the broken run,
+    lost: seen as a heartbeat test that waited forever for the broken run to notice)."""
+    import fcntl
+    import threading
+
+    store = LocalLockStore(str(tmp_path / LOCK_NAME))
+    token = store.create(b"first")
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(directory, fcntl.LOCK_EX)   # another process's take-over in progress
+    result = {}
+    rewrite = threading.Thread(target=lambda: result.update(token=store.replace(b"first, beat 2", token)))
+    rewrite.start()
+    try:
+        (tmp_path / LOCK_NAME).unlink()
+        (tmp_path / LOCK_NAME).write_bytes(b"second")
+    finally:
+        os.close(directory)   # releases the flock
+    rewrite.join(timeout=60)
+    assert not rewrite.is_alive() and result == {"token": None}
+    assert store.read()[0] == b"second"
+    assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]   # the rewrite's temp file is gone
 
 
 def test_azure_lock_blob_is_created_only_when_absent_and_changed_only_by_etag(azurite):
@@ -320,7 +339,7 @@ def test_second_run_while_the_first_holds_the_lock_exits_4_and_changes_nothing(t
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     frozen: list[int] = []
     try:
-        wait_for(lambda: (output / LOCK_NAME).is_file() or first.poll() is not None, "the first run's lock")
+        wait_until(lambda: (output / LOCK_NAME).is_file() or first.poll() is not None, "the first run's lock")
         assert first.poll() is None, f"the first run ended early:\n{first.communicate()[1][-3000:]}"
         # Freeze the first run (driver, JVM, Python workers) while it holds the lock: no timing luck involved.
         for _ in range(2):   # twice: a process forked during the first sweep is caught by the second

@@ -10,14 +10,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from pipelines.sweeps.standalone_cluster import (ClusterConfig, ClusterStartError, StandaloneCluster, process_running,
                                           process_group_members)
-from tests.process_io import read_line
+from tests.process_io import read_line, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -93,13 +92,6 @@ def _worker_of(cwd: str, cluster: StandaloneCluster) -> int:
     raise AssertionError(f"executor cwd {cwd} is under no worker dir of {cluster}")
 
 
-def _wait_for(condition, what: str, timeout_s: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.2)
-
-
 def test_job_runs_on_both_workers(standalone_cluster, tmp_path):
     cluster = standalone_cluster
     assert cluster.master_url.startswith("spark://127.0.0.1:")
@@ -134,11 +126,11 @@ def test_worker_crash_mid_job_then_stop_leaves_no_process(tmp_path):
             def workers_busy() -> set[int]:
                 return {_worker_of(cwd, cluster) for _, _, cwd in _markers(markers)}
 
-            _wait_for(lambda: workers_busy() == {0, 1} or driver.poll() is not None, "tasks on both workers")
+            wait_until(lambda: workers_busy() == {0, 1} or driver.poll() is not None, "tasks on both workers")
             assert driver.poll() is None, f"the job ended before the crash:\n{driver.stderr.read()[-4000:]}"
             killed = cluster.kill_worker(0)
             assert killed == daemon_pids[1] and not process_running(killed)
-            _wait_for(lambda: cluster.alive_workers() == 1, "the Master to notice the lost worker")
+            wait_until(lambda: cluster.alive_workers() == 1, "the Master to notice the lost worker")
             stdout, stderr = driver.communicate(timeout=600)
         finally:
             if driver.poll() is None:

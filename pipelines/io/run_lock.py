@@ -3,7 +3,9 @@
 The lock is a small JSON file (or blob) naming its holder: run id, host, pid (and the pid's start time, so that a
 reused pid is not mistaken for the holder), start time and a heartbeat that a driver thread rewrites every
 `heartbeat_s` while the run goes on. It is created atomically, only when absent:
-- local paths (and FUSE mounts such as /dbfs): `open(O_CREAT | O_EXCL)`;
+- local paths (and FUSE mounts such as /dbfs): `open(O_CREAT | O_EXCL)`; a heartbeat's check-and-rewrite and a
+  breaker's check-and-remove hold an flock on the lock's directory, so they never interleave (where the file system
+  has no flock, they are as atomic as its renames);
 - Azure (`az://`, `abfs://` outputs, written with the Azure SDK): Put Blob with `If-None-Match: *`
   (`upload_blob(overwrite=False)`); heartbeats and deletes are conditional on the blob's ETag;
 - other Hadoop URIs (`hdfs://`, `abfss://` with hadoop-azure, ...): `FileSystem.create(path, overwrite=false)`
@@ -18,7 +20,9 @@ Heartbeat staleness compares the holder's clock with ours: hosts' clocks must ag
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import json
 import logging
 import os
@@ -246,10 +250,42 @@ def lock_store(output: Location | str, *, spark=None) -> LockStore:
 # ---- stores -------------------------------------------------------------------------------------------------------
 
 class LocalLockStore:
-    """A lock file on a local (or FUSE-mounted) file system. The token is the file's content."""
+    """A lock file on a local (or FUSE-mounted) file system. The token is the file's content. Each operation's
+    check and act run under an flock on the lock's directory (serialized): without it a heartbeat that had read its
+    own version could rename its new one over the lock a breaker had just written, and the breaker, not the broken
+    run, would find itself lost."""
+
+    FLOCK_WAIT_S = 10.0   # a holder of the flock stopped (SIGSTOP) or stuck: go on unserialized after this
 
     def __init__(self, path: str):
         self.path = self.uri = path
+
+    @contextlib.contextmanager
+    def serialized(self):
+        """Hold an flock on the lock's directory for the block (other processes' and threads' operations on this
+        lock wait); without it where the file system has no flock or the wait passes FLOCK_WAIT_S."""
+        try:
+            fd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            yield
+            return
+        try:
+            deadline = time.monotonic() + self.FLOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        log.warning("%s: its directory's flock is held for over %.0f s; going on without it",
+                                    self.path, self.FLOCK_WAIT_S)
+                        break
+                    time.sleep(0.005)
+                except OSError:   # no flock here (an NFS mount's emulation needs a writable file, some FUSE mounts)
+                    break
+            yield
+        finally:
+            os.close(fd)   # releases the flock
 
     def create(self, data: bytes) -> bytes | None:
         try:
@@ -258,7 +294,8 @@ class LocalLockStore:
             raise StorageError(f"{os.path.dirname(self.path)}: cannot create the output directory "
                                f"({err.strerror or err})") from None
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            with self.serialized():   # not inside a breaker's put-back (delete)
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return None
         with os.fdopen(fd, "wb") as handle:
@@ -277,34 +314,45 @@ class LocalLockStore:
         return data, data, modified
 
     def replace(self, data: bytes, token: bytes) -> bytes | None:
-        found = self.read()
-        if found is None or found[1] != token:
-            return None
+        temp = self._written(data)
+        try:
+            with self.serialized():
+                found = self.read()
+                if found is None or found[1] != token:
+                    return None
+                os.replace(temp, self.path)  # atomic: the lock never disappears while it is rewritten
+        finally:
+            if os.path.exists(temp):
+                os.unlink(temp)
+        return data
+
+    def delete(self, token: bytes) -> bool:
+        aside = f"{self.path}.{uuid.uuid4().hex}.released"
+        with self.serialized():
+            try:
+                os.rename(self.path, aside)  # atomic: of two deleters only one gets the file
+            except FileNotFoundError:
+                return False
+            with open(aside, "rb") as handle:
+                taken = handle.read()
+            if taken != token:  # not the version we meant: put it back unless a new lock appeared meanwhile
+                try:
+                    os.link(aside, self.path)
+                except OSError:
+                    pass
+                os.unlink(aside)
+                return False
+        os.unlink(aside)
+        return True
+
+    def _written(self, data: bytes) -> str:
+        """A temp file beside the lock holding data, synced (before the flock: the serialized part stays short)."""
         temp = f"{self.path}.{uuid.uuid4().hex}.tmp"
         with open(temp, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, self.path)  # atomic: the lock never disappears while it is rewritten
-        return data
-
-    def delete(self, token: bytes) -> bool:
-        aside = f"{self.path}.{uuid.uuid4().hex}.released"
-        try:
-            os.rename(self.path, aside)  # atomic: of two deleters only one gets the file
-        except FileNotFoundError:
-            return False
-        with open(aside, "rb") as handle:
-            taken = handle.read()
-        if taken != token:  # not the version we meant: put it back unless a new lock appeared meanwhile
-            try:
-                os.link(aside, self.path)
-            except OSError:
-                pass
-            os.unlink(aside)
-            return False
-        os.unlink(aside)
-        return True
+        return temp
 
 
 class AzureLockStore:
