@@ -43,7 +43,8 @@ class RunFailed(SparkSegError, RuntimeError):
 
 
 class OutputBusy(SparkSegError, RuntimeError):
-    """Another run holds the output's lock: nothing was done (exit 4)."""
+    """Another run holds the output's lock (exit 4): nothing was done, or (LockLost) the run stopped once another run
+    broke its lock, keeping what it had committed."""
 
     exit_code = 4
 

@@ -4,7 +4,8 @@
     python jobs/infer_detector.py ...    # -> main(argv, family="detector")
 
 Exit codes (pipelines.errors): 0 done; 2 bad input, config or model (nothing ran); 3 the job ran but failed its
-error budget (summary.json written); 4 another run holds the output's lock; 1 a bug (with its traceback).
+error budget (summary.json written); 4 another run holds the output's lock (or broke this run's);
+1 a bug (with its traceback).
 """
 from __future__ import annotations
 

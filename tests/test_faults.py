@@ -17,7 +17,7 @@ import pytest
 
 from pipelines.inference.crash_guard import MARKER_DIR, CrashGuard, PoisonImage, TaskCrashGuard, crash_groups
 from pipelines.inference.inference_job import JobFailed, run
-from pipelines.io.run_lock import LOCK_NAME
+from pipelines.io.run_lock import LOCK_NAME, LockSettings, RunLock
 from pipelines.io.storage import Location
 from pipelines.results.results_writer import read_table
 from pipelines.sweeps.standalone_cluster import ClusterConfig, StandaloneCluster
@@ -323,3 +323,42 @@ def test_driver_killed_mid_job_resumes_without_duplicates_or_recomputation(spark
     assert f"done {24 - committed}," in log
     assert_exactly_once(spark, output, names)
     assert not (output / MARKER_DIR).exists(), "the killed run's markers are removed with the rerun's"
+
+
+def test_a_run_whose_lock_is_broken_stops_before_its_next_wave_and_a_rerun_does_the_rest_once(spark, tmp_path):
+    """Another run breaks this run's lock (`--break-lock`) while it writes: this run stops before its next wave
+    (exit 4, one line naming the run that broke it) and keeps its committed waves; once that run is done, a rerun
+    does the rest, every image once. The driver is frozen (SIGSTOP) while its lock is broken: no timing luck."""
+    images = tmp_path / "images"
+    names = copies(images, 24)
+    output = tmp_path / "out"
+    config = tmp_path / "waves.yaml"
+    config.write_text("run:\n  commit_every: 4\n")
+    args = ("--config", str(config), "--input", str(images), "--output", str(output), "--partitions", "2",
+            "--master", "local[2,4]")
+    job = start_job(*args)
+    breaker = None
+    try:
+        wait_until(lambda: any((output / "detections").glob("part-*.parquet")), "the first committed wave", 600,
+                   process=job)
+        os.kill(job.pid, signal.SIGSTOP)
+        try:
+            breaker = RunLock.acquire(str(output), "20990101T000000Z-breaker", LockSettings(break_lock=True))
+        finally:
+            os.kill(job.pid, signal.SIGCONT)
+        said = job.communicate(timeout=600)[0].decode(errors="replace")
+    finally:
+        job.kill()
+        job.wait()
+        if breaker is not None:
+            breaker.release()
+    assert job.returncode == 4, said[-3000:]
+    last = said.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "lock was broken by run 20990101T000000Z-breaker" in last, said[-3000:]
+    committed = len(outputs(spark, output)[0])
+    assert 0 < committed < 24
+    rerun = start_job(*args)
+    log = rerun.communicate(timeout=900)[0].decode(errors="replace")
+    assert rerun.returncode == 0, log[-3000:]
+    assert f"skipped {committed} " in log and f"done {24 - committed}," in log, log[-2000:]
+    assert_exactly_once(spark, output, names)

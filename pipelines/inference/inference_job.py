@@ -325,12 +325,13 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
             task = make_task(spark, plan, settings, progress)
             with progress, warm_up(spark, plan, task, partitions):
                 own_rows = counts.rows_per_partition if todo is units and not n_videos else None   # the listing's
-                totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions, own_rows)
+                totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions, lock, own_rows)
         elif new_output:   # nothing listed: the tables exist all the same, empty, for whatever reads them next
             write_results(tagged_results(spark.createDataFrame([], RESULT_SCHEMA), plan), plan.output,
                           f"part-{plan.run_id}-empty")
         listing.unpersist()
         units.unpersist()
+        lock.ensure_held()
         tables_after = table_file_names(plan.output)
         update_after_run(spark, plan.output, tables_after)   # the resume index, when the tables outgrew it
         if config.output.coco_results:
@@ -469,9 +470,11 @@ def tagged_results(results: DataFrame, plan: JobPlan) -> DataFrame:
 
 
 def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings: RuntimeSettings, todo: DataFrame,
-              n_todo: int, n_inputs: int, partitions: int, rows_per_partition: dict[int, int] | None = None) -> dict:
+              n_todo: int, n_inputs: int, partitions: int, lock: RunLock,
+              rows_per_partition: dict[int, int] | None = None) -> dict:
     """Process the to-do images in waves of `run.commit_every`, each committed on its own (a killed driver loses
-    at most one wave); return the summed aggregates. `rows_per_partition`: see index_todo."""
+    at most one wave) while the run still holds `lock` (LockLost otherwise); return the summed aggregates.
+    `rows_per_partition`: see index_todo."""
     run_cfg = plan.config.run
     totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
     todo, indexed = index_todo(todo, partitions, rows_per_partition)
@@ -484,6 +487,7 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
         results, intermediates = wave_results(src.balanced(wave, min(partitions, count)),
                                               replace(task, crash_guard=guard), plan, settings)
         results = tagged_results(results, plan).persist(StorageLevel.MEMORY_AND_DISK)
+        lock.ensure_held()
         wave_totals = write_results(results, plan.output, f"part-{name}")
         remove_markers(plan.output)
         results.unpersist()

@@ -11,7 +11,8 @@ reused pid is not mistaken for the holder), start time and a heartbeat that a dr
 - other Hadoop URIs (`hdfs://`, `abfss://` with hadoop-azure, ...): `FileSystem.create(path, overwrite=false)`
   through Spark's JVM (atomic on HDFS and ABFS).
 
-A second run finds the lock and stops with `LockHeld` (the job exits 4), naming the holder. A lock is STALE when
+A second run finds the lock and stops with `LockHeld` (the job exits 4), naming the holder; a run whose lock another
+run broke stops before its next write with `LockLost` (exit 4; `RunLock.ensure_held`). A lock is STALE when
 its heartbeat is older than `stale_after_s`, or when its holder ran on this host and that process is gone; a stale
 lock is broken (with a warning) and the run goes on. `break_lock=True` (`--break-lock`) also breaks a lock that
 does not look stale: only for an operator who knows the holder is dead (e.g. its host was lost a minute ago).
@@ -44,6 +45,11 @@ LOCK_NAME = "_sparkseg.lock"
 
 class LockHeld(OutputBusy):
     """Another run holds the output's lock; the message names it and says what to do."""
+
+
+class LockLost(OutputBusy):
+    """Another run broke this run's lock while it wrote (`--break-lock`, or this run looked stale): this run stops
+    at its next wave, keeping what it committed (exit 4)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,7 @@ class RunLock:
     def __init__(self, store: LockStore, info: LockInfo, token: object, settings: LockSettings):
         self.store, self.info, self._token, self.settings = store, info, token, settings
         self.lost = False  # set when the heartbeat found the lock taken over (broken by another run)
+        self.taken_by = ""  # then: the run holding it at that moment, described
         self._stop = threading.Event()
         self._mutex = threading.Lock()
         self._thread = threading.Thread(target=self._heartbeat_loop, name="sparkseg-lock-heartbeat", daemon=True)
@@ -182,11 +189,28 @@ class RunLock:
             token = self.store.replace(info.to_bytes(), self._token)
             if token is None:
                 self.lost, self._token = True, None
-                log.warning("the lock %s was broken by another run; this run (%s) may now overlap with it",
-                            self.store.uri, self.info.run_id)
+                found = self.store.read()
+                holder = LockInfo.parse(found[0]) if found else None
+                self.taken_by = holder.describe() if holder else "another run"   # absent: between its break and its take
+                log.warning("the lock %s was broken by %s; this run (%s) stops at its next wave", self.store.uri,
+                            self.taken_by, self.info.run_id)
                 return False
             self.info, self._token = info, token
             return True
+
+    def ensure_held(self) -> None:
+        """Rewrite the heartbeat now and raise LockLost when the lock is no longer ours: the run calls this before
+        each write it commits (a wave, the resume index, the summary), so a run whose lock was broken stops instead of
+        writing beside the run that broke it. A storage error here is left to the heartbeat thread's retries."""
+        try:
+            held = self.heartbeat()
+        except Exception as err:  # noqa: BLE001 - a storage hiccup must not end the run
+            log.warning("lock heartbeat failed (%s: %s); the heartbeat thread retries", type(err).__name__, err)
+            return
+        if not held:
+            raise LockLost(f"{self.store.uri}: this run's lock was broken by {self.taken_by} while this run "
+                           f"({self.info.run_id}) wrote; it stopped, and the images it committed are kept. Let that "
+                           "run finish, then run again to do what is left (it skips what is done)")
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_s):
