@@ -64,6 +64,12 @@ def start_job(*args: str, env: dict | None = None, log: Path | None = None, own_
                             start_new_session=own_process_group)
 
 
+def wait_for_a_committed_wave(output: Path, job: subprocess.Popen) -> None:
+    """Until the job (a process of its own) has committed its first wave to output/detections."""
+    wait_until(lambda: any((output / "detections").glob("part-*.parquet")), "the first committed wave", 600,
+               process=job)
+
+
 def outputs(spark, output: Path) -> tuple[list[str], list]:
     detections = [r.path for r in spark.read.parquet(str(output / "detections")).select("path").collect()]
     # a driver killed between a wave's two commits leaves errors/ with only Spark's _temporary: nothing committed
@@ -307,8 +313,7 @@ def test_driver_killed_mid_job_resumes_without_duplicates_or_recomputation(spark
     job = start_job("--config", str(config), "--input", str(images), "--output", str(output), "--partitions", "2",
                     "--master", "local[2,4]")
     try:
-        wait_until(lambda: any((output / "detections").glob("part-*.parquet")), "the first committed wave", 600,
-                   process=job)
+        wait_for_a_committed_wave(output, job)
         job.kill()      # SIGKILL: no cleanup, no shutdown hooks
         job.wait()
     finally:
@@ -339,8 +344,7 @@ def test_a_run_whose_lock_is_broken_stops_before_its_next_wave_and_a_rerun_does_
     job = start_job(*args)
     breaker = None
     try:
-        wait_until(lambda: any((output / "detections").glob("part-*.parquet")), "the first committed wave", 600,
-                   process=job)
+        wait_for_a_committed_wave(output, job)
         os.kill(job.pid, signal.SIGSTOP)
         try:
             breaker = RunLock.acquire(str(output), "20990101T000000Z-breaker", LockSettings(break_lock=True))

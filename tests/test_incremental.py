@@ -216,7 +216,7 @@ def test_heartbeat_keeps_the_lock_fresh_and_a_takeover_is_noticed(tmp_path, capl
     try:
         started = first.info.heartbeat
         wait_until(lambda: LockInfo.parse(Path(output, LOCK_NAME).read_bytes()).heartbeat != started,
-                 "the heartbeat thread to rewrite the lock")
+                   "the heartbeat thread to rewrite the lock")
         second = RunLock.acquire(output, "second", LockSettings(break_lock=True))
         wait_until(lambda: first.lost, "the first run's heartbeat to notice the takeover", 60)
     finally:

@@ -342,13 +342,14 @@ class LocalLockStore:
         try:
             with self.serialized():
                 found = self.read()
-                if found is None or found[1] != token:
-                    return None
-                os.replace(temp, self.path)  # atomic: the lock never disappears while it is rewritten
-        finally:
-            if os.path.exists(temp):
-                os.unlink(temp)
-        return data
+                if found is not None and found[1] == token:
+                    os.replace(temp, self.path)  # atomic: the lock never disappears while it is rewritten
+                    return data
+        except BaseException:
+            os.unlink(temp)
+            raise
+        os.unlink(temp)
+        return None
 
     def delete(self, token: bytes) -> bool:
         aside = f"{self.path}.{uuid.uuid4().hex}.released"
