@@ -136,9 +136,10 @@ test: test-envs
 # The main suite in TEST_WORKERS processes (pytest-xdist), one test file per process at a time (--dist loadfile: a
 # file's module fixtures are built once), the longest files first (tests/conftest.py's LONG_FILES_FIRST; without
 # --no-loadscope-reorder xdist would order files by their number of tests). Its tests wait on processes they start
-# (JVMs, clusters, jobs) much of the time: 2 workers on 2 cores took it from ~28 to ~21 min. A worker that crashes (a
-# segfault) fails its file and the run (--max-worker-restart=0): xdist's replacement worker would hang the run, both
-# sides waiting, until CI's time limit.
+# (JVMs, clusters, jobs) much of the time: 2 workers on 2 cores took it from ~28 to ~21 min. 3 do not pay: `make
+# test` one after the other on a 2-core EPYC Zen 5, 738 s and 1434 busy CPU-s with 2 workers, 783 s and 1554 with 3.
+# A worker that crashes (a segfault) fails its file and the run (--max-worker-restart=0): xdist's replacement worker
+# would hang the run, both sides waiting, until CI's time limit.
 TEST_WORKERS ?= 2
 test-main: $(VENV)/.stamp-test azurite browser jvm-archive
 	mkdir -p "$(PYTEST_TMP)" "$(SUITE_TMP)"
