@@ -70,6 +70,13 @@ def wait_for_a_committed_wave(output: Path, job: subprocess.Popen) -> None:
                process=job)
 
 
+def kill_after_a_committed_wave(output: Path, job: subprocess.Popen) -> None:
+    """SIGKILL the job (no cleanup, no shutdown hooks) once it has committed its first wave."""
+    wait_for_a_committed_wave(output, job)
+    job.kill()
+    job.wait()
+
+
 def outputs(spark, output: Path) -> tuple[list[str], list]:
     detections = [r.path for r in spark.read.parquet(str(output / "detections")).select("path").collect()]
     # a driver killed between a wave's two commits leaves errors/ with only Spark's _temporary: nothing committed
@@ -313,9 +320,7 @@ def test_driver_killed_mid_job_resumes_without_duplicates_or_recomputation(spark
     job = start_job("--config", str(config), "--input", str(images), "--output", str(output), "--partitions", "2",
                     "--master", "local[2,4]")
     try:
-        wait_for_a_committed_wave(output, job)
-        job.kill()      # SIGKILL: no cleanup, no shutdown hooks
-        job.wait()
+        kill_after_a_committed_wave(output, job)
     finally:
         job.kill()
     committed = len(outputs(spark, output)[0])

@@ -4,12 +4,14 @@ local files, Azure blobs (Azurite) and Hadoop's FileSystem (through the Spark JV
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -244,9 +246,6 @@ def test_a_rewrite_during_a_take_over_waits_and_then_finds_the_lock_taken(tmp_pa
     lock's directory. A rewrite that starts while another process is between its check and its act waits, then
     finds the new lock instead of renaming its own version over it (which left the breaker, not the broken run,
     lost: seen as a heartbeat test that waited forever for the broken run to notice)."""
-    import fcntl
-    import threading
-
     store = LocalLockStore(str(tmp_path / LOCK_NAME))
     token = store.create(b"first")
     directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)

@@ -19,7 +19,7 @@ from pipelines.job_cli import build_config, parse_args
 from pipelines.results.done_index import done_keys
 from pipelines.results.results_writer import FRAME_COLUMNS, read_table
 from tests.job_helpers import job_config, read_rows
-from tests.test_faults import start_job, wait_for_a_committed_wave
+from tests.test_faults import kill_after_a_committed_wave, start_job
 
 
 def road_frames(count: int, seed: int = 7, scenes: int = 10) -> list[np.ndarray]:
@@ -224,9 +224,7 @@ def test_driver_killed_mid_video_resumes_with_every_frame_exactly_once(spark, tm
             "--master", "local[2,4]")
     job = start_job(*args)
     try:
-        wait_for_a_committed_wave(output, job)
-        job.kill()      # SIGKILL: no cleanup, no shutdown hooks
-        job.wait()
+        kill_after_a_committed_wave(output, job)
     finally:
         job.kill()
     committed = sorted({r.segment_start for r in read_rows(spark, output, "detections")})
