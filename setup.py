@@ -1,4 +1,5 @@
 """sparkseg: YOLACT instance segmentation and object detection on Spark CPU clusters."""
+
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -14,8 +15,8 @@ CORE = [
     "pandas>=1.5.3,<3",
     "pyyaml>=6",
     "pycocotools>=2.0.7",
-    "zlib-ng>=0.5",   # label-map PNGs deflated ~4x faster than by zlib (pipelines.ops.mask_outputs)
-    "numba>=0.60",    # the per-pixel loops of resize, masks and label maps (pipelines.ops.compiled_loops)
+    "zlib-ng>=0.5",  # label-map PNGs deflated ~4x faster than by zlib (pipelines.ops.mask_outputs)
+    "numba>=0.60",  # the per-pixel loops of resize, masks and label maps (pipelines.ops.compiled_loops)
     "fsspec>=2023.1",
     # PyAV (FFmpeg bundled in its wheels): video input, decoded on the executors (pipelines.ops.video_decode)
     "av>=12,<19",
@@ -46,8 +47,15 @@ EXTRAS = {
     "report": ["matplotlib>=3.7.2"],
     # Sweeps and benchmarks (jobs/sweep.py, make bench): process memory sampling and plots.
     "sweep": ["psutil>=5.9", "matplotlib>=3.7.2"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.8", "matplotlib>=3.7.2", "venv-pack>=0.2",
-            "psutil>=5.9", "selenium>=4.20,<5"],   # selenium drives Debian's chromium (make browser) in the report page test
+    "dev": [
+        "pytest>=8",
+        "pytest-timeout>=2.3",
+        "pytest-xdist>=3.8",
+        "matplotlib>=3.7.2",
+        "venv-pack>=0.2",
+        "psutil>=5.9",
+        "selenium>=4.20,<5",
+    ],  # selenium drives Debian's chromium (make browser) in the report page test
 }
 
 setup(
@@ -62,13 +70,17 @@ setup(
     # conf/ (the deployment YAMLs, conf/local.yaml the jobs' defaults) installs as pipelines/conf/: an installed
     # wheel or a packed env reads the same defaults as a checkout (pipelines.job_config.default_config_path).
     package_dir={"pipelines.conf": "conf"},
-    package_data={"pipelines.conf": ["*.yaml", "*.properties"],
-                  # a top-level module on local workers' path, not a package (spark_session.local_daemon_settings)
-                  "pipelines.spark": ["local_daemon/*.py"]},
+    package_data={
+        "pipelines.conf": ["*.yaml", "*.properties"],
+        # a top-level module on local workers' path, not a package (spark_session.local_daemon_settings)
+        "pipelines.spark": ["local_daemon/*.py"],
+    },
     install_requires=CORE,
     extras_require=EXTRAS,
-    entry_points={"console_scripts": [
-        "sparkseg-infer-yolact = pipelines.job_cli:main_yolact",
-        "sparkseg-infer-detector = pipelines.job_cli:main_detector",
-    ]},
+    entry_points={
+        "console_scripts": [
+            "sparkseg-infer-yolact = pipelines.job_cli:main_yolact",
+            "sparkseg-infer-detector = pipelines.job_cli:main_detector",
+        ]
+    },
 )

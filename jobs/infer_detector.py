@@ -8,12 +8,13 @@ DIR for --model: an export directory made by `python -m model_export detector ..
 (detections/ with boxes and no masks, errors/, summary.json) and exit codes as jobs/infer_yolact.py (both are
 pipelines/job_cli.py).
 """
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from pipelines import job_cli  # noqa: E402
 

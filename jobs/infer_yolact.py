@@ -5,12 +5,13 @@
 
 Arguments, exit codes and the summary are shared with the other job scripts (pipelines/job_cli.py).
 """
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from pipelines import job_cli  # noqa: E402
 

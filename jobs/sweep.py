@@ -7,16 +7,17 @@ streams/threads, precision, engine) and write sweep.csv, report.md and plots/*.p
 Every point is a separate run of jobs/infer_yolact.py in its own driver process (see pipelines/sweeps/).
 Exit code: 0 when every point ran, 3 when some failed (their rows say why), 2 for a bad config.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from pipelines.errors import report_error  # noqa: E402
-from pipelines.job_config import ConfigError, REPO_ROOT  # noqa: E402
+from pipelines.job_config import REPO_ROOT, ConfigError  # noqa: E402
 
 DEFAULT_CONFIG = REPO_ROOT / "conf" / "sweep.yaml"
 
@@ -36,8 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.sweeps.sweep import run_sweep
 
     try:
-        config = load_sweep_config(args.config, {"out_dir": args.out_dir, "mode": args.mode,
-                                                 "repeats": args.repeats})
+        config = load_sweep_config(args.config, {"out_dir": args.out_dir, "mode": args.mode, "repeats": args.repeats})
     except ConfigError as err:
         return report_error(err)
     rows, paths = run_sweep(config)

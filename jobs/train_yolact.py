@@ -7,13 +7,14 @@
 Strategies: local (1 process, N threads), ddp, pipeline (GPipe stages), hybrid (data-parallel pipelines).
 Killed? Run the same command again: it resumes from the newest checkpoint in run_dir.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from pipelines.training.train_job import parse_train_args, run_train_job  # noqa: E402
 

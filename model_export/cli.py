@@ -5,6 +5,7 @@ Exit codes: 0 exported and parity passed; 2 bad arguments, a checkpoint that doe
 that cannot be used, an --out that holds other files; 3 parity (or the INT8 accuracy gate) failed (the files are
 left for inspection, but no manifest.json, so no job will load them; where --out held an export that passed, it is
 kept and the new files go to <out>.failed)."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,9 @@ FAMILIES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m model_export",
-                                     description="Export a model to ONNX and OpenVINO IR, with a parity report.")
+    parser = argparse.ArgumentParser(
+        prog="python -m model_export", description="Export a model to ONNX and OpenVINO IR, with a parity report."
+    )
     families = parser.add_subparsers(dest="family", required=True, metavar="FAMILY")
     modules = {}
     for name, (module_name, help_text) in FAMILIES.items():
@@ -34,11 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with replacing_export(Path(args.out)) as target:
             modules[args.family].export(args)
-    except SparkSegError as err:     # ParityFailed: exit 3; bad checkpoint or calibration images: exit 2
+    except SparkSegError as err:  # ParityFailed: exit 3; bad checkpoint or calibration images: exit 2
         code = report_error(err)
         if target is not None and target.kept:
-            print(f"{target.out}: the earlier export is kept; this export's files are in {target.kept}",
-                  file=sys.stderr)
+            print(
+                f"{target.out}: the earlier export is kept; this export's files are in {target.kept}", file=sys.stderr
+            )
         return code
     return 0
 

@@ -1,14 +1,15 @@
 """Family-agnostic export steps: PyTorch -> ONNX -> simplified ONNX -> OpenVINO IR (FP16 weights)."""
+
 from __future__ import annotations
 
 import importlib.metadata
 import json
 import shutil
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -19,7 +20,7 @@ class ParityFailed(RunFailed):
     """The exported model does not give PyTorch's answers: no manifest.json is written."""
 
 
-EXPORT_FILES = ("manifest.json", "parity.json", "model.onnx")   # one of them: a directory an export wrote
+EXPORT_FILES = ("manifest.json", "parity.json", "model.onnx")  # one of them: a directory an export wrote
 
 
 @dataclass
@@ -45,9 +46,11 @@ def replacing_export(out: Path) -> Iterator[ExportTarget]:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: a file, not a directory")
     if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in EXPORT_FILES):
-        raise UsageError(f"--out {out}: not empty and not an earlier export (no {', '.join(EXPORT_FILES)}): "
-                         "choose a new or empty directory")
-    if aside.exists():   # left by an export that was killed: the earlier export, unless it finished since
+        raise UsageError(
+            f"--out {out}: not empty and not an earlier export (no {', '.join(EXPORT_FILES)}): "
+            "choose a new or empty directory"
+        )
+    if aside.exists():  # left by an export that was killed: the earlier export, unless it finished since
         if (out / "manifest.json").exists():
             shutil.rmtree(aside)
         else:
@@ -69,7 +72,7 @@ def replacing_export(out: Path) -> Iterator[ExportTarget]:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def start_export(args, opset_rule: str, build_model) -> tuple["StageTimer", Path, torch.nn.Module, dict]:
+def start_export(args, opset_rule: str, build_model) -> tuple[StageTimer, Path, torch.nn.Module, dict]:
     """An export's first stage: its timer, its output directory (--out, created) and `build_model(args)`'s (model,
     weights record), timed as "build_model". An --opset below 11 is refused (exit 2): `opset_rule` says why."""
     if args.opset < 11:
@@ -84,8 +87,9 @@ def start_export(args, opset_rule: str, build_model) -> tuple["StageTimer", Path
 def require_weights_choice(weights: str | None, random_init: bool, checkpoint: str) -> None:
     """Exactly one of --weights (a `checkpoint`) and --random-init; else UsageError (exit 2)."""
     if not weights and not random_init:
-        raise UsageError(f"pass --weights CKPT.pth ({checkpoint}) or --random-init (random weights, for tests and "
-                         "benchmarks only)")
+        raise UsageError(
+            f"pass --weights CKPT.pth ({checkpoint}) or --random-init (random weights, for tests and benchmarks only)"
+        )
     if weights and random_init:
         raise UsageError("--weights and --random-init exclude each other")
 
@@ -108,13 +112,22 @@ class StageTimer:
         self.seconds[name] = round(time.perf_counter() - start, 3)
 
 
-def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, input_name: str,
-                output_names: list[str], opset: int) -> None:
+def export_onnx(
+    model: torch.nn.Module, example: torch.Tensor, path: Path, input_name: str, output_names: list[str], opset: int
+) -> None:
     """Trace `model` (eval mode) at the static shape of `example` into an ONNX file."""
     model.eval()
     with torch.no_grad():
-        torch.onnx.export(model, (example,), str(path), input_names=[input_name], output_names=output_names,
-                          opset_version=opset, do_constant_folding=True, dynamo=False)
+        torch.onnx.export(
+            model,
+            (example,),
+            str(path),
+            input_names=[input_name],
+            output_names=output_names,
+            opset_version=opset,
+            do_constant_folding=True,
+            dynamo=False,
+        )
 
 
 def simplify_onnx(src: Path, dst: Path) -> None:
@@ -134,8 +147,16 @@ def convert_to_ir(onnx_path: Path, xml_path: Path, compress_to_fp16: bool = True
     ov.save_model(ov.convert_model(str(onnx_path)), str(xml_path), compress_to_fp16=compress_to_fp16)
 
 
-def export_all(network: torch.nn.Module, example: torch.Tensor, out: Path, files: dict, input_name: str,
-               output_names: list[str], opset: int, timer: StageTimer) -> None:
+def export_all(
+    network: torch.nn.Module,
+    example: torch.Tensor,
+    out: Path,
+    files: dict,
+    input_name: str,
+    output_names: list[str],
+    opset: int,
+    timer: StageTimer,
+) -> None:
     """The three conversion stages into `out` (file names from `files`: onnx, onnx_simplified, ir_xml), timed."""
     with timer.stage("onnx_export"):
         export_onnx(network, example, out / files["onnx"], input_name, output_names, opset)
@@ -154,8 +175,10 @@ def save_parity_report(out: Path, report: dict, files: dict, timer: StageTimer, 
     print(table)
     print("export seconds per stage:", json.dumps(timer.seconds))
     if not report["passed"]:
-        raise ParityFailed("parity gate failed (no manifest.json written, the directory is not usable):\n  "
-                           + "\n  ".join(report["failures"]))
+        raise ParityFailed(
+            "parity gate failed (no manifest.json written, the directory is not usable):\n  "
+            + "\n  ".join(report["failures"])
+        )
     files["parity"] = "parity.json"
 
 

@@ -4,6 +4,7 @@ Compares each runtime's raw outputs with torch (max abs difference, and relative
 YOLACT, the detections after the shared numpy postprocess: matched by class and box IoU (near-tied scores may swap
 ranks, so detections are matched as sets, not by position), with box and mask IoU of the matched pairs.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -18,10 +19,10 @@ class ParityGate:
     """Thresholds the export must meet in f32; bf16 (the device default on CPUs with AVX512-BF16) is reported, not
     gated."""
 
-    ort_atol: float = 1e-4            # ONNX Runtime vs torch, every raw output
-    ov_fp32_ir_atol: float = 1e-3     # OpenVINO f32, FP32-weights IR vs torch
-    ov_fp16_ir_rel: float = 1e-2      # OpenVINO f32, FP16-weights IR vs torch, relative to each output's range
-    min_matched: float = 0.95         # fraction of torch detections matched (same class, box IoU >= 0.5)
+    ort_atol: float = 1e-4  # ONNX Runtime vs torch, every raw output
+    ov_fp32_ir_atol: float = 1e-3  # OpenVINO f32, FP32-weights IR vs torch
+    ov_fp16_ir_rel: float = 1e-2  # OpenVINO f32, FP16-weights IR vs torch, relative to each output's range
+    min_matched: float = 0.95  # fraction of torch detections matched (same class, box IoU >= 0.5)
     min_median_mask_iou: float = 0.99
 
     def as_dict(self) -> dict:
@@ -67,8 +68,13 @@ def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
     return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
 
 
-def detection_agreement(ref_dets: list[yp.Detections], other_dets: list[yp.Detections], protos_ref: list,
-                        protos_other: list, sizes: list[tuple[int, int]]) -> dict:
+def detection_agreement(
+    ref_dets: list[yp.Detections],
+    other_dets: list[yp.Detections],
+    protos_ref: list,
+    protos_other: list,
+    sizes: list[tuple[int, int]],
+) -> dict:
     """Counts, class agreement, matched fraction, box and mask IoU of matched detections over all images."""
     n_ref = n_other = matched = class_same = class_total = 0
     box_ious, mask_ious = [], []
@@ -102,19 +108,30 @@ def detection_agreement(ref_dets: list[yp.Detections], other_dets: list[yp.Detec
 def format_table(rows: dict[str, dict]) -> str:
     """A fixed-width table of the parity rows for the terminal."""
     outputs = list(next(iter(rows.values()))["raw"].keys())
-    header = ["runtime"] + [f"max|d| {o}" for o in outputs] + ["dets", "class", "matched", "boxIoU med/min",
-                                                                "maskIoU med/min"]
+    header = (
+        ["runtime"]
+        + [f"max|d| {o}" for o in outputs]
+        + ["dets", "class", "matched", "boxIoU med/min", "maskIoU med/min"]
+    )
     lines = [header]
     for name, row in rows.items():
         det = row.get("detections", {})
 
-        def pair(key):
+        def pair(key, det=det):
             med, low = det.get(f"{key}_median"), det.get(f"{key}_min")
             return "-" if med is None else f"{med:.4f}/{low:.4f}"
 
-        lines.append([name] + [f"{row['raw'][o]['max_abs']:.2e}" for o in outputs] + [
-            str(det.get("detections", "-")), f"{det.get('class_agreement', 1.0):.3f}",
-            f"{det.get('matched_fraction', 1.0):.3f}", pair("box_iou"), pair("mask_iou")])
+        lines.append(
+            [name]
+            + [f"{row['raw'][o]['max_abs']:.2e}" for o in outputs]
+            + [
+                str(det.get("detections", "-")),
+                f"{det.get('class_agreement', 1.0):.3f}",
+                f"{det.get('matched_fraction', 1.0):.3f}",
+                pair("box_iou"),
+                pair("mask_iou"),
+            ]
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in lines)
 
@@ -122,8 +139,9 @@ def format_table(rows: dict[str, dict]) -> str:
 RUNTIMES = ("torch", "onnxruntime", "openvino_fp32ir_f32", "openvino_fp16ir_f32", "openvino_fp16ir_default")
 
 
-def runtime_outputs(network, tensors: list[np.ndarray], onnx_path, ir_xml, input_name: str,
-                    output_names: list[str]) -> dict[str, list[dict]]:
+def runtime_outputs(
+    network, tensors: list[np.ndarray], onnx_path, ir_xml, input_name: str, output_names: list[str]
+) -> dict[str, list[dict]]:
     """Every runtime's raw outputs on the same preprocessed tensors ([3, H, W] each): torch (eval), ONNX Runtime on
     the simplified ONNX, OpenVINO f32 on an FP32-weights IR (made here, in memory only), and the shipped FP16 IR in
     f32 and in the device default (bf16 on CPUs with AVX512-BF16). Returns {runtime: [{output name: array without
@@ -140,12 +158,15 @@ def runtime_outputs(network, tensors: list[np.ndarray], onnx_path, ir_xml, input
             values = network(torch.from_numpy(x)[None])
             outputs["torch"].append({n: v[0].numpy() for n, v in zip(output_names, values)})
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    outputs["onnxruntime"] = [dict(zip(output_names, (o[0] for o in session.run(output_names, {input_name: x[None]}))))
-                              for x in tensors]
-    fp32_model = openvino_core().compile_model(ov.convert_model(str(onnx_path)), "CPU",
-                                               RuntimeSettings(precision="f32").ov_config())
-    outputs["openvino_fp32ir_f32"] = [{o.get_any_name(): fp32_model(x[None])[o][0] for o in fp32_model.outputs}
-                                      for x in tensors]
+    outputs["onnxruntime"] = [
+        dict(zip(output_names, (o[0] for o in session.run(output_names, {input_name: x[None]})))) for x in tensors
+    ]
+    fp32_model = openvino_core().compile_model(
+        ov.convert_model(str(onnx_path)), "CPU", RuntimeSettings(precision="f32").ov_config()
+    )
+    outputs["openvino_fp32ir_f32"] = [
+        {o.get_any_name(): fp32_model(x[None])[o][0] for o in fp32_model.outputs} for x in tensors
+    ]
     for name, precision in (("openvino_fp16ir_f32", "f32"), ("openvino_fp16ir_default", "auto")):
         runner = CompiledIR(ir_xml, RuntimeSettings(precision=precision))
         outputs[name] = [runner.infer_one(x) for x in tensors]

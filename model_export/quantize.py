@@ -18,6 +18,7 @@ Calibration images are decoded and preprocessed exactly as the job does (`pipeli
 FP16-weights IR, both run with OpenVINO's f32 precision hint, on held-out images: `--gate-images DIR`, or else the
 last images of the calibration directory (never used for calibration).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,9 +26,9 @@ import hashlib
 import importlib.metadata
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -61,7 +62,7 @@ class Int8Gate:
     # quantization matches next to nothing.
     min_matched: float = 0.75
     min_median_iou: float = 0.9
-    max_ap_drop: float = 1.0        # AP points (0-100) INT8 may lose against f32, with --eval-annotations
+    max_ap_drop: float = 1.0  # AP points (0-100) INT8 may lose against f32, with --eval-annotations
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -71,33 +72,66 @@ def add_arguments(parser: argparse.ArgumentParser, iou_name: str, default_ignore
     """The INT8 options of an export subcommand (`iou_name`: what --int8-min-median-iou measures;
     `default_ignored`: the family's measured ignored scope, NNCF name regexes)."""
     group = parser.add_argument_group("INT8 (NNCF post-training quantization)")
-    group.add_argument("--precision", choices=("fp16", "int8"), default="fp16",
-                       help="fp16: the FP16-weights IR (default); int8: also an INT8 IR, which the manifest points "
-                            "jobs at (model.int8.xml), gated against f32")
+    group.add_argument(
+        "--precision",
+        choices=("fp16", "int8"),
+        default="fp16",
+        help="fp16: the FP16-weights IR (default); int8: also an INT8 IR, which the manifest points "
+        "jobs at (model.int8.xml), gated against f32",
+    )
     group.add_argument("--calibration-images", help="directory of calibration images (with --precision int8)")
-    group.add_argument("--calibration-count", type=int, default=DEFAULT_CALIBRATION_COUNT,
-                       help="at most this many calibration images")
-    group.add_argument("--gate-images", help="held-out images for the INT8 gate (default: the last images of "
-                                             "--calibration-images, which are then not used for calibration)")
-    group.add_argument("--gate-count", type=int, default=None,
-                       help=f"how many gate images (default: all of --gate-images, or one in five of the "
-                            f"calibration directory, at most {MAX_HELD_OUT})")
+    group.add_argument(
+        "--calibration-count", type=int, default=DEFAULT_CALIBRATION_COUNT, help="at most this many calibration images"
+    )
+    group.add_argument(
+        "--gate-images",
+        help="held-out images for the INT8 gate (default: the last images of "
+        "--calibration-images, which are then not used for calibration)",
+    )
+    group.add_argument(
+        "--gate-count",
+        type=int,
+        default=None,
+        help=f"how many gate images (default: all of --gate-images, or one in five of the "
+        f"calibration directory, at most {MAX_HELD_OUT})",
+    )
     defaults = Int8Gate()
-    group.add_argument("--int8-min-matched", type=float, default=defaults.min_matched,
-                       help="gate: fraction of detections matched between INT8 and f32 (class + box IoU >= 0.5)")
-    group.add_argument("--int8-min-median-iou", type=float, default=defaults.min_median_iou,
-                       help=f"gate: median {iou_name} IoU of the matched detections")
-    group.add_argument("--eval-annotations",
-                       help="COCO annotations (JSON) of the gate images (matched by file name): the gate also "
-                            "compares box (and mask) AP of INT8 and f32 with pycocotools")
-    group.add_argument("--int8-max-ap-drop", type=float, default=defaults.max_ap_drop,
-                       help="gate, with --eval-annotations: AP points (0-100) INT8 may lose against f32")
-    group.add_argument("--int8-gate-score", type=float, default=None,
-                       help="gate: compare detections scoring at least this (default: 0.3 for YOLACT, whose "
-                            "low-score tail is near-tied noise; the detector's box_score_thresh)")
-    group.add_argument("--int8-ignored-scope", default=",".join(default_ignored),
-                       help="comma-separated regexes of OpenVINO node names kept in higher precision (NNCF "
-                            f"IgnoredScope patterns; '' for none; default: {','.join(default_ignored) or 'none'})")
+    group.add_argument(
+        "--int8-min-matched",
+        type=float,
+        default=defaults.min_matched,
+        help="gate: fraction of detections matched between INT8 and f32 (class + box IoU >= 0.5)",
+    )
+    group.add_argument(
+        "--int8-min-median-iou",
+        type=float,
+        default=defaults.min_median_iou,
+        help=f"gate: median {iou_name} IoU of the matched detections",
+    )
+    group.add_argument(
+        "--eval-annotations",
+        help="COCO annotations (JSON) of the gate images (matched by file name): the gate also "
+        "compares box (and mask) AP of INT8 and f32 with pycocotools",
+    )
+    group.add_argument(
+        "--int8-max-ap-drop",
+        type=float,
+        default=defaults.max_ap_drop,
+        help="gate, with --eval-annotations: AP points (0-100) INT8 may lose against f32",
+    )
+    group.add_argument(
+        "--int8-gate-score",
+        type=float,
+        default=None,
+        help="gate: compare detections scoring at least this (default: 0.3 for YOLACT, whose "
+        "low-score tail is near-tied noise; the detector's box_score_thresh)",
+    )
+    group.add_argument(
+        "--int8-ignored-scope",
+        default=",".join(default_ignored),
+        help="comma-separated regexes of OpenVINO node names kept in higher precision (NNCF "
+        f"IgnoredScope patterns; '' for none; default: {','.join(default_ignored) or 'none'})",
+    )
 
 
 def image_files(directory: str | Path) -> list[Path]:
@@ -114,7 +148,7 @@ def decode_all(paths: list[Path]) -> tuple[list[tuple[Path, bytes, np.ndarray]],
         data = path.read_bytes()
         try:
             images.append((path, data, decode_image(data, str(path))))
-        except Exception as err:   # any decode failure (ImageDecodeError, a truncated file): skip, say so
+        except Exception as err:  # any decode failure (ImageDecodeError, a truncated file): skip, say so
             skipped.append(f"{path.name}: {err}")
     return images, skipped
 
@@ -123,15 +157,18 @@ def split_images(args: argparse.Namespace) -> dict:
     """Decode the calibration (and gate) images before anything expensive runs; raise CalibrationError when a
     directory has no decodable image. Returns {"calibration": [...], "gate": [...], "skipped": [...]}."""
     if not args.calibration_images:
-        raise CalibrationError("--precision int8 needs --calibration-images DIR (images like the ones the job "
-                               "will see)")
+        raise CalibrationError(
+            "--precision int8 needs --calibration-images DIR (images like the ones the job will see)"
+        )
     if args.calibration_count < 1:
         raise CalibrationError(f"--calibration-count {args.calibration_count}: must be >= 1")
     calibration_dir = Path(args.calibration_images)
     images, skipped = decode_all(image_files(calibration_dir))
     if not images:
-        raise CalibrationError(f"--calibration-images {calibration_dir}: no decodable image "
-                               f"({len(skipped)} files tried): pass a directory of JPEG/PNG/TIFF images")
+        raise CalibrationError(
+            f"--calibration-images {calibration_dir}: no decodable image "
+            f"({len(skipped)} files tried): pass a directory of JPEG/PNG/TIFF images"
+        )
     if args.gate_images:
         gate_dir = Path(args.gate_images)
         gate, gate_skipped = decode_all(image_files(gate_dir))
@@ -139,15 +176,17 @@ def split_images(args: argparse.Namespace) -> dict:
         if not gate:
             raise CalibrationError(f"--gate-images {gate_dir}: no decodable image: pass a directory of images")
         if args.gate_count:
-            gate = gate[:args.gate_count]
-        calibration = images[:args.calibration_count]
+            gate = gate[: args.gate_count]
+        calibration = images[: args.calibration_count]
     else:
         held_out = args.gate_count or max(1, min(MAX_HELD_OUT, len(images) // 5))
         if len(images) <= held_out:
-            raise CalibrationError(f"--calibration-images {calibration_dir}: {len(images)} decodable images, but "
-                                   f"{held_out} are held out for the gate: add images or pass --gate-images DIR")
+            raise CalibrationError(
+                f"--calibration-images {calibration_dir}: {len(images)} decodable images, but "
+                f"{held_out} are held out for the gate: add images or pass --gate-images DIR"
+            )
         gate = images[-held_out:]
-        calibration = images[:-held_out][:args.calibration_count]
+        calibration = images[:-held_out][: args.calibration_count]
     annotations = gate_annotations(args.eval_annotations, gate) if args.eval_annotations else None
     return {"calibration": calibration, "gate": gate, "skipped": skipped, "annotations": annotations}
 
@@ -159,14 +198,16 @@ def gate_annotations(path: str, gate: list[tuple[Path, bytes, np.ndarray]]) -> d
 
     try:
         ground_truth = load_ground_truth(path)
-    except Exception as err:   # missing file, not JSON, not COCO: say which file
+    except Exception as err:  # missing file, not JSON, not COCO: say which file
         raise CalibrationError(f"--eval-annotations {path}: cannot be read as COCO annotations ({err})") from None
     ids = {Path(image["file_name"]).name: image["id"] for image in ground_truth.dataset.get("images", [])}
     missing = [p.name for p, _, _ in gate if p.name not in ids]
     if missing:
-        raise CalibrationError(f"--eval-annotations {path}: no entry for {len(missing)} of the {len(gate)} gate "
-                               f"images (e.g. {', '.join(missing[:3])}): annotate every gate image, or pass the "
-                               "annotated ones with --gate-images")
+        raise CalibrationError(
+            f"--eval-annotations {path}: no entry for {len(missing)} of the {len(gate)} gate "
+            f"images (e.g. {', '.join(missing[:3])}): annotate every gate image, or pass the "
+            "annotated ones with --gate-images"
+        )
     return subset_ground_truth(ground_truth, {ids[p.name] for p, _, _ in gate}).dataset
 
 
@@ -192,10 +233,15 @@ def ap_comparison(out: Path, manifest_data: dict, images: dict, iou_types: tuple
                 (model_dir / rel).parent.mkdir(parents=True, exist_ok=True)
                 (model_dir / rel).symlink_to((out / rel).resolve())
             write_manifest(model_dir, {**manifest_data, "files": files})
-            rows = infer_files(model_dir, paths, str(Path(tmp) / f"{name}-out"), str(paths[0].parent),
-                               RuntimeSettings(precision="f32"), masks="rle")
-            reports[name] = ap_report(ground_truth, results_from_rows(rows, image_ids, category_ids), None,
-                                      iou_types)
+            rows = infer_files(
+                model_dir,
+                paths,
+                str(Path(tmp) / f"{name}-out"),
+                str(paths[0].parent),
+                RuntimeSettings(precision="f32"),
+                masks="rle",
+            )
+            reports[name] = ap_report(ground_truth, results_from_rows(rows, image_ids, category_ids), None, iou_types)
     return reports
 
 
@@ -205,8 +251,9 @@ def image_set_sha256(images: list[tuple[Path, bytes, np.ndarray]]) -> str:
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
-def quantize_ir(source_xml: Path, xml_path: Path, tensors: list[np.ndarray], input_name: str,
-                ignored_patterns: list[str]) -> dict:
+def quantize_ir(
+    source_xml: Path, xml_path: Path, tensors: list[np.ndarray], input_name: str, ignored_patterns: list[str]
+) -> dict:
     """NNCF PTQ of the shipped FP16-weights IR (the gate's reference; NNCF's graph builder also handles the
     detector's IR, which it does not when given the ONNX graph), saved with FP16 for what stays float. Returns what
     the manifest records about it."""
@@ -218,20 +265,35 @@ def quantize_ir(source_xml: Path, xml_path: Path, tensors: list[np.ndarray], inp
     model = openvino_core().read_model(str(source_xml))
     dataset = nncf.Dataset(tensors, lambda x: {input_name: x[None]})
     ignored = nncf.IgnoredScope(patterns=ignored_patterns, validate=True) if ignored_patterns else None
-    quantized = nncf.quantize(model, dataset, preset=nncf.QuantizationPreset.MIXED, subset_size=len(tensors),
-                              ignored_scope=ignored)
+    quantized = nncf.quantize(
+        model, dataset, preset=nncf.QuantizationPreset.MIXED, subset_size=len(tensors), ignored_scope=ignored
+    )
     ov.save_model(quantized, str(xml_path), compress_to_fp16=True)
     fake_quantize = sum(op.get_type_name() == "FakeQuantize" for op in quantized.get_ops())
-    return {"tool": "nncf", "nncf": importlib.metadata.version("nncf"), "method": "post-training quantization",
-            "source": source_xml.name,
-            "preset": "mixed", "fast_bias_correction": True, "fake_quantize_nodes": int(fake_quantize),
-            "ignored_scope": {"patterns": ignored_patterns, "kept_in": "f32/bf16 (the runtime's float precision)"}
-            if ignored_patterns else None}
+    return {
+        "tool": "nncf",
+        "nncf": importlib.metadata.version("nncf"),
+        "method": "post-training quantization",
+        "source": source_xml.name,
+        "preset": "mixed",
+        "fast_bias_correction": True,
+        "fake_quantize_nodes": int(fake_quantize),
+        "ignored_scope": {"patterns": ignored_patterns, "kept_in": "f32/bf16 (the runtime's float precision)"}
+        if ignored_patterns
+        else None,
+    }
 
 
-def run_int8(out: Path, manifest_data: dict, images: dict, args: argparse.Namespace,
-             agreement: Callable[[list[dict], list[dict], list[tuple[int, int]]], dict], iou_key: str,
-             gate_score: float, ap_types: tuple[str, ...]) -> dict:
+def run_int8(
+    out: Path,
+    manifest_data: dict,
+    images: dict,
+    args: argparse.Namespace,
+    agreement: Callable[[list[dict], list[dict], list[tuple[int, int]]], dict],
+    iou_key: str,
+    gate_score: float,
+    ap_types: tuple[str, ...],
+) -> dict:
     """Quantize, gate, write int8.json. `manifest_data`: the family's manifest so far (its `files` name the FP16
     IR). `agreement(f32 rows, int8 rows, sizes)` -> a dict with matched_fraction and `iou_key` (the family's
     detection comparison, model_export.parity's matcher); `ap_types`: the family's COCO iou types ("bbox",
@@ -240,12 +302,12 @@ def run_int8(out: Path, manifest_data: dict, images: dict, args: argparse.Namesp
     from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
 
     files, spec = manifest_data["files"], manifest_data["input"]
-    gate = Int8Gate(min_matched=args.int8_min_matched, min_median_iou=args.int8_min_median_iou,
-                    max_ap_drop=args.int8_max_ap_drop)
+    gate = Int8Gate(
+        min_matched=args.int8_min_matched, min_median_iou=args.int8_min_median_iou, max_ap_drop=args.int8_max_ap_drop
+    )
     patterns = [p.strip() for p in args.int8_ignored_scope.split(",") if p.strip()]
     calibration = [preprocess_rgb(rgb, spec) for _, _, rgb in images["calibration"]]
-    quantization = quantize_ir(out / files["ir_xml"], out / INT8_FILES["ir_xml"], calibration,
-                               spec["name"], patterns)
+    quantization = quantize_ir(out / files["ir_xml"], out / INT8_FILES["ir_xml"], calibration, spec["name"], patterns)
     gate_tensors = [preprocess_rgb(rgb, spec) for _, _, rgb in images["gate"]]
     sizes = [(rgb.shape[1], rgb.shape[0]) for _, _, rgb in images["gate"]]
     f32 = CompiledIR(out / files["ir_xml"], RuntimeSettings(precision="f32"))
@@ -265,36 +327,60 @@ def run_int8(out: Path, manifest_data: dict, images: dict, args: argparse.Namesp
         if key in ap["f32"]:
             ap[f"{key}_drop_points"] = round(100 * (ap["f32"][key] - ap["int8"][key]), 3)
             if ap[f"{key}_drop_points"] > gate.max_ap_drop:
-                failures.append(f"int8 vs f32: {key} {100 * ap['int8'][key]:.2f} is {ap[f'{key}_drop_points']:.2f} "
-                                f"points below f32's {100 * ap['f32'][key]:.2f} (> {gate.max_ap_drop})")
+                failures.append(
+                    f"int8 vs f32: {key} {100 * ap['int8'][key]:.2f} is {ap[f'{key}_drop_points']:.2f} "
+                    f"points below f32's {100 * ap['f32'][key]:.2f} (> {gate.max_ap_drop})"
+                )
     calibration_record = {
-        "count": len(images["calibration"]), "sha256": image_set_sha256(images["calibration"]),
+        "count": len(images["calibration"]),
+        "sha256": image_set_sha256(images["calibration"]),
         "directory": str(Path(args.calibration_images).name),
         "images": [path.name for path, _, _ in images["calibration"]],
         "skipped_undecodable": images["skipped"],
     }
     gate_record = {
-        "thresholds": gate.as_dict(), "iou": iou_key, "min_score": gate_score, "reference": "FP16-weights IR, OpenVINO f32 hint",
-        "int8_run_with": "OpenVINO f32 hint", "count": len(images["gate"]),
+        "thresholds": gate.as_dict(),
+        "iou": iou_key,
+        "min_score": gate_score,
+        "reference": "FP16-weights IR, OpenVINO f32 hint",
+        "int8_run_with": "OpenVINO f32 hint",
+        "count": len(images["gate"]),
         "sha256": image_set_sha256(images["gate"]),
         "source": "--gate-images" if args.gate_images else "held out from --calibration-images",
         "images": [path.name for path, _, _ in images["gate"]],
-        "agreement": result, "ap": ap, "passed": not failures, "failures": failures,
+        "agreement": result,
+        "ap": ap,
+        "passed": not failures,
+        "failures": failures,
     }
     report = {"quantization": quantization, "calibration": calibration_record, "gate": gate_record}
     (out / INT8_FILES["int8_report"]).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print("int8 vs f32 on", len(images["gate"]), "held-out images:", json.dumps(result))
     if ap:
-        print("AP (f32 -> int8):", ", ".join(f"{k} {100 * ap['f32'][k]:.2f} -> {100 * ap['int8'][k]:.2f}"
-                                            for k in ("box_ap", "mask_ap") if k in ap["f32"]))
+        print(
+            "AP (f32 -> int8):",
+            ", ".join(
+                f"{k} {100 * ap['f32'][k]:.2f} -> {100 * ap['int8'][k]:.2f}"
+                for k in ("box_ap", "mask_ap")
+                if k in ap["f32"]
+            ),
+        )
     if failures:
-        raise Int8GateFailed("INT8 accuracy gate failed (no manifest.json written, the directory is not usable; "
-                             "lower the --int8-* thresholds only if the numbers are acceptable, or keep layers in "
-                             "higher precision with --int8-ignored-scope):\n  " + "\n  ".join(failures))
+        raise Int8GateFailed(
+            "INT8 accuracy gate failed (no manifest.json written, the directory is not usable; "
+            "lower the --int8-* thresholds only if the numbers are acceptable, or keep layers in "
+            "higher precision with --int8-ignored-scope):\n  " + "\n  ".join(failures)
+        )
     files["ir_xml_fp16"], files["ir_bin_fp16"] = files["ir_xml"], files["ir_bin"]
     files.update(INT8_FILES)
-    return {"weights_precision": "int8",
-            "quantization": {**quantization, "calibration": {k: calibration_record[k]
-                                                             for k in ("count", "sha256", "directory")},
-                             "gate": {k: gate_record[k] for k in ("thresholds", "iou", "min_score", "count", "sha256",
-                                                                  "source", "agreement", "ap")}}}
+    return {
+        "weights_precision": "int8",
+        "quantization": {
+            **quantization,
+            "calibration": {k: calibration_record[k] for k in ("count", "sha256", "directory")},
+            "gate": {
+                k: gate_record[k]
+                for k in ("thresholds", "iou", "min_score", "count", "sha256", "source", "agreement", "ap")
+            },
+        },
+    }

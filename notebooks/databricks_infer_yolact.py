@@ -2,13 +2,16 @@
 # MAGIC %md
 # MAGIC # sparkseg: YOLACT inference (Databricks job)
 # MAGIC
-# MAGIC Runs the same library as `spark-submit jobs/infer_yolact.py`: `pipelines.inference.inference_job.run(spark, config)`.
+# MAGIC Runs the same library as `spark-submit jobs/infer_yolact.py`: `pipelines.inference.inference_job.run(spark,
+# MAGIC config)`.
 # MAGIC Images in (`az://container/prefix` through the Azure SDK, or any path the cluster reads), detections, masks,
 # MAGIC errors and `summary.json` out. Incremental: each run processes only images not yet done for this model (new or
 # MAGIC replaced since), and a lock (`<output>/_sparkseg.lock`) keeps two runs on one output from overlapping.
 # MAGIC
-# MAGIC Parameters are widgets (a job's `base_parameters` set them). Azure credentials come from a secret scope: give the
-# MAGIC scope and the NAMES of the secrets in it, never the secrets. Needs a classic cluster (single user or no isolation
+# MAGIC Parameters are widgets (a job's `base_parameters` set them). Azure credentials come from a secret scope: give
+# MAGIC the
+# MAGIC scope and the NAMES of the secrets in it, never the secrets. Needs a classic cluster (single user or no
+# MAGIC isolation
 # MAGIC shared access mode: the job uses `spark.sparkContext`) with the libraries of `notebooks/databricks_job.json`.
 
 # COMMAND ----------
@@ -40,33 +43,42 @@ def find_repo_root(start: Path) -> Path:
     for folder in [start, *start.parents]:
         if (folder / "pipelines" / "__init__.py").is_file():
             return folder
-    raise FileNotFoundError(f"no pipelines/ package above {start}: run this notebook from the sparkseg repository "
-                            "(a Git folder or the job's git_source)")
+    raise FileNotFoundError(
+        f"no pipelines/ package above {start}: run this notebook from the sparkseg repository "
+        "(a Git folder or the job's git_source)"
+    )
 
 
 REPO_ROOT = find_repo_root(Path(os.getcwd()).resolve())
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from pipelines.io.azure_storage import AzureCredentials  # noqa: E402
 from pipelines.inference.inference_job import run  # noqa: E402
+from pipelines.io.azure_storage import AzureCredentials  # noqa: E402
 from pipelines.job_config import ConfigError, load_config, set_path  # noqa: E402
 
 # COMMAND ----------
 
+
 def widget(name: str) -> str:
-    return dbutils.widgets.get(name).strip()   # a value pasted with spaces around it
+    return dbutils.widgets.get(name).strip()  # a value pasted with spaces around it
 
 
 partitions = widget("partitions") or "0"
 if not partitions.isdigit():
-    raise ConfigError(f"widget partitions is {partitions!r}: give a whole number of tasks per wave (0: the cluster's "
-                      "cores)")
+    raise ConfigError(
+        f"widget partitions is {partitions!r}: give a whole number of tasks per wave (0: the cluster's cores)"
+    )
 config_path = Path(widget("config"))
 config = load_config(config_path if config_path.is_absolute() else REPO_ROOT / config_path)
-for key, value in {"input.uri": widget("input"), "output.uri": widget("output"), "model.dir": widget("model"),
-                   "inference.engine": widget("engine"), "inference.precision": widget("precision"),
-                   "inference.partitions": int(partitions)}.items():
+for key, value in {
+    "input.uri": widget("input"),
+    "output.uri": widget("output"),
+    "model.dir": widget("model"),
+    "inference.engine": widget("engine"),
+    "inference.precision": widget("precision"),
+    "inference.partitions": int(partitions),
+}.items():
     set_path(config, key, value)
 config["run"]["break_lock"] = widget("break_lock") == "true"
 
@@ -74,21 +86,27 @@ scope = widget("secret_scope")
 credentials = None
 if scope:
     credentials = AzureCredentials.from_databricks_secrets(
-        dbutils, scope,
+        dbutils,
+        scope,
         connection_string_key=widget("connection_string_key") or None,
         account_key_key=widget("account_key_key") or None,
         sas_token_key=widget("sas_token_key") or None,
-        account_name=widget("account_name") or None)
-print(f"input {config['input']['uri']}\noutput {config['output']['uri']}\nmodel {config['model']['dir']}\n"
-      f"engine {config['inference']['engine']}, credentials {credentials!r}")
+        account_name=widget("account_name") or None,
+    )
+print(
+    f"input {config['input']['uri']}\noutput {config['output']['uri']}\nmodel {config['model']['dir']}\n"
+    f"engine {config['inference']['engine']}, credentials {credentials!r}"
+)
 
 # COMMAND ----------
 
 summary = run(spark, config, "yolact", azure_credentials=credentials)
 counts = summary["counts"]
-print(f"done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "
-      f"(already done), {summary['images_per_second']} images/s; output holds {summary['table']['images']} images "
-      f"and {summary['table']['errors']} errors")
+print(
+    f"done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "
+    f"(already done), {summary['images_per_second']} images/s; output holds {summary['table']['images']} images "
+    f"and {summary['table']['errors']} errors"
+)
 if summary["model"]["note"]:
     print("NOTE:", summary["model"]["note"])
 
@@ -96,5 +114,6 @@ if summary["model"]["note"]:
 
 import json  # noqa: E402
 
-dbutils.notebook.exit(json.dumps({"run_id": summary["run_id"], "output": summary["output"], "counts": counts,
-                                  "table": summary["table"]}))
+dbutils.notebook.exit(
+    json.dumps({"run_id": summary["run_id"], "output": summary["output"], "counts": counts, "table": summary["table"]})
+)

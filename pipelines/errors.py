@@ -5,6 +5,7 @@ input, a failed error budget, a held lock) reported as one line naming the input
 bug, reported with its traceback and exit 1. Each subclass keeps a builtin base (ValueError, RuntimeError, OSError)
 so callers that caught those before still do.
 """
+
 from __future__ import annotations
 
 import sys

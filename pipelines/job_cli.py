@@ -7,6 +7,7 @@ Exit codes (pipelines.errors): 0 done; 2 bad input, config or model (nothing ran
 error budget (summary.json written); 4 another run holds the output's lock (or broke this run's);
 1 a bug (with its traceback).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,72 +16,127 @@ import logging
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from pipelines.job_config import ConfigError, load_config, set_path  # noqa: E402
 
 OVERRIDES = {  # command-line flag -> config key
-    "input": "input.uri", "output": "output.uri", "model": "model.dir", "partitions": "inference.partitions",
-    "batch_size": "inference.batch_size", "precision": "inference.precision", "engine": "inference.engine",
-    "reader": "input.reader", "master": "spark.master", "masks": "output.masks",
-    "score_threshold": "output.score_threshold", "frame_stride": "input.video.frame_stride", "fps": "input.video.fps",
-    "pin_cores": "inference.pin_cores", "max_error_fraction": "run.max_error_fraction",
+    "input": "input.uri",
+    "output": "output.uri",
+    "model": "model.dir",
+    "partitions": "inference.partitions",
+    "batch_size": "inference.batch_size",
+    "precision": "inference.precision",
+    "engine": "inference.engine",
+    "reader": "input.reader",
+    "master": "spark.master",
+    "masks": "output.masks",
+    "score_threshold": "output.score_threshold",
+    "frame_stride": "input.video.frame_stride",
+    "fps": "input.video.fps",
+    "pin_cores": "inference.pin_cores",
+    "max_error_fraction": "run.max_error_fraction",
 }
 
 
-def parse_args(argv: list[str] | None = None, description: str | None = None,
-               family: str = "yolact") -> argparse.Namespace:
+def parse_args(
+    argv: list[str] | None = None, description: str | None = None, family: str = "yolact"
+) -> argparse.Namespace:
     """The job's command line; --masks for YOLACT only (the detector writes boxes)."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Options not given take the config's value (--config, else the embedded "
-                                            "conf/local.yaml, whose values the brackets give).")
+    parser = argparse.ArgumentParser(
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Options not given take the config's value (--config, else the embedded "
+        "conf/local.yaml, whose values the brackets give).",
+    )
     packaged = load_config()
     inference = packaged["inference"]
     parser.add_argument("--config", help="YAML config (conf/*.yaml); default: the embedded conf/local.yaml")
     parser.add_argument("--input", help="image/video URI: file://, hdfs://, abfss://, wasbs://, az://container/prefix")
     parser.add_argument("--output", help="output URI (detections/, masks/, errors/, summary.json)")
-    parser.add_argument("--model", help="export directory with manifest.json (default: the job's bundled model, "
-                        "model.bundled in conf/local.yaml)")
-    parser.add_argument("--partitions", type=int, help="tasks per wave, images spread evenly by count (0: "
-                        "spark.default.parallelism, more where a task would hold over inference.max_images_per_task) "
-                        f"[{inference['partitions']}]")
-    parser.add_argument("--batch-size", type=int,
-                        help=f"images per Arrow batch on an executor [{inference['batch_size']}]")
-    parser.add_argument("--precision", choices=["f32", "bf16", "auto"],
-                        help="OpenVINO inference precision (auto: bf16 where the CPU has it) "
-                             f"[{inference['precision']}]")
-    parser.add_argument("--pin-cores", action="store_const", const=True,
-                        help="each executor Python worker on spark.task.cpus cores of its own (inference.pin_cores; "
-                             "for hosts that run nothing else)")
+    parser.add_argument(
+        "--model",
+        help="export directory with manifest.json (default: the job's bundled model, model.bundled in conf/local.yaml)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        help="tasks per wave, images spread evenly by count (0: "
+        "spark.default.parallelism, more where a task would hold over inference.max_images_per_task) "
+        f"[{inference['partitions']}]",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, help=f"images per Arrow batch on an executor [{inference['batch_size']}]"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=["f32", "bf16", "auto"],
+        help=f"OpenVINO inference precision (auto: bf16 where the CPU has it) [{inference['precision']}]",
+    )
+    parser.add_argument(
+        "--pin-cores",
+        action="store_const",
+        const=True,
+        help="each executor Python worker on spark.task.cpus cores of its own (inference.pin_cores; "
+        "for hosts that run nothing else)",
+    )
     parser.add_argument("--engine", choices=["native", "bigdl"], help=f"inference engine [{inference['engine']}]")
-    parser.add_argument("--reader", choices=["auto", "spark", "azure_sdk"],
-                        help=f"how images are read [{packaged['input']['reader']}]")
-    parser.add_argument("--master", help="Spark master when not run by spark-submit "
-                        f"[{packaged['spark']['master']}]")
+    parser.add_argument(
+        "--reader", choices=["auto", "spark", "azure_sdk"], help=f"how images are read [{packaged['input']['reader']}]"
+    )
+    parser.add_argument("--master", help=f"Spark master when not run by spark-submit [{packaged['spark']['master']}]")
     if family == "yolact":
-        parser.add_argument("--masks", choices=["rle_and_png", "rle", "none"],
-                            help="what is written per instance: RLE masks and a PNG label map per image, RLE only, "
-                                 f"or none (boxes only) [{packaged['output']['masks']}]")
-    parser.add_argument("--score-threshold", type=float, metavar="S",
-                        help="write only instances scoring above S (default: the manifest's threshold)")
-    parser.add_argument("--frame-stride", type=int, metavar="N",
-                        help="videos: process every N-th frame (default 1: every frame)")
-    parser.add_argument("--fps", type=float, metavar="F",
-                        help="videos: process the first frame at or after every 1/F seconds (resample by timestamp)")
-    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Spark setting (repeatable), added to the config's spark.conf: "
-                             "--conf spark.executor.cores=2")
-    parser.add_argument("--max-error-fraction", type=float, metavar="F",
-                        help="exit 3 (rows and summary written) when more than this fraction of the run's images "
-                             f"failed; 1.0: never fail on errors [{packaged['run']['max_error_fraction']}]")
-    parser.add_argument("--break-lock", action="store_true",
-                        help="take over the output's lock even while its run looks alive (a lock whose heartbeat "
-                             "is older than run.lock_stale_after_s is taken over without this; see README: "
-                             "scheduled runs)")
+        parser.add_argument(
+            "--masks",
+            choices=["rle_and_png", "rle", "none"],
+            help="what is written per instance: RLE masks and a PNG label map per image, RLE only, "
+            f"or none (boxes only) [{packaged['output']['masks']}]",
+        )
+    parser.add_argument(
+        "--score-threshold",
+        type=float,
+        metavar="S",
+        help="write only instances scoring above S (default: the manifest's threshold)",
+    )
+    parser.add_argument(
+        "--frame-stride", type=int, metavar="N", help="videos: process every N-th frame (default 1: every frame)"
+    )
+    parser.add_argument(
+        "--fps",
+        type=float,
+        metavar="F",
+        help="videos: process the first frame at or after every 1/F seconds (resample by timestamp)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable), added to the config's spark.conf: --conf spark.executor.cores=2",
+    )
+    parser.add_argument(
+        "--max-error-fraction",
+        type=float,
+        metavar="F",
+        help="exit 3 (rows and summary written) when more than this fraction of the run's images "
+        f"failed; 1.0: never fail on errors [{packaged['run']['max_error_fraction']}]",
+    )
+    parser.add_argument(
+        "--break-lock",
+        action="store_true",
+        help="take over the output's lock even while its run looks alive (a lock whose heartbeat "
+        "is older than run.lock_stale_after_s is taken over without this; see README: "
+        "scheduled runs)",
+    )
     parser.add_argument("--force", action="store_true", help="recompute images already done for this model")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="sparkseg's own log: -v info (planning, pinning, listing choices), -vv debug; Spark's "
-                             "log level is the config's spark.log_level")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="sparkseg's own log: -v info (planning, pinning, listing choices), -vv debug; Spark's "
+        "log level is the config's spark.log_level",
+    )
     return parser.parse_args(argv)
 
 
@@ -115,17 +171,19 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
 
     try:
         code = run_job(args, family)
-    except BaseException as error:   # an expected error, a bug, or after a stop whatever the stopped context raised
-        code = exit_code_of(error, "the images this run committed before it are kept; run the same command again "
-                                   "to go on (it skips them)")
+    except BaseException as error:  # an expected error, a bug, or after a stop whatever the stopped context raised
+        code = exit_code_of(
+            error,
+            "the images this run committed before it are kept; run the same command again to go on (it skips them)",
+        )
     return outcome_decided(code)
 
 
 def run_job(args: argparse.Namespace, family: str) -> int:
     """main's work once the arguments are parsed: 0, or the error main maps to an exit code."""
     from pipelines.inference.inference_job import plan_job, run_plan
-    from pipelines.spark.stop_signals import stop_on_signals
     from pipelines.spark.spark_session import job_session, stop_session, warn_unknown_spark_settings
+    from pipelines.spark.stop_signals import stop_on_signals
 
     config = build_config(args, family)
     plan = plan_job(config, family)
@@ -159,17 +217,23 @@ def main_detector() -> int:
 def print_summary(summary: dict) -> None:
     counts = summary["counts"]
     if counts.get("videos"):
-        print(f"\nsparkseg: {counts['inputs']} files ({counts['videos']} videos) under {summary['input']}; "
-              f"{counts['frames']} video frames done, {summary['frames_per_second']} frames/s")
+        print(
+            f"\nsparkseg: {counts['inputs']} files ({counts['videos']} videos) under {summary['input']}; "
+            f"{counts['frames']} video frames done, {summary['frames_per_second']} frames/s"
+        )
     else:
         print(f"\nsparkseg: {counts['inputs']} images under {summary['input']}")
-    print(f"  done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "
-          f"(already done for this model), {counts['instances']} instances")
+    print(
+        f"  done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "
+        f"(already done for this model), {counts['instances']} instances"
+    )
     if summary.get("failed_types"):
         print("  failed by type: " + ", ".join(f"{n} {kind}" for kind, n in summary["failed_types"].items()))
-    unit = "images+frames" if counts.get("videos") else "images"   # result rows, failed ones too
-    print(f"  {summary['images_per_second']} {unit}/s over {summary['wall_seconds']} s, {summary['partitions']} "
-          f"partitions; stage seconds {json.dumps(summary['stage_seconds'])}")
+    unit = "images+frames" if counts.get("videos") else "images"  # result rows, failed ones too
+    print(
+        f"  {summary['images_per_second']} {unit}/s over {summary['wall_seconds']} s, {summary['partitions']} "
+        f"partitions; stage seconds {json.dumps(summary['stage_seconds'])}"
+    )
     print(f"  model {summary['model']['name']} ({summary['model']['sha256'][:12]}), output {summary['output']}")
     if summary["model"]["note"]:
         print(f"  NOTE: {summary['model']['note']}")
@@ -182,5 +246,5 @@ def print_summary(summary: dict) -> None:
         print(f"  report: {summary['report']}  (open it in a browser)")
 
 
-if __name__ == "__main__":   # python -m pipelines.job_cli: the YOLACT job of an installed package
+if __name__ == "__main__":  # python -m pipelines.job_cli: the YOLACT job of an installed package
     sys.exit(main_yolact())

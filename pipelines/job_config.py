@@ -5,6 +5,7 @@
 - The typed layer: `JobConfig.from_dict(data)` checks every key's type and value (naming the key and the fix) and
   gives the job frozen sections; each stage gets the section it needs (`config.inference`, `config.run`, ...).
 """
+
 from __future__ import annotations
 
 import copy
@@ -20,7 +21,7 @@ from pipelines.errors import UsageError
 from pipelines.io.uris import is_local, scheme_of, to_local_path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_ROOT = PACKAGE_DIR.parent   # the checkout when running from one (samples/, conf/, jobs/ beside pipelines/)
+REPO_ROOT = PACKAGE_DIR.parent  # the checkout when running from one (samples/, conf/, jobs/ beside pipelines/)
 # conf/local.yaml ships inside the package as pipelines/conf/local.yaml (setup.py maps conf/ there), so an
 # installed wheel or a packed env finds the same defaults as a checkout.
 DEFAULT_CONFIG_CANDIDATES = (PACKAGE_DIR / "conf" / "local.yaml", REPO_ROOT / "conf" / "local.yaml")
@@ -35,8 +36,10 @@ def default_config_path() -> Path:
     for candidate in DEFAULT_CONFIG_CANDIDATES:
         if candidate.is_file():
             return candidate
-    raise ConfigError(f"the default config is missing (looked in {', '.join(map(str, DEFAULT_CONFIG_CANDIDATES))}): "
-                      "reinstall sparkseg (pip install sparkseg) or run from a checkout")
+    raise ConfigError(
+        f"the default config is missing (looked in {', '.join(map(str, DEFAULT_CONFIG_CANDIDATES))}): "
+        "reinstall sparkseg (pip install sparkseg) or run from a checkout"
+    )
 
 
 def load_config(path: str | Path | None = None) -> dict:
@@ -56,10 +59,11 @@ class StrictKeysLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, typing.Hashable):
-                continue   # the base class refuses it, naming it
+                continue  # the base class refuses it, naming it
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"found the key {key!r} twice in one mapping",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"found the key {key!r} twice in one mapping", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -100,7 +104,7 @@ def merge(base: dict, overlay: dict, source: str = "config", prefix: str = "") -
         if key not in merged and dotted not in FREE_FORM:
             raise ConfigError(f"{source}: unknown key '{dotted}' (known: {', '.join(sorted(merged))})")
         if value is None and isinstance(merged.get(key), dict):
-            continue   # a section left empty (`input:` and nothing under it) keeps its defaults
+            continue  # a section left empty (`input:` and nothing under it) keeps its defaults
         if isinstance(value, dict) and isinstance(merged.get(key), dict) and dotted not in FREE_FORM:
             merged[key] = merge(merged[key], value, source, f"{dotted}.")
         elif isinstance(value, dict) and isinstance(merged.get(key), dict):
@@ -118,11 +122,12 @@ def set_path(config: dict, dotted: str, value) -> None:
     *parents, leaf = dotted.split(".")
     node = config
     for depth, key in enumerate(parents, 1):
-        if node.get(key) is None:   # absent, or a section left empty
+        if node.get(key) is None:  # absent, or a section left empty
             node[key] = {}
         if not isinstance(node[key], dict):
-            raise ConfigError(f"{'.'.join(parents[:depth])} is {node[key]!r}: it must be a section of keys (setting "
-                              f"{dotted})")
+            raise ConfigError(
+                f"{'.'.join(parents[:depth])} is {node[key]!r}: it must be a section of keys (setting {dotted})"
+            )
         node = node[key]
     node[leaf] = value
 
@@ -133,7 +138,7 @@ def resolve_local(uri: str) -> str:
     anywhere); a `file:` URI as its absolute path, symlinks resolved, as plain paths are (one spelling of a local
     directory however it was given); other URIs (`hdfs:/a`, `az://c/a`) as they are."""
     if scheme_of(uri):
-        return resolve_output(uri)   # a file: URI names one place, whatever the working directory
+        return resolve_output(uri)  # a file: URI names one place, whatever the working directory
     path = Path(uri).expanduser()
     if path.is_absolute() or (Path.cwd() / path).exists() or not (REPO_ROOT / path).exists():
         return str(path.resolve())
@@ -155,8 +160,15 @@ def local_path(uri: str) -> Path | None:
     return Path(to_local_path(uri)).expanduser()
 
 
-KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
-              tuple: "a list of strings", list: "a list"}
+KIND_NAMES = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    dict: "a mapping",
+    tuple: "a list of strings",
+    list: "a list",
+}
 
 
 def conform_value(value, hint, key: str, see: str = "conf/local.yaml", error: type[UsageError] | None = None):
@@ -192,7 +204,7 @@ def build_section(kind, data, where: str = ""):
     the wrong type raise ConfigError naming the dotted key."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where.rstrip('.') or 'config'} is {data!r}: it must be a mapping of keys")
-    known = [f.name for f in fields(kind)]   # declaration order: the first bad key reported is always the same one
+    known = [f.name for f in fields(kind)]  # declaration order: the first bad key reported is always the same one
     unknown, missing = sorted(set(data) - set(known)), [name for name in known if name not in data]
     if unknown or missing:
         problem = f"unknown key '{where}{unknown[0]}'" if unknown else f"missing key '{where}{missing[0]}'"
@@ -201,8 +213,11 @@ def build_section(kind, data, where: str = ""):
     values = {}
     for name in known:
         hint = hints[name]
-        values[name] = (build_section(hint, data[name], f"{where}{name}.") if is_dataclass(hint)
-                        else conform_value(data[name], hint, where + name))
+        values[name] = (
+            build_section(hint, data[name], f"{where}{name}.")
+            if is_dataclass(hint)
+            else conform_value(data[name], hint, where + name)
+        )
     return kind(**values)
 
 
@@ -220,7 +235,7 @@ def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
     require(key, value in choices, value, f"choose one of {', '.join(choices)}")
 
 
-SPARK_LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")   # SparkContext.setLogLevel's
+SPARK_LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")  # SparkContext.setLogLevel's
 
 
 @dataclass(frozen=True)
@@ -229,12 +244,16 @@ class SparkSettings:
 
     master: str
     app_name: str
-    conf: dict          # extra Spark settings, free-form
+    conf: dict  # extra Spark settings, free-form
     log_level: str
 
     def __post_init__(self) -> None:
-        require("spark.log_level", self.log_level.upper() in SPARK_LOG_LEVELS, self.log_level,
-                f"give one of {', '.join(SPARK_LOG_LEVELS)}")
+        require(
+            "spark.log_level",
+            self.log_level.upper() in SPARK_LOG_LEVELS,
+            self.log_level,
+            f"give one of {', '.join(SPARK_LOG_LEVELS)}",
+        )
 
 
 @dataclass(frozen=True)
@@ -250,8 +269,12 @@ class VideoSettings:
         object.__setattr__(self, "extensions", tuple(e.lower() for e in self.extensions))
         _at_least("input.video.segment_frames", self.segment_frames, 1, "frames per unit of work")
         _at_least("input.video.frame_stride (--frame-stride)", self.frame_stride, 1, "every N-th frame")
-        require("input.video.fps (--fps)", self.fps is None or self.fps > 0, self.fps,
-                "give a number > 0, or null for every frame")
+        require(
+            "input.video.fps (--fps)",
+            self.fps is None or self.fps > 0,
+            self.fps,
+            "give a number > 0, or null for every frame",
+        )
 
     def keeps(self, frame_index: int, timestamp_s: float, previous_timestamp_s: float | None) -> bool:
         """Whether a frame is processed: every frame_stride-th, and with fps the first frame at or after each
@@ -270,7 +293,7 @@ def _fps_slot(timestamp_s: float, fps: float) -> int:
 @dataclass(frozen=True)
 class InputSettings:
     uri: str
-    reader: str         # auto | spark | azure_sdk
+    reader: str  # auto | spark | azure_sdk
     recursive: bool
     extensions: tuple[str, ...]
     video: VideoSettings
@@ -292,12 +315,16 @@ class BundledModels:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    dir: str | None         # an export directory with manifest.json; None: bundled's model of the job's family
+    dir: str | None  # an export directory with manifest.json; None: bundled's model of the job's family
     bundled: BundledModels
 
     def __post_init__(self) -> None:
-        require("model.dir (--model)", self.dir is None or bool(self.dir.strip()), self.dir,
-                "give an export directory, or null for the job's bundled model")
+        require(
+            "model.dir (--model)",
+            self.dir is None or bool(self.dir.strip()),
+            self.dir,
+            "give an export directory, or null for the job's bundled model",
+        )
 
     def dir_for(self, family: str) -> str:
         """The export directory the `family` job runs."""
@@ -307,8 +334,8 @@ class ModelSettings:
 @dataclass(frozen=True)
 class OutputSettings:
     uri: str
-    masks: str          # rle_and_png | rle | none
-    score_threshold: float | None   # None: the manifest's conf_thresh
+    masks: str  # rle_and_png | rle | none
+    score_threshold: float | None  # None: the manifest's conf_thresh
     coco_results: bool
     overlays: bool
 
@@ -316,30 +343,33 @@ class OutputSettings:
         check_output_options(self.masks, self.score_threshold)
 
 
-MASK_OUTPUTS = ("rle_and_png", "rle", "none")   # output.masks: RLE + PNG label map | RLE only | boxes only
+MASK_OUTPUTS = ("rle_and_png", "rle", "none")  # output.masks: RLE + PNG label map | RLE only | boxes only
 
 
 def check_output_options(masks: str, score_threshold: float | None) -> None:
     """output.masks and output.score_threshold (also checked where the executor task is built without a config)."""
     _one_of("output.masks (--masks)", masks, MASK_OUTPUTS)
     number = isinstance(score_threshold, (int, float)) and not isinstance(score_threshold, bool)
-    require("output.score_threshold (--score-threshold)", score_threshold is None
-            or (number and 0 <= score_threshold <= 1), score_threshold,
-            "give a number in [0, 1], or null for the model manifest's threshold")
+    require(
+        "output.score_threshold (--score-threshold)",
+        score_threshold is None or (number and 0 <= score_threshold <= 1),
+        score_threshold,
+        "give a number in [0, 1], or null for the model manifest's threshold",
+    )
 
 
 @dataclass(frozen=True)
 class InferenceSettings:
-    engine: str         # native | bigdl
-    partitions: int     # tasks per wave; 0: a multiple of spark.default.parallelism (tasks_per_wave)
-    max_images_per_task: int   # with partitions 0: more tasks where one would hold more images (0: no bound)
+    engine: str  # native | bigdl
+    partitions: int  # tasks per wave; 0: a multiple of spark.default.parallelism (tasks_per_wave)
+    max_images_per_task: int  # with partitions 0: more tasks where one would hold more images (0: no bound)
     batch_size: int
-    precision: str      # f32 | bf16 | auto
-    openvino_threads: int   # 0: spark.task.cpus
-    openvino_streams: int   # 0: one per task
-    pin_cores: bool     # each Python worker on cores of its own (pipelines.inference.core_pinning)
+    precision: str  # f32 | bf16 | auto
+    openvino_threads: int  # 0: spark.task.cpus
+    openvino_streams: int  # 0: one per task
+    pin_cores: bool  # each Python worker on cores of its own (pipelines.inference.core_pinning)
     max_image_pixels: int
-    nms: str            # fast | per_class | cross_class
+    nms: str  # fast | per_class | cross_class
     jpeg_draft: bool
 
     def __post_init__(self) -> None:
@@ -357,7 +387,7 @@ class InferenceSettings:
 @dataclass(frozen=True)
 class RunSettings:
     force: bool
-    commit_every: int   # 0: one commit at the end
+    commit_every: int  # 0: one commit at the end
     max_error_fraction: float
     poison_attempts: int
     retries: int
@@ -369,16 +399,28 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         _at_least("run.commit_every", self.commit_every, 0, "0 commits once at the end")
-        require("run.max_error_fraction", 0 <= self.max_error_fraction <= 1, self.max_error_fraction,
-                "give a fraction between 0 and 1")
+        require(
+            "run.max_error_fraction",
+            0 <= self.max_error_fraction <= 1,
+            self.max_error_fraction,
+            "give a fraction between 0 and 1",
+        )
         _at_least("run.poison_attempts", self.poison_attempts, 1, "crashed attempts before an image is an error")
         _at_least("run.retries", self.retries, 0, "0: a failure that was not the image's is not tried again")
-        require("run.progress_interval_s", self.progress_interval_s >= 0, self.progress_interval_s,
-                "give a number of seconds >= 0 (0: no progress line)")
+        require(
+            "run.progress_interval_s",
+            self.progress_interval_s >= 0,
+            self.progress_interval_s,
+            "give a number of seconds >= 0 (0: no progress line)",
+        )
         _at_least("run.broadcast_max_rows", self.broadcast_max_rows, 0, "done keys broadcast up to this many rows")
-        require("run.lock_heartbeat_s", 0 < self.lock_heartbeat_s < self.lock_stale_after_s, self.lock_heartbeat_s,
-                f"give seconds > 0 and below run.lock_stale_after_s ({self.lock_stale_after_s}), else a live run "
-                "looks dead")
+        require(
+            "run.lock_heartbeat_s",
+            0 < self.lock_heartbeat_s < self.lock_stale_after_s,
+            self.lock_heartbeat_s,
+            f"give seconds > 0 and below run.lock_stale_after_s ({self.lock_stale_after_s}), else a live run "
+            "looks dead",
+        )
 
 
 @dataclass(frozen=True)
@@ -393,11 +435,11 @@ class JobConfig:
     run: RunSettings
 
     @classmethod
-    def from_dict(cls, data: dict) -> "JobConfig":
+    def from_dict(cls, data: dict) -> JobConfig:
         """From `load_config`'s dict (every key present: the defaults are layered under it)."""
         return build_section(cls, data)
 
     @classmethod
-    def of(cls, config: "JobConfig | dict") -> "JobConfig":
+    def of(cls, config: JobConfig | dict) -> JobConfig:
         """`config` typed: a JobConfig as it is, a dict of the YAML layer built with from_dict."""
         return config if isinstance(config, JobConfig) else cls.from_dict(config)

@@ -12,6 +12,7 @@ benchmark_app f32 vs INT8, detection agreement at its score threshold, box AP on
 
     .venv/bin/python scripts/bench_int8.py [--seconds 15] [--calibration-count 64] [--val-images 40]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,13 +32,16 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench.benchmark_app import run_benchmark_app  # noqa: E402
 from bench.int8_model import BUNDLED, CALIBRATION_SEED, make_int8_model  # noqa: E402
 from bench.machine import cpu_model_and_flags  # noqa: E402
-from model_export import detector_export  # noqa: E402
-from model_export import quantize  # noqa: E402
+
+from model_export import (
+    detector_export,  # noqa: E402
+    quantize,  # noqa: E402
+)
 from model_export.parity import detection_agreement  # noqa: E402
 from model_export.yolact_export import INT8_GATE_SCORE  # noqa: E402
-from pipelines.ops import yolact_postprocess as yp  # noqa: E402
 from pipelines.inference.model_manifest import load_manifest  # noqa: E402
 from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings, cpu_count  # noqa: E402
+from pipelines.ops import yolact_postprocess as yp  # noqa: E402
 
 VAL_SEED = 20261122
 DETECTOR = REPO / "samples" / "models" / "detector_default"
@@ -47,8 +51,12 @@ ROAD_GROUPS = {"blobs": ("pothole", "patch", "puddle"), "crack": ("crack",)}
 
 def cpu_info() -> dict:
     model, flags = cpu_model_and_flags()
-    return {"model": model, "cpus": cpu_count(),
-            "flags": [f for f in ISA_FLAGS if f in flags], "bf16": bool({"amx_bf16", "avx512_bf16"} & flags)}
+    return {
+        "model": model,
+        "cpus": cpu_count(),
+        "flags": [f for f in ISA_FLAGS if f in flags],
+        "bf16": bool({"amx_bf16", "avx512_bf16"} & flags),
+    }
 
 
 def agreement(f32_dir: Path, int8_dir: Path, images: list) -> dict:
@@ -65,11 +73,16 @@ def agreement(f32_dir: Path, int8_dir: Path, images: list) -> dict:
         rows[name] = [ir.infer_one(x) for x in tensors]
     result = {}
     for min_score in (INT8_GATE_SCORE, float(post["conf_thresh"])):
-        dets = {name: [d.take(d.scores >= min_score) for d in
-                       (yp.detect(r["loc"], r["conf"], r["mask"], priors, **post) for r in rows[name])]
-                for name in rows}
-        result[min_score] = detection_agreement(dets["f32"], dets["int8"], [r["proto"] for r in rows["f32"]],
-                                                [r["proto"] for r in rows["int8"]], sizes)
+        dets = {
+            name: [
+                d.take(d.scores >= min_score)
+                for d in (yp.detect(r["loc"], r["conf"], r["mask"], priors, **post) for r in rows[name])
+            ]
+            for name in rows
+        }
+        result[min_score] = detection_agreement(
+            dets["f32"], dets["int8"], [r["proto"] for r in rows["f32"]], [r["proto"] for r in rows["int8"]], sizes
+        )
     return result
 
 
@@ -87,8 +100,8 @@ def detector_agreement(f32_dir: Path, int8_dir: Path, images: list) -> dict:
 
 
 def mask_ap(model_dir: Path, val: Path, iou_types: tuple[str, ...] = ("bbox", "segm")) -> dict:
-    from pipelines.results.evaluate import ap_report, load_ground_truth, results_from_rows
     from pipelines.inference.single_process import infer_files
+    from pipelines.results.evaluate import ap_report, load_ground_truth, results_from_rows
 
     ground_truth = load_ground_truth(val / "annotations.json")
     image_ids = {Path(im["file_name"]).name: im["id"] for im in ground_truth.dataset["images"]}
@@ -111,26 +124,30 @@ def main(argv: list[str] | None = None) -> int:
     cpu = cpu_info()
     with tempfile.TemporaryDirectory(prefix="bench_int8_") as tmp:
         work = Path(tmp)
-        generate_road_dataset(work / "calibration", args.calibration_count, CALIBRATION_SEED,
-                              RoadSceneConfig(formats=()))
+        generate_road_dataset(
+            work / "calibration", args.calibration_count, CALIBRATION_SEED, RoadSceneConfig(formats=())
+        )
         generate_road_dataset(work / "val", args.val_images, VAL_SEED, RoadSceneConfig(formats=("coco",)))
         calibration, _ = quantize.decode_all(sorted((work / "calibration" / "images").iterdir()))
         val_images, _ = quantize.decode_all(sorted((work / "val" / "images").iterdir()))
-        int8_dir, record = make_int8_model(BUNDLED, work / "yolact_default_int8", calibration[:args.calibration_count],
-                                           f"synthetic roads, seed {CALIBRATION_SEED}")
+        int8_dir, record = make_int8_model(
+            BUNDLED,
+            work / "yolact_default_int8",
+            calibration[: args.calibration_count],
+            f"synthetic roads, seed {CALIBRATION_SEED}",
+        )
         agree = agreement(BUNDLED, int8_dir, val_images)
         ap = {"f32": mask_ap(BUNDLED, work / "val"), "int8": mask_ap(int8_dir, work / "val")}
         streams = cpu["cpus"]
         rows = [("f32", BUNDLED / "model.xml", "f32"), ("int8", int8_dir / "model.int8.xml", "f32")]
         if cpu["bf16"]:
-            rows += [("bf16", BUNDLED / "model.xml", "bf16"), ("int8 (bf16 rest)", int8_dir / "model.int8.xml",
-                                                               "bf16")]
+            rows += [("bf16", BUNDLED / "model.xml", "bf16"), ("int8 (bf16 rest)", int8_dir / "model.int8.xml", "bf16")]
         bench = {}
-        for n in (streams, 1):          # f32 and INT8 back to back per stream count: the same machine load
+        for n in (streams, 1):  # f32 and INT8 back to back per stream count: the same machine load
             for label, xml, precision in rows:
                 bench[(label, n)] = run_benchmark_app(xml, precision, n, args.seconds)
                 print(label, n, bench[(label, n)]["images_per_s"], bench[(label, n)]["cpu_ms_per_image"], flush=True)
-        detector = bench_detector(work, calibration[:args.calibration_count], val_images, cpu, args)
+        detector = bench_detector(work, calibration[: args.calibration_count], val_images, cpu, args)
     write_report(Path(args.out), cpu, record, agree, ap, bench, args, detector)
     print(f"wrote {args.out}")
     return 0
@@ -138,12 +155,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def bench_detector(work: Path, calibration: list, val_images: list, cpu: dict, args) -> dict:
     """The bundled detector: INT8 copy with the export's ignored scope, agreement, box AP, benchmark_app f32/INT8."""
-    int8_dir, record = make_int8_model(DETECTOR, work / "detector_default_int8", calibration,
-                                       f"synthetic roads, seed {CALIBRATION_SEED}", detector_export.INT8_IGNORED_SCOPE)
-    result = {"quantization": record, "agreement": detector_agreement(DETECTOR, int8_dir, val_images),
-              "ap": {"f32": mask_ap(DETECTOR, work / "val", ("bbox",)), "int8": mask_ap(int8_dir, work / "val",
-                                                                                      ("bbox",))},
-              "benchmark_app": {}}
+    int8_dir, record = make_int8_model(
+        DETECTOR,
+        work / "detector_default_int8",
+        calibration,
+        f"synthetic roads, seed {CALIBRATION_SEED}",
+        detector_export.INT8_IGNORED_SCOPE,
+    )
+    result = {
+        "quantization": record,
+        "agreement": detector_agreement(DETECTOR, int8_dir, val_images),
+        "ap": {"f32": mask_ap(DETECTOR, work / "val", ("bbox",)), "int8": mask_ap(int8_dir, work / "val", ("bbox",))},
+        "benchmark_app": {},
+    }
     for label, xml in (("f32", DETECTOR / "model.xml"), ("int8", int8_dir / "model.int8.xml")):
         result["benchmark_app"][label] = run_benchmark_app(xml, "f32", cpu["cpus"], args.seconds)
         print("detector", label, result["benchmark_app"][label]["images_per_s"], flush=True)
@@ -152,25 +176,40 @@ def bench_detector(work: Path, calibration: list, val_images: list, cpu: dict, a
 
 def detector_lines(detector: dict, args) -> list[str]:
     agree, ap, bench, record = (detector[k] for k in ("agreement", "ap", "benchmark_app", "quantization"))
-    lines = ["", "## The bundled detector (samples/models/detector_default)", "",
-             f"INT8: NNCF {record['nncf']} PTQ of its FP16 IR on the same calibration images, the export's ignored "
-             f"scope ({', '.join(detector_export.INT8_IGNORED_SCOPE)}: RPN and RoI heads stay float), "
-             f"{record['fake_quantize_nodes']} FakeQuantize nodes.", "",
-             "| | f32 | INT8 | INT8 / f32 |", "|---|---|---|---|"]
+    lines = [
+        "",
+        "## The bundled detector (samples/models/detector_default)",
+        "",
+        f"INT8: NNCF {record['nncf']} PTQ of its FP16 IR on the same calibration images, the export's ignored "
+        f"scope ({', '.join(detector_export.INT8_IGNORED_SCOPE)}: RPN and RoI heads stay float), "
+        f"{record['fake_quantize_nodes']} FakeQuantize nodes.",
+        "",
+        "| | f32 | INT8 | INT8 / f32 |",
+        "|---|---|---|---|",
+    ]
     f32, int8 = bench["f32"], bench["int8"]
-    lines.append(f"| benchmark_app img/s ({args_streams(bench)} streams) | {f32['images_per_s']:.1f} | "
-                 f"{int8['images_per_s']:.1f} | {int8['images_per_s'] / f32['images_per_s']:.2f}x |")
+    lines.append(
+        f"| benchmark_app img/s ({args_streams(bench)} streams) | {f32['images_per_s']:.1f} | "
+        f"{int8['images_per_s']:.1f} | {int8['images_per_s'] / f32['images_per_s']:.2f}x |"
+    )
     if f32["cpu_ms_per_image"] and int8["cpu_ms_per_image"]:
-        lines.append(f"| CPU ms per image | {f32['cpu_ms_per_image']} | {int8['cpu_ms_per_image']} | "
-                     f"{f32['cpu_ms_per_image'] / int8['cpu_ms_per_image']:.2f}x less |")
+        lines.append(
+            f"| CPU ms per image | {f32['cpu_ms_per_image']} | {int8['cpu_ms_per_image']} | "
+            f"{f32['cpu_ms_per_image'] / int8['cpu_ms_per_image']:.2f}x less |"
+        )
     for key in ("box_ap", "box_ap50", "box_ap_blobs"):
         if key in ap["f32"]:
             a, b = ap["f32"][key], ap["int8"][key]
             lines.append(f"| {key} | {100 * a:.2f} | {100 * b:.2f} | {100 * (b - a):+.2f} points |")
-    lines += ["", f"Detection agreement at score > {agree['min_score']:g} ({args.val_images} val images): f32 "
-              f"{agree['detections_ref']} dets, INT8 {agree['detections']}, matched {agree['matched_fraction']:.3f}, "
-              f"median box IoU {agree['box_iou_median']:.4f}.", "",
-              "Goal: box AP within 1.0 point of f32; detection agreement >= 0.95.", ""]
+    lines += [
+        "",
+        f"Detection agreement at score > {agree['min_score']:g} ({args.val_images} val images): f32 "
+        f"{agree['detections_ref']} dets, INT8 {agree['detections']}, matched {agree['matched_fraction']:.3f}, "
+        f"median box IoU {agree['box_iou_median']:.4f}.",
+        "",
+        "Goal: box AP within 1.0 point of f32; detection agreement >= 0.95.",
+        "",
+    ]
     return lines
 
 
@@ -178,12 +217,12 @@ def args_streams(bench: dict) -> str:
     return bench["f32"]["command"].split("-nstreams ")[1].split()[0]
 
 
-def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, bench: dict, args,
-                 detector: dict) -> None:
+def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, bench: dict, args, detector: dict) -> None:
     f32 = {n: bench[("f32", n)] for (label, n) in bench if label == "f32"}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [
-        "# INT8 vs f32 (the bundled YOLACT and detector)", "",
+        "# INT8 vs f32 (the bundled YOLACT and detector)",
+        "",
         f"- CPU: {cpu['model']}, {cpu['cpus']} cores available; instruction set: "
         f"{', '.join(cpu['flags']) or 'none of ' + ', '.join(ISA_FLAGS)} "
         f"(checked: {', '.join(ISA_FLAGS)}); bf16 rows: {'yes' if cpu['bf16'] else 'no (no AMX/AVX-512 BF16)'}",
@@ -195,31 +234,52 @@ def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, ben
         f"{record['calibration']['count']} synthetic road images (seed {CALIBRATION_SEED}), "
         f"{record['fake_quantize_nodes']} FakeQuantize nodes, no ignored scope, {record['seconds']} s.",
         "",
-        "## benchmark_app (model only, `-hint none`, streams x 1 thread each)", "",
+        "## benchmark_app (model only, `-hint none`, streams x 1 thread each)",
+        "",
         f"Load average at the end: {load:.1f} on {cpu['cpus']} cores (other jobs share this machine: img/s is "
-        "noisy; CPU ms per image, i.e. CPU time / inferences, is the steadier figure).", "",
+        "noisy; CPU ms per image, i.e. CPU time / inferences, is the steadier figure).",
+        "",
         "| IR | inference precision | streams | img/s | median latency ms | CPU ms/img | img/s vs f32 | "
-        "CPU time f32 / this |", "|---|---|---|---|---|---|---|---|",
+        "CPU time f32 / this |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for (label, n), row in bench.items():
         precision = "bf16" if "bf16" in label else "f32"
-        cpu_ratio = (f"{f32[n]['cpu_ms_per_image'] / row['cpu_ms_per_image']:.2f}x"
-                     if row["cpu_ms_per_image"] and f32[n]["cpu_ms_per_image"] else "-")
-        lines.append(f"| {'INT8' if label.startswith('int8') else 'FP16 weights'} | {precision} | {n} | "
-                     f"{row['images_per_s']:.1f} | {row['median_ms']} | {row['cpu_ms_per_image']} | "
-                     f"{row['images_per_s'] / f32[n]['images_per_s']:.2f}x | {cpu_ratio} |")
-    lines += ["", "Goal: INT8 >= 1.3x f32 on AVX2-only CPUs, >= 2.5x with AVX-512 VNNI or AMX.", "",
-              f"## Detection agreement INT8 vs f32 ({args.val_images} held-out synthetic val images, seed {VAL_SEED})",
-              "", "Matched by class and box IoU >= 0.5 (model_export.parity, the export gate's matcher); both IRs with "
-              "the f32 hint.", "",
-              "| detections scoring >= | f32 dets | INT8 dets | matched | median box IoU | median mask IoU |",
-              "|---|---|---|---|---|---|"]
+        cpu_ratio = (
+            f"{f32[n]['cpu_ms_per_image'] / row['cpu_ms_per_image']:.2f}x"
+            if row["cpu_ms_per_image"] and f32[n]["cpu_ms_per_image"]
+            else "-"
+        )
+        lines.append(
+            f"| {'INT8' if label.startswith('int8') else 'FP16 weights'} | {precision} | {n} | "
+            f"{row['images_per_s']:.1f} | {row['median_ms']} | {row['cpu_ms_per_image']} | "
+            f"{row['images_per_s'] / f32[n]['images_per_s']:.2f}x | {cpu_ratio} |"
+        )
+    lines += [
+        "",
+        "Goal: INT8 >= 1.3x f32 on AVX2-only CPUs, >= 2.5x with AVX-512 VNNI or AMX.",
+        "",
+        f"## Detection agreement INT8 vs f32 ({args.val_images} held-out synthetic val images, seed {VAL_SEED})",
+        "",
+        "Matched by class and box IoU >= 0.5 (model_export.parity, the export gate's matcher); both IRs with "
+        "the f32 hint.",
+        "",
+        "| detections scoring >= | f32 dets | INT8 dets | matched | median box IoU | median mask IoU |",
+        "|---|---|---|---|---|---|",
+    ]
     for min_score, row in agree.items():
-        lines.append(f"| {min_score:g}{' (gate)' if min_score == INT8_GATE_SCORE else ''} | {row['detections_ref']} | "
-                     f"{row['detections']} | {row['matched_fraction']:.3f} | {row['box_iou_median']:.4f} | "
-                     f"{row['mask_iou_median']:.4f} |")
-    lines += ["", "## AP against the generator's masks (pipelines.results.evaluate, all detections the job writes)", "",
-              "| metric | f32 | INT8 | delta (points) |", "|---|---|---|---|"]
+        lines.append(
+            f"| {min_score:g}{' (gate)' if min_score == INT8_GATE_SCORE else ''} | {row['detections_ref']} | "
+            f"{row['detections']} | {row['matched_fraction']:.3f} | {row['box_iou_median']:.4f} | "
+            f"{row['mask_iou_median']:.4f} |"
+        )
+    lines += [
+        "",
+        "## AP against the generator's masks (pipelines.results.evaluate, all detections the job writes)",
+        "",
+        "| metric | f32 | INT8 | delta (points) |",
+        "|---|---|---|---|",
+    ]
     for key in ("mask_ap", "mask_ap50", "mask_ap_blobs", "box_ap", "box_ap50"):
         if key in ap["f32"]:
             a, b = ap["f32"][key], ap["int8"][key]
@@ -228,12 +288,21 @@ def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, ben
     lines += detector_lines(detector, args)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines), encoding="utf-8")
-    (path.with_suffix(".json")).write_text(json.dumps({"cpu": cpu, "quantization": record, "ap": ap,
-                                                       "agreement": {str(k): v for k, v in agree.items()},
-                                                       "benchmark_app": {f"{k[0]} x{k[1]}": v
-                                                                         for k, v in bench.items()},
-                                                       "detector": detector},
-                                                      indent=2) + "\n", encoding="utf-8")
+    (path.with_suffix(".json")).write_text(
+        json.dumps(
+            {
+                "cpu": cpu,
+                "quantization": record,
+                "ap": ap,
+                "agreement": {str(k): v for k, v in agree.items()},
+                "benchmark_app": {f"{k[0]} x{k[1]}": v for k, v in bench.items()},
+                "detector": detector,
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Files of 2 bytes in `--directories` directories (made once under work/bench/list
 Per listing: seconds, and the driver JVM's heap in use after a full collection (Spark's index keeps every file's
 status there, also in its file status cache afterwards; the executors' listing keeps none).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,20 +68,28 @@ def main() -> int:
     root = Path(args.work) / f"tree-{args.files}"
     make_tree(root, args.files, args.directories)
     spark = local_session(app_name="bench-listing", master="local[2]", conf={"spark.driver.memory": "1g"})
-    cases = {"executors (the job's)": lambda: src.find_images(spark, str(root), [".jpg"]),
-             "Spark's file index": lambda: src.spark_file_index(spark, str(root), [".jpg"])}
+    cases = {
+        "executors (the job's)": lambda: src.find_images(spark, str(root), [".jpg"]),
+        "Spark's file index": lambda: src.spark_file_index(spark, str(root), [".jpg"]),
+    }
     rows = [{"listing": "before any", "files": 0, "seconds": 0.0, "driver_heap_mb": round(heap_mb(spark))}]
-    for name, find in cases.items():   # the executors' first: Spark keeps the statuses it lists in a cache
+    for name, find in cases.items():  # the executors' first: Spark keeps the statuses it lists in a cache
         rows += [measure(spark, name, find, args.files) for _ in range(args.repeats)]
     spark.stop()
     model, isa = cpu_isa()
-    lines = ["# Listing a local input", "",
-             f"- CPU: {model}, {os.cpu_count()} cores; instruction set: {isa_text(isa)}; load average "
-             f"at the end {', '.join(f'{x:.1f}' for x in os.getloadavg())}", "",
-             f"`scripts/bench_listing.py --files {args.files} --directories {args.directories} --repeats "
-             f"{args.repeats}`: local[2], driver memory 1 g, one session, the executors' listing first (Spark's index "
-             "leaves the statuses it listed in its file status cache).", "",
-             "| listing | files | seconds | driver JVM heap in use, MB |", "|---|---|---|---|"]
+    lines = [
+        "# Listing a local input",
+        "",
+        f"- CPU: {model}, {os.cpu_count()} cores; instruction set: {isa_text(isa)}; load average "
+        f"at the end {', '.join(f'{x:.1f}' for x in os.getloadavg())}",
+        "",
+        f"`scripts/bench_listing.py --files {args.files} --directories {args.directories} --repeats "
+        f"{args.repeats}`: local[2], driver memory 1 g, one session, the executors' listing first (Spark's index "
+        "leaves the statuses it listed in its file status cache).",
+        "",
+        "| listing | files | seconds | driver JVM heap in use, MB |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {row['listing']} | {row['files']:,} | {row['seconds']} | {row['driver_heap_mb']} |" for row in rows]
     reports = Path(args.reports)
     reports.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ Listings are generated in the JVM (spark.range), done tables written once to wor
 Reports wall seconds and the peak RSS (VmHWM) of the driver's Python process and of its JVM (in local mode the JVM
 also runs the executors' tasks) -> reports/planning.md and reports/planning.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,11 +61,15 @@ def listing(spark, first: int, count: int):
     from pipelines.inference import image_sources as src
 
     # a real listing of N files comes in many partitions (binaryFile packs ~32 files per split): one per 200,000 rows
-    return (spark.range(first, first + count, 1, max(2, count // 200_000))
-            .select(F.format_string("file:/data/lake/%02d/%09d.jpg", F.col("id") % 100, F.col("id")).alias("path"),
-                    (F.col("id") + 1000).alias("size"),
-                    F.lit("2026-01-01 00:00:00").cast("timestamp").alias("modification_time"))
-            .select(*[F.col(f.name).cast(f.dataType) for f in src.LISTING_SCHEMA.fields]))
+    return (
+        spark.range(first, first + count, 1, max(2, count // 200_000))
+        .select(
+            F.format_string("file:/data/lake/%02d/%09d.jpg", F.col("id") % 100, F.col("id")).alias("path"),
+            (F.col("id") + 1000).alias("size"),
+            F.lit("2026-01-01 00:00:00").cast("timestamp").alias("modification_time"),
+        )
+        .select(*[F.col(f.name).cast(f.dataType) for f in src.LISTING_SCHEMA.fields])
+    )
 
 
 def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
@@ -72,22 +77,32 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from pipelines.inference.inference_job import (count_inputs, index_todo, planning_settings, session_settings_for,
-                                                   set_session_settings, todo_listing)
+    from pipelines.inference.inference_job import (
+        count_inputs,
+        index_todo,
+        planning_settings,
+        session_settings_for,
+        set_session_settings,
+        todo_listing,
+    )
+    from pipelines.inference.video_sources import image_units
     from pipelines.job_config import JobConfig, load_config
     from pipelines.spark.spark_session import local_session
-    from pipelines.inference.video_sources import image_units
 
     spark = local_session("bench-planning", "local[2]", {"spark.driver.memory": driver_memory})
     output = work / str(size) / "out"
     if scenario == "generate":
-        (listing(spark, 0, size).withColumn("model_sha256", F.lit(SHA))
-         .withColumn("run_id", F.lit("20260101T000000Z-bench")).write.mode("overwrite")
-         .parquet(str(output / "detections")))
+        (
+            listing(spark, 0, size)
+            .withColumn("model_sha256", F.lit(SHA))
+            .withColumn("run_id", F.lit("20260101T000000Z-bench"))
+            .write.mode("overwrite")
+            .parquet(str(output / "detections"))
+        )
         spark.stop()
         return {}
-    manifest = SimpleNamespace(model_sha256=SHA)   # todo_listing reads only the model's hash
-    config = JobConfig.from_dict(load_config())   # the job's defaults: shuffles sized, broadcast bound
+    manifest = SimpleNamespace(model_sha256=SHA)  # todo_listing reads only the model's hash
+    config = JobConfig.from_dict(load_config())  # the job's defaults: shuffles sized, broadcast bound
     start = time.perf_counter()
     set_session_settings(spark, planning_settings(config))
     listed = image_units(listing(spark, 0, size + (NEW_IMAGES if scenario == "incremental" else 0)))
@@ -96,14 +111,22 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
     n_inputs = counts.files
     set_session_settings(spark, session_settings_for(n_inputs, config))
     target = str(output) if scenario == "incremental" else str(work / "nothing-here")
-    todo = todo_listing(spark, listed, target, manifest, False, config.run.broadcast_max_rows,
-                        retries=config.run.retries)
-    n_todo = n_inputs if todo is listed else todo.count()   # nothing done: the listing itself, as in run_plan
+    todo = todo_listing(
+        spark, listed, target, manifest, False, config.run.broadcast_max_rows, retries=config.run.retries
+    )
+    n_todo = n_inputs if todo is listed else todo.count()  # nothing done: the listing itself, as in run_plan
     todo, indexed = index_todo(todo, 2, counts.rows_per_partition if todo is listed else None)
     n_indexed = indexed.count()
     seconds = time.perf_counter() - start
-    result = {"size": size, "scenario": scenario, "inputs": n_inputs, "todo": n_todo, "indexed": n_indexed,
-              "seconds": round(seconds, 1), "python_peak_rss_mib": round(peak_rss_mib(os.getpid()), 0)}
+    result = {
+        "size": size,
+        "scenario": scenario,
+        "inputs": n_inputs,
+        "todo": n_todo,
+        "indexed": n_indexed,
+        "seconds": round(seconds, 1),
+        "python_peak_rss_mib": round(peak_rss_mib(os.getpid()), 0),
+    }
     pid = jvm_pid()
     result["jvm_peak_rss_mib"] = round(peak_rss_mib(pid), 0) if pid else None
     spark.stop()
@@ -111,8 +134,18 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
 
 
 def run_child(size: int, scenario: str, args) -> dict:
-    command = [sys.executable, __file__, "--child", scenario, "--sizes", str(size), "--driver-memory",
-               args.driver_memory, "--work", str(args.work)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        scenario,
+        "--sizes",
+        str(size),
+        "--driver-memory",
+        args.driver_memory,
+        "--work",
+        str(args.work),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -122,22 +155,28 @@ def run_child(size: int, scenario: str, args) -> dict:
 
 def report(results: list[dict], args) -> str:
     model, isa = cpu_isa()
-    lines = ["# Planning at scale (synthetic listings and done tables, no image files)", "",
-             f"- CPU: {model}, {os.cpu_count()} cores; instruction set: {isa_text(isa)}; load average at the end "
-             f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}",
-             f"- local[2], spark.driver.memory {args.driver_memory}; `python scripts/bench_planning.py --sizes "
-             f"{','.join(map(str, args.sizes))}`",
-             "- planning = listing count + shuffle sizing + todo_listing (anti-join with the done keys) + "
-             "assign_partitions over the to-do, as run_plan does before inference",
-             "- first: N listed, nothing done. incremental: N + 1,000 listed, N done.", "",
-             "| rows N | run | to do | seconds | driver Python peak RSS (MiB) | driver JVM peak RSS (MiB) |",
-             "|---:|---|---:|---:|---:|---:|"]
+    lines = [
+        "# Planning at scale (synthetic listings and done tables, no image files)",
+        "",
+        f"- CPU: {model}, {os.cpu_count()} cores; instruction set: {isa_text(isa)}; load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}",
+        f"- local[2], spark.driver.memory {args.driver_memory}; `python scripts/bench_planning.py --sizes "
+        f"{','.join(map(str, args.sizes))}`",
+        "- planning = listing count + shuffle sizing + todo_listing (anti-join with the done keys) + "
+        "assign_partitions over the to-do, as run_plan does before inference",
+        "- first: N listed, nothing done. incremental: N + 1,000 listed, N done.",
+        "",
+        "| rows N | run | to do | seconds | driver Python peak RSS (MiB) | driver JVM peak RSS (MiB) |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['size']:,} | {r['scenario']} | - | failed: {r['error']} | | |")
         else:
-            lines.append(f"| {r['size']:,} | {r['scenario']} | {r['todo']:,} | {r['seconds']} | "
-                         f"{r['python_peak_rss_mib']:.0f} | {r['jvm_peak_rss_mib'] or 0:.0f} |")
+            lines.append(
+                f"| {r['size']:,} | {r['scenario']} | {r['todo']:,} | {r['seconds']} | "
+                f"{r['python_peak_rss_mib']:.0f} | {r['jvm_peak_rss_mib'] or 0:.0f} |"
+            )
     return "\n".join(lines) + "\n"
 
 

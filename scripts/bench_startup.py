@@ -21,6 +21,7 @@ pipelines.spark.jvm_class_archive, built if missing; C1 JIT only), `archive, C2`
 own Python worker daemon instead of the job's local one (spark_session.local_daemon_settings). Medians over
 `--repeats`; the machine's CPU and instruction sets in the header.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ from bench import images as bench_images  # noqa: E402
 from bench.job_runs import run_job  # noqa: E402
 from bench.machine import cpu_isa, isa_text  # noqa: E402
 
-CONFIGS = {   # the driver JVM's flags: a caller's own CDS or JIT flags replace the job's (spark_session.quick_start_options)
+CONFIGS = {  # the driver JVM's flags: a caller's own CDS or JIT flags replace the job's (spark_session.quick_start_options)
     "quick start": [],
     "archive, C2": ["--conf", "spark.driver.extraJavaOptions=-XX:+TieredCompilation"],
     "JVM defaults": ["--conf", "spark.driver.extraJavaOptions=-Xshare:auto -XX:+TieredCompilation"],
@@ -72,8 +73,7 @@ def fake_history(output: Path, runs: int) -> None:
         if chunk.num_rows == 0:
             break
         run_id = f"20260101T{number // 60:02d}{number % 60:02d}00Z-{number:08x}"
-        chunk = chunk.set_column(chunk.schema.get_field_index("run_id"), "run_id",
-                                 pa.array([run_id] * chunk.num_rows))
+        chunk = chunk.set_column(chunk.schema.get_field_index("run_id"), "run_id", pa.array([run_id] * chunk.num_rows))
         pq.write_table(chunk, table_dir / f"part-{run_id}-w00000-c000.snappy.parquet", coerce_timestamps="us")
     (output / "_sparkseg_counts.json").unlink(missing_ok=True)
 
@@ -105,9 +105,13 @@ def run_phases(run: dict) -> dict:
     if not {"listing", "planned", "finished"} <= marks.keys():
         return {}
     inference = marks["finished"] - marks["planned"]
-    return {"phase_start_s": marks["listing"], "phase_listing_s": marks["planned"] - marks["listing"],
-            "phase_inference_s": inference, "phase_inference_beyond_model_s": inference - model_seconds(run["summary"]),
-            "phase_end_s": run["wall_s"] - marks["finished"]}
+    return {
+        "phase_start_s": marks["listing"],
+        "phase_listing_s": marks["planned"] - marks["listing"],
+        "phase_inference_s": inference,
+        "phase_inference_beyond_model_s": inference - model_seconds(run["summary"]),
+        "phase_end_s": run["wall_s"] - marks["finished"],
+    }
 
 
 def conf_of(extra: list[str]) -> dict:
@@ -117,8 +121,13 @@ def conf_of(extra: list[str]) -> dict:
 
 def python_worker_start_s(extra: list[str]) -> float:
     """Seconds the first Python job of a fresh local[2] session takes beyond the same job once the workers run."""
-    done = subprocess.run([sys.executable, "-c", FIRST_PYTHON_TASK, json.dumps(conf_of(extra))], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_PYTHON_TASK, json.dumps(conf_of(extra))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode != 0:
         raise SystemExit(f"error: the worker start-up probe failed:\n{done.stderr[-3000:]}")
     first, again = json.loads(done.stdout.strip().splitlines()[-1])
@@ -141,20 +150,28 @@ def measure(args) -> list[dict]:
             first = run_job(["--input", str(images), "--output", str(out / "many"), *extra])
             once = run_job(["--input", str(images), "--output", str(out / "many"), *extra])
             fake_history(out / "many", args.history_runs)
-            after_history = [run_job(["--input", str(images), "--output", str(out / "many"), *extra])
-                             for _ in range(2)]
+            after_history = [run_job(["--input", str(images), "--output", str(out / "many"), *extra]) for _ in range(2)]
             worker_start = python_worker_start_s(extra)
-            row = {"config": name, "repeat": repeat, "python_worker_start_s": worker_start,
-                   "demo_first_progress_s": demo["first_progress_s"], "demo_wall_s": demo["wall_s"],
-                   "demo_output_closed_s": demo["output_closed_s"], "demo_lines": demo["lines"], "demo_model_s": model_seconds(demo["summary"]),
-                   "images": args.images, "run_wall_s": first["wall_s"],
-                   "run_model_s": model_seconds(first["summary"]),
-                   "run_overhead_s": first["wall_s"] - model_seconds(first["summary"]),
-                   **run_phases(first),
-                   "empty_after_1_run_s": once["wall_s"],
-                   "empty_after_history_first_s": after_history[0]["wall_s"],
-                   "empty_after_history_s": after_history[1]["wall_s"], "history_runs": args.history_runs,
-                   "load_1min": os.getloadavg()[0]}
+            row = {
+                "config": name,
+                "repeat": repeat,
+                "python_worker_start_s": worker_start,
+                "demo_first_progress_s": demo["first_progress_s"],
+                "demo_wall_s": demo["wall_s"],
+                "demo_output_closed_s": demo["output_closed_s"],
+                "demo_lines": demo["lines"],
+                "demo_model_s": model_seconds(demo["summary"]),
+                "images": args.images,
+                "run_wall_s": first["wall_s"],
+                "run_model_s": model_seconds(first["summary"]),
+                "run_overhead_s": first["wall_s"] - model_seconds(first["summary"]),
+                **run_phases(first),
+                "empty_after_1_run_s": once["wall_s"],
+                "empty_after_history_first_s": after_history[0]["wall_s"],
+                "empty_after_history_s": after_history[1]["wall_s"],
+                "history_runs": args.history_runs,
+                "load_1min": os.getloadavg()[0],
+            }
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
@@ -162,29 +179,44 @@ def measure(args) -> list[dict]:
 
 def report(rows: list[dict], args) -> str:
     model, isa = cpu_isa()
-    fields = [("python_worker_start_s", "a session's first Python job beyond the same job again, local[2]: s"),
-              ("demo_first_progress_s", "demo: first progress line s"), ("demo_wall_s", "demo: wall s (until the command exits)"),
-              ("demo_output_closed_s", "demo: its output closed s (the driver JVM's shutdown, after the command)"),
-              ("demo_lines", "demo: lines printed"), ("run_wall_s", f"{args.images} images: wall s"),
-              ("run_model_s", f"{args.images} images: model s (stage s / parallel tasks)"),
-              ("run_overhead_s", f"{args.images} images: overhead s"),
-              ("phase_start_s", "  of which start-up: imports, JVM, session (to the listing line) s"),
-              ("phase_listing_s", "  of which listing and resume planning (to the 'N images, M to do' line) s"),
-              ("phase_inference_beyond_model_s", "  of which inference span beyond the model s (warm-up, planning, "
-                                                 "Spark and Arrow per image, writes)"),
-              ("phase_end_s", "  of which end: summary, table counts, SparkContext.stop, exit s"),
-              ("empty_after_1_run_s", "empty incremental after 1 run: wall s"),
-              ("empty_after_history_first_s", f"empty incremental after {args.history_runs} runs, first: wall s"),
-              ("empty_after_history_s", f"empty incremental after {args.history_runs} runs, again: wall s")]
-    lines = ["# The job's own cost: start-up, small runs, empty incremental runs", "",
-             f"Machine: {os.cpu_count()} cores, {model}; instruction set: {isa_text(isa)}.",
-             f"Medians of {args.repeats} repeats, configurations alternated in one session "
-             f"(`python scripts/bench_startup.py --repeats {args.repeats} --images {args.images} "
-             f"--history-runs {args.history_runs} --configs '{','.join(args.configs)}'`).", "",
-             "| measure | " + " | ".join(args.configs) + " |", "|---|" + "---:|" * len(args.configs)]
+    fields = [
+        ("python_worker_start_s", "a session's first Python job beyond the same job again, local[2]: s"),
+        ("demo_first_progress_s", "demo: first progress line s"),
+        ("demo_wall_s", "demo: wall s (until the command exits)"),
+        ("demo_output_closed_s", "demo: its output closed s (the driver JVM's shutdown, after the command)"),
+        ("demo_lines", "demo: lines printed"),
+        ("run_wall_s", f"{args.images} images: wall s"),
+        ("run_model_s", f"{args.images} images: model s (stage s / parallel tasks)"),
+        ("run_overhead_s", f"{args.images} images: overhead s"),
+        ("phase_start_s", "  of which start-up: imports, JVM, session (to the listing line) s"),
+        ("phase_listing_s", "  of which listing and resume planning (to the 'N images, M to do' line) s"),
+        (
+            "phase_inference_beyond_model_s",
+            "  of which inference span beyond the model s (warm-up, planning, Spark and Arrow per image, writes)",
+        ),
+        ("phase_end_s", "  of which end: summary, table counts, SparkContext.stop, exit s"),
+        ("empty_after_1_run_s", "empty incremental after 1 run: wall s"),
+        ("empty_after_history_first_s", f"empty incremental after {args.history_runs} runs, first: wall s"),
+        ("empty_after_history_s", f"empty incremental after {args.history_runs} runs, again: wall s"),
+    ]
+    lines = [
+        "# The job's own cost: start-up, small runs, empty incremental runs",
+        "",
+        f"Machine: {os.cpu_count()} cores, {model}; instruction set: {isa_text(isa)}.",
+        f"Medians of {args.repeats} repeats, configurations alternated in one session "
+        f"(`python scripts/bench_startup.py --repeats {args.repeats} --images {args.images} "
+        f"--history-runs {args.history_runs} --configs '{','.join(args.configs)}'`).",
+        "",
+        "| measure | " + " | ".join(args.configs) + " |",
+        "|---|" + "---:|" * len(args.configs),
+    ]
     for key, label in fields:
-        cells = [statistics.median(values) if (values := [r[key] for r in rows if r["config"] == name and key in r])
-                 else "n/a" for name in args.configs]   # phases: n/a where a run's lines lacked a phase's mark
+        cells = [
+            statistics.median(values)
+            if (values := [r[key] for r in rows if r["config"] == name and key in r])
+            else "n/a"
+            for name in args.configs
+        ]  # phases: n/a where a run's lines lacked a phase's mark
         lines.append(f"| {label} | " + " | ".join(f"{c:.1f}" if isinstance(c, float) else str(c) for c in cells) + " |")
     loads = [r["load_1min"] for r in rows]
     lines += ["", f"1-minute load average after each repeat: {min(loads):.1f}-{max(loads):.1f}."]
@@ -196,16 +228,24 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--images", type=int, default=200)
     parser.add_argument("--history-runs", type=int, default=100)
-    parser.add_argument("--configs", type=lambda text: [name.strip() for name in text.split(",")],
-                        default=list(CONFIGS), help="comma-separated names of CONFIGS to run (default: all)")
+    parser.add_argument(
+        "--configs",
+        type=lambda text: [name.strip() for name in text.split(",")],
+        default=list(CONFIGS),
+        help="comma-separated names of CONFIGS to run (default: all)",
+    )
     parser.add_argument("--work", default=str(REPO / "work" / "bench" / "startup"))
     parser.add_argument("--reports", default=str(REPO / "reports"))
     args = parser.parse_args()
     unknown = [name for name in args.configs if name not in CONFIGS]
     if unknown:
         parser.error(f"--configs: unknown {unknown}; choose from {list(CONFIGS)}")
-    subprocess.run([sys.executable, "-m", "pipelines.spark.jvm_class_archive_build", "--if-missing"], cwd=REPO,
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "pipelines.spark.jvm_class_archive_build", "--if-missing"],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     rows = measure(args)
     reports = Path(args.reports)
     reports.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ With --device cuda|cpu it measures the training step on one device instead, with
 (real shards, augmentation on) vs the model-only ceiling, per model and precision (scripts/bench_training_step.py,
 see its --help).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,24 @@ from bench.machine import cpu_isa  # noqa: E402
 STRATEGIES = [  # name, overrides
     ("local", {"distributed.strategy": "local", "distributed.num_processes": 1, "distributed.threads_per_process": 2}),
     ("ddp", {"distributed.strategy": "ddp", "distributed.num_processes": 2, "distributed.threads_per_process": 1}),
-    ("pipeline", {"distributed.strategy": "pipeline", "distributed.num_processes": 2,
-                  "distributed.pipeline_stages": 2, "distributed.threads_per_process": 1}),
-    ("hybrid", {"distributed.strategy": "hybrid", "distributed.num_processes": 4, "distributed.pipeline_stages": 2,
-                "distributed.threads_per_process": 1}),
+    (
+        "pipeline",
+        {
+            "distributed.strategy": "pipeline",
+            "distributed.num_processes": 2,
+            "distributed.pipeline_stages": 2,
+            "distributed.threads_per_process": 1,
+        },
+    ),
+    (
+        "hybrid",
+        {
+            "distributed.strategy": "hybrid",
+            "distributed.num_processes": 4,
+            "distributed.pipeline_stages": 2,
+            "distributed.threads_per_process": 1,
+        },
+    ),
 ]
 
 
@@ -43,9 +58,13 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=8, help="timed steps per strategy (plus 2 warm-up steps)")
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=2, help="GPipe micro-batch (8/2 = 4 micro-batches)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="rounds over all strategies (interleaved); each strategy's best round is reported, "
-                             "which damps the load of other jobs on a shared machine")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds over all strategies (interleaved); each strategy's best round is reported, "
+        "which damps the load of other jobs on a shared machine",
+    )
     parser.add_argument("--only", nargs="*", help="strategy names to run")
     return parser.parse_args(argv)
 
@@ -53,7 +72,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--device" or a.startswith("--device=") for a in argv):
-        import bench_training_step   # the training step on one device, no Spark (scripts/bench_training_step.py)
+        import bench_training_step  # the training step on one device, no Spark (scripts/bench_training_step.py)
 
         return bench_training_step.main(argv)
     args = parse_args(argv)
@@ -76,9 +95,16 @@ def main(argv=None) -> int:
     finally:
         spark.stop()
     results = best_rounds(runs)
-    report = {"machine": machine(), "size": args.size, "global_batch": args.global_batch,
-              "micro_batch": args.micro_batch, "timed_steps": args.steps, "rounds": args.rounds,
-              "results": results, "all_runs": runs}
+    report = {
+        "machine": machine(),
+        "size": args.size,
+        "global_batch": args.global_batch,
+        "micro_batch": args.micro_batch,
+        "timed_steps": args.steps,
+        "rounds": args.rounds,
+        "results": results,
+        "all_runs": runs,
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "training_report.md").write_text(markdown(report))
@@ -92,22 +118,38 @@ def run_one(args, out: Path, data: Path, name: str, overrides: dict, round_numbe
 
     run_dir = out / "runs" / f"{name}-{round_number}"
     settings = {
-        "run_dir": str(run_dir), "data.images": str(data / "images"), "data.annotations": str(data / "annotations.json"),
-        "data.prepared": str(out / "prepared"), "data.val_fraction": 0.0, "model.max_size": args.size,
-        "train.epochs": 100, "train.max_steps": args.steps + 2, "train.global_batch": args.global_batch,
-        "train.micro_batch": args.micro_batch, "checkpoint.every_steps": 0, "checkpoint.resume": False,
-        "eval.every_epochs": 0, "tracking.mlflow_uri": str(out / "mlruns"), "tracking.plots": False,
-        "tracking.progress_bar": False, "tracking.run_name": f"bench-{name}-{round_number}",
+        "run_dir": str(run_dir),
+        "data.images": str(data / "images"),
+        "data.annotations": str(data / "annotations.json"),
+        "data.prepared": str(out / "prepared"),
+        "data.val_fraction": 0.0,
+        "model.max_size": args.size,
+        "train.epochs": 100,
+        "train.max_steps": args.steps + 2,
+        "train.global_batch": args.global_batch,
+        "train.micro_batch": args.micro_batch,
+        "checkpoint.every_steps": 0,
+        "checkpoint.resume": False,
+        "eval.every_epochs": 0,
+        "tracking.mlflow_uri": str(out / "mlruns"),
+        "tracking.plots": False,
+        "tracking.progress_bar": False,
+        "tracking.run_name": f"bench-{name}-{round_number}",
         "tracking.baseline": str(out / "runs" / f"local-{round_number}" / "summary.json") if name != "local" else None,
         **overrides,
     }
     started = time.time()
     summary = run_training(spark, load_train_config(None, settings))
-    return {"strategy": name, "round": round_number, "processes": summary["world"], "stages": summary["stages"],
-            "threads_per_process": overrides["distributed.threads_per_process"],
-            "images_per_second": summary["speed"]["images_per_second"],
-            "epoch_seconds_mean": summary["speed"]["epoch_seconds_mean"],
-            "wall_seconds": round(time.time() - started, 1)}
+    return {
+        "strategy": name,
+        "round": round_number,
+        "processes": summary["world"],
+        "stages": summary["stages"],
+        "threads_per_process": overrides["distributed.threads_per_process"],
+        "images_per_second": summary["speed"]["images_per_second"],
+        "epoch_seconds_mean": summary["speed"]["epoch_seconds_mean"],
+        "wall_seconds": round(time.time() - started, 1),
+    }
 
 
 def best_rounds(runs: list[dict]) -> list[dict]:
@@ -132,24 +174,39 @@ def machine() -> dict:
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     cpu, isa = cpu_isa()
-    return {"cpus": os.cpu_count(), "cpu": cpu, "instruction_sets": isa, "platform": platform.platform(),
-            "torch": torch.__version__,
-            "load_average_at_end": [round(v, 2) for v in load] if load else None}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "instruction_sets": isa,
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "load_average_at_end": [round(v, 2) for v in load] if load else None,
+    }
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# Training strategies: yolact_r18_small at {report['size']}x{report['size']}, global batch "
-             f"{report['global_batch']}, micro-batch {report['micro_batch']}",
-             "", f"Machine: {report['machine']}", "",
-             f"Best of {report['rounds']} interleaved rounds per strategy; {report['timed_steps']} timed steps each.", "",
-             "| strategy | processes x threads | stages | images/s | epoch s | speedup T1/Tp | efficiency |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Training strategies: yolact_r18_small at {report['size']}x{report['size']}, global batch "
+        f"{report['global_batch']}, micro-batch {report['micro_batch']}",
+        "",
+        f"Machine: {report['machine']}",
+        "",
+        f"Best of {report['rounds']} interleaved rounds per strategy; {report['timed_steps']} timed steps each.",
+        "",
+        "| strategy | processes x threads | stages | images/s | epoch s | speedup T1/Tp | efficiency |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in report["results"]:
-        lines.append(f"| {r['strategy']} | {r['processes']} x {r['threads_per_process']} | {r['stages']} | "
-                     f"{r['images_per_second']} | {r['epoch_seconds_mean']} | {r.get('speedup')} | "
-                     f"{r.get('efficiency')} |")
-    lines += ["", "All runs (images/s): " + ", ".join(f"{r['strategy']}#{r['round']} {r['images_per_second']}"
-                                                    for r in report["all_runs"])]
+        lines.append(
+            f"| {r['strategy']} | {r['processes']} x {r['threads_per_process']} | {r['stages']} | "
+            f"{r['images_per_second']} | {r['epoch_seconds_mean']} | {r.get('speedup')} | "
+            f"{r.get('efficiency')} |"
+        )
+    lines += [
+        "",
+        "All runs (images/s): "
+        + ", ".join(f"{r['strategy']}#{r['round']} {r['images_per_second']}" for r in report["all_runs"]),
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,7 @@
 
 The note is the arguments after the manifest, joined as they are (a long note fits in several shell lines).
 """
+
 import json
 import sys
 

@@ -6,6 +6,7 @@ Every file is small (a few KB) except the 8000x8000 flat JPEG (~375 KB; it decod
 `include_large=False` leaves out. Patterns with known pixel values are exposed so tests can check content:
 `exif_pattern()` (stored pixels of the EXIF-rotated JPEG), CMYK_QUADRANTS, gray16_pattern().
 """
+
 from __future__ import annotations
 
 import io

@@ -1,5 +1,6 @@
 """Shared fixtures: one session-scoped local SparkSession, Azurite and a 2-worker standalone cluster (both started
 only when a test asks for them), paths to the bundled samples."""
+
 from __future__ import annotations
 
 import os
@@ -18,15 +19,15 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # pytest-xdist's workers prepend the checkout to PYTHONPATH: the processes a test starts must see the environment of
 # a plain `pytest` run (a job run "from another directory" must not import the checkout through it).
 if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("PYTHONPATH", "").startswith(os.getcwd()):
-    rest = os.environ["PYTHONPATH"][len(os.getcwd()):].removeprefix(os.pathsep)
+    rest = os.environ["PYTHONPATH"][len(os.getcwd()) :].removeprefix(os.pathsep)
     if rest:
         os.environ["PYTHONPATH"] = rest
     else:
         del os.environ["PYTHONPATH"]
 
 from tests.fixtures_azurite import azurite  # noqa: E402,F401  (session fixture)
-from tests.fixtures_standalone import standalone_cluster  # noqa: E402,F401  (session fixture)
 from tests.fixtures_evaluation import bundled_val_run  # noqa: E402,F401  (session fixture)
+from tests.fixtures_standalone import standalone_cluster  # noqa: E402,F401  (session fixture)
 
 
 @pytest.fixture(scope="session")
@@ -47,14 +48,28 @@ def repo_root() -> Path:
 # measured in a `make test` run (session 52): with `-n 2 --dist loadfile --no-loadscope-reorder` (make test-main) the
 # workers take files in this order, and the short files fill in at the end, where a long file started last would run
 # alone. (Without --no-loadscope-reorder, pytest-xdist >= 3.8 orders files by their number of tests instead.)
-LONG_FILES_FIRST = ("test_faults.py", "test_training_fused.py", "test_job_cli.py", "test_deploy_archive.py",
-                    "test_training_resume.py", "test_video_input.py", "test_sweep.py", "test_incremental.py",
-                    "test_export_yolact.py", "test_training_strategies.py", "test_table_index.py",
-                    "test_export_int8.py", "test_standalone_cluster.py", "test_installed_package.py",
-                    "test_infer_job.py", "test_detector_training.py", "test_detector_export.py",
-                    "test_box_local_masks.py")
+LONG_FILES_FIRST = (
+    "test_faults.py",
+    "test_training_fused.py",
+    "test_job_cli.py",
+    "test_deploy_archive.py",
+    "test_training_resume.py",
+    "test_video_input.py",
+    "test_sweep.py",
+    "test_incremental.py",
+    "test_export_yolact.py",
+    "test_training_strategies.py",
+    "test_table_index.py",
+    "test_export_int8.py",
+    "test_standalone_cluster.py",
+    "test_installed_package.py",
+    "test_infer_job.py",
+    "test_detector_training.py",
+    "test_detector_export.py",
+    "test_box_local_masks.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: index for index, name in enumerate(LONG_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: the rest keep their order
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

@@ -5,6 +5,7 @@ Databricks; everything the notebook calls besides it (Spark, storage, the librar
     dbutils = DbutilsStandIn(parameters={"input": ...}, secrets={("scope", "key"): "value"})
     result = run_notebook_source(path, spark=spark, dbutils=dbutils)   # the value given to dbutils.notebook.exit
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -80,8 +81,7 @@ class _Notebook:
 class DbutilsStandIn:
     """`dbutils.widgets`, `dbutils.secrets` and `dbutils.notebook.exit` for running notebooks locally."""
 
-    def __init__(self, parameters: dict[str, str] | None = None,
-                 secrets: dict[tuple[str, str], str] | None = None):
+    def __init__(self, parameters: dict[str, str] | None = None, secrets: dict[tuple[str, str], str] | None = None):
         self.widgets = _Widgets(parameters or {})
         self.secrets = _Secrets(secrets or {})
         self.notebook = _Notebook()
@@ -92,7 +92,7 @@ def notebook_cells(path: str | Path) -> list[str]:
     text = Path(path).read_text(encoding="utf-8")
     if not text.startswith(HEADER):
         raise ValueError(f"{path}: not a Databricks notebook source file (first line must be {HEADER!r})")
-    return [cell for cell in text[len(HEADER):].split(CELL_SEPARATOR) if cell.strip()]
+    return [cell for cell in text[len(HEADER) :].split(CELL_SEPARATOR) if cell.strip()]
 
 
 def run_notebook_source(path: str | Path, **notebook_globals) -> str | None:

@@ -4,6 +4,7 @@ Azurite 3.35.0 lives in `<repo>/.tools/azurite` (scripts/install_azurite.sh, run
 service runs, on a free 127.0.0.1 port with a temp data dir. No environment is set: a test that wants the
 environment credentials path does `monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)`.
 """
+
 from __future__ import annotations
 
 import socket
@@ -44,8 +45,10 @@ class Azurite:
 
     @property
     def connection_string(self) -> str:
-        return (f"DefaultEndpointsProtocol=http;AccountName={self.account_name};AccountKey={self.account_key};"
-                f"BlobEndpoint={self.blob_endpoint};")
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={self.account_name};AccountKey={self.account_key};"
+            f"BlobEndpoint={self.blob_endpoint};"
+        )
 
     def service_client(self):
         from azure.storage.blob import BlobServiceClient
@@ -91,16 +94,33 @@ def azurite(tmp_path_factory) -> Azurite:
     port = _free_port()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [str(binary), "--silent", "--disableTelemetry", "--loose", "--skipApiVersionCheck",
-             "--location", str(data_dir), "--blobHost", "127.0.0.1", "--blobPort", str(port)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                str(binary),
+                "--silent",
+                "--disableTelemetry",
+                "--loose",
+                "--skipApiVersionCheck",
+                "--location",
+                str(data_dir),
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(port),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _port_answers(port):
             if process.poll() is not None or time.monotonic() > deadline:
                 state = f"exited with code {process.returncode}" if process.poll() is not None else "timed out"
-                raise RuntimeError(f"Azurite {state} before port {port} answered; log {log_path}:\n"
-                                   f"{log_path.read_text(errors='replace')[-3000:]}")
+                raise RuntimeError(
+                    f"Azurite {state} before port {port} answered; log {log_path}:\n"
+                    f"{log_path.read_text(errors='replace')[-3000:]}"
+                )
             time.sleep(0.2)
         yield Azurite(blob_port=port, data_dir=data_dir, log_path=log_path)
     finally:

@@ -3,6 +3,7 @@ handful of small synthetic road images. Export takes ~30-60 s on 2 cores: share 
 
     def test_x(detector_export, road_images): ...
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,21 @@ def export_small_detector(out: Path, *extra: str) -> int:
     """`python -m model_export detector --config factornet_small --random-init ...` into `out`; the exit code."""
     from model_export.cli import main as export_main
 
-    return export_main(["detector", "--config", DETECTOR_CONFIG, "--random-init", "--seed", str(DETECTOR_SEED),
-                        "--out", str(out), "--parity-count", "3", *extra])
+    return export_main(
+        [
+            "detector",
+            "--config",
+            DETECTOR_CONFIG,
+            "--random-init",
+            "--seed",
+            str(DETECTOR_SEED),
+            "--out",
+            str(out),
+            "--parity-count",
+            "3",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +51,12 @@ def road_images(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("roads")
     half = ROAD_IMAGE_COUNT // 2
     generate_road_dataset(root / "jpg", half, 11, RoadSceneConfig(width=200, height=150, formats=()))
-    generate_road_dataset(root / "png", ROAD_IMAGE_COUNT - half, 12,
-                          RoadSceneConfig(width=160, height=120, image_format="png", formats=()))
+    generate_road_dataset(
+        root / "png",
+        ROAD_IMAGE_COUNT - half,
+        12,
+        RoadSceneConfig(width=160, height=120, image_format="png", formats=()),
+    )
     images = root / "images"
     images.mkdir()
     for path in sorted((root / "jpg" / "images").iterdir()) + sorted((root / "png" / "images").iterdir()):

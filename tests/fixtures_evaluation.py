@@ -1,5 +1,6 @@
 """One run of the bundled default YOLACT over a fresh SYNTHETIC val split, shared by the tests that judge results
 (tests/test_training_default_model.py, test_evaluate.py, test_render_browser.py): the job runs once per session."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-VAL_SEED = 20261122          # training used seed 1 (scripts/train_default_models.sh)
+VAL_SEED = 20261122  # training used seed 1 (scripts/train_default_models.sh)
 VAL_IMAGES = 40
 BROKEN = "not_an_image.jpg"  # not in the annotations
 ROAD_GROUPS = {"blobs": ("pothole", "patch", "puddle"), "crack": ("crack",)}
@@ -15,8 +16,8 @@ ROAD_GROUPS = {"blobs": ("pothole", "patch", "puddle"), "crack": ("crack",)}
 
 @dataclass(frozen=True)
 class ValRun:
-    data: Path                # images/ (+ BROKEN) and annotations.json (COCO, the generator's exact masks)
-    output: Path              # the job's output (read it; copy it before writing into it)
+    data: Path  # images/ (+ BROKEN) and annotations.json (COCO, the generator's exact masks)
+    output: Path  # the job's output (read it; copy it before writing into it)
     summary: dict
 
     @property
@@ -34,12 +35,12 @@ def bundled_val_run(spark, tmp_path_factory) -> ValRun:
     root = tmp_path_factory.mktemp("bundled-val")
     data = root / "val"
     generate_road_dataset(data, VAL_IMAGES, VAL_SEED, RoadSceneConfig(formats=("coco",)))
-    (data / "images" / BROKEN).write_bytes(b"not a JPEG")   # a failed image: named in the summary and report
+    (data / "images" / BROKEN).write_bytes(b"not a JPEG")  # a failed image: named in the summary and report
     config = load_config()
     config["input"]["uri"] = str(data / "images")
     config["output"]["uri"] = str(root / "out")
     config["model"]["dir"] = str(SAMPLES / "models" / "yolact_default")
     config["inference"].update({"partitions": 2, "batch_size": 4, "precision": "f32"})
     config["run"]["progress_interval_s"] = 0
-    config["output"]["overlays"] = True        # the job draws overlays/ and report.html itself
+    config["output"]["overlays"] = True  # the job draws overlays/ and report.html itself
     return ValRun(data, root / "out", run(spark, config))

@@ -1,4 +1,5 @@
 """Session-scoped Spark standalone cluster: 2 workers x 1 core, 1g each, on 127.0.0.1 (free ports)."""
+
 from __future__ import annotations
 
 import shutil

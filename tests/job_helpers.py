@@ -1,12 +1,13 @@
 """Small helpers shared by the inference-job tests: a job config over local directories, and table rows."""
+
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
 
-from pipelines.job_config import load_config
 from pipelines.inference.openvino_runtime import RuntimeSettings
+from pipelines.job_config import load_config
 from tests.conftest import SAMPLES
 
 DEFAULT_MODEL_DIR = SAMPLES / "models" / "yolact_default"
@@ -37,6 +38,6 @@ def spark_submit_command(*arguments: str) -> tuple[list[str], dict]:
 
 
 def read_rows(spark, output_dir: Path, table: str) -> list:
-    from pipelines.io.storage import spark_read_path   # output directories may have glob characters in their names
+    from pipelines.io.storage import spark_read_path  # output directories may have glob characters in their names
 
     return spark.read.parquet(spark_read_path(output_dir / table)).collect()

@@ -1,4 +1,5 @@
 """Waiting in tests without ever blocking forever: for a child process's next line, or for a condition."""
+
 from __future__ import annotations
 
 import subprocess
@@ -24,8 +25,13 @@ def read_line(process: subprocess.Popen, timeout_s: float = 120.0) -> str:
     return line.strip()
 
 
-def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 300.0, interval_s: float = 0.1,
-               process: subprocess.Popen | None = None) -> None:
+def wait_until(
+    condition: Callable[[], object],
+    what: str,
+    timeout_s: float = 300.0,
+    interval_s: float = 0.1,
+    process: subprocess.Popen | None = None,
+) -> None:
     """Poll `condition` until it is true; fails the test naming `what` after `timeout_s`, or at once when `process`
     (the run the condition waits on) has ended before it."""
     deadline = time.monotonic() + timeout_s

@@ -3,6 +3,7 @@ augment.py and yolact_loss.py's PackedTargets.pack / downsample_masks at commit 
 expanded onto a full canvas, then cropped, mirrored and resized as float; photometric.draw is unchanged), kept
 verbatim as the reference tests/test_training_augment_speed_equal.py compares the new code with, bit for bit, and
 scripts/bench_loader.py times it against. Not used by the library."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,7 @@ def row_to_sample(row: dict) -> Sample:
     image = decode_image(bytes(row["image"]), row["file_name"])
     height, width = image.shape[:2]
     rles = [{"size": [height, width], "counts": counts.encode("ascii")} for counts in row["rles"]]
-    masks = (np.moveaxis(mask_utils.decode(rles), 2, 0) if rles else np.zeros((0, height, width), np.uint8))
+    masks = np.moveaxis(mask_utils.decode(rles), 2, 0) if rles else np.zeros((0, height, width), np.uint8)
     boxes = np.asarray(row["boxes"], dtype=np.float32).reshape(-1, 4)
     return Sample(image=image, masks=masks, boxes=boxes, labels=np.asarray(row["labels"], dtype=np.int64))
 
@@ -35,8 +36,15 @@ def sample_seed(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, index])
 
 
-def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec, augment_cfg: AugmentConfig | None,
-                     seed: int, epoch: int, mask_sizes: list[tuple[int, int]] | None = None) -> MicroBatch:
+def make_micro_batch(
+    rows: dict[int, dict],
+    indices: list[int],
+    spec: InputSpec,
+    augment_cfg: AugmentConfig | None,
+    seed: int,
+    epoch: int,
+    mask_sizes: list[tuple[int, int]] | None = None,
+) -> MicroBatch:
     mean = np.asarray(spec.mean_rgb, dtype=np.float32)
     std = np.asarray(spec.std_rgb, dtype=np.float32)
     images, targets = [], []
@@ -53,8 +61,12 @@ def make_micro_batch(rows: dict[int, dict], indices: list[int], spec: InputSpec,
         targets.append(Targets(boxes=boxes, labels=labels, masks=masks, seed=int(rng.integers(2**31))))
     if mask_sizes is None:
         return MicroBatch(images=torch.stack(images), targets=targets, indices=list(indices))
-    return MicroBatch(images=torch.stack(images), targets=pack(targets, mask_sizes),
-                      indices=list(indices), colour=photometric.draws_tensor(deferred))
+    return MicroBatch(
+        images=torch.stack(images),
+        targets=pack(targets, mask_sizes),
+        indices=list(indices),
+        colour=photometric.draws_tensor(deferred),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ augment.py
@@ -73,13 +85,21 @@ def augment(sample: Sample, rng: np.random.Generator, cfg: AugmentConfig, mean_r
     return Sample(image, masks, boxes, labels)
 
 
-def to_network_input(sample: Sample, size: int, mean_rgb: np.ndarray | None, std_rgb: np.ndarray | None,
-                     min_box_px: float, rng: np.random.Generator | None = None, distort: bool = False,
-                     deferred: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def to_network_input(
+    sample: Sample,
+    size: int,
+    mean_rgb: np.ndarray | None,
+    std_rgb: np.ndarray | None,
+    min_box_px: float,
+    rng: np.random.Generator | None = None,
+    distort: bool = False,
+    deferred: list | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     height, width = sample.image.shape[:2]
     pixels = np.ascontiguousarray(sample.image, dtype=np.float32 if deferred is None else np.uint8)
-    image = F.interpolate(torch.from_numpy(pixels).permute(2, 0, 1)[None], size=(size, size), mode="bilinear",
-                          align_corners=False)[0]
+    image = F.interpolate(
+        torch.from_numpy(pixels).permute(2, 0, 1)[None], size=(size, size), mode="bilinear", align_corners=False
+    )[0]
     if deferred is not None:
         deferred.append(photometric.draw(rng) if distort else photometric.PhotometricDraw())
     else:
@@ -109,9 +129,9 @@ def expand(image, masks, boxes, rng, max_ratio: float, mean_rgb: np.ndarray):
     top = int(rng.uniform(0, height * ratio - height))
     canvas = np.empty((int(height * ratio), int(width * ratio), 3), dtype=image.dtype)
     canvas[:] = np.rint(mean_rgb) if canvas.dtype == np.uint8 else mean_rgb
-    canvas[top:top + height, left:left + width] = image
+    canvas[top : top + height, left : left + width] = image
     big_masks = np.zeros((masks.shape[0], canvas.shape[0], canvas.shape[1]), dtype=masks.dtype)
-    big_masks[:, top:top + height, left:left + width] = masks
+    big_masks[:, top : top + height, left : left + width] = masks
     return canvas, big_masks, boxes + np.float32([left, top, left, top])
 
 
@@ -130,15 +150,23 @@ def random_sample_crop(image, masks, boxes, labels, rng):
             top = rng.uniform(0, height - h)
             rect = np.array([int(left), int(top), int(left + w), int(top + h)])
             centers = (boxes[:, :2] + boxes[:, 2:]) / 2.0
-            inside = ((rect[0] < centers[:, 0]) & (rect[1] < centers[:, 1])
-                      & (rect[2] > centers[:, 0]) & (rect[3] > centers[:, 1]))
+            inside = (
+                (rect[0] < centers[:, 0])
+                & (rect[1] < centers[:, 1])
+                & (rect[2] > centers[:, 0])
+                & (rect[3] > centers[:, 1])
+            )
             if not inside.any():
                 continue
             kept = boxes[inside].copy()
             kept[:, :2] = np.maximum(kept[:, :2], rect[:2]) - rect[:2]
             kept[:, 2:] = np.minimum(kept[:, 2:], rect[2:]) - rect[:2]
-            return (image[rect[1]:rect[3], rect[0]:rect[2]], masks[inside][:, rect[1]:rect[3], rect[0]:rect[2]],
-                    kept.astype(np.float32), labels[inside])
+            return (
+                image[rect[1] : rect[3], rect[0] : rect[2]],
+                masks[inside][:, rect[1] : rect[3], rect[0] : rect[2]],
+                kept.astype(np.float32),
+                labels[inside],
+            )
     return image, masks, boxes, labels
 
 
@@ -159,7 +187,7 @@ def pack(targets: list[Targets], mask_sizes: list[tuple[int, int]]) -> PackedTar
     for size in mask_sizes:
         small = torch.zeros(batch, slots, *size, dtype=torch.uint8, device=device)
         for b, t in enumerate(targets):
-            small[b, :t.masks.shape[0]] = downsample_masks(t.masks, size).to(torch.uint8)
+            small[b, : t.masks.shape[0]] = downsample_masks(t.masks, size).to(torch.uint8)
         packed.small_masks[tuple(size)] = small
     return packed
 

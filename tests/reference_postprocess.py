@@ -6,6 +6,7 @@ Per detection it builds a full image-size bool mask (windowed bilinear upsample 
 level; preprocess converts the whole decoded image to float32 before resizing. Self-contained (numpy, pycocotools,
 Pillow) so that changes to pipelines/ cannot change the reference.
 """
+
 from __future__ import annotations
 
 import io
@@ -49,13 +50,13 @@ def bilinear_row_blocks(x, rows, cols, block_elements: int = BLOCK_ELEMENTS):
     by_width = np.empty((len(src_rows), n_out_cols) + trailing, dtype=np.float32)
     step = max(1, block_elements // max(1, x.shape[1] * channels, n_out_cols * channels))
     for start in range(0, len(src_rows), step):
-        src = np.asarray(x[src_rows[start:start + step]], dtype=np.float32)
+        src = np.asarray(x[src_rows[start : start + step]], dtype=np.float32)
         left = np.take(src, x0, axis=1)
         left *= wx0
         right = np.take(src, x1, axis=1)
         right *= wx1
         left += right
-        by_width[start:start + step] = left
+        by_width[start : start + step] = left
     p0 = np.searchsorted(src_rows, y0)
     p1 = np.searchsorted(src_rows, y1)
     row_extra = (1,) * (1 + len(trailing))
@@ -144,8 +145,9 @@ def instance_masks(det, proto, width, height, crop=True):
             r0, r1 = _output_window(row_axis, rows[0], rows[-1])
             c0, c1 = _output_window(col_axis, cols[0], cols[-1])
             window = out[r0:r1, c0:c1]
-            for sl, block in bilinear_row_blocks(probs[i], tuple(a[r0:r1] for a in row_axis),
-                                                 tuple(a[c0:c1] for a in col_axis)):
+            for sl, block in bilinear_row_blocks(
+                probs[i], tuple(a[r0:r1] for a in row_axis), tuple(a[c0:c1] for a in col_axis)
+            ):
                 np.greater(block, MASK_THRESHOLD, out=window[sl])
         yield out
 
@@ -186,10 +188,15 @@ def postprocess_image(det, proto, width: int, height: int, class_names, labels: 
     instances = []
     for i, mask in enumerate(instance_masks(det, proto, width, height)):
         class_id = int(det.classes[i])
-        instances.append({
-            "class_id": class_id,
-            "class_name": class_names[class_id] if class_id < len(class_names) else str(class_id),
-            "score": float(det.scores[i]), "box": [int(v) for v in boxes[i]], "mask": encode_rle(mask)})
+        instances.append(
+            {
+                "class_id": class_id,
+                "class_name": class_names[class_id] if class_id < len(class_names) else str(class_id),
+                "score": float(det.scores[i]),
+                "box": [int(v) for v in boxes[i]],
+                "mask": encode_rle(mask),
+            }
+        )
         if builder is not None:
             builder.add(mask)
     return instances, builder

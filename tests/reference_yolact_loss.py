@@ -1,6 +1,7 @@
 """The YOLACT loss as it was before it was vectorized (pipelines/training/yolact_loss.py and the matching of
 pipelines/training/boxes.py at commit 03496ed, one Python loop per image and per object), kept verbatim as the
 reference tests/test_training_loss_vectorized.py compares the batched loss with. Not used by the library."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,8 +59,9 @@ class Match:
         return self.conf > 0
 
 
-def match(truths: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, pos_thresh: float = 0.5,
-          neg_thresh: float = 0.4) -> Match:
+def match(
+    truths: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, pos_thresh: float = 0.5, neg_thresh: float = 0.4
+) -> Match:
     """Match priors to ground truth (SSD rule, YOLACT thresholds).
 
     truths: [G, 4] point form; labels: [G] 0-based foreground classes; priors: [N, 4] center-size.
@@ -70,9 +72,13 @@ def match(truths: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, pos_
     num_priors = priors.shape[0]
     if truths.shape[0] == 0:
         zeros = torch.zeros(num_priors, dtype=torch.long, device=priors.device)
-        return Match(conf=zeros, gt_index=zeros.clone(), loc=priors.new_zeros(num_priors, 4),
-                     gt_box=priors.new_zeros(num_priors, 4))
-    overlaps = jaccard(truths, point_form(priors))          # [G, N]
+        return Match(
+            conf=zeros,
+            gt_index=zeros.clone(),
+            loc=priors.new_zeros(num_priors, 4),
+            gt_box=priors.new_zeros(num_priors, 4),
+        )
+    overlaps = jaccard(truths, point_form(priors))  # [G, N]
     best_truth_overlap, best_truth_idx = overlaps.max(dim=0)
     for _ in range(truths.shape[0]):
         best_prior_overlap, best_prior_idx = overlaps.max(dim=1)
@@ -104,6 +110,7 @@ def crop(masks: torch.Tensor, boxes: torch.Tensor, padding: int = 1) -> torch.Te
 def _sanitize(a: torch.Tensor, b: torch.Tensor, size: int, padding: int) -> tuple[torch.Tensor, torch.Tensor]:
     a, b = a * size, b * size
     return torch.clamp(torch.min(a, b) - padding, min=0), torch.clamp(torch.max(a, b) + padding, max=size)
+
 
 LOSS_KEYS = ("box", "conf", "mask", "semantic")
 
@@ -155,12 +162,13 @@ class YolactLoss:
     def match(self, targets: list[Targets]) -> list[Match]:
         return [match(t.boxes, t.labels, self.priors, self.cfg.pos_iou, self.cfg.neg_iou) for t in targets]
 
-    def sums(self, outputs: dict[str, torch.Tensor], targets: list[Targets],
-             matches: list[Match]) -> dict[str, torch.Tensor]:
+    def sums(
+        self, outputs: dict[str, torch.Tensor], targets: list[Targets], matches: list[Match]
+    ) -> dict[str, torch.Tensor]:
         """outputs: Yolact train-mode dict (loc [B, N, 4], conf [B, N, C] logits, mask [B, N, k], proto
         [B, Ph, Pw, k], segm [B, C-1, h, w]) -> unnormalized sums {box, conf, mask, semantic}, scalars."""
-        conf_t = torch.stack([m.conf for m in matches])        # [B, N]
-        loc_t = torch.stack([m.loc for m in matches])          # [B, N, 4]
+        conf_t = torch.stack([m.conf for m in matches])  # [B, N]
+        loc_t = torch.stack([m.loc for m in matches])  # [B, N, 4]
         positive = conf_t > 0
         box = F.smooth_l1_loss(outputs["loc"][positive], loc_t[positive], reduction="sum") * self.cfg.bbox_alpha
         conf = self.conf_sum(outputs["conf"], conf_t) * self.cfg.conf_alpha
@@ -169,8 +177,12 @@ class YolactLoss:
         for i, (target, m) in enumerate(zip(targets, matches)):
             mask = mask + self.mask_sum(outputs["proto"][i], outputs["mask"][i], target, m)
             semantic = semantic + self.semantic_sum(outputs["segm"][i], target)
-        return {"box": box, "conf": conf, "mask": mask * self.cfg.mask_alpha,
-                "semantic": semantic * self.cfg.semantic_alpha}
+        return {
+            "box": box,
+            "conf": conf,
+            "mask": mask * self.cfg.mask_alpha,
+            "semantic": semantic * self.cfg.semantic_alpha,
+        }
 
     def conf_sum(self, conf: torch.Tensor, conf_t: torch.Tensor) -> torch.Tensor:
         """conf [B, N, C] logits, conf_t [B, N] -> cross entropy summed over positives and mined negatives."""
@@ -186,17 +198,17 @@ class YolactLoss:
             return proto.new_zeros(())
         mask_h, mask_w = proto.shape[:2]
         with torch.no_grad():
-            gt = downsample_masks(target.masks, (mask_h, mask_w))   # [G, Ph, Pw] 0/1
+            gt = downsample_masks(target.masks, (mask_h, mask_w))  # [G, Ph, Pw] 0/1
         total = positive.numel()
         if total > self.cfg.masks_to_train:
             # the sample is drawn on the CPU whatever the device: the same positives on every device and rank
             generator = torch.Generator(device="cpu").manual_seed(int(target.seed))
             order = torch.randperm(total, generator=generator, device="cpu")
-            positive = positive[order[:self.cfg.masks_to_train].to(positive.device)]
+            positive = positive[order[: self.cfg.masks_to_train].to(positive.device)]
         gt_index = m.gt_index[positive]
-        boxes = m.gt_box[positive]                                 # [P, 4]
-        mask_t = gt[gt_index].permute(1, 2, 0)                     # [Ph, Pw, P]
-        pred = torch.sigmoid(proto @ coeffs[positive].t())         # [Ph, Pw, P]
+        boxes = m.gt_box[positive]  # [P, 4]
+        mask_t = gt[gt_index].permute(1, 2, 0)  # [Ph, Pw, P]
+        pred = torch.sigmoid(proto @ coeffs[positive].t())  # [Ph, Pw, P]
         pred = crop(pred, boxes)
         bce = F.binary_cross_entropy(torch.clamp(pred, 0, 1), mask_t, reduction="none").sum(dim=(0, 1))
         size = center_size(boxes)
@@ -220,8 +232,8 @@ def hard_negatives(conf: torch.Tensor, conf_t: torch.Tensor, negpos_ratio: int) 
     """[B, N] bool: per image the negpos_ratio * positives background priors with the largest
     ``logsumexp(conf) - conf[:, 0]`` (never positives or neutrals; at most N - 1)."""
     with torch.no_grad():
-        score = torch.logsumexp(conf, dim=2) - conf[:, :, 0]      # [B, N]
-        score[conf_t != 0] = 0                                    # positives and neutrals are never negatives
+        score = torch.logsumexp(conf, dim=2) - conf[:, :, 0]  # [B, N]
+        score[conf_t != 0] = 0  # positives and neutrals are never negatives
         _, order = score.sort(dim=1, descending=True, stable=True)
         _, rank = order.sort(dim=1, stable=True)
         num_pos = (conf_t > 0).sum(dim=1, keepdim=True)

@@ -1,5 +1,6 @@
 """pipelines.io.azure_storage against Azurite: credentials from the environment only, listing, reads, atomic writes,
 and secrets that never show in repr/str, exception messages, tracebacks or logs."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -12,13 +13,28 @@ import pytest
 from PIL import Image
 
 from pipelines.io import storage
-from pipelines.io.azure_storage import (AzureBlobStore, AzureCredentials, BlobPath, blob_exists, list_blobs,
-                                     parse_blob_uri, read_blob, write_blob)
+from pipelines.io.azure_storage import (
+    AzureBlobStore,
+    AzureCredentials,
+    BlobPath,
+    blob_exists,
+    list_blobs,
+    parse_blob_uri,
+    read_blob,
+    write_blob,
+)
 from tests.fixtures_azurite import ACCOUNT_KEY
 
-AZURE_ENV = ["AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
-             "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_BLOB_ENDPOINT", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET",
-             "AZURE_TENANT_ID"]
+AZURE_ENV = [
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCOUNT_NAME",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_STORAGE_BLOB_ENDPOINT",
+    "AZURE_CLIENT_ID",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_TENANT_ID",
+]
 # A valid-looking key that Azurite does not accept (base64 of 64 bytes).
 WRONG_KEY = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXktd3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXktd3Jvbmc="
 
@@ -49,30 +65,44 @@ def _assert_no_secret(text: str, *secrets: str) -> None:
 
 # ---- URIs ----
 
-@pytest.mark.parametrize("uri, expected", [
-    ("az://images/2024/a.jpg", BlobPath("az", "images", "2024/a.jpg")),
-    ("az://images", BlobPath("az", "images", "")),
-    ("abfss://images@acct.dfs.core.windows.net/2024/", BlobPath("abfss", "images", "2024/", "acct",
-                                                               "acct.dfs.core.windows.net")),
-    ("wasbs://images@acct.blob.core.windows.net/a.jpg", BlobPath("wasbs", "images", "a.jpg", "acct",
-                                                                "acct.blob.core.windows.net")),
-    ("abfs://images/2024/a.jpg", BlobPath("abfs", "images", "2024/a.jpg")),  # adlfs spelling
-])
+
+@pytest.mark.parametrize(
+    "uri, expected",
+    [
+        ("az://images/2024/a.jpg", BlobPath("az", "images", "2024/a.jpg")),
+        ("az://images", BlobPath("az", "images", "")),
+        (
+            "abfss://images@acct.dfs.core.windows.net/2024/",
+            BlobPath("abfss", "images", "2024/", "acct", "acct.dfs.core.windows.net"),
+        ),
+        (
+            "wasbs://images@acct.blob.core.windows.net/a.jpg",
+            BlobPath("wasbs", "images", "a.jpg", "acct", "acct.blob.core.windows.net"),
+        ),
+        ("abfs://images/2024/a.jpg", BlobPath("abfs", "images", "2024/a.jpg")),  # adlfs spelling
+    ],
+)
 def test_parse_blob_uri(uri, expected):
     assert parse_blob_uri(uri) == expected
     assert parse_blob_uri(uri).uri == uri
 
 
-@pytest.mark.parametrize("uri, message", [
-    ("s3://bucket/x", "not an Azure URI"), ("az:///x", "names no container"),
-    ("az://c/x?sig=abc", "SAS"), ("abfss://c@/x", "after '@'"),
-])
+@pytest.mark.parametrize(
+    "uri, message",
+    [
+        ("s3://bucket/x", "not an Azure URI"),
+        ("az:///x", "names no container"),
+        ("az://c/x?sig=abc", "SAS"),
+        ("abfss://c@/x", "after '@'"),
+    ],
+)
 def test_parse_blob_uri_rejects(uri, message):
     with pytest.raises(ValueError, match=message):
         parse_blob_uri(uri)
 
 
 # ---- credentials ----
+
 
 def test_credentials_from_env_in_order_and_never_printed(clean_env):
     clean_env.setenv("AZURE_CLIENT_ID", "app-id")
@@ -135,16 +165,31 @@ class DatabricksSecretsStandIn:
 
 
 def test_credentials_from_databricks_secret_scope():
-    dbutils = DatabricksSecretsStandIn({"storage": {"acct-key": ACCOUNT_KEY, "acct-name": "acct",
-                                                    "sp-id": "app", "sp-secret": "sp-secret-value", "tenant": "t"}})
-    key = AzureCredentials.from_databricks_secrets(dbutils, "storage", account_key_key="acct-key",
-                                                   account_name_key="acct-name")
+    dbutils = DatabricksSecretsStandIn(
+        {
+            "storage": {
+                "acct-key": ACCOUNT_KEY,
+                "acct-name": "acct",
+                "sp-id": "app",
+                "sp-secret": "sp-secret-value",
+                "tenant": "t",
+            }
+        }
+    )
+    key = AzureCredentials.from_databricks_secrets(
+        dbutils, "storage", account_key_key="acct-key", account_name_key="acct-name"
+    )
     assert key.kind == "account_key" and key.account_name == "acct" and key.account_key == ACCOUNT_KEY
     _assert_no_secret(repr(key), ACCOUNT_KEY)
 
-    sp = AzureCredentials.from_databricks_secrets(dbutils, "storage", client_id_key="sp-id",
-                                                  client_secret_key="sp-secret", tenant_id_key="tenant",
-                                                  account_name="acct")
+    sp = AzureCredentials.from_databricks_secrets(
+        dbutils,
+        "storage",
+        client_id_key="sp-id",
+        client_secret_key="sp-secret",
+        tenant_id_key="tenant",
+        account_name="acct",
+    )
     assert sp.kind == "service_principal" and sp.account_name == "acct"
 
     with pytest.raises(ValueError, match="'missing-key' from Databricks scope 'storage'"):
@@ -178,25 +223,32 @@ def test_sdk_error_text_with_a_secret_is_reraised_scrubbed(clean_env):
     error = failure.value
     assert "az://c/a.jpg" in str(error) and "***" in str(error)
     assert error.__context__ is None and error.__cause__ is None
-    _assert_no_secret(str(error) + repr(error) + "".join(traceback.format_exception(error)),
-                      ACCOUNT_KEY, connection_string)
+    _assert_no_secret(
+        str(error) + repr(error) + "".join(traceback.format_exception(error)), ACCOUNT_KEY, connection_string
+    )
 
 
 # ---- against Azurite ----
 
+
 def test_upload_list_read_write_with_connection_string_from_env(azurite, container, clean_env):
     clean_env.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
-    images = {"2024/a.jpg": _image_bytes("JPEG", (255, 0, 0)), "2024/B.JPG": _image_bytes("JPEG", (0, 255, 0)),
-              "2024/deep/c.png": _image_bytes("PNG", (0, 0, 255)), "2024/notes.txt": b"not an image",
-              "2025/d.jpg": _image_bytes("JPEG", (9, 9, 9)), "20240/e.jpg": b"prefix look-alike"}
+    images = {
+        "2024/a.jpg": _image_bytes("JPEG", (255, 0, 0)),
+        "2024/B.JPG": _image_bytes("JPEG", (0, 255, 0)),
+        "2024/deep/c.png": _image_bytes("PNG", (0, 0, 255)),
+        "2024/notes.txt": b"not an image",
+        "2025/d.jpg": _image_bytes("JPEG", (9, 9, 9)),
+        "20240/e.jpg": b"prefix look-alike",
+    }
     for name, data in images.items():
         write_blob(f"az://{container}/{name}", data)
 
     listed = list_blobs(f"az://{container}/2024", [".jpg", "PNG"])
-    assert [info.uri for info in listed] == [f"az://{container}/2024/{name}" for name in ["B.JPG", "a.jpg",
-                                                                                         "deep/c.png"]]
-    assert [info.size for info in listed] == [len(images["2024/" + name]) for name in ["B.JPG", "a.jpg",
-                                                                                       "deep/c.png"]]
+    assert [info.uri for info in listed] == [
+        f"az://{container}/2024/{name}" for name in ["B.JPG", "a.jpg", "deep/c.png"]
+    ]
+    assert [info.size for info in listed] == [len(images["2024/" + name]) for name in ["B.JPG", "a.jpg", "deep/c.png"]]
     assert all(isinstance(info.mtime, dt.datetime) and info.mtime.tzinfo is not None for info in listed)
     assert len(list_blobs(f"az://{container}")) == len(images)
     assert list_blobs(f"az://{container}/2024/a.jpg", ["jpg"])[0].uri == f"az://{container}/2024/a.jpg"
@@ -230,9 +282,13 @@ def test_account_key_and_sas_credentials(azurite, container, clean_env):
     assert read_blob(f"az://{container}/x/a.jpg") == b"bytes"
 
     clean_env.delenv("AZURE_STORAGE_ACCOUNT_KEY")
-    sas = generate_container_sas(azurite.account_name, container, account_key=azurite.account_key,
-                                 permission=ContainerSasPermissions(read=True, write=True, list=True),
-                                 expiry=dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1))
+    sas = generate_container_sas(
+        azurite.account_name,
+        container,
+        account_key=azurite.account_key,
+        permission=ContainerSasPermissions(read=True, write=True, list=True),
+        expiry=dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1),
+    )
     clean_env.setenv("AZURE_STORAGE_SAS_TOKEN", sas)
     creds = AzureCredentials.from_env()
     assert creds.kind == "sas"
@@ -268,8 +324,7 @@ def test_errors_name_the_uri_and_carry_no_secret(azurite, container, clean_env, 
     clean_env.setenv("AZURE_STORAGE_SAS_TOKEN", f"sv=2024-08-04&sr=c&sp=rl&se=2099-01-01T00%3A00%3A00Z&sig={bad_sig}")
     with pytest.raises(PermissionError) as failure:
         list_blobs(f"az://{container}")
-    texts = (str(failure.value) + repr(failure.value) + "".join(traceback.format_exception(failure.value))
-             + caplog.text)
+    texts = str(failure.value) + repr(failure.value) + "".join(traceback.format_exception(failure.value)) + caplog.text
     _assert_no_secret(texts, bad_sig)
 
 
@@ -280,9 +335,11 @@ def test_credentials_travel_to_spark_executors(spark, azurite, container):
         write_blob(uri, _image_bytes("PNG", (index, index, index)), creds)
 
     listed = [info.uri for info in list_blobs(f"az://{container}", [".png"], creds)]
-    sizes = (spark.sparkContext.parallelize(listed, 2)
-             .map(lambda uri: (uri, Image.open(io.BytesIO(read_blob(uri, creds))).size))
-             .collect())
+    sizes = (
+        spark.sparkContext.parallelize(listed, 2)
+        .map(lambda uri: (uri, Image.open(io.BytesIO(read_blob(uri, creds))).size))
+        .collect()
+    )
     assert sorted(sizes) == [(uri, (8, 6)) for uri in uris]
 
 
@@ -296,32 +353,61 @@ def test_an_azure_input_is_listed_by_the_executors(spark, azurite, container):
     from pipelines.inference.image_sources import InputError, find_images
 
     creds = AzureCredentials(connection_string=azurite.connection_string)
-    names = ["top.jpg", "2024/a.jpg", "2024/a.jpg/inside.png", "2024/B.JPG", "2024/deep/c.png",
-             "2024/deep/er/d.jpg", "2024/day1/e.jpg", "2024/notes.txt", "20240/f.jpg", "2024/only/dir/g.txt",
-             "2024//slash.jpg", "2024/_tmp/h.jpg", "2024/.dot.jpg", "2024/_hidden.jpg", "_top.jpg"]
+    names = [
+        "top.jpg",
+        "2024/a.jpg",
+        "2024/a.jpg/inside.png",
+        "2024/B.JPG",
+        "2024/deep/c.png",
+        "2024/deep/er/d.jpg",
+        "2024/day1/e.jpg",
+        "2024/notes.txt",
+        "20240/f.jpg",
+        "2024/only/dir/g.txt",
+        "2024//slash.jpg",
+        "2024/_tmp/h.jpg",
+        "2024/.dot.jpg",
+        "2024/_hidden.jpg",
+        "_top.jpg",
+    ]
     for length, name in enumerate(names, start=1):
         write_blob(f"az://{container}/{name}", b"x" * length, creds)
     extensions = [".jpg", ".png"]
-    for uri in (f"az://{container}/2024", f"az://{container}/2024/", f"az://{container}",
-                f"az://{container}/2024/a.jpg"):
+    for uri in (
+        f"az://{container}/2024",
+        f"az://{container}/2024/",
+        f"az://{container}",
+        f"az://{container}/2024/a.jpg",
+    ):
         found = find_images(spark, uri, extensions, reader="azure_sdk", azure_credentials=creds)
         listed = sorted((row.path, row.size) for row in found.scanned.collect())
         assert listed == [(info.uri, info.size) for info in list_blobs(uri, extensions, creds)], uri
         assert len(set(listed)) == len(listed) and not any("_" in path or "/." in path for path, _ in listed), uri
         plan = found.scanned._jdf.queryExecution().optimizedPlan().toString()
         assert "LocalRelation" not in plan and "LogicalRDD" in plan
-    assert len(find_images(spark, f"az://{container}", extensions, reader="azure_sdk",
-                           azure_credentials=creds).scanned.collect()) == 9
+    assert (
+        len(
+            find_images(
+                spark, f"az://{container}", extensions, reader="azure_sdk", azure_credentials=creds
+            ).scanned.collect()
+        )
+        == 9
+    )
     with pytest.raises(InputError, match="does not exist"):
         find_images(spark, f"az://{container}/2025", extensions, reader="azure_sdk", azure_credentials=creds)
 
 
 def test_remove_tree_deletes_every_blob_under_the_prefix_hidden_ones_too(azurite, container, clean_env):
     clean_env.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
-    for name in ("out/_marks/r1-w00000/p00000/attempt-000000000007", "out/_marks/r1-w00001/p00003/.x.tmp",
-                 "out/_marks", "out/_marks2/keep", "out/detections/part-0.parquet"):
+    for name in (
+        "out/_marks/r1-w00000/p00000/attempt-000000000007",
+        "out/_marks/r1-w00001/p00003/.x.tmp",
+        "out/_marks",
+        "out/_marks2/keep",
+        "out/detections/part-0.parquet",
+    ):
         write_blob(f"az://{container}/{name}", b"x")
     storage.Location(f"az://{container}/out/_marks").remove_tree()
     client = azurite.service_client().get_container_client(container)
     assert sorted(blob.name for blob in client.list_blobs()) == ["out/_marks2/keep", "out/detections/part-0.parquet"]
-    storage.Location(f"az://{container}/out/_marks").remove_tree()   # gone already: nothing to do
+    storage.Location(f"az://{container}/out/_marks").remove_tree()  # gone already: nothing to do

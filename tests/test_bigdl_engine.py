@@ -3,6 +3,7 @@
 - .venv-bigdl (`.venv-bigdl/bin/python -m pytest tests/test_bigdl_engine.py -m bigdl`): BigDL preprocess + Orca
   predict against OpenVINO run directly and against our numpy preprocessing, local[2], with `bigdl_spark`.
 """
+
 from __future__ import annotations
 
 import io
@@ -15,9 +16,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.engines.bigdl_engine import (CV_8UC3, BigDLNotInstalled, bigdl_predict, bigdl_preprocess,
-                                            bigdl_python_env, ir_outputs, missing_bigdl_requirements,
-                                            nnimage_reader_images, require_bigdl, to_image_schema)
+from pipelines.engines.bigdl_engine import (
+    CV_8UC3,
+    BigDLNotInstalled,
+    bigdl_predict,
+    bigdl_preprocess,
+    bigdl_python_env,
+    ir_outputs,
+    missing_bigdl_requirements,
+    nnimage_reader_images,
+    require_bigdl,
+    to_image_schema,
+)
 from tests.bigdl.fixtures import bigdl_log, bigdl_spark, tiny_ir, yolact_ir  # noqa: F401  (pytest fixtures)
 from tests.bigdl.tiny_ir import INPUT_SHAPE, LEGACY_NAMES, OUTPUTS
 
@@ -46,8 +56,9 @@ def decoded_images_df(spark, images: dict[str, np.ndarray]):
 
 def random_images(shapes, seed=0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {f"img{i}_{h}x{w}.png": rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
-            for i, (h, w) in enumerate(shapes)}
+    return {
+        f"img{i}_{h}x{w}.png": rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8) for i, (h, w) in enumerate(shapes)
+    }
 
 
 def reference_chw(rgb: np.ndarray) -> np.ndarray:
@@ -87,8 +98,14 @@ def test_to_image_schema_builds_spark_image_structs_in_bgr(spark):
     rgb = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     df = to_image_schema(decoded_images_df(spark, {"a.png": rgb}))
     assert df.columns == ["path", "height", "width", "image"]
-    assert [f.name for f in df.schema["image"].dataType.fields] == ["origin", "height", "width", "nChannels",
-                                                                    "mode", "data"]
+    assert [f.name for f in df.schema["image"].dataType.fields] == [
+        "origin",
+        "height",
+        "width",
+        "nChannels",
+        "mode",
+        "data",
+    ]
     image = df.first()["image"]
     assert (image.origin, image.height, image.width, image.nChannels, image.mode) == ("a.png", 2, 3, 3, CV_8UC3)
     assert bytes(image.data) == rgb[..., ::-1].tobytes()
@@ -121,7 +138,8 @@ def test_bigdl_env_is_complete():
 
 @pytest.mark.bigdl
 def test_the_jvm_loads_mkl_and_opencv_from_the_env_not_from_copies_under_tmp(bigdl_spark):
-    """make bigdl-env unpacked BigDL's native libraries into the env (pipelines.engines.bigdl_natives): the session's JVM,
+    """make bigdl-env unpacked BigDL's native libraries into the env (pipelines.engines.bigdl_natives): the session's
+    JVM,
     which ran BigDL's Engine.init and OpenCV loader, has those files mapped and no copy of them from elsewhere."""
     from pipelines.engines.bigdl_natives import NATIVE_LIBRARIES, installed_native_library_dir
 
@@ -129,8 +147,9 @@ def test_the_jvm_loads_mkl_and_opencv_from_the_env_not_from_copies_under_tmp(big
     assert natives is not None
     bigdl_spark.sparkContext._jvm.com.intel.analytics.bigdl.opencv.OpenCV.isOpenCVLoaded()
     pid = bigdl_spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    mapped = {Path(line.split()[-1]) for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
-              if len(line.split()) >= 6}
+    mapped = {
+        Path(line.split()[-1]) for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if len(line.split()) >= 6
+    }
     ours = {path for path in mapped if path.name in NATIVE_LIBRARIES}
     assert {path.name for path in ours} == set(NATIVE_LIBRARIES)
     assert {str(path.parent) for path in ours} == {natives}
@@ -156,8 +175,9 @@ def test_python_workers_run_this_env_with_the_base_pythonhome(bigdl_spark, bigdl
 def test_preprocess_normalizes_with_rgb_constants_and_gives_rgb_chw(bigdl_spark):
     rgb = np.empty((8, 6, 3), dtype=np.uint8)
     rgb[..., 0], rgb[..., 1], rgb[..., 2] = 200, 100, 10
-    out = bigdl_preprocess(to_image_schema(decoded_images_df(bigdl_spark, {"flat.png": rgb})), (8, 6),
-                           MEAN_RGB, STD_RGB).first()
+    out = bigdl_preprocess(
+        to_image_schema(decoded_images_df(bigdl_spark, {"flat.png": rgb})), (8, 6), MEAN_RGB, STD_RGB
+    ).first()
     assert (out["path"], out["height"], out["width"]) == ("flat.png", 8, 6)
     chw = np.asarray(out["chw"], dtype=np.float32).reshape(3, 8, 6)
     expected = (np.array([200, 100, 10], np.float32) - np.float32(MEAN_RGB)) / np.float32(STD_RGB)
@@ -167,8 +187,7 @@ def test_preprocess_normalizes_with_rgb_constants_and_gives_rgb_chw(bigdl_spark)
 @pytest.mark.bigdl
 def test_preprocess_stays_within_one_uint8_level_of_our_numpy_preprocessing(bigdl_spark):
     images = random_images([(37, 53), (150, 120), (SIZE, SIZE)])
-    rows = bigdl_preprocess(to_image_schema(decoded_images_df(bigdl_spark, images)), SIZE, MEAN_RGB,
-                            STD_RGB).collect()
+    rows = bigdl_preprocess(to_image_schema(decoded_images_df(bigdl_spark, images)), SIZE, MEAN_RGB, STD_RGB).collect()
     assert sorted(row["path"] for row in rows) == sorted(images)
     std = np.float32(STD_RGB)[:, None, None]
     for row in rows:
@@ -178,7 +197,6 @@ def test_preprocess_stays_within_one_uint8_level_of_our_numpy_preprocessing(bigd
             assert levels.max() < 1e-3, row["path"]  # no resize: identical
         else:  # OpenCV INTER_LINEAR on uint8 (fixed point, rounded) vs bilinear on float32: measured 0.75 / 0.27
             assert levels.max() <= 1.0 and levels.mean() <= 0.35, (row["path"], levels.max(), levels.mean())
-
 
 
 def predicted_rows(preprocessed, ir_xml, batch_size: int = 1) -> tuple[list[str], list]:
@@ -195,13 +213,15 @@ def assert_equal_up_to_thread_order(got: np.ndarray, expected: np.ndarray) -> No
     magnitude (measured <= 3.6e-6 on values <= 1). Same thread count: bit-identical."""
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * max(1.0, float(np.abs(expected).max())))
 
+
 @pytest.mark.bigdl
 def test_predict_equals_openvino_on_the_same_tensor_and_is_close_to_numpy_preprocessing(bigdl_spark, tiny_ir):
     import openvino as ov
 
     images = random_images([(40, 30), (SIZE, SIZE), (90, 120)], seed=1)
-    preprocessed = bigdl_preprocess(to_image_schema(decoded_images_df(bigdl_spark, images)), SIZE, MEAN_RGB,
-                                    STD_RGB).cache()
+    preprocessed = bigdl_preprocess(
+        to_image_schema(decoded_images_df(bigdl_spark, images)), SIZE, MEAN_RGB, STD_RGB
+    ).cache()
     chw = {row["path"]: np.asarray(row["chw"], np.float32).reshape(INPUT_SHAPE) for row in preprocessed.collect()}
     # 3 images in batches of 2: Orca pads the last batch by repeating its last image.
     columns, rows = predicted_rows(preprocessed, tiny_ir, batch_size=2)
@@ -245,18 +265,21 @@ def test_predict_on_many_rows_per_partition_equals_openvino_row_by_row(bigdl_spa
     xml = manifest.path("ir_xml")
     images = random_images([(height, width)] * 90, seed=3)
     source = decoded_images_df(bigdl_spark, images).repartition(2)
-    preprocessed = bigdl_preprocess(to_image_schema(source), (height, width), tuple(manifest.input["mean"]),
-                                    tuple(manifest.input["std"]))
-    chw = {row["path"]: np.asarray(row["chw"], np.float32).reshape(1, 3, height, width)
-           for row in preprocessed.collect()}
+    preprocessed = bigdl_preprocess(
+        to_image_schema(source), (height, width), tuple(manifest.input["mean"]), tuple(manifest.input["std"])
+    )
+    chw = {
+        row["path"]: np.asarray(row["chw"], np.float32).reshape(1, 3, height, width) for row in preprocessed.collect()
+    }
     _, rows = predicted_rows(preprocessed, xml)
     assert sorted(row["path"] for row in rows) == sorted(images)
     compiled = ov.Core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     for path, outputs in ((row["path"], row) for row in rows):
         expected = compiled(chw[path])
         for name in manifest.outputs.values():
-            assert_equal_up_to_thread_order(np.asarray(outputs[name], np.float32),
-                                            expected[compiled.output(name)].ravel())
+            assert_equal_up_to_thread_order(
+                np.asarray(outputs[name], np.float32), expected[compiled.output(name)].ravel()
+            )
 
 
 @pytest.mark.bigdl
@@ -271,21 +294,20 @@ def test_nnimage_reader_images_are_repartitioned_and_match_pillow_decoding(bigdl
     for path in files:
         row = by_name[path.name]
         rgb = decode_with_pillow(path)
-        assert (row["height"], row["width"], row["image"].nChannels, row["image"].mode) == (*rgb.shape[:2], 3,
-                                                                                            CV_8UC3)
+        assert (row["height"], row["width"], row["image"].nChannels, row["image"].mode) == (*rgb.shape[:2], 3, CV_8UC3)
         assert bytes(row["image"].data) == rgb[..., ::-1].tobytes()  # BGR, alpha dropped
 
     # Both ways into BigDL give the same network input (PNG is lossless).
     from_reader = {Path(r["path"]).name: r["chw"] for r in bigdl_preprocess(read, SIZE, MEAN_RGB, STD_RGB).collect()}
     decoded = decoded_images_df(bigdl_spark, {p.name: decode_with_pillow(p) for p in files})
-    from_pillow = {r["path"]: r["chw"] for r in bigdl_preprocess(to_image_schema(decoded), SIZE, MEAN_RGB,
-                                                                  STD_RGB).collect()}
+    from_pillow = {
+        r["path"]: r["chw"] for r in bigdl_preprocess(to_image_schema(decoded), SIZE, MEAN_RGB, STD_RGB).collect()
+    }
     assert from_reader == from_pillow
 
 
 @pytest.mark.bigdl
-def test_yolact_ir_through_bigdl_equals_openvino_and_refuses_batches_on_the_driver(bigdl_spark, yolact_ir,
-                                                                                   repo_root):
+def test_yolact_ir_through_bigdl_equals_openvino_and_refuses_batches_on_the_driver(bigdl_spark, yolact_ir, repo_root):
     import json
 
     import openvino as ov
@@ -295,10 +317,10 @@ def test_yolact_ir_through_bigdl_equals_openvino_and_refuses_batches_on_the_driv
     size = spec["shape"][-1]
     files = [repo_root / "samples" / "images" / name for name in ("astronaut.jpg", "coffee.jpg")]
     images = {path.name: decode_with_pillow(path) for path in files}
-    preprocessed = bigdl_preprocess(to_image_schema(decoded_images_df(bigdl_spark, images)), size, spec["mean"],
-                                    spec["std"]).cache()
-    chw = {row["path"]: np.asarray(row["chw"], np.float32).reshape(spec["shape"])
-           for row in preprocessed.collect()}
+    preprocessed = bigdl_preprocess(
+        to_image_schema(decoded_images_df(bigdl_spark, images)), size, spec["mean"], spec["std"]
+    ).cache()
+    chw = {row["path"]: np.asarray(row["chw"], np.float32).reshape(spec["shape"]) for row in preprocessed.collect()}
     result, nested_input = bigdl_predict(preprocessed, xml, batch_size=1, precision="f32")
     assert result.columns == ["path", "height", "width", *manifest["outputs"]]  # loc, conf, mask, proto
 
@@ -324,7 +346,9 @@ def test_inherited_pyspark_submit_args_survive_bigdls_classpath_insert(monkeypat
     from pipelines.engines.bigdl_engine import bigdl_init_spark_conf
 
     jars = get_bigdl_classpath()
-    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f" --driver-memory 2g --driver-class-path /opt/mine.jar:{jars} pyspark-shell ")
+    monkeypatch.setenv(
+        "PYSPARK_SUBMIT_ARGS", f" --driver-memory 2g --driver-class-path /opt/mine.jar:{jars} pyspark-shell "
+    )
     monkeypatch.setenv("BIGDL_JARS", f"{jars}:{jars}")
     bigdl_init_spark_conf({"spark.app.name": "t"})
     tokens = shlex.split(os.environ["PYSPARK_SUBMIT_ARGS"])

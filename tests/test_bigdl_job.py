@@ -1,5 +1,6 @@
 """The bigdl engine through the job (run inside .venv-bigdl: `make test-bigdl`): same outputs as the native engine,
 the same every-input-accounted-for guarantee, local mode and a 2-worker standalone cluster."""
+
 from __future__ import annotations
 
 import shlex
@@ -13,8 +14,8 @@ import pytest
 from PIL import Image
 
 from pipelines.inference.inference_job import run
-from pipelines.ops.mask_outputs import decode_rle
 from pipelines.inference.model_manifest import load_manifest
+from pipelines.ops.mask_outputs import decode_rle
 from tests.bad_inputs import build_bad_input_corpus
 from tests.bigdl.fixtures import bigdl_log, bigdl_spark  # noqa: F401  (pytest fixtures)
 from tests.conftest import REPO, SAMPLES
@@ -22,7 +23,7 @@ from tests.job_helpers import DEFAULT_MODEL_DIR as MODEL_DIR
 from tests.job_helpers import job_config, spark_submit_command
 
 pytestmark = pytest.mark.bigdl
-INPUT_HEIGHT, INPUT_WIDTH = load_manifest(MODEL_DIR).input_size   # the bundled model's network input
+INPUT_HEIGHT, INPUT_WIDTH = load_manifest(MODEL_DIR).input_size  # the bundled model's network input
 
 
 def rows_by_name(spark, output: Path) -> dict:
@@ -46,10 +47,15 @@ def test_bigdl_engine_equals_the_native_engine(bigdl_spark, tmp_path):
     for path in sorted((SAMPLES / "images").glob("*.jpg"))[:4]:
         Image.open(path).convert("RGB").resize((INPUT_WIDTH, INPUT_HEIGHT)).save(images / (path.stem + ".png"))
     native = run(bigdl_spark, job_config(images, tmp_path / "native"))
-    bigdl = run(bigdl_spark, {**job_config(images, tmp_path / "bigdl"),
-                              "inference": {**job_config(images, tmp_path)["inference"], "engine": "bigdl"}})
+    bigdl = run(
+        bigdl_spark,
+        {
+            **job_config(images, tmp_path / "bigdl"),
+            "inference": {**job_config(images, tmp_path)["inference"], "engine": "bigdl"},
+        },
+    )
     assert native["counts"]["done"] == bigdl["counts"]["done"] == 4
-    assert bigdl["stage_seconds"]["infer"] > 0   # Orca's predict, timed as its rows are pulled
+    assert bigdl["stage_seconds"]["infer"] > 0  # Orca's predict, timed as its rows are pulled
     ours, theirs = rows_by_name(bigdl_spark, tmp_path / "native"), rows_by_name(bigdl_spark, tmp_path / "bigdl")
     assert set(ours) == set(theirs)
     for name, row in ours.items():
@@ -79,11 +85,27 @@ def test_bad_input_corpus_through_the_bigdl_engine(bigdl_spark, tmp_path):
 
 def test_a_cluster_master_without_executor_cores_is_refused_before_spark_starts(tmp_path):
     """In its own process: this test session already has a (local) SparkContext, which a job would reuse."""
-    done = subprocess.run([sys.executable, str(REPO / "jobs" / "infer_yolact.py"), "--engine", "bigdl", "--master",
-                           "spark://127.0.0.1:1", "--input", str(SAMPLES / "images"), "--output",
-                           str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and "`--conf spark.executor.cores=...` `--conf spark.cores.max=...`" in done.stderr, \
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "jobs" / "infer_yolact.py"),
+            "--engine",
+            "bigdl",
+            "--master",
+            "spark://127.0.0.1:1",
+            "--input",
+            str(SAMPLES / "images"),
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "`--conf spark.executor.cores=...` `--conf spark.cores.max=...`" in done.stderr, (
         done.stderr[-2000:]
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -96,8 +118,11 @@ def test_an_azure_input_under_the_bigdl_engine_is_refused_saying_what_to_use():
     config = load_config()
     config["input"]["uri"], config["output"]["uri"] = "az://images/landing", "/tmp/unused-output"
     config["inference"]["engine"] = "bigdl"
-    with pytest.raises(src.InputError, match=r"the bigdl engine's env \(make bigdl-env\) has no Azure SDK: run "
-                                             r"this input or output with --engine native"):
+    with pytest.raises(
+        src.InputError,
+        match=r"the bigdl engine's env \(make bigdl-env\) has no Azure SDK: run "
+        r"this input or output with --engine native",
+    ):
         plan_job(config, "yolact")
 
 
@@ -109,8 +134,16 @@ def three_images(directory: Path) -> Path:
 
 
 def job_command(*args: str) -> list[str]:
-    return [str(REPO / "jobs" / "infer_yolact.py"), "--engine", "bigdl", "--model", str(MODEL_DIR), "--precision",
-            "f32", *args]
+    return [
+        str(REPO / "jobs" / "infer_yolact.py"),
+        "--engine",
+        "bigdl",
+        "--model",
+        str(MODEL_DIR),
+        "--precision",
+        "f32",
+        *args,
+    ]
 
 
 def spark_submit(options: list[str], job_args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -121,8 +154,14 @@ def spark_submit(options: list[str], job_args: list[str], cwd: Path) -> subproce
 
 
 def bigdl_submit_options() -> list[str]:
-    done = subprocess.run([sys.executable, "-m", "pipelines.engines.bigdl_engine", "--spark-submit-args"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.engines.bigdl_engine", "--spark-submit-args"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return shlex.split(done.stdout)
 
 
@@ -131,9 +170,13 @@ def python_run(tmp_path_factory) -> tuple[Path, dict]:
     """`python jobs/infer_yolact.py --engine bigdl` on three images, local[2]: the reference for spark-submit."""
     base = tmp_path_factory.mktemp("python-run")
     images = three_images(base / "images")
-    done = subprocess.run([sys.executable, *job_command("--master", "local[2]", "--input", str(images), "--output",
-                                                        str(base / "out"))],
-                          cwd=REPO, capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(
+        [sys.executable, *job_command("--master", "local[2]", "--input", str(images), "--output", str(base / "out"))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return images, detections_by_name(base / "out")
 
@@ -157,18 +200,20 @@ def assert_same_detections(got: dict, expected: dict) -> None:
 
 def test_spark_submit_without_bigdls_jars_stops_before_any_task_naming_the_options(tmp_path):
     images = three_images(tmp_path / "images")
-    done = spark_submit(["--master", "local[2]"], ["--input", str(images), "--output", str(tmp_path / "out")],
-                        tmp_path)
+    done = spark_submit(["--master", "local[2]"], ["--input", str(images), "--output", str(tmp_path / "out")], tmp_path)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
-    said = done.stdout   # spark-submit sends the Python driver's stderr to its own stdout
+    said = done.stdout  # spark-submit sends the Python driver's stderr to its own stdout
     assert "spark.driver.extraClassPath=" in said and "--jars " in said and "--spark-submit-args" in said, said
     assert not (tmp_path / "out").exists()
 
 
 def test_spark_submit_local_equals_the_python_run(python_run, tmp_path):
     images, expected = python_run
-    done = spark_submit(["--master", "local[2]", *bigdl_submit_options()],
-                        ["--input", str(images), "--output", str(tmp_path / "out")], tmp_path)
+    done = spark_submit(
+        ["--master", "local[2]", *bigdl_submit_options()],
+        ["--input", str(images), "--output", str(tmp_path / "out")],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "done 3, failed 0" in done.stdout
     assert_same_detections(detections_by_name(tmp_path / "out"), expected)
@@ -183,15 +228,27 @@ def test_spark_submit_on_a_two_worker_standalone_cluster_equals_the_python_run(p
 
     images, expected = python_run
     with StandaloneCluster(ClusterConfig(workers=2, cores=1, memory="1g"), base_dir=tmp_path / "cluster") as cluster:
-        done = spark_submit(["--master", cluster.master_url, "--executor-cores", "1", "--total-executor-cores", "2",
-                             "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-                             *bigdl_submit_options()],
-                            ["--input", str(images), "--output", str(tmp_path / "out"), "--partitions", "2"],
-                            tmp_path)
+        done = spark_submit(
+            [
+                "--master",
+                cluster.master_url,
+                "--executor-cores",
+                "1",
+                "--total-executor-cores",
+                "2",
+                "--conf",
+                "spark.driver.host=127.0.0.1",
+                "--conf",
+                "spark.driver.bindAddress=127.0.0.1",
+                *bigdl_submit_options(),
+            ],
+            ["--input", str(images), "--output", str(tmp_path / "out"), "--partitions", "2"],
+            tmp_path,
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         assert "done 3, failed 0" in done.stdout
         apps = cluster.master_state()["completedapps"]
-        assert [app["name"] for app in apps] == ["sparkseg-infer-yolact"]   # no --name: the job's, not the script's
+        assert [app["name"] for app in apps] == ["sparkseg-infer-yolact"]  # no --name: the job's, not the script's
         app = apps[0]
     assert_same_detections(detections_by_name(tmp_path / "out"), expected)
     # both workers ran an executor of the app (each writes its stderr under <worker work dir>/<app id>/<n>/)

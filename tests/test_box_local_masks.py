@@ -2,6 +2,7 @@
 executors' new postprocess (box-local assembly, RLE and label map) equals the previous implementation, kept in
 tests/reference_postprocess.py, on the bundled samples and on random R50-550-like outputs. Also the output options
 (output.masks, output.score_threshold) in the executor function and in one real local Spark job."""
+
 from __future__ import annotations
 
 import shutil
@@ -11,17 +12,22 @@ import numpy as np
 import pytest
 from pycocotools import mask as coco_mask
 
-from pipelines.ops import yolact_postprocess as yp
-from pipelines.ops.image_decode import decode_image
 from pipelines.inference.image_inference import ExecutorModel, new_row
 from pipelines.inference.inference_job import run
-from pipelines.ops.mask_outputs import (LabelMapBuilder, encode_rle_box, encode_rle_counts, read_label_map_png,
-                                        rle_counts_box)
 from pipelines.inference.model_manifest import load_manifest
 from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
-from pipelines.ops.preprocess import preprocess_rgb
 from pipelines.inference.yolact_inference import YolactInference
 from pipelines.io.storage import Location
+from pipelines.ops import yolact_postprocess as yp
+from pipelines.ops.image_decode import decode_image
+from pipelines.ops.mask_outputs import (
+    LabelMapBuilder,
+    encode_rle_box,
+    encode_rle_counts,
+    read_label_map_png,
+    rle_counts_box,
+)
+from pipelines.ops.preprocess import preprocess_rgb
 from tests import reference_postprocess as ref
 from tests.conftest import SAMPLES
 from tests.job_helpers import DEFAULT_MODEL_DIR, job_config, read_rows
@@ -30,7 +36,7 @@ from tests.job_helpers import DEFAULT_MODEL_DIR, job_config, read_rows
 def coco_full(mask: np.ndarray, top: int, left: int, height: int, width: int) -> dict:
     """pycocotools.mask.encode of the full-size image holding `mask` at (top, left)."""
     full = np.zeros((height, width), np.uint8)
-    full[top:top + mask.shape[0], left:left + mask.shape[1]] = mask
+    full[top : top + mask.shape[0], left : left + mask.shape[1]] = mask
     rle = coco_mask.encode(np.asfortranarray(full))
     return {"size": [height, width], "counts": rle["counts"].decode("ascii")}
 
@@ -44,8 +50,14 @@ def assert_box_rle_equals_coco(mask, top, left, height, width):
 # ------------------------------------------------------------------------------------------------- box-local RLE
 @pytest.mark.parametrize("height, width", [(1, 1), (7, 5), (5, 7), (8000, 1), (1, 8000), (3, 2)])
 def test_box_rle_equals_coco_for_every_position_of_full_and_empty_boxes(height, width):
-    boxes = [(0, 0, height, width), (0, 0, 1, 1), (height - 1, width - 1, 1, 1), (0, width - 1, height, 1),
-             (height - 1, 0, 1, width), (height // 2, width // 2, (height + 1) // 2, (width + 1) // 2)]
+    boxes = [
+        (0, 0, height, width),
+        (0, 0, 1, 1),
+        (height - 1, width - 1, 1, 1),
+        (0, width - 1, height, 1),
+        (height - 1, 0, 1, width),
+        (height // 2, width // 2, (height + 1) // 2, (width + 1) // 2),
+    ]
     for top, left, h, w in boxes:
         for fill in (np.ones((h, w), bool), np.zeros((h, w), bool)):
             assert_box_rle_equals_coco(fill, top, left, height, width)
@@ -58,7 +70,7 @@ def test_box_rle_hand_made_cases():
     # runs that continue from one column's last row into the next column's first row (full-height window)
     mask = np.array([[0, 1, 1], [1, 1, 0], [1, 1, 1]], bool)
     assert_box_rle_equals_coco(mask, 0, 2, 3, 6)
-    assert rle_counts_box(mask, 0, 0, 3, 3).tolist() == [1, 6, 1, 1]   # columns 011 111 101
+    assert rle_counts_box(mask, 0, 0, 3, 3).tolist() == [1, 6, 1, 1]  # columns 011 111 101
     # the image starts and ends inside a run of ones
     assert rle_counts_box(np.ones((2, 2), bool), 0, 0, 2, 2).tolist() == [0, 4]
     assert rle_counts_box(np.array([[1, 0], [0, 1]], bool), 0, 0, 2, 2).tolist() == [0, 1, 2, 1]
@@ -113,7 +125,7 @@ def test_label_map_painted_box_locally_equals_full_painting():
         mask = rng.random((h, w)) < 0.3
         local.add_box(mask, top, left)
         placed = np.zeros((height, width), bool)
-        placed[top:top + h, left:left + w] = mask
+        placed[top : top + h, left : left + w] = mask
         full.add(placed)
     np.testing.assert_array_equal(local.label_map(), full.label_map())
     assert local.label_map().dtype == np.uint16
@@ -125,12 +137,24 @@ def random_detections(rng, n: int, mask_dim: int = 32) -> yp.Detections:
     """Boxes of every kind: inside, touching every border, 1-px, flipped, partly and wholly outside the image."""
     centers, sizes = rng.uniform(-0.2, 1.2, (n, 2)), rng.uniform(0.0005, 0.8, (n, 2))
     boxes = np.concatenate([centers - sizes / 2, centers + sizes / 2], 1).astype(np.float32)
-    special = [[0.0, 0.0, 1.0, 1.0], [0.0, 0.2, 0.3, 1.0], [0.7, 0.0, 1.0, 0.4], [0.5, 0.5, 0.5005, 0.5003],
-               [0.7, 0.6, 0.2, 0.1], [1.2, 0.1, 1.4, 0.3], [-0.5, -0.5, -0.1, -0.2], [0.999, 0.999, 1.0, 1.0]]
-    boxes[:len(special)] = special
+    special = [
+        [0.0, 0.0, 1.0, 1.0],
+        [0.0, 0.2, 0.3, 1.0],
+        [0.7, 0.0, 1.0, 0.4],
+        [0.5, 0.5, 0.5005, 0.5003],
+        [0.7, 0.6, 0.2, 0.1],
+        [1.2, 0.1, 1.4, 0.3],
+        [-0.5, -0.5, -0.1, -0.2],
+        [0.999, 0.999, 1.0, 1.0],
+    ]
+    boxes[: len(special)] = special
     coeffs = rng.normal(0, 1, (n, mask_dim)).astype(np.float32)
-    return yp.Detections(boxes=boxes, coeffs=coeffs, classes=rng.integers(0, 80, n).astype(np.int64),
-                         scores=np.sort(rng.uniform(0, 1, n).astype(np.float32))[::-1].copy())
+    return yp.Detections(
+        boxes=boxes,
+        coeffs=coeffs,
+        classes=rng.integers(0, 80, n).astype(np.int64),
+        scores=np.sort(rng.uniform(0, 1, n).astype(np.float32))[::-1].copy(),
+    )
 
 
 def reference_outputs(det, proto, width, height, class_names=("a", "b")):
@@ -162,8 +186,9 @@ def one_call_outputs(det, proto, width, height, first_label=1):
     return rles, builder.label_map().tolist()
 
 
-@pytest.mark.parametrize("seed, width, height", [(0, 550, 550), (1, 1920, 1080), (2, 480, 640), (3, 1, 1),
-                                                 (4, 8000, 1), (5, 37, 3000)])
+@pytest.mark.parametrize(
+    "seed, width, height", [(0, 550, 550), (1, 1920, 1080), (2, 480, 640), (3, 1, 1), (4, 8000, 1), (5, 37, 3000)]
+)
 def test_new_masks_equal_previous_on_random_r50_like_outputs(seed, width, height):
     rng = np.random.default_rng(seed)
     proto = np.maximum(rng.normal(0, 1.5, (138, 138, 32)), 0).astype(np.float32)  # ReLU prototypes, R50 550
@@ -174,8 +199,9 @@ def test_new_masks_equal_previous_on_random_r50_like_outputs(seed, width, height
     np.testing.assert_array_equal(labels, ref_labels)
     assert labels.dtype == ref_labels.dtype
     # and the full-size masks of the public API are the previous ones
-    np.testing.assert_array_equal(yp.assemble_masks(det, proto, width, height),
-                                  np.stack(list(ref.instance_masks(det, proto, width, height))))
+    np.testing.assert_array_equal(
+        yp.assemble_masks(det, proto, width, height), np.stack(list(ref.instance_masks(det, proto, width, height)))
+    )
 
 
 @pytest.mark.parametrize("proto_size, box_scale", [(138, 0.3), (138, 6.0), (64, 0.3), (200, 1.0)])
@@ -188,14 +214,21 @@ def test_box_local_probabilities_give_the_whole_protos_masks(proto_size, box_sca
     det = random_detections(rng, 60)
     centers = (det.boxes[:, :2] + det.boxes[:, 2:]) / 2
     halves = (det.boxes[:, 2:] - det.boxes[:, :2]) / 2 * np.float32(box_scale)
-    det = yp.Detections(boxes=np.concatenate([centers - halves, centers + halves], 1).astype(np.float32),
-                        coeffs=det.coeffs, classes=det.classes, scores=det.scores)
+    det = yp.Detections(
+        boxes=np.concatenate([centers - halves, centers + halves], 1).astype(np.float32),
+        coeffs=det.coeffs,
+        classes=det.classes,
+        scores=det.scores,
+    )
     for width, height in ((640, 480), (97, 1300)):
-        np.testing.assert_array_equal(yp.assemble_masks(det, proto, width, height),
-                                      np.stack(list(ref.instance_masks(det, proto, width, height))))
-        new_outputs(det, proto, width, height)   # the executors' one-call encoding
-    np.testing.assert_array_equal(yp.assemble_masks(det, proto, 640, 480, crop=False),
-                                  np.stack(list(ref.instance_masks(det, proto, 640, 480, crop=False))))
+        np.testing.assert_array_equal(
+            yp.assemble_masks(det, proto, width, height), np.stack(list(ref.instance_masks(det, proto, width, height)))
+        )
+        new_outputs(det, proto, width, height)  # the executors' one-call encoding
+    np.testing.assert_array_equal(
+        yp.assemble_masks(det, proto, 640, 480, crop=False),
+        np.stack(list(ref.instance_masks(det, proto, 640, 480, crop=False))),
+    )
 
 
 @pytest.mark.parametrize("count, first_label", [(0, 1), (1, 1), (300, 1), (10, 250), (3, 256)])
@@ -232,9 +265,16 @@ def sample_paths() -> list[Path]:
 
 def make_task(manifest, tmp_path: Path, **options) -> YolactInference:
     return YolactInference(
-        model_dir=str(manifest.root), model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
-        input_spec=manifest.input, postprocess=manifest.postprocess, settings=RuntimeSettings(precision="f32"),
-        output=Location(str(tmp_path / "out")), input_root=str(SAMPLES / "images"), **options)
+        model_dir=str(manifest.root),
+        model_sha256=manifest.model_sha256,
+        class_names=tuple(manifest.class_names),
+        input_spec=manifest.input,
+        postprocess=manifest.postprocess,
+        settings=RuntimeSettings(precision="f32"),
+        output=Location(str(tmp_path / "out")),
+        input_root=str(SAMPLES / "images"),
+        **options,
+    )
 
 
 def assert_executor_postprocess_equals_previous(model_dir: Path, paths: list[Path], tmp_path: Path) -> int:
@@ -243,14 +283,14 @@ def assert_executor_postprocess_equals_previous(model_dir: Path, paths: list[Pat
     manifest = load_manifest(model_dir)
     ir = CompiledIR(manifest.path("ir_xml"), RuntimeSettings(precision="f32", threads=1, streams=1))
     priors = np.load(manifest.path("priors"))
-    task = make_task(manifest, tmp_path, score_threshold=0.0)   # every detection is written, as before
+    task = make_task(manifest, tmp_path, score_threshold=0.0)  # every detection is written, as before
     model = ExecutorModel(manifest, None, {"priors": priors})
     post = {k: manifest.postprocess[k] for k in ("conf_thresh", "nms_thresh", "top_k", "max_num_detections")}
     total = 0
     for path in paths:
         rgb = decode_image(path.read_bytes(), str(path))
         np.testing.assert_array_equal(preprocess_rgb(rgb, manifest.input), ref.preprocess_rgb(rgb, manifest.input))
-        shared = decode_image(path.read_bytes(), str(path), shared_memory=True)   # what the executors decode
+        shared = decode_image(path.read_bytes(), str(path), shared_memory=True)  # what the executors decode
         np.testing.assert_array_equal(preprocess_rgb(shared, manifest.input), ref.preprocess_rgb(rgb, manifest.input))
         out = ir.infer_one(preprocess_rgb(rgb, manifest.input))
         raw = {role: out[name] for role, name in manifest.outputs.items()}
@@ -259,8 +299,9 @@ def assert_executor_postprocess_equals_previous(model_dir: Path, paths: list[Pat
         task.postprocess_one(row, raw, model)
 
         det = yp.detect(raw["loc"], raw["conf"], raw["mask"], priors, **post)
-        expected, builder = ref.postprocess_image(det, raw["proto"], rgb.shape[1], rgb.shape[0],
-                                                  tuple(manifest.class_names))
+        expected, builder = ref.postprocess_image(
+            det, raw["proto"], rgb.shape[1], rgb.shape[0], tuple(manifest.class_names)
+        )
         assert row["instances"] == expected, path.name
         labels = read_label_map_png(Path(row["mask_path"]).read_bytes())
         np.testing.assert_array_equal(labels, builder.labels)
@@ -281,8 +322,13 @@ def test_score_threshold_and_mask_options(bundled, tmp_path):
     raw = {role: out[name] for role, name in manifest.outputs.items()}
     model = ExecutorModel(manifest, None, {"priors": priors})
     rows = {}
-    for name, options in {"all": {"score_threshold": 0.0}, "default": {}, "rle": {"masks": "rle"},
-                          "none": {"masks": "none"}, "high": {"score_threshold": 0.3}}.items():
+    for name, options in {
+        "all": {"score_threshold": 0.0},
+        "default": {},
+        "rle": {"masks": "rle"},
+        "none": {"masks": "none"},
+        "high": {"score_threshold": 0.3},
+    }.items():
         row = new_row(type("Record", (), {"path": "file:" + str(path)})())
         row["height"], row["width"] = rgb.shape[:2]
         make_task(manifest, tmp_path / name, **options).postprocess_one(row, raw, model)
@@ -310,7 +356,7 @@ def test_job_without_masks_has_the_full_runs_boxes_scores_and_classes(spark, tmp
     full_config = job_config(images, tmp_path / "full")
     none_config = job_config(images, tmp_path / "none")
     none_config["output"]["masks"] = "none"
-    none_config["inference"]["pin_cores"] = True   # changes which cores run it, not what it writes
+    none_config["inference"]["pin_cores"] = True  # changes which cores run it, not what it writes
     full, boxes_only = run(spark, full_config), run(spark, none_config)
     assert full["counts"]["done"] == boxes_only["counts"]["done"] == len(sample_paths())
     assert boxes_only["runtime"]["pin_cores"] and not full["runtime"]["pin_cores"]
@@ -321,8 +367,9 @@ def test_job_without_masks_has_the_full_runs_boxes_scores_and_classes(spark, tmp
     for path, row in none_rows.items():
         expected = full_rows[path]
         assert row.mask_path is None and expected.mask_path is not None
-        assert [(i.class_id, i.class_name, i.score, list(i.box)) for i in row.instances] == \
-            [(i.class_id, i.class_name, i.score, list(i.box)) for i in expected.instances]
+        assert [(i.class_id, i.class_name, i.score, list(i.box)) for i in row.instances] == [
+            (i.class_id, i.class_name, i.score, list(i.box)) for i in expected.instances
+        ]
         assert all(i.mask is None for i in row.instances) and all(i.mask is not None for i in expected.instances)
         total += len(row.instances)
     assert total > 0

@@ -1,5 +1,6 @@
 """scripts/check_free_space.sh, which `make test` runs first: a run that would fill the disk stops before it starts,
 naming the directories and what to free, instead of failing half-way in scattered ways."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,5 +1,6 @@
 """Checkpoint loading: official layouts (state_dicts built here from the reference key lists, not from our model),
 the released files' extras, clear errors for files that do not fit, are corrupt, or would run code."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,11 @@ from model_export.models.yolact import Yolact, get_config
 
 KEYS_DIR = Path(__file__).parent / "data" / "yolact_keys"
 OFFICIAL = ("yolact_resnet50", "yolact_base", "yolact_darknet53")
-RELEASE_EXTRAS = {"fpn.downsample_layers.2.weight": (256, 256, 3, 3), "fpn.downsample_layers.2.bias": (256,),
-                  "backbone.layer1.0.conv1.weight": (64, 64, 1, 1)}
+RELEASE_EXTRAS = {
+    "fpn.downsample_layers.2.weight": (256, 256, 3, 3),
+    "fpn.downsample_layers.2.bias": (256,),
+    "backbone.layer1.0.conv1.weight": (64, 64, 1, 1),
+}
 
 
 def official_state_dict(name: str, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -108,8 +112,12 @@ def test_class_count_mismatch_names_the_key_and_both_shapes_then_finetune_loads(
     assert "load_for_finetune" in lines[-1]
 
     reset = load_for_finetune(model, tmp_path / "r50.pth")
-    assert reset == ["prediction_layers.0.conf_layer.weight", "prediction_layers.0.conf_layer.bias",
-                     "semantic_seg_conv.weight", "semantic_seg_conv.bias"]
+    assert reset == [
+        "prediction_layers.0.conf_layer.weight",
+        "prediction_layers.0.conf_layer.bias",
+        "semantic_seg_conv.weight",
+        "semantic_seg_conv.bias",
+    ]
     ours, theirs = model.state_dict(), official_states["yolact_resnet50"]
     assert torch.equal(ours["backbone.layers.3.2.conv3.weight"], theirs["backbone.layers.3.2.conv3.weight"])
     assert torch.equal(ours["prediction_layers.0.mask_layer.weight"], theirs["prediction_layers.0.mask_layer.weight"])

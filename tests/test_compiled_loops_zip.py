@@ -1,6 +1,7 @@
 """The compiled pixel loops where executors import `pipelines` from the library zip the job ships
 (spark_session.ship_library): numba caches machine code only beside a real file, so the kernels come from a copy of
 their module in the temp directory: a machine's first Python worker compiles them, the next ones load that cache."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,14 @@ print(json.dumps({"file": compiled_loops.__file__, "cache": stats.cache_path,
 
 
 def worker_from_zip(archive: Path, temp: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", WORKER], cwd=temp, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(archive), "TMPDIR": str(temp)})
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER],
+        cwd=temp,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(archive), "TMPDIR": str(temp)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

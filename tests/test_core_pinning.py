@@ -1,6 +1,7 @@
 """inference.pin_cores: worker processes claim different cores, one more than the cores stays unpinned, a killed
 worker's core is free again, and threads started before the claim are pinned too. Real processes (spawned), real
 locks and affinity masks; every wait is bounded."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -50,17 +51,17 @@ def test_workers_take_different_cores_and_a_dead_workers_core_is_free_again(tmp_
             assert cores is not None and len(cores) == 1
             assert affinity == cores and earlier_thread == cores
             claims[pid] = cores
-        assert set().union(*claims.values()) == every            # each core once
-        _, cores, affinity, _ = start()                           # one worker more than cores
-        assert cores is None and affinity == every                # stays unpinned
+        assert set().union(*claims.values()) == every  # each core once
+        _, cores, affinity, _ = start()  # one worker more than cores
+        assert cores is None and affinity == every  # stays unpinned
         first = workers[0]
         first.kill()
         first.join(WAIT_S)
         _, cores, affinity, _ = start()
-        assert cores == claims[first.pid] and affinity == cores   # the killed worker's core
+        assert cores == claims[first.pid] and affinity == cores  # the killed worker's core
     finally:
         for end in releases:
-            end.close()      # the worker's poll sees the end of its pipe
+            end.close()  # the worker's poll sees the end of its pipe
         for worker in workers:
             worker.join(WAIT_S)
             if worker.is_alive():

@@ -1,4 +1,5 @@
 """VOC and COCO readers/writers, masks through pycocotools, and the train/val split."""
+
 from __future__ import annotations
 
 import contextlib
@@ -63,8 +64,12 @@ OBJECT_XML = """\t<object>
 # (file stem, width, height, [(label, xmin, ymin, xmax, ymax, pose, truncated, difficult)])
 VOC_IMAGES = [
     ("0001", 640, 480, [("pothole", 1, 1, 640, 480, "Unspecified", 0, 0), ("crack", 10, 20, 10, 60, "Left", 1, 0)]),
-    ("0002", 320, 240, [("puddle", 100, 50, 200, 51, "Unspecified", 0, 1),
-                        ("patch", 5.5, 6.25, 300.75, 239, "Unspecified", 0, 0)]),
+    (
+        "0002",
+        320,
+        240,
+        [("puddle", 100, 50, 200, 51, "Unspecified", 0, 1), ("patch", 5.5, 6.25, 300.75, 239, "Unspecified", 0, 0)],
+    ),
     ("0003", 64, 48, []),
 ]
 
@@ -73,8 +78,9 @@ def write_labelimg_dir(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for stem, w, h, objects in VOC_IMAGES:
         body = "".join(
-            OBJECT_XML.format(label=o[0], xmin=o[1], ymin=o[2], xmax=o[3], ymax=o[4], pose=o[5], truncated=o[6],
-                              difficult=o[7])
+            OBJECT_XML.format(
+                label=o[0], xmin=o[1], ymin=o[2], xmax=o[3], ymax=o[4], pose=o[5], truncated=o[6], difficult=o[7]
+            )
             for o in objects
         )
         (folder / f"{stem}.xml").write_text(LABELIMG_XML.format(name=stem, w=w, h=h, objects=body))
@@ -84,8 +90,13 @@ def write_labelimg_dir(folder: Path) -> Path:
 def voc_fields(dataset: Dataset) -> list[tuple]:
     names = {c.id: c.name for c in dataset.categories}
     return [
-        (im.file_name, im.width, im.height, im.depth,
-         [(names[a.category_id], a.box, a.pose, a.truncated, a.difficult) for a in im.annotations])
+        (
+            im.file_name,
+            im.width,
+            im.height,
+            im.depth,
+            [(names[a.category_id], a.box, a.pose, a.truncated, a.difficult) for a in im.annotations],
+        )
         for im in dataset.images
     ]
 
@@ -111,8 +122,16 @@ def test_voc_to_coco_to_voc_keeps_every_box_label_and_size(tmp_path):
     assert voc_fields(again) == voc_fields(original)
     # The corner values written are the ones that were read, digit for digit.
     text = (tmp_path / "voc_again" / "0002.xml").read_text()
-    for snippet in ("<xmin>5.5</xmin>", "<ymin>6.25</ymin>", "<xmax>300.75</xmax>", "<ymax>239</ymax>",
-                    "<width>320</width>", "<height>240</height>", "<name>patch</name>", "<difficult>1</difficult>"):
+    for snippet in (
+        "<xmin>5.5</xmin>",
+        "<ymin>6.25</ymin>",
+        "<xmax>300.75</xmax>",
+        "<ymax>239</ymax>",
+        "<width>320</width>",
+        "<height>240</height>",
+        "<name>patch</name>",
+        "<difficult>1</difficult>",
+    ):
         assert snippet in text
     # Writing again gives the same bytes.
     write_voc_dir(again, tmp_path / "voc_third")
@@ -146,13 +165,19 @@ def test_polygon_and_rle_masks_survive_a_coco_round_trip(tmp_path):
     assert isinstance(compressed.counts, str) and isinstance(uncompressed.counts, list)
     segmentations = [polygons, compressed, uncompressed]
     annotations = [
-        Annotation(category_id=1, box=mask_box(s, height, width), area=float(mask_area(s, height, width)),
-                   segmentation=s, iscrowd=s is uncompressed)
+        Annotation(
+            category_id=1,
+            box=mask_box(s, height, width),
+            area=float(mask_area(s, height, width)),
+            segmentation=s,
+            iscrowd=s is uncompressed,
+        )
         for s in segmentations
     ]
-    dataset = Dataset(categories=categories_from_names(CLASSES),
-                      images=[ImageRecord(id=7, file_name="a.png", width=width, height=height,
-                                          annotations=annotations)])
+    dataset = Dataset(
+        categories=categories_from_names(CLASSES),
+        images=[ImageRecord(id=7, file_name="a.png", width=width, height=height, annotations=annotations)],
+    )
     write_coco(dataset, tmp_path / "masks.json")
     back = read_coco(tmp_path / "masks.json")
     for before, after in zip(annotations, back.images[0].annotations):
@@ -191,11 +216,21 @@ def test_mask_helpers_agree_with_numpy():
 def test_coco_round_trip_keeps_ids_info_and_extra_voc_fields(tmp_path):
     data = {
         "info": {"description": "tiny"},
-        "images": [{"id": 10, "file_name": "x.jpg", "width": 100, "height": 50},
-                   {"id": 3, "file_name": "y.jpg", "width": 20, "height": 20}],
+        "images": [
+            {"id": 10, "file_name": "x.jpg", "width": 100, "height": 50},
+            {"id": 3, "file_name": "y.jpg", "width": 20, "height": 20},
+        ],
         "annotations": [
-            {"id": 99, "image_id": 10, "category_id": 5, "bbox": [1.5, 2, 10, 20.25], "area": 7, "iscrowd": 0,
-             "difficult": 1, "pose": "Rear"},
+            {
+                "id": 99,
+                "image_id": 10,
+                "category_id": 5,
+                "bbox": [1.5, 2, 10, 20.25],
+                "area": 7,
+                "iscrowd": 0,
+                "difficult": 1,
+                "pose": "Rear",
+            },
             {"id": 4, "image_id": 3, "category_id": 2, "bbox": [0, 0, 20, 20], "area": 400, "iscrowd": 0},
         ],
         "categories": [{"id": 2, "name": "crack", "supercategory": "road"}, {"id": 5, "name": "puddle"}],
@@ -208,8 +243,10 @@ def test_coco_round_trip_keeps_ids_info_and_extra_voc_fields(tmp_path):
     assert [im["id"] for im in out["images"]] == [10, 3]
     assert out["annotations"][0] == {**data["annotations"][0], "bbox": [1.5, 2, 10, 20.25]}
     assert out["annotations"][1] == data["annotations"][1]
-    assert out["categories"] == [{"id": 2, "name": "crack", "supercategory": "road"},
-                                 {"id": 5, "name": "puddle", "supercategory": ""}]
+    assert out["categories"] == [
+        {"id": 2, "name": "crack", "supercategory": "road"},
+        {"id": 5, "name": "puddle", "supercategory": ""},
+    ]
 
 
 def test_split_is_deterministic_disjoint_and_independent_of_image_order():

@@ -1,4 +1,5 @@
 """Broken annotation files fail with an AnnotationError that names the file and the field."""
+
 from __future__ import annotations
 
 import json
@@ -11,18 +12,22 @@ from pipelines.datasets import AnnotationError, read_coco, read_voc_dir, read_vo
 
 CLASSES = ["pothole", "crack", "patch", "puddle"]
 
-GOOD_OBJECT = ("<object><name>pothole</name><bndbox><xmin>10</xmin><ymin>10</ymin><xmax>50</xmax><ymax>40</ymax>"
-               "</bndbox></object>")
+GOOD_OBJECT = (
+    "<object><name>pothole</name><bndbox><xmin>10</xmin><ymin>10</ymin><xmax>50</xmax><ymax>40</ymax></bndbox></object>"
+)
 
 
-def voc(size: str = "<size><width>640</width><height>480</height><depth>3</depth></size>",
-        objects: str = GOOD_OBJECT) -> str:
+def voc(
+    size: str = "<size><width>640</width><height>480</height><depth>3</depth></size>", objects: str = GOOD_OBJECT
+) -> str:
     return f"<annotation><folder>images</folder><filename>0001.jpg</filename>{size}{objects}</annotation>"
 
 
 def bad_object(xmin="10", ymin="10", xmax="50", ymax="40", name="pothole") -> str:
-    return (f"<object><name>{name}</name><bndbox><xmin>{xmin}</xmin><ymin>{ymin}</ymin><xmax>{xmax}</xmax>"
-            f"<ymax>{ymax}</ymax></bndbox></object>")
+    return (
+        f"<object><name>{name}</name><bndbox><xmin>{xmin}</xmin><ymin>{ymin}</ymin><xmax>{xmax}</xmax>"
+        f"<ymax>{ymax}</ymax></bndbox></object>"
+    )
 
 
 def test_box_outside_the_image_names_the_file_the_object_and_the_fix(tmp_path, monkeypatch):
@@ -43,27 +48,57 @@ def test_box_outside_the_image_names_the_file_the_object_and_the_fix(tmp_path, m
 VOC_CASES = {
     "missing size": (voc(size=""), "size", r"size is missing"),
     "missing width": (voc(size="<size><height>480</height></size>"), "size.width", r"size\.width is missing"),
-    "zero image size": (voc(size="<size><width>0</width><height>480</height></size>"), "size.width",
-                        r"size\.width=0 must be a positive whole number"),
-    "box left of the image": (voc(objects=bad_object(xmin="0")), "object[0].bndbox.xmin",
-                              r"xmin=0 is outside the image width 640 \(VOC boxes are 1-based"),
-    "box below the image": (voc(objects=bad_object(ymax="481")), "object[0].bndbox.ymax",
-                            r"ymax=481 is outside the image height 480"),
-    "negative box width": (voc(objects=bad_object(xmin="60", xmax="50")), "object[0].bndbox.xmax",
-                           r"xmax=50 < xmin=60: the box has zero or negative width"),
-    "negative box height": (voc(objects=GOOD_OBJECT + bad_object(ymin="41", ymax="40")), "object[1].bndbox.ymax",
-                            r"zero or negative height"),
-    "unknown class": (voc(objects=bad_object(name="pothol")), "object[0].name",
-                      r"object\[0\]\.name='pothol' is not one of the classes "
-                      r"\['pothole', 'crack', 'patch', 'puddle'\]"),
-    "missing name": (voc(objects="<object><bndbox><xmin>1</xmin></bndbox></object>"), "object[0].name",
-                     r"object\[0\]\.name is missing"),
-    "missing bndbox": (voc(objects="<object><name>crack</name></object>"), "object[0].bndbox",
-                       r"object\[0\]\.bndbox is missing"),
-    "not a number": (voc(objects=bad_object(ymin="ten")), "object[0].bndbox.ymin",
-                     r"object\[0\]\.bndbox\.ymin='ten' is not a number"),
-    "malformed xml": ("<annotation><size><width>640</width></annotation>", "xml",
-                      r"malformed XML at line 1, column \d+"),
+    "zero image size": (
+        voc(size="<size><width>0</width><height>480</height></size>"),
+        "size.width",
+        r"size\.width=0 must be a positive whole number",
+    ),
+    "box left of the image": (
+        voc(objects=bad_object(xmin="0")),
+        "object[0].bndbox.xmin",
+        r"xmin=0 is outside the image width 640 \(VOC boxes are 1-based",
+    ),
+    "box below the image": (
+        voc(objects=bad_object(ymax="481")),
+        "object[0].bndbox.ymax",
+        r"ymax=481 is outside the image height 480",
+    ),
+    "negative box width": (
+        voc(objects=bad_object(xmin="60", xmax="50")),
+        "object[0].bndbox.xmax",
+        r"xmax=50 < xmin=60: the box has zero or negative width",
+    ),
+    "negative box height": (
+        voc(objects=GOOD_OBJECT + bad_object(ymin="41", ymax="40")),
+        "object[1].bndbox.ymax",
+        r"zero or negative height",
+    ),
+    "unknown class": (
+        voc(objects=bad_object(name="pothol")),
+        "object[0].name",
+        r"object\[0\]\.name='pothol' is not one of the classes "
+        r"\['pothole', 'crack', 'patch', 'puddle'\]",
+    ),
+    "missing name": (
+        voc(objects="<object><bndbox><xmin>1</xmin></bndbox></object>"),
+        "object[0].name",
+        r"object\[0\]\.name is missing",
+    ),
+    "missing bndbox": (
+        voc(objects="<object><name>crack</name></object>"),
+        "object[0].bndbox",
+        r"object\[0\]\.bndbox is missing",
+    ),
+    "not a number": (
+        voc(objects=bad_object(ymin="ten")),
+        "object[0].bndbox.ymin",
+        r"object\[0\]\.bndbox\.ymin='ten' is not a number",
+    ),
+    "malformed xml": (
+        "<annotation><size><width>640</width></annotation>",
+        "xml",
+        r"malformed XML at line 1, column \d+",
+    ),
     "not a voc file": ("<html></html>", "annotation", r"root element is <html>"),
 }
 
@@ -93,12 +128,14 @@ def test_voc_clip_boxes_clips_instead_of_failing(tmp_path):
 
 def coco(**changes) -> dict:
     data = {
-        "images": [{"id": 1, "file_name": "a.jpg", "width": 640, "height": 480},
-                   {"id": 2, "file_name": "b.jpg", "width": 320, "height": 240}],
-        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 30, 20], "area": 600,
-                         "iscrowd": 0},
-                        {"id": 2, "image_id": 2, "category_id": 2, "bbox": [0, 0, 320, 240], "area": 600,
-                         "iscrowd": 0}],
+        "images": [
+            {"id": 1, "file_name": "a.jpg", "width": 640, "height": 480},
+            {"id": 2, "file_name": "b.jpg", "width": 320, "height": 240},
+        ],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 30, 20], "area": 600, "iscrowd": 0},
+            {"id": 2, "image_id": 2, "category_id": 2, "bbox": [0, 0, 320, 240], "area": 600, "iscrowd": 0},
+        ],
         "categories": [{"id": 1, "name": "pothole"}, {"id": 2, "name": "crack"}],
     }
     for dotted, value in changes.items():
@@ -119,25 +156,42 @@ COCO_CASES = {
     "duplicate image id": (coco(images__1__id=1), "images[1].id", r"images\[1\]\.id=1 duplicates images\[0\]\.id"),
     "missing image width": (coco(images__1__width=DELETE), "images[1].width", r"images\[1\]\.width is missing"),
     "zero image height": (coco(images__0__height=0), "images[0].height", r"must be a positive whole number"),
-    "unknown category": (coco(annotations__1__category_id=9), "annotations[1].category_id",
-                         r"category_id=9 is not one of the categories \[1, 2\]"),
+    "unknown category": (
+        coco(annotations__1__category_id=9),
+        "annotations[1].category_id",
+        r"category_id=9 is not one of the categories \[1, 2\]",
+    ),
     "unknown image": (coco(annotations__0__image_id=5), "annotations[0].image_id", r"image_id=5 is not the id"),
-    "box outside": (coco(annotations__1__bbox=[100, 0, 300, 240]), "annotations[1].bbox",
-                    r"x\+width=400 is outside the image width 320 of 'b\.jpg'"),
+    "box outside": (
+        coco(annotations__1__bbox=[100, 0, 300, 240]),
+        "annotations[1].bbox",
+        r"x\+width=400 is outside the image width 320 of 'b\.jpg'",
+    ),
     "negative box x": (coco(annotations__0__bbox=[-3, 0, 10, 10]), "annotations[0].bbox", r"x=-3 is outside"),
-    "zero box width": (coco(annotations__0__bbox=[10, 10, 0, 20]), "annotations[0].bbox",
-                       r"zero or negative width 0"),
+    "zero box width": (coco(annotations__0__bbox=[10, 10, 0, 20]), "annotations[0].bbox", r"zero or negative width 0"),
     "short bbox": (coco(annotations__0__bbox=[10, 10, 5]), "annotations[0].bbox", r"must be 4 numbers"),
     "missing categories": (coco(categories=DELETE), "categories", r"categories is missing"),
     "duplicate annotation id": (coco(annotations__1__id=1), "annotations[1].id", r"duplicates annotations\[0\]"),
-    "rle size mismatch": (coco(annotations__0__segmentation={"size": [10, 10], "counts": "PT1"}),
-                          "annotations[0].segmentation.size", r"must be \[height, width\] = \[480, 640\]"),
-    "odd polygon": (coco(annotations__0__segmentation=[[1, 2, 3, 4, 5, 6, 7]]), "annotations[0].segmentation[0]",
-                    r"at least 3 x, y pairs"),
-    "zero-area polygon": (coco(annotations__0__segmentation=[[10, 10, 20, 20, 30, 30], [5, 5, 5, 9, 5, 20]]),
-                          "annotations[0].segmentation", r"encloses no area \(every polygon's points lie on one"),
-    "rle counts sum": (coco(annotations__0__segmentation={"size": [480, 640], "counts": [5, 5]}),
-                       "annotations[0].segmentation.counts", r"add up to 10 pixels"),
+    "rle size mismatch": (
+        coco(annotations__0__segmentation={"size": [10, 10], "counts": "PT1"}),
+        "annotations[0].segmentation.size",
+        r"must be \[height, width\] = \[480, 640\]",
+    ),
+    "odd polygon": (
+        coco(annotations__0__segmentation=[[1, 2, 3, 4, 5, 6, 7]]),
+        "annotations[0].segmentation[0]",
+        r"at least 3 x, y pairs",
+    ),
+    "zero-area polygon": (
+        coco(annotations__0__segmentation=[[10, 10, 20, 20, 30, 30], [5, 5, 5, 9, 5, 20]]),
+        "annotations[0].segmentation",
+        r"encloses no area \(every polygon's points lie on one",
+    ),
+    "rle counts sum": (
+        coco(annotations__0__segmentation={"size": [480, 640], "counts": [5, 5]}),
+        "annotations[0].segmentation.counts",
+        r"add up to 10 pixels",
+    ),
 }
 
 

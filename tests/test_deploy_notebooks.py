@@ -1,6 +1,7 @@
 """The notebooks: the Databricks job notebook runs cell by cell against local Spark and Azurite (widgets and the
 secret scope from tests/dbutils_standin.py), its job definition matches it, and the Jupyter notebook draws overlays
 from an output."""
+
 from __future__ import annotations
 
 import json
@@ -11,25 +12,32 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.io.azure_storage import AzureCredentials
 from pipelines.inference.inference_job import run
-from pipelines.ops.image_decode import decode_image
-from pipelines.ops.mask_outputs import decode_rle
+from pipelines.io.azure_storage import AzureCredentials
 from pipelines.io.run_lock import LOCK_NAME, LockHeld, RunLock
 from pipelines.io.storage import Location
+from pipelines.ops.image_decode import decode_image
+from pipelines.ops.mask_outputs import decode_rle
 from tests.conftest import REPO, SAMPLES
 from tests.dbutils_standin import DbutilsStandIn, notebook_cells, run_notebook_source
 from tests.fixtures_azurite import ACCOUNT_KEY
-from tests.test_incremental import write_image
 from tests.job_helpers import job_config
+from tests.test_incremental import write_image
 
 NOTEBOOKS = REPO / "notebooks"
 DATABRICKS_NOTEBOOK = NOTEBOOKS / "databricks_infer_yolact.py"
 JOB_DEFINITION = NOTEBOOKS / "databricks_job.json"
 EXPLORE_NOTEBOOK = NOTEBOOKS / "explore_results.ipynb"
 MODEL_DIR = SAMPLES / "models" / "yolact_default"
-AZURE_ENV = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
-             "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_TENANT_ID")
+AZURE_ENV = (
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCOUNT_NAME",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_CLIENT_ID",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_TENANT_ID",
+)
 
 
 def jpeg_bytes(seed: int, tmp_path: Path) -> bytes:
@@ -39,33 +47,42 @@ def jpeg_bytes(seed: int, tmp_path: Path) -> bytes:
 
 
 def test_databricks_notebook_runs_cell_by_cell_against_azurite(spark, azurite, monkeypatch, tmp_path):
-    for name in AZURE_ENV:   # credentials must come from the secret scope only
+    for name in AZURE_ENV:  # credentials must come from the secret scope only
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(NOTEBOOKS)   # Databricks runs a notebook in its own folder
+    monkeypatch.chdir(NOTEBOOKS)  # Databricks runs a notebook in its own folder
     container = azurite.create_container()
     client = azurite.service_client().get_container_client(container)
     for seed in range(3):
         client.upload_blob(f"landing/day{seed % 2}/img{seed}.jpg", jpeg_bytes(seed, tmp_path))
     client.upload_blob("landing/broken.jpg", b"not a jpeg")
-    parameters = {"input": f"az://{container}/landing", "output": f"az://{container}/out", "model": str(MODEL_DIR),
-                  "engine": "native", "precision": "f32", "partitions": "2", "secret_scope": "sparkseg-test",
-                  "connection_string_key": "storage-connection-string"}
+    parameters = {
+        "input": f"az://{container}/landing",
+        "output": f"az://{container}/out",
+        "model": str(MODEL_DIR),
+        "engine": "native",
+        "precision": "f32",
+        "partitions": "2",
+        "secret_scope": "sparkseg-test",
+        "connection_string_key": "storage-connection-string",
+    }
     secrets = {("sparkseg-test", "storage-connection-string"): azurite.connection_string}
 
-    result = json.loads(run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark,
-                                            dbutils=DbutilsStandIn(parameters, secrets)))
+    result = json.loads(
+        run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=DbutilsStandIn(parameters, secrets))
+    )
     assert result["counts"]["done"] == 3 and result["counts"]["failed"] == 1 and result["counts"]["skipped"] == 0
     assert result["table"] == {"images": 3, "errors": 1, "superseded_rows": 0}
     blobs = [blob.name for blob in client.list_blobs(name_starts_with="out/")]
     assert any(name.startswith("out/detections/") for name in blobs)
     assert any(name.startswith("out/masks/day0/img0.jpg") for name in blobs)
-    assert "out/summary.json" in blobs and f"out/{LOCK_NAME}" not in blobs   # the lock was released
+    assert "out/summary.json" in blobs and f"out/{LOCK_NAME}" not in blobs  # the lock was released
     written = b"".join(client.download_blob(name).readall() for name in blobs)
     assert ACCOUNT_KEY.encode() not in written and azurite.connection_string.encode() not in written
 
-    again = json.loads(run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark,
-                                           dbutils=DbutilsStandIn(parameters, secrets)))
-    assert again["counts"]["skipped"] == 4 and again["counts"]["done"] == 0   # a scheduled re-run: nothing new
+    again = json.loads(
+        run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=DbutilsStandIn(parameters, secrets))
+    )
+    assert again["counts"]["skipped"] == 4 and again["counts"]["done"] == 0  # a scheduled re-run: nothing new
 
     credentials = AzureCredentials(connection_string=azurite.connection_string)
     with RunLock.acquire(Location(parameters["output"], credentials), "20990101T000000Z-other-job"):
@@ -77,8 +94,10 @@ def test_databricks_notebook_runs_cell_by_cell_against_azurite(spark, azurite, m
 
 def test_notebook_names_a_missing_secret_clearly(spark, monkeypatch):
     monkeypatch.chdir(NOTEBOOKS)
-    dbutils = DbutilsStandIn({"secret_scope": "sparkseg", "connection_string_key": "no-such-key"},
-                             {("sparkseg", "storage-connection-string"): "AccountName=x;AccountKey=y"})
+    dbutils = DbutilsStandIn(
+        {"secret_scope": "sparkseg", "connection_string_key": "no-such-key"},
+        {("sparkseg", "storage-connection-string"): "AccountName=x;AccountKey=y"},
+    )
     with pytest.raises(ValueError, match="cannot read secret 'no-such-key' from Databricks scope 'sparkseg'"):
         run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=dbutils)
     dbutils = DbutilsStandIn({"partitions": "eight"}, {})
@@ -99,9 +118,9 @@ def test_job_definition_runs_this_notebook_with_its_widgets():
 
     widget_cell = next(cell for cell in notebook_cells(DATABRICKS_NOTEBOOK) if "dbutils.widgets." in cell)
     widgets = re.findall(r"dbutils\.widgets\.\w+\(\"(\w+)\"", widget_cell)
-    assert sorted(notebook["base_parameters"]) == sorted(widgets)   # every widget set, nothing unknown
+    assert sorted(notebook["base_parameters"]) == sorted(widgets)  # every widget set, nothing unknown
     dbutils = DbutilsStandIn(notebook["base_parameters"])
-    exec(compile(widget_cell, "widgets", "exec"), {"dbutils": dbutils})   # dropdown values must be valid choices
+    exec(compile(widget_cell, "widgets", "exec"), {"dbutils": dbutils})  # dropdown values must be valid choices
     assert all(dbutils.widgets.get(name) == value for name, value in notebook["base_parameters"].items())
     packages = " ".join(library["pypi"]["package"] for library in task["libraries"])
     assert "openvino" in packages and "torch" not in packages and "pyspark" not in packages
@@ -119,7 +138,7 @@ def test_setup_py_lower_bounds_are_the_databricks_runtime_versions_the_databrick
     runtime = dict(re.findall(r'"([\w-]+)==([\d.]+)"', re.search(r"RUNTIME_PINS=\((.*)\)", script).group(1)))
     floors = dict(re.findall(r'"([\w-]+)>=([\d.]+)', (REPO / "setup.py").read_text()))
     for name in ("numpy", "pillow", "pyarrow", "pandas", "matplotlib"):
-        assert runtime[name].startswith(floors[name]), name   # 9.4 for 9.4.0
+        assert runtime[name].startswith(floors[name]), name  # 9.4 for 9.4.0
     assert runtime["pyspark"].startswith(floors["pyspark"])
 
 
@@ -136,11 +155,11 @@ def test_explore_notebook_draws_overlays_and_sweep_plots(spark, monkeypatch, tmp
 
     images, output, reports = tmp_path / "images", tmp_path / "out", tmp_path / "reports"
     images.mkdir()
-    for name in ("rocket.jpg", "coffee.jpg"):   # photos on which the bundled (random) model has non-empty masks
+    for name in ("rocket.jpg", "coffee.jpg"):  # photos on which the bundled (random) model has non-empty masks
         (images / name).write_bytes((SAMPLES / "images" / name).read_bytes())
-    with Image.open(SAMPLES / "images" / "coffee.jpg") as photo:   # a phone's portrait photo: stored on its side
+    with Image.open(SAMPLES / "images" / "coffee.jpg") as photo:  # a phone's portrait photo: stored on its side
         exif = photo.getexif()
-        exif[0x0112] = 6   # EXIF orientation: rotate 90 degrees clockwise to view
+        exif[0x0112] = 6  # EXIF orientation: rotate 90 degrees clockwise to view
         photo.save(images / "coffee portrait.jpg", exif=exif, quality=95)
     run(spark, job_config(images, output))
     plot = reports / "sweep" / "plots" / "images_per_s_vs_partitions.png"
@@ -157,11 +176,11 @@ def test_explore_notebook_draws_overlays_and_sweep_plots(spark, monkeypatch, tmp
         for number, cell in enumerate(code_cells):
             exec(compile("".join(cell["source"]), f"explore_results#cell{number}", "exec"), namespace)
             if "parameters" in cell["metadata"].get("tags", []):
-                exec(parameters, namespace)   # what papermill's -p does
+                exec(parameters, namespace)  # what papermill's -p does
         rows = namespace["rows"]
         assert len(rows) == 3 and namespace["plots"] == [plot]
         for row in rows:
-            decoded = decode_image(Path(row.path.removeprefix("file:")).read_bytes(), row.path)   # EXIF applied
+            decoded = decode_image(Path(row.path.removeprefix("file:")).read_bytes(), row.path)  # EXIF applied
             overlay = namespace["overlay_image"](row)
             assert overlay.shape == decoded.shape == (row.height, row.width, 3)
             drawn = np.zeros(decoded.shape[:2], bool)

@@ -1,5 +1,6 @@
 """The detector's export stage end to end: FactorNet Faster R-CNN -> ONNX -> simplified ONNX -> OpenVINO FP16 IR,
 parity gate, manifest; and the exported model, run the way the job runs it, against torchvision's own model."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,24 +12,36 @@ import onnx
 import pytest
 import torch
 
-from model_export.detector_export import (build_model, detection_agreement, input_spec, load_detector_checkpoint,
-                                          synthetic_road_images, valid_detections)
+from model_export.detector_export import (
+    build_model,
+    detection_agreement,
+    input_spec,
+    load_detector_checkpoint,
+    synthetic_road_images,
+    valid_detections,
+)
 from model_export.models.checkpoint import CheckpointError
 from model_export.models.factornet_detector import DetectorNetwork, FactorNetDetector, get_detector_config
 from pipelines.inference.model_manifest import load_manifest, write_manifest
 from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
-from pipelines.ops.preprocess import preprocess_rgb
 from pipelines.inference.single_process import infer_files
-from tests.fixtures_detector import DETECTOR_CONFIG, DETECTOR_SEED, detector_export, export_small_detector  # noqa: F401
-from tests.fixtures_detector import road_images  # noqa: F401
+from pipelines.ops.preprocess import preprocess_rgb
+from tests.fixtures_detector import (  # noqa: F401
+    DETECTOR_CONFIG,
+    DETECTOR_SEED,
+    detector_export,
+    export_small_detector,
+    road_images,  # noqa: F401
+)
 
 F32_RUNTIMES = ("onnxruntime", "openvino_fp32ir_f32")
 
 
 def torch_model() -> FactorNetDetector:
     """The exported model's torch twin: same config, seed and biasing as the fixture's --random-init export."""
-    args = argparse.Namespace(config=DETECTOR_CONFIG, weights=None, random_init=True, input_size=None,
-                              class_names=None, seed=DETECTOR_SEED)
+    args = argparse.Namespace(
+        config=DETECTOR_CONFIG, weights=None, random_init=True, input_size=None, class_names=None, seed=DETECTOR_SEED
+    )
     return build_model(args)[0]
 
 
@@ -37,8 +50,9 @@ def fp32_copy(export_dir: Path, target: Path) -> Path:
     import openvino as ov
 
     target.mkdir()
-    ov.save_model(ov.convert_model(str(export_dir / "model.sim.onnx")), str(target / "model.xml"),
-                  compress_to_fp16=False)
+    ov.save_model(
+        ov.convert_model(str(export_dir / "model.sim.onnx")), str(target / "model.xml"), compress_to_fp16=False
+    )
     data = {k: v for k, v in load_manifest(export_dir).data.items() if k not in ("sha256", "format_version")}
     write_manifest(target, {**data, "files": {"ir_xml": "model.xml", "ir_bin": "model.bin"}})
     return target
@@ -48,8 +62,13 @@ def test_parity_meets_the_gate(detector_export):
     report = json.loads((detector_export / "parity.json").read_text())
     assert report["passed"], report["failures"]
     rows = report["runtimes"]
-    assert set(rows) == {"torch", "onnxruntime", "openvino_fp32ir_f32", "openvino_fp16ir_f32",
-                         "openvino_fp16ir_default"}
+    assert set(rows) == {
+        "torch",
+        "onnxruntime",
+        "openvino_fp32ir_f32",
+        "openvino_fp16ir_f32",
+        "openvino_fp16ir_default",
+    }
     torch_dets = rows["torch"]["detections"]["detections"]
     assert torch_dets == 3 * 50, "the biased random weights must fill the 50 output rows of each parity image"
     for runtime in F32_RUNTIMES:
@@ -59,7 +78,7 @@ def test_parity_meets_the_gate(detector_export):
         assert det["box_max_rel"] <= 1e-3 and det["score_max_abs"] <= 1e-3, runtime
     fp16 = rows["openvino_fp16ir_f32"]["detections"]
     assert fp16["matched_fraction"] >= 0.9 and fp16["box_iou_median"] >= 0.95
-    assert rows["openvino_fp16ir_default"]["detections"]["detections"] > 0      # reported, not gated
+    assert rows["openvino_fp16ir_default"]["detections"]["detections"] > 0  # reported, not gated
     transform = report["torchvision_transform"]
     assert transform["reproduced_fraction"] == 1.0 and transform["box_max_rel"] <= 1e-3
 
@@ -80,8 +99,9 @@ def test_onnxruntime_and_openvino_f32_match_torch_on_new_images(detector_export,
             boxes, scores, labels = (v[0].numpy() for v in network(torch.from_numpy(x)))
         assert (scores > 0).sum() > 0
         for name, (o_boxes, o_scores, o_labels) in {
-                "onnxruntime": [o[0] for o in session.run(["boxes", "scores", "labels"], {"image": x})],
-                "openvino": [openvino.infer_one(x[0])[k] for k in ("boxes", "scores", "labels")]}.items():
+            "onnxruntime": [o[0] for o in session.run(["boxes", "scores", "labels"], {"image": x})],
+            "openvino": [openvino.infer_one(x[0])[k] for k in ("boxes", "scores", "labels")],
+        }.items():
             np.testing.assert_array_equal(o_labels, labels, err_msg=name)
             np.testing.assert_allclose(o_boxes, boxes, rtol=1e-3, atol=1e-3, err_msg=name)
             np.testing.assert_allclose(o_scores, scores, atol=1e-4, err_msg=name)
@@ -109,8 +129,7 @@ def test_export_directory_is_a_complete_contract(detector_export):
     assert {o.name: shape(o) for o in graph.output} == {"boxes": [1, 50, 4], "scores": [1, 50], "labels": [1, 50]}
 
 
-def test_exported_model_in_the_job_path_equals_torchvision_on_original_images(detector_export, road_images,
-                                                                               tmp_path):
+def test_exported_model_in_the_job_path_equals_torchvision_on_original_images(detector_export, road_images, tmp_path):
     """Decode -> our preprocessing -> IR -> DetectorInference (boxes in original pixels) against the torch
     model's own torchvision path (GeneralizedRCNNTransform resize + normalize, boxes scaled back)."""
     from pipelines.ops.image_decode import decode_image
@@ -118,8 +137,14 @@ def test_exported_model_in_the_job_path_equals_torchvision_on_original_images(de
 
     model = torch_model()
     paths = sorted(road_images.iterdir())
-    rows = infer_files(fp32_copy(detector_export, tmp_path / "fp32"), [str(p) for p in paths], str(tmp_path),
-                       str(road_images), RuntimeSettings(precision="f32"), family="detector")
+    rows = infer_files(
+        fp32_copy(detector_export, tmp_path / "fp32"),
+        [str(p) for p in paths],
+        str(tmp_path),
+        str(road_images),
+        RuntimeSettings(precision="f32"),
+        family="detector",
+    )
     total = 0
     for path, row in zip(paths, rows):
         assert row["status"] == "ok", row
@@ -127,13 +152,15 @@ def test_exported_model_in_the_job_path_equals_torchvision_on_original_images(de
         with torch.no_grad():
             result = model([torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0])[0]
         expected = valid_detections({k: v.numpy() for k, v in result.items()}, 0.05)
-        got = Detections(boxes=np.float32([i["box"] for i in row["instances"]]).reshape(-1, 4),
-                         coeffs=np.zeros((len(row["instances"]), 0)),
-                         classes=np.int64([i["class_id"] + 1 for i in row["instances"]]),
-                         scores=np.float32([i["score"] for i in row["instances"]]))
+        got = Detections(
+            boxes=np.float32([i["box"] for i in row["instances"]]).reshape(-1, 4),
+            coeffs=np.zeros((len(row["instances"]), 0)),
+            classes=np.int64([i["class_id"] + 1 for i in row["instances"]]),
+            scores=np.float32([i["score"] for i in row["instances"]]),
+        )
         agreement = detection_agreement([expected], [got])
         assert agreement["matched_fraction"] == 1.0, (path.name, agreement)
-        assert agreement["box_max_abs"] <= 1.0 + 1e-3      # int pixels: truncated toward zero
+        assert agreement["box_max_abs"] <= 1.0 + 1e-3  # int pixels: truncated toward zero
         assert agreement["score_max_abs"] <= 1e-3
         assert all(i["mask"] is None for i in row["instances"]) and row["mask_path"] is None
         total += len(row["instances"])
@@ -162,8 +189,7 @@ def test_checkpoint_loads_into_its_config_and_a_mismatch_names_the_keys(tmp_path
     with pytest.raises(CheckpointError, match=r"missing 8: backbone.fpn.*--config"):
         load_detector_checkpoint(FactorNetDetector(get_detector_config("factornet_small_fpn")), path)
     with pytest.raises(CheckpointError, match="shape differs.*cls_score"):
-        load_detector_checkpoint(FactorNetDetector(get_detector_config("factornet_small", class_names=("a",))),
-                                 path)
+        load_detector_checkpoint(FactorNetDetector(get_detector_config("factornet_small", class_names=("a",))), path)
 
 
 def test_broken_parity_fails_the_export_without_a_manifest(tmp_path, capsys):

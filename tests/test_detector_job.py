@@ -1,5 +1,6 @@
 """The detection job (`inference_job.run(..., family="detector")` and jobs/infer_detector.py) on a real local
 SparkSession, with a random-init FactorNet Faster R-CNN export and synthetic road images."""
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,12 @@ import pytest
 from pipelines.inference.detector_inference import detector_instances
 from pipelines.inference.image_sources import InputError
 from pipelines.inference.inference_job import run
-from pipelines.job_config import load_config
 from pipelines.inference.single_process import infer_files
+from pipelines.job_config import load_config
 from tests.bad_inputs import build_bad_input_corpus
-from tests.job_helpers import JOB_RUNTIME, job_config, read_rows
 from tests.conftest import REPO, SAMPLES
 from tests.fixtures_detector import detector_export, road_images  # noqa: F401
+from tests.job_helpers import JOB_RUNTIME, job_config, read_rows
 
 
 def test_detector_instances_drop_padding_and_scale_to_the_original_image():
@@ -29,7 +30,9 @@ def test_detector_instances_drop_padding_and_scale_to_the_original_image():
     labels = np.int64([2, 4, 1, 0])
     instances = detector_instances(boxes, scores, labels, (320, 320), 640, 480, 0.05, ("pothole", "crack"))
     assert [(i["class_id"], i["class_name"], i["box"], i["mask"]) for i in instances] == [
-        (1, "crack", [320, 180, 640, 360], None), (3, "3", [0, 0, 64, 24], None)]
+        (1, "crack", [320, 180, 640, 360], None),
+        (3, "3", [0, 0, 64, 24], None),
+    ]
     assert [i["score"] for i in instances] == pytest.approx([0.9, 0.5])
     assert detector_instances(boxes, scores, labels, (320, 320), 640, 480, 0.95, ("a",)) == []
 
@@ -40,9 +43,12 @@ def test_spark_job_equals_single_process_run(spark, detector_export, road_images
     paths = sorted(road_images.iterdir())
     assert summary["counts"]["inputs"] == summary["counts"]["done"] == len(paths)
     assert summary["counts"]["failed"] == 0 and "RANDOM WEIGHTS" in summary["model"]["note"]
-    reference = {row["path"]: row for row in infer_files(detector_export, [str(p) for p in paths], str(output),
-                                                          str(road_images), JOB_RUNTIME,
-                                                          family="detector")}
+    reference = {
+        row["path"]: row
+        for row in infer_files(
+            detector_export, [str(p) for p in paths], str(output), str(road_images), JOB_RUNTIME, family="detector"
+        )
+    }
     rows = read_rows(spark, output, "detections")
     assert {row.path for row in rows} == set(reference)
     total = 0
@@ -52,8 +58,9 @@ def test_spark_job_equals_single_process_run(spark, detector_export, road_images
         assert (row.width, row.height) == (ref["width"], ref["height"])
         assert [i.class_id for i in row.instances] == [i["class_id"] for i in ref["instances"]]
         assert [i.class_name for i in row.instances] == [i["class_name"] for i in ref["instances"]]
-        np.testing.assert_array_equal([i.score for i in row.instances],
-                                      np.float32([i["score"] for i in ref["instances"]]))
+        np.testing.assert_array_equal(
+            [i.score for i in row.instances], np.float32([i["score"] for i in ref["instances"]])
+        )
         assert [list(i.box) for i in row.instances] == [i["box"] for i in ref["instances"]]
         for inst in row.instances:
             x1, y1, x2, y2 = inst.box
@@ -105,9 +112,26 @@ def test_job_script_end_to_end(detector_export, road_images, tmp_path):
     output = tmp_path / "out"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     done = subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "infer_detector.py"), "--model", str(detector_export), "--input",
-         str(road_images), "--output", str(output), "--master", "local[1]", "--precision", "f32"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+        [
+            sys.executable,
+            str(REPO / "jobs" / "infer_detector.py"),
+            "--model",
+            str(detector_export),
+            "--input",
+            str(road_images),
+            "--output",
+            str(output),
+            "--master",
+            "local[1]",
+            "--precision",
+            "f32",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     count = len(list(road_images.iterdir()))
     assert f"done {count}, failed 0" in done.stdout

@@ -1,12 +1,18 @@
 """The FactorNet Faster R-CNN definition: configs, backbone shapes, and a training step on Pascal VOC data."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from model_export.models.factornet_detector import (DETECTOR_CONFIGS, FactorBlock, FactorNetBackbone,
-                                                    FactorNetDetector, get_detector_config)
+from model_export.models.factornet_detector import (
+    DETECTOR_CONFIGS,
+    FactorBlock,
+    FactorNetBackbone,
+    FactorNetDetector,
+    get_detector_config,
+)
 
 
 def test_configs_validate_with_clear_errors():
@@ -34,12 +40,15 @@ def test_factornet_shapes_and_sub_factors():
     x = torch.zeros(1, 3, 320, 320)
     plain = FactorNetBackbone(get_detector_config("factornet_small")).eval()
     features = plain(x)
-    assert list(features) == ["0"] and features["0"].shape == (1, 64, 20, 20)   # last stage, stride 16
+    assert list(features) == ["0"] and features["0"].shape == (1, 64, 20, 20)  # last stage, stride 16
     assert plain.out_channels == 64
     fpn = FactorNetBackbone(get_detector_config("factornet_small_fpn")).eval()
     features = fpn(x)
     assert {name: tuple(f.shape) for name, f in features.items()} == {
-        "0": (1, 32, 40, 40), "1": (1, 32, 20, 20), "pool": (1, 32, 10, 10)}
+        "0": (1, 32, 40, 40),
+        "1": (1, 32, 20, 20),
+        "pool": (1, 32, 10, 10),
+    }
     assert fpn.feature_names == ["0", "1"]
 
 
@@ -63,8 +72,12 @@ def test_one_training_step_on_voc_annotations(tmp_path):
     for record in dataset.images:
         rgb = decode_image((tmp_path / "images" / record.file_name).read_bytes(), record.file_name)
         images.append(torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0)
-        targets.append({"boxes": torch.tensor([a.box for a in record.annotations], dtype=torch.float32),
-                        "labels": torch.tensor([a.category_id for a in record.annotations], dtype=torch.int64)})
+        targets.append(
+            {
+                "boxes": torch.tensor([a.box for a in record.annotations], dtype=torch.float32),
+                "labels": torch.tensor([a.category_id for a in record.annotations], dtype=torch.int64),
+            }
+        )
     assert all(len(t["labels"]) for t in targets)
     torch.manual_seed(0)
     model = FactorNetDetector(cfg).train()

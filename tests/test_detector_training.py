@@ -1,6 +1,7 @@
 """jobs/train_detector.py on tiny synthetic roads (real local Spark, TorchDistributor, CPU): a local run trains,
 checkpoints and evaluates box AP with pycocotools; a ddp run killed after its first checkpoint resumes and
 reproduces the local run's losses (same global batch = the same training); other strategies are refused."""
+
 from __future__ import annotations
 
 import json
@@ -25,12 +26,26 @@ def settings(data: Path, prepared: Path, run_dir: Path) -> dict:
     """128x128 input, global batch 4 in micro-batches of 2 (11 train images: 2 steps an epoch), 1 thread a rank,
     STEPS steps, box AP at the end."""
     return {
-        "run_dir": str(run_dir), "distributed.use_gpu": False, "data.images": str(data / "images"),
-        "data.annotations": str(data / "annotations.json"), "data.prepared": str(prepared), "data.num_shards": 2,
-        "data.val_fraction": 0.25, "model.input_size": [128, 128], "distributed.threads_per_process": 1,
-        "train.epochs": 5, "train.max_steps": STEPS, "train.global_batch": 4, "train.micro_batch": 2,
-        "train.warmup_steps": 2, "train.lr_milestones": [0.5], "checkpoint.every_steps": EVERY,
-        "eval.every_epochs": 3, "tracking.mlflow_uri": str(run_dir / "mlruns"), "tracking.progress_bar": False, "tracking.plots": False,
+        "run_dir": str(run_dir),
+        "distributed.use_gpu": False,
+        "data.images": str(data / "images"),
+        "data.annotations": str(data / "annotations.json"),
+        "data.prepared": str(prepared),
+        "data.num_shards": 2,
+        "data.val_fraction": 0.25,
+        "model.input_size": [128, 128],
+        "distributed.threads_per_process": 1,
+        "train.epochs": 5,
+        "train.max_steps": STEPS,
+        "train.global_batch": 4,
+        "train.micro_batch": 2,
+        "train.warmup_steps": 2,
+        "train.lr_milestones": [0.5],
+        "checkpoint.every_steps": EVERY,
+        "eval.every_epochs": 3,
+        "tracking.mlflow_uri": str(run_dir / "mlruns"),
+        "tracking.progress_bar": False,
+        "tracking.plots": False,
     }
 
 
@@ -48,8 +63,9 @@ def local_run(spark, tiny_roads, tiny_prepared, tmp_path_factory):  # noqa: F811
     cfg = load_detector_train_config(None, settings(tiny_roads, tiny_prepared, root / "local"))
     inherited = {name: os.environ.get(name) for name in ("PYTHONPATH", "OMP_WAIT_POLICY")}
     summary = run_detector_training(spark, cfg)
-    assert {name: os.environ.get(name) for name in inherited} == inherited, \
+    assert {name: os.environ.get(name) for name in inherited} == inherited, (
         "the launch must give the driver's environment back as it found it (later subprocesses inherit it)"
+    )
     return root, tiny_prepared, summary
 
 
@@ -77,24 +93,35 @@ def job_command(data: Path, prepared: Path, run_dir: Path, *extra: str) -> list[
     return command
 
 
-def test_killed_ddp_run_resumes_and_reproduces_the_local_losses(spark, local_run, tiny_roads, tmp_path,  # noqa: F811
-                                                               capfd):
+def test_killed_ddp_run_resumes_and_reproduces_the_local_losses(
+    spark,
+    local_run,
+    tiny_roads,
+    tmp_path,  # noqa: F811
+    capfd,
+):
     from pipelines.training.detector_launcher import run_detector_training
 
     root, prepared, _ = local_run
     killed = tmp_path / "ddp"
     command = job_command(tiny_roads, prepared, killed, "--strategy", "ddp", "--num-processes", "2")
-    assert run_job(command, tmp_path / "killed.log", killed) == -signal.SIGKILL   # at its first checkpoint
+    assert run_job(command, tmp_path / "killed.log", killed) == -signal.SIGKILL  # at its first checkpoint
     # the same run again (in this test session's Spark, no second JVM): it continues from the newest checkpoint
-    again = {**settings(tiny_roads, prepared, killed), "tracking.mlflow_uri": "", "tracking.plots": False,
-             "distributed.strategy": "ddp", "distributed.num_processes": 2}
+    again = {
+        **settings(tiny_roads, prepared, killed),
+        "tracking.mlflow_uri": "",
+        "tracking.plots": False,
+        "distributed.strategy": "ddp",
+        "distributed.num_processes": 2,
+    }
     summary = run_detector_training(spark, load_detector_train_config(None, again))
     assert summary["world"] == 2 and summary["state"]["step"] == STEPS
     assert "resumed from" in capfd.readouterr().out
     expected, got = step_losses(root / "local"), step_losses(killed)
     assert sorted(got) == sorted(expected)
-    np.testing.assert_allclose([got[s] for s in sorted(got)], [expected[s] for s in sorted(expected)],
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        [got[s] for s in sorted(got)], [expected[s] for s in sorted(expected)], rtol=1e-4, atol=1e-5
+    )
 
 
 def test_pipeline_and_hybrid_strategies_are_refused_with_a_usage_error(capsys):
@@ -122,12 +149,13 @@ def test_detector_inputs_are_seeded_scaled_and_bad_files_named(tiny_roads):  # n
     for target, row in zip(plain.targets, (rows[0], rows[1])):
         boxes = np.float32(row["boxes"]).reshape(-1, 4) * np.float32([128 / 96, 64 / 72, 128 / 96, 64 / 72])
         np.testing.assert_allclose(target["boxes"].numpy(), boxes, rtol=1e-6)
-        assert target["labels"].tolist() == [label + 1 for label in row["labels"]]    # 0 is the background
+        assert target["labels"].tolist() == [label + 1 for label in row["labels"]]  # 0 is the background
     assert tuple(plain.images[0].shape) == (3, 64, 128) and 0.0 <= float(plain.images[0].min()) <= 1.0
     augment = DetectorAugmentSection(expand=True, sample_crop=True).as_augment_config()
     first, again = (make_detector_batch(rows, [0, 1], (64, 64), augment, 3, 1) for _ in range(2))
-    for a, b in zip(first.images + [t["boxes"] for t in first.targets],
-                    again.images + [t["boxes"] for t in again.targets]):
+    for a, b in zip(
+        first.images + [t["boxes"] for t in first.targets], again.images + [t["boxes"] for t in again.targets]
+    ):
         assert np.array_equal(a.numpy(), b.numpy())
     missing = [i for i, row in enumerate(index.rows) if row["file_name"] == "missing_road.jpg"]
     with pytest.raises(UsageError, match="missing_road.jpg: listed in the annotations but cannot be read"):

@@ -2,6 +2,7 @@
 not cover: the keys it gives always equal those of every table file, however the index was left (levels merged,
 table files deleted by hand, a rewrite killed before index.json named it), and the files a run opens for them do
 not grow with the number of earlier runs."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -25,18 +26,26 @@ class History:
 
     def __init__(self, spark, output: Location):
         self.output, self.files = output, 0
-        self.schemas = {name: arrow_schema_of(table_schema(spark, (output / name).uri))
-                        for name in ("detections", "errors")}
+        self.schemas = {
+            name: arrow_schema_of(table_schema(spark, (output / name).uri)) for name in ("detections", "errors")
+        }
 
     def add_files(self, count: int, rows_per_file: int, table: str = "detections") -> None:
         for _ in range(count):
             number, self.files = self.files, self.files + 1
-            rows = [{"path": f"file:/in/{number:05d}-{row}.jpg", "size": 1000 + row,
-                     "modification_time": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(hours=row),
-                     "model_sha256": "model-a" if row % 3 else "model-b", "run_id": f"run-{number:05d}",
-                     "segment_start": 30 * row if row % 4 == 1 else None,
-                     "segment_end": 30 * row + 30 if row % 4 == 1 else None} for row in range(rows_per_file)]
-            if table == "errors":   # final failures and retried ones (read, model, write: not done)
+            rows = [
+                {
+                    "path": f"file:/in/{number:05d}-{row}.jpg",
+                    "size": 1000 + row,
+                    "modification_time": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(hours=row),
+                    "model_sha256": "model-a" if row % 3 else "model-b",
+                    "run_id": f"run-{number:05d}",
+                    "segment_start": 30 * row if row % 4 == 1 else None,
+                    "segment_end": 30 * row + 30 if row % 4 == 1 else None,
+                }
+                for row in range(rows_per_file)
+            ]
+            if table == "errors":  # final failures and retried ones (read, model, write: not done)
                 for row in rows:
                     row["stage"] = ("decode", "read", "postprocess", "model", "write")[row["size"] % 5]
             buffer = io.BytesIO()
@@ -76,12 +85,14 @@ def test_done_keys_from_the_index_equal_every_table_files_and_open_few_files(spa
     history = History(spark, output)
     history.add_files(100, 10)
     history.add_files(3, 4, table="errors")
-    assert update_after_run(spark, output) == "base"   # no index yet: everything into base
-    steps = [(lambda: None, None),                     # nothing new: nothing rewritten
-             (lambda: history.add_files(COMPACT_AFTER_FILES, 1), None),        # up to the bound: read as they are
-             (lambda: history.add_files(1, 1, table="errors"), "recent"),       # past it: merged into recent
-             (lambda: history.add_files(COMPACT_AFTER_FILES + 1, 1), "recent"),  # recent again, into its other slot
-             (lambda: history.add_files(COMPACT_AFTER_FILES + 1, 3), "base")]   # recent > base / 8: all into base
+    assert update_after_run(spark, output) == "base"  # no index yet: everything into base
+    steps = [
+        (lambda: None, None),  # nothing new: nothing rewritten
+        (lambda: history.add_files(COMPACT_AFTER_FILES, 1), None),  # up to the bound: read as they are
+        (lambda: history.add_files(1, 1, table="errors"), "recent"),  # past it: merged into recent
+        (lambda: history.add_files(COMPACT_AFTER_FILES + 1, 1), "recent"),  # recent again, into its other slot
+        (lambda: history.add_files(COMPACT_AFTER_FILES + 1, 3), "base"),
+    ]  # recent > base / 8: all into base
     for number, (change, rewritten) in enumerate(steps):
         change()
         assert update_after_run(spark, output) == rewritten, number
@@ -119,8 +130,9 @@ def test_deleted_table_files_or_a_killed_rewrite_leave_the_keys_those_of_the_tab
 def test_the_index_of_a_blob_output(spark, azurite):
     from pipelines.io.azure_storage import AzureCredentials
 
-    output = Location(f"az://{azurite.create_container()}/out",
-                      AzureCredentials(connection_string=azurite.connection_string))
+    output = Location(
+        f"az://{azurite.create_container()}/out", AzureCredentials(connection_string=azurite.connection_string)
+    )
     history = History(spark, output)
     history.add_files(COMPACT_AFTER_FILES + 1, 4)
     history.add_files(1, 4, table="errors")

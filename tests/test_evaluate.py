@@ -1,6 +1,7 @@
 """python -m pipelines.results.evaluate: COCO AP of what the job wrote, torch-free, the same numbers as the in-process
 evaluation tests/test_training_default_model.py gates on (one implementation); per-class counts above 0.5 match the
 generator's ground truth within the bundled model's known recall."""
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,13 @@ from tests.conftest import REPO
 from tests.fixtures_evaluation import ROAD_GROUPS
 
 # Run the CLI in a fresh interpreter and prove inference users need neither torch nor Spark to evaluate.
-CLI = ("import runpy, sys; sys.argv = ['pipelines.results.evaluate'] + sys.argv[1:]\n"
-       "try:\n    runpy.run_module('pipelines.results.evaluate', run_name='__main__')\n"
-       "except SystemExit as done:\n    code = done.code\n"
-       "heavy = sorted(m for m in ('torch', 'pyspark') if m in sys.modules)\n"
-       "assert not heavy, f'pipelines.results.evaluate imported {heavy}'\nsys.exit(code)\n")
+CLI = (
+    "import runpy, sys; sys.argv = ['pipelines.results.evaluate'] + sys.argv[1:]\n"
+    "try:\n    runpy.run_module('pipelines.results.evaluate', run_name='__main__')\n"
+    "except SystemExit as done:\n    code = done.code\n"
+    "heavy = sorted(m for m in ('torch', 'pyspark') if m in sys.modules)\n"
+    "assert not heavy, f'pipelines.results.evaluate imported {heavy}'\nsys.exit(code)\n"
+)
 
 
 def copy_output(src, dst):
@@ -30,14 +33,18 @@ def copy_output(src, dst):
 def test_evaluate_cli_reproduces_the_training_test_ap_without_torch(bundled_val_run, tmp_path):
     out = copy_output(bundled_val_run.output, tmp_path / "out")
     groups = [f"--group={name}={','.join(names)}" for name, names in ROAD_GROUPS.items()]
-    done = subprocess.run([sys.executable, "-c", CLI, "--output", str(out), "--annotations",
-                           str(bundled_val_run.annotations), *groups], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", CLI, "--output", str(out), "--annotations", str(bundled_val_run.annotations), *groups],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert f"-> {out / 'evaluation.json'}" in done.stdout
     written = json.loads((out / "evaluation.json").read_text())
     in_process = evaluate_output(bundled_val_run.output, bundled_val_run.annotations, groups=ROAD_GROUPS)
-    assert written["overall"] == in_process["overall"]          # exactly: one implementation
+    assert written["overall"] == in_process["overall"]  # exactly: one implementation
     assert written["per_class"] == in_process["per_class"]
     assert written["overall"]["mask_ap_blobs"] >= 0.5
     assert set(written["overall"]) >= {"box_ap", "box_ap50", "mask_ap", "mask_ap_blobs", "mask_ap_crack"}
@@ -68,8 +75,13 @@ def test_annotations_that_are_not_json_are_one_line_exit_2(bundled_val_run, tmp_
     (tmp_path / "cut.json").write_text('{"images": [{"id": 1,')
     (tmp_path / "binary.json").write_bytes(bytes(range(200, 256)))
     for name, problem in (("cut.json", "malformed JSON at line 1, column 22"), ("binary.json", "not UTF-8 text")):
-        done = subprocess.run([sys.executable, "-c", CLI, "--output", str(bundled_val_run.output), "--annotations",
-                               str(tmp_path / name)], cwd=REPO, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-c", CLI, "--output", str(bundled_val_run.output), "--annotations", str(tmp_path / name)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / name}: {problem}"), done.stderr
@@ -92,11 +104,26 @@ def test_a_labelled_sample_in_a_large_output_gives_its_own_ap_holding_its_rows_o
     model = pq.read_table(first, columns=["model_name", "model_sha256", "run_id"]).to_pylist()[0]
     rng = np.random.default_rng(5)
     n, per_image = 4000, 30
-    instances = [[{"class_id": 1, "class_name": "pothole", "score": float(score), "box": [0, 0, 8, 8],
-                   "mask": {"size": [480, 640], "counts": "x" * 120}} for score in rng.random(per_image)]
-                 for _ in range(n)]
-    extra = {"path": [f"file:/elsewhere/unlabelled_{i:05d}.jpg" for i in range(n)], "width": [640] * n,
-             "height": [480] * n, "instances": instances, **{key: [value] * n for key, value in model.items()}}
+    instances = [
+        [
+            {
+                "class_id": 1,
+                "class_name": "pothole",
+                "score": float(score),
+                "box": [0, 0, 8, 8],
+                "mask": {"size": [480, 640], "counts": "x" * 120},
+            }
+            for score in rng.random(per_image)
+        ]
+        for _ in range(n)
+    ]
+    extra = {
+        "path": [f"file:/elsewhere/unlabelled_{i:05d}.jpg" for i in range(n)],
+        "width": [640] * n,
+        "height": [480] * n,
+        "instances": instances,
+        **{key: [value] * n for key, value in model.items()},
+    }
     columns = {field.name: pa.array(extra.get(field.name, [None] * n), field.type) for field in schema}
     pq.write_table(pa.table(columns, schema=schema), out / "detections" / "part-unlabelled.parquet")
 

@@ -1,4 +1,5 @@
 """The per-worker model cache: one load per key while it is in use, bounded by CAPACITY (least recently used out)."""
+
 from __future__ import annotations
 
 from pipelines.inference import executor_cache
@@ -16,12 +17,12 @@ def test_each_key_loads_once_and_the_least_recently_used_is_evicted():
         assert model(names[0])() == "model m0" and model(names[0])() == "model m0"
         for name in names[1:CAPACITY]:
             model(name)()
-        model(names[0])()                     # m0 is now the most recently used
-        model(names[CAPACITY])()              # evicts the least recently used: m1 (or nothing else)
+        model(names[0])()  # m0 is now the most recently used
+        model(names[CAPACITY])()  # evicts the least recently used: m1 (or nothing else)
         cached = [key[1] for key in loaded_keys() if key[0] == "test-cache"]
         assert len(cached) == CAPACITY and names[0] in cached and names[CAPACITY] in cached
-        assert loads == names                 # every model loaded exactly once so far
-        model(names[1])()                     # evicted earlier: loaded again
+        assert loads == names  # every model loaded exactly once so far
+        model(names[1])()  # evicted earlier: loaded again
         assert loads == names + [names[1]]
     finally:
         with executor_cache._LOCK:

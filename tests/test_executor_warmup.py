@@ -1,5 +1,6 @@
 """The executors' warm-up (pipelines.inference.executor_warmup): the model it loads is in the cache of the Python
 workers that the next tasks run in, and the job runs it, in a job group of its own, beside its planning."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -27,10 +28,16 @@ def test_the_next_tasks_find_the_model_the_warm_up_loaded(spark, tmp_path):
     So these two jobs run with an environment variable of their own (captured when their functions are made), which
     gives them a pool of their own, empty when the warm-up starts."""
     manifest = load_manifest(DEFAULT_MODEL_DIR)
-    task = YolactInference(model_dir=str(manifest.root), model_sha256=manifest.model_sha256,
-                           class_names=tuple(manifest.class_names), input_spec=manifest.input,
-                           postprocess=manifest.postprocess, settings=JOB_RUNTIME, output=Location(str(tmp_path)),
-                           input_root=str(tmp_path))
+    task = YolactInference(
+        model_dir=str(manifest.root),
+        model_sha256=manifest.model_sha256,
+        class_names=tuple(manifest.class_names),
+        input_spec=manifest.input,
+        postprocess=manifest.postprocess,
+        settings=JOB_RUNTIME,
+        output=Location(str(tmp_path)),
+        input_root=str(tmp_path),
+    )
     cores = spark.sparkContext.defaultParallelism
     frame = spark.range(0, cores, numPartitions=cores)
     environment = spark.sparkContext.environment

@@ -1,4 +1,5 @@
 """The export stage end to end: PyTorch -> ONNX -> simplified ONNX -> OpenVINO FP16 IR, parity gate, manifest."""
+
 from __future__ import annotations
 
 import json
@@ -14,19 +15,25 @@ from pipelines.inference.model_manifest import load_manifest
 @pytest.fixture(scope="module")
 def r50_export(tmp_path_factory):
     out = tmp_path_factory.mktemp("yolact_resnet50")
-    code = export_main(["yolact", "--config", "yolact_resnet50", "--random-init", "--out", str(out),
-                        "--parity-count", "2"])
+    code = export_main(
+        ["yolact", "--config", "yolact_resnet50", "--random-init", "--out", str(out), "--parity-count", "2"]
+    )
     assert code == 0
     yield out
-    shutil.rmtree(out, ignore_errors=True)   # ~300 MB of checkpoint, ONNX and IRs
+    shutil.rmtree(out, ignore_errors=True)  # ~300 MB of checkpoint, ONNX and IRs
 
 
 def test_resnet50_parity_meets_the_gate(r50_export):
     report = json.loads((r50_export / "parity.json").read_text())
     assert report["passed"], report["failures"]
     rows = report["runtimes"]
-    assert set(rows) == {"torch", "onnxruntime", "openvino_fp32ir_f32", "openvino_fp16ir_f32",
-                         "openvino_fp16ir_default"}
+    assert set(rows) == {
+        "torch",
+        "onnxruntime",
+        "openvino_fp32ir_f32",
+        "openvino_fp16ir_f32",
+        "openvino_fp16ir_default",
+    }
     assert set(rows["torch"]["raw"]) == {"loc", "conf", "mask", "proto"}
     for output, diff in rows["onnxruntime"]["raw"].items():
         assert diff["max_abs"] <= 1e-4, output
@@ -39,7 +46,7 @@ def test_resnet50_parity_meets_the_gate(r50_export):
     f32 = rows["openvino_fp16ir_f32"]["detections"]
     assert f32["matched_fraction"] >= 0.95 and f32["mask_iou_median"] >= 0.99
     bf16 = rows["openvino_fp16ir_default"]["detections"]
-    assert bf16["detections"] > 0 and "matched_fraction" in bf16      # reported, not gated
+    assert bf16["detections"] > 0 and "matched_fraction" in bf16  # reported, not gated
 
 
 def test_export_directory_is_a_complete_contract(r50_export):
@@ -51,8 +58,13 @@ def test_export_directory_is_a_complete_contract(r50_export):
     assert data["input"]["mean"] == pytest.approx([123.68, 116.78, 103.94])
     assert data["input"]["std"] == pytest.approx([58.40, 57.12, 57.38])
     assert data["outputs"] == {"loc": "loc", "conf": "conf", "mask": "mask", "proto": "proto"}
-    assert data["postprocess"] == {"conf_thresh": 0.05, "nms_thresh": 0.5, "top_k": 200,
-                                   "max_num_detections": 100, "nms": "fast"}
+    assert data["postprocess"] == {
+        "conf_thresh": 0.05,
+        "nms_thresh": 0.5,
+        "top_k": 200,
+        "max_num_detections": 100,
+        "nms": "fast",
+    }
     assert data["priors"]["count"] == 19248
     assert set(data["files"]) >= {"onnx", "onnx_simplified", "ir_xml", "ir_bin", "priors"}
     assert set(data["sha256"]) == set(data["files"].values())
@@ -81,16 +93,27 @@ def test_weights_or_random_init_is_required(tmp_path, capsys):
 
 
 def test_broken_parity_fails_the_export_without_a_manifest(tmp_path, capsys):
-    code = export_main(["yolact", "--config", "yolact_r18_small", "--random-init", "--out", str(tmp_path),
-                        "--parity-count", "1", "--gate-ort-atol", "0"])
+    code = export_main(
+        [
+            "yolact",
+            "--config",
+            "yolact_r18_small",
+            "--random-init",
+            "--out",
+            str(tmp_path),
+            "--parity-count",
+            "1",
+            "--gate-ort-atol",
+            "0",
+        ]
+    )
     assert code == 3
     assert "parity gate failed" in capsys.readouterr().err
     assert not (tmp_path / "manifest.json").exists()
     assert json.loads((tmp_path / "parity.json").read_text())["passed"] is False
 
 
-def test_an_export_replaces_an_earlier_one_only_once_it_passes_and_never_a_directory_of_other_files(tmp_path,
-                                                                                                   capsys):
+def test_an_export_replaces_an_earlier_one_only_once_it_passes_and_never_a_directory_of_other_files(tmp_path, capsys):
     small = ["yolact", "--config", "yolact_r18_small", "--random-init", "--parity-count", "1"]
     photos = tmp_path / "photos"
     photos.mkdir()
@@ -117,8 +140,9 @@ def test_a_checkpoint_that_does_not_fit_exits_2_naming_the_file(tmp_path, capsys
 
     checkpoint = tmp_path / "other_model.pth"
     torch.save({"backbone.layers.0.0.conv1.weight": torch.zeros(3, 3, 1, 1)}, checkpoint)
-    code = export_main(["yolact", "--config", "yolact_r18_small", "--weights", str(checkpoint),
-                        "--out", str(tmp_path / "out")])
+    code = export_main(
+        ["yolact", "--config", "yolact_r18_small", "--weights", str(checkpoint), "--out", str(tmp_path / "out")]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "other_model.pth" in err
     assert not (tmp_path / "out" / "manifest.json").exists()
@@ -139,7 +163,7 @@ def test_a_sparkseg_checkpoint_is_exported_at_the_size_and_with_the_classes_it_w
     trained, official = tmp_path / "best.pt", tmp_path / "official.pth"
     torch.save({"model": state, "max_size": 128, "yolact_config": "yolact_r18_small"}, trained)
     torch.save(state, official)
-    fine_tuned = tmp_path / "fine_tuned.pt"   # trained on two classes of its own (model.class_names)
+    fine_tuned = tmp_path / "fine_tuned.pt"  # trained on two classes of its own (model.class_names)
     two_classes = Yolact(get_config("yolact_r18_small", class_names=("hole", "rut"))).state_dict()
     torch.save({"model": two_classes, "max_size": 352, "class_names": ["hole", "rut"]}, fine_tuned)
     parser = argparse.ArgumentParser()
@@ -156,5 +180,7 @@ def test_a_sparkseg_checkpoint_is_exported_at_the_size_and_with_the_classes_it_w
     assert exported_side("--weights", str(official)) == get_config("yolact_r18_small").max_size
     assert exported_side("--weights", str(trained), "--input-size", "256") == 256
     assert "best.pt was trained at 128 px; exporting at --input-size 256" in capsys.readouterr().err
-    assert (exported("--weights", str(fine_tuned)).class_names, exported("--weights", str(fine_tuned)).num_classes) \
-        == (("hole", "rut"), 3)
+    assert (exported("--weights", str(fine_tuned)).class_names, exported("--weights", str(fine_tuned)).num_classes) == (
+        ("hole", "rut"),
+        3,
+    )

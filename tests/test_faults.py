@@ -1,5 +1,6 @@
 """Faults: executors dying, the driver dying, poison images, too many errors. Every input ends up in detections/
 or errors/ exactly once, with no partial files."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-
 from types import SimpleNamespace
 
 import pytest
@@ -20,8 +20,8 @@ from pipelines.inference.inference_job import JobFailed, run
 from pipelines.io.run_lock import LOCK_NAME, LockSettings, RunLock
 from pipelines.io.storage import Location
 from pipelines.results.results_writer import read_table
-from pipelines.sweeps.standalone_cluster import ClusterConfig, StandaloneCluster
 from pipelines.sweeps.event_log import find_event_log, parse_event_log
+from pipelines.sweeps.standalone_cluster import ClusterConfig, StandaloneCluster
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import DEFAULT_MODEL_DIR as MODEL_DIR
 from tests.job_helpers import job_config, spark_submit_command
@@ -30,7 +30,7 @@ from tests.process_io import wait_until
 JOB = REPO / "jobs" / "infer_yolact.py"
 
 
-def CRASH_ON_DECODE(needle: str) -> dict:   # noqa: N802  (reads as a constant at the call site)
+def CRASH_ON_DECODE(needle: str) -> dict:  # noqa: N802  (reads as a constant at the call site)
     """The environment that makes every Python process of a job die in the image decoder for paths containing
     `needle` (tests/crash_on_decode/sitecustomize.py): a poison image without a hook in production code."""
     paths = [str(REPO / "tests" / "crash_on_decode"), os.environ.get("PYTHONPATH", "")]
@@ -50,8 +50,13 @@ def copies(directory: Path, count: int) -> list[str]:
     return names
 
 
-def start_job(*args: str, env: dict | None = None, log: Path | None = None, own_process_group: bool = False,
-              spark_submit: tuple[str, ...] | None = None) -> subprocess.Popen:
+def start_job(
+    *args: str,
+    env: dict | None = None,
+    log: Path | None = None,
+    own_process_group: bool = False,
+    spark_submit: tuple[str, ...] | None = None,
+) -> subprocess.Popen:
     """The job in a process of its own: `python jobs/infer_yolact.py`, or with spark_submit (its options) the venv's
     `spark-submit` (a JVM that starts the Python driver) with the venv's bin first on PATH, as activating it does."""
     job_command = [str(JOB), "--model", str(MODEL_DIR), "--precision", "f32", *args]
@@ -60,14 +65,21 @@ def start_job(*args: str, env: dict | None = None, log: Path | None = None, own_
     else:
         command, base_env = spark_submit_command(*spark_submit, *job_command)
     out = open(log, "wb") if log else subprocess.PIPE
-    return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**base_env, **(env or {})},
-                            start_new_session=own_process_group)
+    return subprocess.Popen(
+        command,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        env={**base_env, **(env or {})},
+        start_new_session=own_process_group,
+    )
 
 
 def wait_for_a_committed_wave(output: Path, job: subprocess.Popen) -> None:
     """Until the job (a process of its own) has committed its first wave to output/detections."""
-    wait_until(lambda: any((output / "detections").glob("part-*.parquet")), "the first committed wave", 600,
-               process=job)
+    wait_until(
+        lambda: any((output / "detections").glob("part-*.parquet")), "the first committed wave", 600, process=job
+    )
 
 
 def kill_after_a_committed_wave(output: Path, job: subprocess.Popen) -> None:
@@ -89,8 +101,11 @@ def assert_exactly_once(spark, output: Path, names: list[str]) -> tuple[list[str
     detections, errors = outputs(spark, output)
     recorded = [Path(p).name for p in detections] + [Path(e.path).name for e in errors]
     assert sorted(recorded) == sorted(names), "every input exactly once in detections/ or errors/"
-    leftovers = [p for p in output.rglob("*") if p.is_file() and (".tmp" in p.name or "_temporary" in str(p))
-                 and "_sparkseg_attempts" not in str(p)]
+    leftovers = [
+        p
+        for p in output.rglob("*")
+        if p.is_file() and (".tmp" in p.name or "_temporary" in str(p)) and "_sparkseg_attempts" not in str(p)
+    ]
     assert not leftovers, f"partial files visible: {leftovers[:5]}"
     return detections, errors
 
@@ -100,8 +115,17 @@ def test_poison_image_becomes_an_error_row_and_the_job_goes_on(spark, tmp_path):
     names = copies(images, 6)
     shutil.copy(SAMPLES / "images" / "chelsea.jpg", images / "poison.jpg")
     names.append("poison.jpg")
-    job = start_job("--input", str(images), "--output", str(tmp_path / "out"), "--partitions", "2",
-                    "--master", "local[2,4]", env=CRASH_ON_DECODE("/poison.jpg"))
+    job = start_job(
+        "--input",
+        str(images),
+        "--output",
+        str(tmp_path / "out"),
+        "--partitions",
+        "2",
+        "--master",
+        "local[2,4]",
+        env=CRASH_ON_DECODE("/poison.jpg"),
+    )
     log = job.communicate(timeout=900)[0].decode(errors="replace")
     assert job.returncode == 0, log[-3000:]
     _, errors = assert_exactly_once(spark, tmp_path / "out", names)
@@ -118,11 +142,11 @@ def test_the_images_in_flight_when_an_attempt_died_are_retried_one_group_each(tm
     records = [SimpleNamespace(path=name) for name in ("a", "b", "c", "d")]
     first = TaskCrashGuard(guard, directory, 0)
     assert crash_groups(records, first) == [records]
-    first.in_flight(["a", "b", "c"])                        # ... and the worker dies
+    first.in_flight(["a", "b", "c"])  # ... and the worker dies
     second = TaskCrashGuard(guard, directory, 1)
     assert [[r.path for r in group] for group in crash_groups(records, second)] == [["d"], ["a"], ["b"], ["c"]]
     second.in_flight(["d"])
-    second.in_flight(["b"])                                 # dies again, on b alone
+    second.in_flight(["b"])  # dies again, on b alone
     third = TaskCrashGuard(guard, directory, 2)
     with pytest.raises(PoisonImage, match="b: crashed its Python worker in 2 task attempts"):
         third.check("b")
@@ -141,10 +165,10 @@ def test_a_rerun_of_the_stage_counts_as_a_retry(tmp_path):
     directory = guard.scope / "p00003"
     first = TaskCrashGuard(guard, directory, 17)
     assert not first.retried and not first.crashes
-    first.in_flight(["a", "b"])                                  # the executor dies with it
-    again = TaskCrashGuard(guard, directory, 40)                 # attempt 1 of the first stage attempt ...
-    again.in_flight(["b"])                                       # ... dies too
-    rerun = TaskCrashGuard(guard, directory, 123)                # attempt 0 of the stage's second attempt
+    first.in_flight(["a", "b"])  # the executor dies with it
+    again = TaskCrashGuard(guard, directory, 40)  # attempt 1 of the first stage attempt ...
+    again.in_flight(["b"])  # ... dies too
+    rerun = TaskCrashGuard(guard, directory, 123)  # attempt 0 of the stage's second attempt
     assert rerun.retried and rerun.crashes == {"a": 1, "b": 2}
     rerun.in_flight(["a"])
     assert TaskCrashGuard(guard, directory, 1000).crashes == {"a": 2, "b": 2}
@@ -162,11 +186,20 @@ def test_a_retried_task_removes_the_temp_files_a_killed_attempt_left(spark, tmp_
     for path in stale:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"half a PNG")
-    job = start_job("--input", str(images), "--output", str(tmp_path / "out"), "--partitions", "1",
-                    "--master", "local[1,4]", env=CRASH_ON_DECODE("/poison.jpg"))
+    job = start_job(
+        "--input",
+        str(images),
+        "--output",
+        str(tmp_path / "out"),
+        "--partitions",
+        "1",
+        "--master",
+        "local[1,4]",
+        env=CRASH_ON_DECODE("/poison.jpg"),
+    )
     log = job.communicate(timeout=900)[0].decode(errors="replace")
     assert job.returncode == 0, log[-3000:]
-    assert_exactly_once(spark, tmp_path / "out", names + ["poison.jpg"])   # no temp file left
+    assert_exactly_once(spark, tmp_path / "out", names + ["poison.jpg"])  # no temp file left
     assert all(path.is_file() for path in label_maps)
 
 
@@ -212,8 +245,9 @@ def test_too_many_errors_fail_the_job_with_a_summary(spark, tmp_path):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with StandaloneCluster(ClusterConfig(workers=2, cores=1, memory="1g"),
-                           base_dir=tmp_path_factory.mktemp("fault-cluster")) as started:
+    with StandaloneCluster(
+        ClusterConfig(workers=2, cores=1, memory="1g"), base_dir=tmp_path_factory.mktemp("fault-cluster")
+    ) as started:
         yield started
 
 
@@ -226,17 +260,38 @@ def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
     config.write_text("run:\n  progress_interval_s: 1\n")
     events = tmp_path / "events"
     events.mkdir()
-    job = start_job("--config", str(config), "--input", str(images), "--output", str(tmp_path / "out"),
-                    "--partitions", "30", "--master", cluster.master_url, "--conf", "spark.eventLog.enabled=true",
-                    "--conf", f"spark.eventLog.dir={events.as_uri()}", "--conf", "spark.eventLog.compress=false",
-                    "--conf", "spark.eventLog.rolling.enabled=false", log=log)
+    job = start_job(
+        "--config",
+        str(config),
+        "--input",
+        str(images),
+        "--output",
+        str(tmp_path / "out"),
+        "--partitions",
+        "30",
+        "--master",
+        cluster.master_url,
+        "--conf",
+        "spark.eventLog.enabled=true",
+        "--conf",
+        f"spark.eventLog.dir={events.as_uri()}",
+        "--conf",
+        "spark.eventLog.compress=false",
+        "--conf",
+        "spark.eventLog.rolling.enabled=false",
+        log=log,
+    )
     try:
         # once tasks are finishing, kill a Worker JVM (its executor dies with it, with the task it was running:
         # 30 tasks of 4 images on 2 one-core executors, so both are busy until the last few; warm executors end a
         # task in ~0.5 s, and the kill comes up to ~1.5 s after the first (progress interval + polling): ~7 s of
         # tasks are left then)
-        wait_until(lambda: re.search(r"\[sparkseg\] [1-9]\d*/120", log.read_text(errors="replace")),
-                   "the first finished tasks", 600, process=job)
+        wait_until(
+            lambda: re.search(r"\[sparkseg\] [1-9]\d*/120", log.read_text(errors="replace")),
+            "the first finished tasks",
+            600,
+            process=job,
+        )
         cluster.kill_worker(0)
         assert job.wait(timeout=900) == 0, log.read_text(errors="replace")[-3000:]
     finally:
@@ -255,9 +310,16 @@ def stop_a_run_waiting_for_executors(cluster, tmp_path: Path, stop, exit_code: i
     spark-submit (start_job)."""
     log, lock = tmp_path / "job.log", tmp_path / "out" / LOCK_NAME
     settings = ("--master", cluster.master_url, "--conf", "spark.executor.memory=2g")
-    job = start_job("--input", str(tmp_path / "images"), "--output", str(tmp_path / "out"),
-                    *(() if spark_submit else settings), spark_submit=settings if spark_submit else None, log=log,
-                    own_process_group=True)
+    job = start_job(
+        "--input",
+        str(tmp_path / "images"),
+        "--output",
+        str(tmp_path / "out"),
+        *(() if spark_submit else settings),
+        spark_submit=settings if spark_submit else None,
+        log=log,
+        own_process_group=True,
+    )
     try:
         wait_until(lock.exists, "the output's lock", 300, process=job)
         stop(job)
@@ -295,11 +357,16 @@ def test_sigterm_to_the_process_group_stops_the_run_as_ctrl_c_does_with_exit_143
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("to_whom, signum, exit_code, line", [
-    ("jvm", signal.SIGTERM, 143, "error: terminated (SIGTERM): "),
-    ("group", signal.SIGINT, 130, "error: interrupted (Ctrl-C): ")])
+@pytest.mark.parametrize(
+    "to_whom, signum, exit_code, line",
+    [
+        ("jvm", signal.SIGTERM, 143, "error: terminated (SIGTERM): "),
+        ("group", signal.SIGINT, 130, "error: interrupted (Ctrl-C): "),
+    ],
+)
 def test_spark_submit_stops_the_run_cleanly_on_a_signal_to_its_jvm_alone_or_to_the_group(
-        cluster, tmp_path, to_whom, signum, exit_code, line):
+    cluster, tmp_path, to_whom, signum, exit_code, line
+):
     """Under spark-submit the driver JVM is the Python driver's parent. A SIGTERM to it alone (`kill <pid>`,
     Kubernetes through the driver pod's init process) or a Ctrl-C in its terminal (the process group) stops the run
     as with `python jobs/...`: its lines, no traceback, the exit code, the output's lock released (the helper)."""
@@ -317,16 +384,36 @@ def test_driver_killed_mid_job_resumes_without_duplicates_or_recomputation(spark
     output = tmp_path / "out"
     config = tmp_path / "waves.yaml"
     config.write_text("run:\n  commit_every: 6\n  progress_interval_s: 1\n")
-    job = start_job("--config", str(config), "--input", str(images), "--output", str(output), "--partitions", "2",
-                    "--master", "local[2,4]")
+    job = start_job(
+        "--config",
+        str(config),
+        "--input",
+        str(images),
+        "--output",
+        str(output),
+        "--partitions",
+        "2",
+        "--master",
+        "local[2,4]",
+    )
     try:
         kill_after_a_committed_wave(output, job)
     finally:
         job.kill()
     committed = len(outputs(spark, output)[0])
     assert 0 < committed < 24
-    rerun = start_job("--config", str(config), "--input", str(images), "--output", str(output), "--partitions", "2",
-                      "--master", "local[2,4]")
+    rerun = start_job(
+        "--config",
+        str(config),
+        "--input",
+        str(images),
+        "--output",
+        str(output),
+        "--partitions",
+        "2",
+        "--master",
+        "local[2,4]",
+    )
     log = rerun.communicate(timeout=900)[0].decode(errors="replace")
     assert rerun.returncode == 0, log[-3000:]
     assert f"skipped {committed} " in log, log[-2000:]
@@ -344,8 +431,18 @@ def test_a_run_whose_lock_is_broken_stops_before_its_next_wave_and_a_rerun_does_
     output = tmp_path / "out"
     config = tmp_path / "waves.yaml"
     config.write_text("run:\n  commit_every: 4\n")
-    args = ("--config", str(config), "--input", str(images), "--output", str(output), "--partitions", "2",
-            "--master", "local[2,4]")
+    args = (
+        "--config",
+        str(config),
+        "--input",
+        str(images),
+        "--output",
+        str(output),
+        "--partitions",
+        "2",
+        "--master",
+        "local[2,4]",
+    )
     job = start_job(*args)
     breaker = None
     try:

@@ -1,4 +1,5 @@
 """The driver's copy of Spark's hash partitioning (pipelines.spark.hash_partitioning) agrees with Spark's own."""
+
 import random
 
 from pyspark.sql import functions as F
@@ -8,8 +9,8 @@ from pipelines.spark.hash_partitioning import partition_keys, spark_hash_long
 
 def test_spark_hash_long_equals_spark_hash(spark):
     rng = random.Random(0)
-    values = [0, 1, -1, 42, 2**31 - 1, 2**31, -2**31, 2**32, 2**63 - 1, -2**63]
-    values += [rng.randrange(-2**63, 2**63) for _ in range(500)] + list(range(1000))
+    values = [0, 1, -1, 42, 2**31 - 1, 2**31, -(2**31), 2**32, 2**63 - 1, -(2**63)]
+    values += [rng.randrange(-(2**63), 2**63) for _ in range(500)] + list(range(1000))
     rows = spark.createDataFrame([(v,) for v in values], "v long").select("v", F.hash("v").alias("h")).collect()
     assert [row.h for row in rows] == [spark_hash_long(row.v) for row in rows]
 

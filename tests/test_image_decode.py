@@ -1,4 +1,5 @@
 """decode_image / image_size on the bad-input corpus and on every pixel mode we promise to handle."""
+
 from __future__ import annotations
 
 import io
@@ -8,10 +9,23 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from pipelines.ops.image_decode import (REASONS, ImageDecodeError, decode_image, decode_image_reduced, image_size,
-                                       reuse_decode_memory)
-from tests.bad_inputs import (CMYK_QUADRANTS, LARGE_NAME, PALETTE_COLORS, build_bad_input_corpus, exif_pattern,
-                              gray16_pattern, png_header_only)
+from pipelines.ops.image_decode import (
+    REASONS,
+    ImageDecodeError,
+    decode_image,
+    decode_image_reduced,
+    image_size,
+    reuse_decode_memory,
+)
+from tests.bad_inputs import (
+    CMYK_QUADRANTS,
+    LARGE_NAME,
+    PALETTE_COLORS,
+    build_bad_input_corpus,
+    exif_pattern,
+    gray16_pattern,
+    png_header_only,
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +103,7 @@ def test_exif_orientation_6_is_rotated_clockwise(corpus):
 
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_every_exif_orientation_gives_what_pillows_exif_transpose_shows(orientation):
-    pixels = np.random.default_rng(orientation).integers(0, 256, (24, 40, 3), dtype=np.uint8)   # not square
+    pixels = np.random.default_rng(orientation).integers(0, 256, (24, 40, 3), dtype=np.uint8)  # not square
     exif = Image.Exif()
     exif[0x0112] = orientation
     data = _encode(Image.fromarray(pixels), "JPEG", quality=95, exif=exif.tobytes())
@@ -208,8 +222,11 @@ def test_image_size_reads_the_header_only(corpus):
     assert image_size(png_header_only(12_000, 9_000)) == (12_000, 9_000)
     assert image_size((directory / "exif_orientation_6.jpg").read_bytes()) == (48, 32)  # as stored
     assert image_size((directory / LARGE_NAME).read_bytes()) == (8000, 8000)
-    for name, reason in [("empty.jpg", "empty"), ("text_named.png", "not_an_image"),
-                         ("bomb_header_30000x30000.png", "too_large")]:
+    for name, reason in [
+        ("empty.jpg", "empty"),
+        ("text_named.png", "not_an_image"),
+        ("bomb_header_30000x30000.png", "too_large"),
+    ]:
         with pytest.raises(ImageDecodeError) as caught:
             image_size((directory / name).read_bytes(), name)
         assert caught.value.reason == reason
@@ -244,7 +261,7 @@ def test_reduced_jpeg_decode_keeps_the_full_size_and_at_least_the_network_side(c
     rgb, size = decode_image_reduced(data, "exif.jpg", (8, 8))
     full = decode_image(data, "exif.jpg")
     assert size == (full.shape[1], full.shape[0]) == (32, 48)
-    assert rgb.shape[0] > rgb.shape[1]   # rotated too
+    assert rgb.shape[0] > rgb.shape[1]  # rotated too
     # other formats decode fully, identical to decode_image
     png = _encode(Image.fromarray(rng.integers(0, 255, (600, 800, 3), dtype=np.uint8)), "PNG")
     rgb, size = decode_image_reduced(png, "a.png", (256, 256))
@@ -300,14 +317,16 @@ def test_shared_memory_decode_of_a_rotated_or_held_image_keeps_its_pixels(corpus
     # arrays held by the caller are never decoded over; released ones are reused (the same memory comes back)
     rng = np.random.default_rng(2)
     images = [rng.integers(0, 256, (64 + 8 * i, 96, 3), dtype=np.uint8) for i in range(3)]
-    held = [decode_image(_encode(Image.fromarray(pixels), "PNG"), f"{i}.png", shared_memory=True)
-            for i, pixels in enumerate(images)]
+    held = [
+        decode_image(_encode(Image.fromarray(pixels), "PNG"), f"{i}.png", shared_memory=True)
+        for i, pixels in enumerate(images)
+    ]
     for rgbx, pixels in zip(held, images):
         np.testing.assert_array_equal(rgbx[:, :, :3], pixels)
     data = _encode(Image.fromarray(images[0]), "PNG")
     first = decode_image(data, "again.png", shared_memory=True).__array_interface__["data"][0]
     second = decode_image(data, "again.png", shared_memory=True).__array_interface__["data"][0]
-    if hasattr(Image, "fromarrow"):   # Pillow >= 11.2 decodes into the reused buffer; older ones: a copy each time
+    if hasattr(Image, "fromarrow"):  # Pillow >= 11.2 decodes into the reused buffer; older ones: a copy each time
         assert first == second
 
 

@@ -1,4 +1,5 @@
 """resize_bilinear against torch F.interpolate(bilinear, align_corners=False, antialias=False)."""
+
 import numpy as np
 import pytest
 import torch
@@ -15,16 +16,19 @@ def torch_resize(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return out[0].numpy() if x.ndim == 2 else out.permute(1, 2, 0).numpy()
 
 
-@pytest.mark.parametrize("in_shape, size", [
-    ((5, 7), (11, 13)),          # up, odd sizes
-    ((13, 17), (4, 6)),          # down
-    ((1, 1), (3, 5)),            # 1x1 input
-    ((1, 5), (3, 1)),            # one row in, one column out
-    ((6, 9, 3), (17, 5)),        # channels, up rows / down cols
-    ((138, 138, 2), (550, 333)),  # proto-like upsampling to a non-square image
-    ((97, 61, 3), (41, 29)),     # down, odd
-    ((8, 8), (8, 8)),            # identity
-])
+@pytest.mark.parametrize(
+    "in_shape, size",
+    [
+        ((5, 7), (11, 13)),  # up, odd sizes
+        ((13, 17), (4, 6)),  # down
+        ((1, 1), (3, 5)),  # 1x1 input
+        ((1, 5), (3, 1)),  # one row in, one column out
+        ((6, 9, 3), (17, 5)),  # channels, up rows / down cols
+        ((138, 138, 2), (550, 333)),  # proto-like upsampling to a non-square image
+        ((97, 61, 3), (41, 29)),  # down, odd
+        ((8, 8), (8, 8)),  # identity
+    ],
+)
 def test_resize_bilinear_matches_torch(in_shape, size):
     x = np.random.default_rng(0).random(in_shape, dtype=np.float32)
     got = resize_bilinear(x, size)
@@ -34,8 +38,9 @@ def test_resize_bilinear_matches_torch(in_shape, size):
 
 def test_resize_bilinear_uint8_input_reads_as_float32():
     x = np.random.default_rng(1).integers(0, 256, (31, 45, 3), dtype=np.uint8)
-    np.testing.assert_allclose(resize_bilinear(x, (55, 20)), torch_resize(x.astype(np.float32), (55, 20)),
-                               rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        resize_bilinear(x, (55, 20)), torch_resize(x.astype(np.float32), (55, 20)), rtol=1e-5, atol=1e-4
+    )
 
 
 def test_bilinear_axis_indices_and_weights_match_torch_sampling():
@@ -45,8 +50,7 @@ def test_bilinear_axis_indices_and_weights_match_torch_sampling():
     weights = np.zeros((out_size, in_size), dtype=np.float32)
     np.add.at(weights, (np.arange(out_size), i0), 1 - w1)
     np.add.at(weights, (np.arange(out_size), i1), w1)
-    np.testing.assert_allclose(weights, torch_resize(np.eye(in_size, dtype=np.float32), (out_size, in_size)),
-                               atol=1e-7)
+    np.testing.assert_allclose(weights, torch_resize(np.eye(in_size, dtype=np.float32), (out_size, in_size)), atol=1e-7)
     assert np.all(np.diff(i0) >= 0) and np.all(np.diff(i1) >= 0) and np.all((i1 - i0 >= 0) & (i1 - i0 <= 1))
     assert i1.max() == in_size - 1 and w1.dtype == np.float32
 
@@ -73,8 +77,15 @@ def test_channels_are_resized_as_separate_planes():
         np.testing.assert_array_equal(together[..., c], resize_bilinear(np.ascontiguousarray(x[..., c]), (40, 9)))
 
 
-@pytest.mark.parametrize("x, size", [(np.zeros((2, 2, 2, 2)), (3, 3)), (np.zeros((0, 4)), (3, 3)),
-                                     (np.zeros((4, 4)), (0, 3)), (np.zeros((4, 4)), (3,))])
+@pytest.mark.parametrize(
+    "x, size",
+    [
+        (np.zeros((2, 2, 2, 2)), (3, 3)),
+        (np.zeros((0, 4)), (3, 3)),
+        (np.zeros((4, 4)), (0, 3)),
+        (np.zeros((4, 4)), (3,)),
+    ],
+)
 def test_resize_bilinear_rejects_bad_input(x, size):
     with pytest.raises(ValueError, match="resize_bilinear"):
         resize_bilinear(x, size)

@@ -1,5 +1,6 @@
 """The package's import structure: no import cycle among the project's modules (function-level imports included),
 and the routing of a URI to a store decided in one function."""
+
 from __future__ import annotations
 
 import ast
@@ -28,7 +29,7 @@ def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parent + ([node.module] if node.module else []))
             for alias in node.names:
                 if f"{base}.{alias.name}" in modules:
@@ -99,15 +100,23 @@ def test_uris_is_the_bottom_layer():
 
 def test_azure_sdk_routing_is_spelled_once():
     """The rule "az:// and abfs:// go through the Azure SDK" lives in pipelines.io.uris.store_of alone."""
-    spelled = [path.relative_to(REPO).as_posix() for path in project_modules().values()
-               if '"az://", "abfs://"' in path.read_text(encoding="utf-8")
-               or "('az://', 'abfs://')" in path.read_text(encoding="utf-8")]
+    spelled = [
+        path.relative_to(REPO).as_posix()
+        for path in project_modules().values()
+        if '"az://", "abfs://"' in path.read_text(encoding="utf-8")
+        or "('az://', 'abfs://')" in path.read_text(encoding="utf-8")
+    ]
     assert spelled == []
 
 
-EXECUTOR_MODULES = ("pipelines.inference.image_inference", "pipelines.inference.yolact_inference",
-                    "pipelines.inference.detector_inference", "pipelines.inference.video_inference",
-                    "pipelines.inference.inference_tasks", "pipelines.ops.mask_outputs")
+EXECUTOR_MODULES = (
+    "pipelines.inference.image_inference",
+    "pipelines.inference.yolact_inference",
+    "pipelines.inference.detector_inference",
+    "pipelines.inference.video_inference",
+    "pipelines.inference.inference_tasks",
+    "pipelines.ops.mask_outputs",
+)
 
 
 def test_executor_task_imports_neither_torch_nor_pyspark():
@@ -115,15 +124,17 @@ def test_executor_task_imports_neither_torch_nor_pyspark():
     import subprocess
     import sys
 
-    code = ("import builtins, sys\n"
-            "real = builtins.__import__\n"
-            "def refuse(name, *args, **kwargs):\n"
-            "    if name.split('.')[0] in ('torch', 'pyspark', 'torchvision'):\n"
-            "        raise ImportError(f'the executor task imported {name}')\n"
-            "    return real(name, *args, **kwargs)\n"
-            "builtins.__import__ = refuse\n"
-            f"for module in {EXECUTOR_MODULES!r}:\n"
-            "    __import__(module)\n")
+    code = (
+        "import builtins, sys\n"
+        "real = builtins.__import__\n"
+        "def refuse(name, *args, **kwargs):\n"
+        "    if name.split('.')[0] in ('torch', 'pyspark', 'torchvision'):\n"
+        "        raise ImportError(f'the executor task imported {name}')\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = refuse\n"
+        f"for module in {EXECUTOR_MODULES!r}:\n"
+        "    __import__(module)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -134,12 +145,14 @@ def test_planning_a_job_on_the_driver_imports_no_numba():
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "import pipelines.inference.inference_job\n"
-            "from pipelines.inference.inference_tasks import inference_task_class\n"
-            "for family in ('yolact', 'detector'):\n"
-            "    inference_task_class(family)\n"
-            "print(sorted(name for name in sys.modules if name.split('.')[0] in ('numba', 'llvmlite')))\n")
+    code = (
+        "import sys\n"
+        "import pipelines.inference.inference_job\n"
+        "from pipelines.inference.inference_tasks import inference_task_class\n"
+        "for family in ('yolact', 'detector'):\n"
+        "    inference_task_class(family)\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] in ('numba', 'llvmlite')))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", done.stdout[-2000:]

@@ -1,6 +1,7 @@
 """Scheduled incremental runs: the next run processes exactly the new and replaced images, readers see the newest
 record per path, and the output lock (<output>/_sparkseg.lock) keeps two runs on one output from overlapping:
 local files, Azure blobs (Azurite) and Hadoop's FileSystem (through the Spark JVM)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -19,11 +20,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.results.incremental import current_detections, current_errors, table_counts
 from pipelines.inference.inference_job import run
+from pipelines.io.run_lock import (
+    LOCK_NAME,
+    AzureLockStore,
+    HadoopLockStore,
+    LocalLockStore,
+    LockHeld,
+    LockInfo,
+    LockSettings,
+    RunLock,
+    lock_store,
+)
 from pipelines.io.storage import Location
-from pipelines.io.run_lock import (LOCK_NAME, AzureLockStore, HadoopLockStore, LocalLockStore, LockHeld, LockInfo,
-                                LockSettings, RunLock, lock_store)
+from pipelines.results.incremental import current_detections, current_errors, table_counts
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import job_config
 from tests.process_io import read_line, wait_until
@@ -44,6 +54,7 @@ def names(rows) -> list[str]:
 
 # ---- incremental runs -------------------------------------------------------------------------------------------
 
+
 def test_next_run_processes_exactly_the_new_and_replaced_images(spark, tmp_path, caplog):
     images, output = tmp_path / "images", tmp_path / "out"
     for seed, name in enumerate(["a.jpg", "b.jpg", "c.jpg", "e.jpg"]):
@@ -51,28 +62,36 @@ def test_next_run_processes_exactly_the_new_and_replaced_images(spark, tmp_path,
     first = run(spark, job_config(images, output))
     assert first["counts"]["done"] == 4 and first["counts"]["failed"] == 0
 
-    write_image(images / "a.jpg", seed=10, size=(80, 60))          # replaced: other content and size
+    write_image(images / "a.jpg", seed=10, size=(80, 60))  # replaced: other content and size
     stat = (images / "b.jpg").stat()
     os.utime(images / "b.jpg", (stat.st_atime, stat.st_mtime + 60))  # replaced by the same bytes: newer mtime
-    (images / "c.jpg").write_bytes(b"this is no longer a jpeg")   # replaced by a broken file
-    write_image(images / "d.jpg", seed=5)                          # new
-    second = run(spark, job_config(images, output))                 # e.jpg is unchanged
-    assert {k: second["counts"][k] for k in ("inputs", "skipped", "done", "failed")} == \
-        {"inputs": 5, "skipped": 1, "done": 3, "failed": 1}
+    (images / "c.jpg").write_bytes(b"this is no longer a jpeg")  # replaced by a broken file
+    write_image(images / "d.jpg", seed=5)  # new
+    second = run(spark, job_config(images, output))  # e.jpg is unchanged
+    assert {k: second["counts"][k] for k in ("inputs", "skipped", "done", "failed")} == {
+        "inputs": 5,
+        "skipped": 1,
+        "done": 3,
+        "failed": 1,
+    }
     detections = spark.read.parquet(str(output / "detections"))
     errors = spark.read.parquet(str(output / "errors"))
     assert names(detections.where(f"run_id = '{second['run_id']}'").collect()) == ["a.jpg", "b.jpg", "d.jpg"]
     assert names(errors.where(f"run_id = '{second['run_id']}'").collect()) == ["c.jpg"]
-    assert detections.count() == 4 + 3   # append-only: the first run's rows stay
+    assert detections.count() == 4 + 3  # append-only: the first run's rows stay
 
     current = current_detections(spark, str(output)).collect()
-    assert names(current) == ["a.jpg", "b.jpg", "d.jpg", "e.jpg"]   # one row per path; c's newest record is an error
+    assert names(current) == ["a.jpg", "b.jpg", "d.jpg", "e.jpg"]  # one row per path; c's newest record is an error
     run_of = {Path(row.path).name: row.run_id for row in current}
-    assert run_of == {"a.jpg": second["run_id"], "b.jpg": second["run_id"], "d.jpg": second["run_id"],
-                      "e.jpg": first["run_id"]}
+    assert run_of == {
+        "a.jpg": second["run_id"],
+        "b.jpg": second["run_id"],
+        "d.jpg": second["run_id"],
+        "e.jpg": first["run_id"],
+    }
     assert [(row.width, row.height) for row in current if row.path.endswith("a.jpg")] == [(80, 60)]
     assert names(current_errors(spark, str(output)).collect()) == ["c.jpg"]
-    counts = {"images": 4, "errors": 1, "superseded_rows": 3}     # the first run's a, b and c
+    counts = {"images": 4, "errors": 1, "superseded_rows": 3}  # the first run's a, b and c
     assert table_counts(spark, str(output)) == counts
     assert second["table"] == counts
     assert json.loads((output / "summary.json").read_text())["table"] == counts
@@ -89,8 +108,10 @@ def test_next_run_processes_exactly_the_new_and_replaced_images(spark, tmp_path,
     config["output"].update({"masks": "none", "score_threshold": 0.5})
     with caplog.at_level("WARNING", logger="pipelines.inference.inference_job"):
         assert run(spark, config)["counts"]["done"] == 1
-    assert ("5 images already done keep the rows the last run wrote (output.masks (--masks) 'rle_and_png' -> "
-            "'none', output.score_threshold (--score-threshold) None -> 0.5)") in caplog.text
+    assert (
+        "5 images already done keep the rows the last run wrote (output.masks (--masks) 'rle_and_png' -> "
+        "'none', output.score_threshold (--score-threshold) None -> 0.5)"
+    ) in caplog.text
 
 
 def test_images_whose_failure_was_not_their_own_are_tried_again_by_the_next_runs(spark, tmp_path):
@@ -109,16 +130,23 @@ def test_images_whose_failure_was_not_their_own_are_tried_again_by_the_next_runs
     assert first["counts"]["done"] == 0 and first["counts"]["failed"] == 3
     errors = spark.read.parquet(str(output / "errors")).collect()
     assert sorted((Path(e.path).name, e.stage) for e in errors) == [
-        ("a.jpg", "write"), ("b.jpg", "write"), ("broken.jpg", "decode")]
-    second = run(spark, config)   # still in the way: tried once more, and failed again
+        ("a.jpg", "write"),
+        ("b.jpg", "write"),
+        ("broken.jpg", "decode"),
+    ]
+    second = run(spark, config)  # still in the way: tried once more, and failed again
     assert (second["counts"]["skipped"], second["counts"]["failed"]) == (1, 2)
     assert run(spark, config)["counts"]["skipped"] == 3, "given up after run.retries more tries"
 
     (output / "masks").unlink()
     config["run"]["retries"] = 3
     fourth = run(spark, config)
-    assert {k: fourth["counts"][k] for k in ("inputs", "skipped", "done", "failed")} == \
-        {"inputs": 3, "skipped": 1, "done": 2, "failed": 0}
+    assert {k: fourth["counts"][k] for k in ("inputs", "skipped", "done", "failed")} == {
+        "inputs": 3,
+        "skipped": 1,
+        "done": 2,
+        "failed": 0,
+    }
     assert names(current_detections(spark, str(output)).collect()) == ["a.jpg", "b.jpg"]
     assert names(current_errors(spark, str(output)).collect()) == ["broken.jpg"]
     assert fourth["table"] == table_counts(spark, str(output)) == {"images": 2, "errors": 1, "superseded_rows": 4}
@@ -135,7 +163,7 @@ def taken_log(caplog) -> str:
 def test_run_refuses_a_held_output_and_breaks_the_lock_on_request(spark, tmp_path, caplog):
     images, output = tmp_path / "images", tmp_path / "out"
     write_image(images / "a.jpg", 1)
-    holder = RunLock.acquire(str(output), "20990101T000000Z-holder")   # a live run: this process, fresh heartbeat
+    holder = RunLock.acquire(str(output), "20990101T000000Z-holder")  # a live run: this process, fresh heartbeat
     try:
         with pytest.raises(LockHeld, match=r"held by run 20990101T000000Z-holder \(host .*, pid \d+") as held:
             run(spark, job_config(images, output))
@@ -147,7 +175,7 @@ def test_run_refuses_a_held_output_and_breaks_the_lock_on_request(spark, tmp_pat
         summary = run(spark, config)
         assert summary["counts"]["done"] == 1
         assert "broke the lock" in taken_log(caplog)
-        assert holder.heartbeat() is False and holder.lost   # the old holder learns it lost the lock
+        assert holder.heartbeat() is False and holder.lost  # the old holder learns it lost the lock
     finally:
         holder.release()
     assert not (output / LOCK_NAME).exists()
@@ -167,15 +195,16 @@ time.sleep(600)
 
 def test_lock_of_a_killed_run_is_broken_by_the_next_run(tmp_path, caplog):
     output = tmp_path / "out"
-    dying = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(output), str(REPO)], stdout=subprocess.PIPE,
-                             text=True)
+    dying = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(output), str(REPO)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert read_line(dying) == "held"
     finally:
         dying.kill()
         dying.wait()
     left = LockInfo.parse((output / LOCK_NAME).read_bytes())
-    assert left.run_id == "run-that-dies" and left.pid == dying.pid   # the dead run's lock is still there
+    assert left.run_id == "run-that-dies" and left.pid == dying.pid  # the dead run's lock is still there
 
     with RunLock.acquire(str(output), "next-run") as lock:
         assert LockInfo.parse((output / LOCK_NAME).read_bytes()).run_id == "next-run"
@@ -198,16 +227,16 @@ def test_lock_from_another_host_is_stale_only_after_the_timeout(tmp_path, caplog
     (output / LOCK_NAME).write_bytes(foreign_lock("remote-live", heartbeat_age_s=5))
     with pytest.raises(LockHeld, match=r"remote-live \(host another-host.example, pid 4242"):
         RunLock.acquire(str(output), "mine", settings)
-    assert LockInfo.parse((output / LOCK_NAME).read_bytes()).run_id == "remote-live"   # untouched
+    assert LockInfo.parse((output / LOCK_NAME).read_bytes()).run_id == "remote-live"  # untouched
 
-    RunLock.acquire(str(output), "mine", LockSettings(break_lock=True)).release()     # --break-lock
+    RunLock.acquire(str(output), "mine", LockSettings(break_lock=True)).release()  # --break-lock
     assert "forced by --break-lock" in taken_log(caplog)
 
     (output / LOCK_NAME).write_bytes(foreign_lock("remote-dead", heartbeat_age_s=3600))
     RunLock.acquire(str(output), "mine", settings).release()
     assert "no heartbeat for 3600 s" in taken_log(caplog)
 
-    (output / LOCK_NAME).write_bytes(b"")   # a lock being written right now (created, content not yet there)
+    (output / LOCK_NAME).write_bytes(b"")  # a lock being written right now (created, content not yet there)
     with pytest.raises(LockHeld, match="unreadable lock"):
         RunLock.acquire(str(output), "mine", settings)
 
@@ -217,14 +246,17 @@ def test_heartbeat_keeps_the_lock_fresh_and_a_takeover_is_noticed(tmp_path, capl
     first = RunLock.acquire(output, "first", LockSettings(stale_after_s=60, heartbeat_s=0.1))
     try:
         started = first.info.heartbeat
-        wait_until(lambda: LockInfo.parse(Path(output, LOCK_NAME).read_bytes()).heartbeat != started,
-                   "the heartbeat thread to rewrite the lock")
+        wait_until(
+            lambda: LockInfo.parse(Path(output, LOCK_NAME).read_bytes()).heartbeat != started,
+            "the heartbeat thread to rewrite the lock",
+        )
         second = RunLock.acquire(output, "second", LockSettings(break_lock=True))
         wait_until(lambda: first.lost, "the first run's heartbeat to notice the takeover", 60)
     finally:
         first.release()
-    assert LockInfo.parse(Path(output, LOCK_NAME).read_bytes()).run_id == "second", "release must not remove " \
-                                                                                      "a lock that is not its own"
+    assert LockInfo.parse(Path(output, LOCK_NAME).read_bytes()).run_id == "second", (
+        "release must not remove a lock that is not its own"
+    )
     second.release()
     assert "this run (first) stops at its next wave" in taken_log(caplog)
 
@@ -235,10 +267,10 @@ def test_local_store_operations_are_conditional(tmp_path):
     assert token is not None and store.create(b"two") is None
     assert store.read()[0] == b"one"
     newer = store.replace(b"three", token)
-    assert newer is not None and store.replace(b"four", token) is None   # a stale token changes nothing
+    assert newer is not None and store.replace(b"four", token) is None  # a stale token changes nothing
     assert store.delete(token) is False and store.read()[0] == b"three"
     assert store.delete(newer) is True and store.read() is None
-    assert sorted(os.listdir(tmp_path)) == []   # no temp or aside files left
+    assert sorted(os.listdir(tmp_path)) == []  # no temp or aside files left
 
 
 def test_a_rewrite_during_a_take_over_waits_and_then_finds_the_lock_taken(tmp_path):
@@ -249,7 +281,7 @@ def test_a_rewrite_during_a_take_over_waits_and_then_finds_the_lock_taken(tmp_pa
     store = LocalLockStore(str(tmp_path / LOCK_NAME))
     token = store.create(b"first")
     directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(directory, fcntl.LOCK_EX)   # another process's take-over in progress
+    fcntl.flock(directory, fcntl.LOCK_EX)  # another process's take-over in progress
     result = {}
     rewrite = threading.Thread(target=lambda: result.update(token=store.replace(b"first, beat 2", token)))
     rewrite.start()
@@ -257,11 +289,11 @@ def test_a_rewrite_during_a_take_over_waits_and_then_finds_the_lock_taken(tmp_pa
         (tmp_path / LOCK_NAME).unlink()
         (tmp_path / LOCK_NAME).write_bytes(b"second")
     finally:
-        os.close(directory)   # releases the flock
+        os.close(directory)  # releases the flock
     rewrite.join(timeout=60)
     assert not rewrite.is_alive() and result == {"token": None}
     assert store.read()[0] == b"second"
-    assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]   # the rewrite's temp file is gone
+    assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]  # the rewrite's temp file is gone
 
 
 def test_azure_lock_blob_is_created_only_when_absent_and_changed_only_by_etag(azurite):
@@ -271,10 +303,10 @@ def test_azure_lock_blob_is_created_only_when_absent_and_changed_only_by_etag(az
     output = f"az://{azurite.create_container()}/out"
     store = lock_store(Location(output, credentials))
     assert isinstance(store, AzureLockStore) and store.uri == f"{output}/{LOCK_NAME}"
-    etag = store.create(b"one")                      # Put Blob with If-None-Match: *
+    etag = store.create(b"one")  # Put Blob with If-None-Match: *
     assert etag and store.create(b"two") is None
     assert store.read()[:2] == (b"one", etag)
-    newer = store.replace(b"three", etag)           # If-Match: etag
+    newer = store.replace(b"three", etag)  # If-Match: etag
     assert newer and newer != etag and store.replace(b"four", etag) is None
     assert store.delete(etag) is False and store.read()[0] == b"three"
     assert store.delete(newer) is True and store.read() is None
@@ -304,6 +336,7 @@ def test_hadoop_lock_store_through_the_spark_jvm(spark, tmp_path):
 
 # ---- two real runs --------------------------------------------------------------------------------------------
 
+
 def descendants(pid: int) -> list[int]:
     """`pid` and every live process below it (Linux /proc)."""
     children: dict[int, list[int]] = {}
@@ -324,16 +357,31 @@ def descendants(pid: int) -> list[int]:
 
 
 def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_second_run_while_the_first_holds_the_lock_exits_4_and_changes_nothing(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out"
     for seed in range(3):
         write_image(images / f"img{seed}.jpg", seed)
-    command = [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), "--input", str(images), "--output",
-               str(output), "--model", str(MODEL_DIR), "--precision", "f32", "--partitions", "1"]
+    command = [
+        sys.executable,
+        str(REPO / "jobs" / "infer_yolact.py"),
+        "--input",
+        str(images),
+        "--output",
+        str(output),
+        "--model",
+        str(MODEL_DIR),
+        "--precision",
+        "f32",
+        "--partitions",
+        "1",
+    ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     frozen: list[int] = []
@@ -341,7 +389,7 @@ def test_second_run_while_the_first_holds_the_lock_exits_4_and_changes_nothing(t
         wait_until(lambda: (output / LOCK_NAME).is_file() or first.poll() is not None, "the first run's lock")
         assert first.poll() is None, f"the first run ended early:\n{first.communicate()[1][-3000:]}"
         # Freeze the first run (driver, JVM, Python workers) while it holds the lock: no timing luck involved.
-        for _ in range(2):   # twice: a process forked during the first sweep is caught by the second
+        for _ in range(2):  # twice: a process forked during the first sweep is caught by the second
             for pid in descendants(first.pid):
                 if pid not in frozen:
                     os.kill(pid, signal.SIGSTOP)

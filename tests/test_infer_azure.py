@@ -1,6 +1,7 @@
 """The inference job against Azure Blob storage (Azurite): images read through the Azure SDK path (listed and read on
 the executors), detections/errors/masks/summary written back, read back by the test; no secret in
 anything written."""
+
 from __future__ import annotations
 
 import io
@@ -32,14 +33,24 @@ def test_job_reads_and_writes_azure_blob_storage(spark, azurite, monkeypatch, tm
     config["input"]["uri"] = f"az://{container}/landing"
     config["output"]["uri"] = f"az://{container}/out"
     summary = run(spark, config)
-    assert summary["counts"] == {"inputs": 4, "skipped": 0, "done": 3, "failed": 1, "units": 4, "videos": 0,
-                                 "frames": 0, "instances": summary["counts"]["instances"]}
+    assert summary["counts"] == {
+        "inputs": 4,
+        "skipped": 0,
+        "done": 3,
+        "failed": 1,
+        "units": 4,
+        "videos": 0,
+        "frames": 0,
+        "instances": summary["counts"]["instances"],
+    }
 
     blobs = {b.name: b for b in client.list_blobs(name_starts_with="out/")}
-    detections = pa.concat_tables([pq.read_table(io.BytesIO(client.download_blob(n).readall()))
-                                   for n in blobs if n.startswith("out/detections/")]).to_pylist()
-    errors = pa.concat_tables([pq.read_table(io.BytesIO(client.download_blob(n).readall()))
-                               for n in blobs if n.startswith("out/errors/")]).to_pylist()
+    detections = pa.concat_tables(
+        [pq.read_table(io.BytesIO(client.download_blob(n).readall())) for n in blobs if n.startswith("out/detections/")]
+    ).to_pylist()
+    errors = pa.concat_tables(
+        [pq.read_table(io.BytesIO(client.download_blob(n).readall())) for n in blobs if n.startswith("out/errors/")]
+    ).to_pylist()
     assert sorted(r["path"] for r in detections) == sorted(f"az://{container}/{n}" for n in names)
     assert [r["path"] for r in errors] == [f"az://{container}/landing/broken.jpg"]
     assert errors[0]["stage"] == "decode"
@@ -52,7 +63,7 @@ def test_job_reads_and_writes_azure_blob_storage(spark, azurite, monkeypatch, tm
     assert written["counts"] == summary["counts"]
     assert not [name for name in blobs if "_sparkseg_attempts" in name], "crash markers removed after the wave"
 
-    again = run(spark, config)       # resume works on Azure too
+    again = run(spark, config)  # resume works on Azure too
     assert again["counts"]["skipped"] == 4 and again["counts"]["done"] == 0
 
     everything = b"".join(client.download_blob(n).readall() for n in client.list_blobs(name_starts_with="out/"))
@@ -66,18 +77,30 @@ def test_a_blob_table_is_read_on_the_executors_with_old_files_given_null_frame_c
     frame columns reads them as nulls, as Spark's reader does for the Hadoop writer's files."""
     from pipelines.io.azure_storage import AzureCredentials
     from pipelines.io.storage import Location
-    from pipelines.results.results_writer import arrow_schema_of, read_table, table_schema
     from pipelines.results.result_schema import FRAME_COLUMNS
+    from pipelines.results.results_writer import arrow_schema_of, read_table, table_schema
 
     container = azurite.create_container()
     table = Location(f"az://{container}/out/errors", AzureCredentials(connection_string=azurite.connection_string))
     assert read_table(spark, table) is None
     schema = arrow_schema_of(table_schema(spark, table.uri))
-    rows = [{"path": f"az://{container}/in/{n}.jpg", "stage": "decode", "error_type": "ValueError",
-             "message": "not a jpeg", "size": n, "modification_time": None, "model_name": "m", "model_sha256": "s",
-             "run_id": f"run-{n}", "frame_index": n if n % 2 else None} for n in range(6)]
-    for start in range(0, 6, 2):   # three files, the first without the frame columns
-        part = pa.Table.from_pylist(rows[start:start + 2], schema=schema)
+    rows = [
+        {
+            "path": f"az://{container}/in/{n}.jpg",
+            "stage": "decode",
+            "error_type": "ValueError",
+            "message": "not a jpeg",
+            "size": n,
+            "modification_time": None,
+            "model_name": "m",
+            "model_sha256": "s",
+            "run_id": f"run-{n}",
+            "frame_index": n if n % 2 else None,
+        }
+        for n in range(6)
+    ]
+    for start in range(0, 6, 2):  # three files, the first without the frame columns
+        part = pa.Table.from_pylist(rows[start : start + 2], schema=schema)
         if start == 0:
             part = part.drop_columns(list(FRAME_COLUMNS))
         buffer = io.BytesIO()
@@ -85,7 +108,7 @@ def test_a_blob_table_is_read_on_the_executors_with_old_files_given_null_frame_c
         (table / f"part-{start}.parquet").write_bytes_atomic(buffer.getvalue())
 
     frame = read_table(spark, table)
-    assert "MapInArrow" in frame._jdf.queryExecution().executedPlan().toString()   # rows made by executor tasks
+    assert "MapInArrow" in frame._jdf.queryExecution().executedPlan().toString()  # rows made by executor tasks
     read = sorted((row.asDict() for row in frame.collect()), key=lambda row: row["size"])
     expected = [{**row, "frame_index": None if row["size"] < 2 else row["frame_index"]} for row in rows]
     assert [{key: row[key] for key in expected[0]} for row in read] == expected
@@ -122,9 +145,14 @@ def test_blobs_the_store_would_not_read_are_tried_again_by_the_next_run(spark, a
         client.get_blob_client(f"in/{name}").set_standard_blob_tier("Hot")
     second = run(spark, config)
     assert second["counts"]["skipped"] == 0 and second["counts"]["failed"] == 0
-    assert second["counts"]["done"] == 2 + 6   # two images, six frames
+    assert second["counts"]["done"] == 2 + 6  # two images, six frames
     assert current_errors(spark, str(tmp_path / "out")).count() == 0
-    assert second["table"] == table_counts(spark, str(tmp_path / "out")) == {"images": 8, "errors": 0,
-                                                                             "superseded_rows": 3}
-    assert {row.path.rsplit("/", 1)[1] for row in current_detections(spark, str(tmp_path / "out")).collect()} == \
-        {*images, "clip.mp4"}
+    assert (
+        second["table"]
+        == table_counts(spark, str(tmp_path / "out"))
+        == {"images": 8, "errors": 0, "superseded_rows": 3}
+    )
+    assert {row.path.rsplit("/", 1)[1] for row in current_detections(spark, str(tmp_path / "out")).collect()} == {
+        *images,
+        "clip.mp4",
+    }

@@ -1,4 +1,5 @@
 """The YOLACT inference job on a real local SparkSession with the bundled default model."""
+
 from __future__ import annotations
 
 import json
@@ -9,15 +10,15 @@ import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
-from pipelines.job_config import ConfigError, load_config
-from pipelines.ops.mask_outputs import decode_rle, read_label_map_png
+from pipelines.inference.inference_job import run
 from pipelines.inference.model_manifest import ModelManifestError, load_manifest
 from pipelines.inference.openvino_runtime import RuntimeSettings
 from pipelines.inference.single_process import infer_files
-from pipelines.inference.inference_job import run
+from pipelines.job_config import ConfigError, load_config
+from pipelines.ops.mask_outputs import decode_rle, read_label_map_png
 from tests.bad_inputs import build_bad_input_corpus
-from tests.job_helpers import DEFAULT_MODEL_DIR, JOB_RUNTIME, job_config, read_rows
 from tests.conftest import SAMPLES
+from tests.job_helpers import DEFAULT_MODEL_DIR, JOB_RUNTIME, job_config, read_rows
 
 MODEL_DIR = DEFAULT_MODEL_DIR
 
@@ -43,8 +44,10 @@ def test_spark_job_equals_single_process_run(spark, sample_images, sample_run):
     assert summary["counts"]["inputs"] == len(paths) and summary["counts"]["done"] == len(paths)
     # The reference runs with the job's own runtime settings (1 OpenVINO thread per task, f32): OpenVINO's f32
     # results change in the last bits with the thread count, so only identical settings make exact equality fair.
-    reference = {row["path"]: row for row in infer_files(MODEL_DIR, [str(p) for p in paths], str(output),
-                                                          str(sample_images), JOB_RUNTIME)}
+    reference = {
+        row["path"]: row
+        for row in infer_files(MODEL_DIR, [str(p) for p in paths], str(output), str(sample_images), JOB_RUNTIME)
+    }
     rows = read_rows(spark, output, "detections")
     assert {row.path for row in rows} == set(reference)
     total = 0
@@ -52,11 +55,12 @@ def test_spark_job_equals_single_process_run(spark, sample_images, sample_run):
         ref = reference[row.path]
         assert (row.width, row.height) == (ref["width"], ref["height"])
         assert [i.class_id for i in row.instances] == [i["class_id"] for i in ref["instances"]]
-        np.testing.assert_array_equal([i.score for i in row.instances],
-                                      np.float32([i["score"] for i in ref["instances"]]))
+        np.testing.assert_array_equal(
+            [i.score for i in row.instances], np.float32([i["score"] for i in ref["instances"]])
+        )
         for inst, ref_inst in zip(row.instances, ref["instances"]):
             assert list(inst.box) == ref_inst["box"]
-            assert inst.mask.counts == ref_inst["mask"]["counts"]     # RLE equal <=> masks pixel-identical
+            assert inst.mask.counts == ref_inst["mask"]["counts"]  # RLE equal <=> masks pixel-identical
         total += len(row.instances)
     assert total > 0, "the bundled model must produce detections on the samples"
 
@@ -100,7 +104,7 @@ def test_second_run_skips_everything_and_deleted_outputs_are_recomputed(spark, s
     assert third["counts"]["skipped"] == first["counts"]["inputs"] - len(deleted)
     rows = read_rows(spark, output, "detections")
     assert len(rows) == len({r.path for r in rows}) == first["counts"]["inputs"]
-    forced_config = job_config(sample_images, output)   # the same output, where every image is done already
+    forced_config = job_config(sample_images, output)  # the same output, where every image is done already
     forced_config["run"]["force"] = True
     forced = run(spark, forced_config)
     assert forced["counts"]["done"] == first["counts"]["inputs"] and forced["counts"]["skipped"] == 0
@@ -148,15 +152,21 @@ def test_partitions_are_balanced_whatever_the_layout(spark, tmp_path):
     from pipelines.inference.image_sources import assign_partitions, balanced, list_images
 
     rng = np.random.default_rng(0)
-    for i in range(1000):   # uneven nesting and sizes: most files in one deep directory
+    for i in range(1000):  # uneven nesting and sizes: most files in one deep directory
         depth = "deep/a/b/c" if i < 700 else f"d{i % 7}"
         path = tmp_path / depth / f"img{i}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x" * int(rng.integers(1, 5000)))
     listing = list_images(spark, str(tmp_path), [".jpg"])
     for partitions in (2, 7, 16):
-        sizes = [n for n in balanced(assign_partitions(listing, partitions), partitions)
-                 .groupBy(F.spark_partition_id()).count().select("count").toPandas()["count"]]
+        sizes = [
+            n
+            for n in balanced(assign_partitions(listing, partitions), partitions)
+            .groupBy(F.spark_partition_id())
+            .count()
+            .select("count")
+            .toPandas()["count"]
+        ]
         assert len(sizes) == partitions and sum(sizes) == 1000
         assert max(sizes) / min(sizes) <= 1.1, sizes
 
@@ -186,7 +196,7 @@ def test_executors_without_the_driver_filesystem_get_the_model_from_spark_files(
 
     manifest = load_manifest(MODEL_DIR)
     staged = Path(ship_model(spark, manifest))
-    elsewhere = str(tmp_path / "not-on-this-host" / staged.name)   # what a remote executor sees: no such dir
+    elsewhere = str(tmp_path / "not-on-this-host" / staged.name)  # what a remote executor sees: no such dir
     sha = manifest.model_sha256
 
     def load(_):
@@ -211,8 +221,22 @@ def test_executors_refuse_a_model_whose_files_changed(tmp_path):
 def test_command_line_overrides_and_spark_settings_reach_the_config():
     from pipelines.job_cli import build_config, parse_args
 
-    config = build_config(parse_args(["--input", "/data/in", "--partitions", "6", "--conf", "spark.executor.cores=2",
-                                      "--conf", "spark.cores.max=4", "--force"]), family="detector")
+    config = build_config(
+        parse_args(
+            [
+                "--input",
+                "/data/in",
+                "--partitions",
+                "6",
+                "--conf",
+                "spark.executor.cores=2",
+                "--conf",
+                "spark.cores.max=4",
+                "--force",
+            ]
+        ),
+        family="detector",
+    )
     assert config["input"]["uri"] == "/data/in" and config["inference"]["partitions"] == 6
     assert config["spark"]["conf"]["spark.executor.cores"] == "2" and config["spark"]["conf"]["spark.cores.max"] == "4"
     assert config["spark"]["app_name"] == "sparkseg-infer-detector" and config["run"]["force"] is True

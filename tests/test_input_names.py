@@ -2,6 +2,7 @@
 file, Hadoop glob characters ([ ] { } * ? \\). Every input ends up exactly once in detections/ or errors/, under the
 one path spelling the listing gives; the counts equal the number of files; a re-run skips them all (its resume keys
 match)."""
+
 from __future__ import annotations
 
 import io
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from pyspark.sql import functions as F
 
 from pipelines.inference import image_sources as src
@@ -19,8 +19,13 @@ from pipelines.inference.inference_job import run
 from tests.conftest import SAMPLES
 from tests.job_helpers import DEFAULT_MODEL_DIR, job_config, read_rows
 
-GOOD_NAMES = ["a/b/UPPER CASE.JPG", "c/straße ünïcode.jpg", "c/100% #1 a+b.jpeg", "d/p%20already escaped.Png",
-              "d/plain.jpg"]
+GOOD_NAMES = [
+    "a/b/UPPER CASE.JPG",
+    "c/straße ünïcode.jpg",
+    "c/100% #1 a+b.jpeg",
+    "d/p%20already escaped.Png",
+    "d/plain.jpg",
+]
 EMPTY_NAME = "c/zero byte ü.jpg"
 GLOB_NAMES = ["g/photo [1].jpg", "g/a{b,c}.jpg", "g/star*.jpg", "g/why?.jpg", "g/back\\slash.jpg", "h [2]/x.jpg"]
 
@@ -113,7 +118,7 @@ def test_names_with_glob_characters_are_names(spark, tmp_path):
     summary = run(spark, job_config(images, output))
     assert (summary["counts"]["inputs"], summary["counts"]["done"]) == (len(GLOB_NAMES), len(GLOB_NAMES))
     assert sorted(row.path for row in read_rows(spark, output, "detections")) == expected
-    assert run(spark, job_config(images, output))["counts"]["skipped"] == len(GLOB_NAMES)   # read the table back
+    assert run(spark, job_config(images, output))["counts"]["skipped"] == len(GLOB_NAMES)  # read the table back
 
     # the binaryFile read of a partial to-do by its paths (how hdfs:// and abfss:// inputs get their bytes)
     listing = src.list_images(spark, str(images), [".jpg"])
@@ -139,16 +144,20 @@ def test_every_blob_name_is_counted_once_and_resumed(spark, azurite, monkeypatch
     summary = run(spark, config)
 
     def table(name: str) -> list[dict]:
-        parts = [blob.name for blob in client.list_blobs(name_starts_with=f"out/{name}/")
-                 if blob.name.endswith(".parquet")]
-        return pa.concat_tables([pq.read_table(io.BytesIO(client.download_blob(part).readall()))
-                                 for part in parts]).to_pylist()
+        parts = [
+            blob.name for blob in client.list_blobs(name_starts_with=f"out/{name}/") if blob.name.endswith(".parquet")
+        ]
+        return pa.concat_tables(
+            [pq.read_table(io.BytesIO(client.download_blob(part).readall())) for part in parts]
+        ).to_pylist()
 
     assert summary["counts"]["inputs"] == len(GOOD_NAMES) + 1
     assert (summary["counts"]["done"], summary["counts"]["failed"]) == (len(GOOD_NAMES), 1)
     assert sorted(row["path"] for row in table("detections")) == sorted(
-        f"az://{container}/landing/{name}" for name in GOOD_NAMES)
+        f"az://{container}/landing/{name}" for name in GOOD_NAMES
+    )
     assert [(row["path"], row["error_type"]) for row in table("errors")] == [
-        (f"az://{container}/landing/{EMPTY_NAME}", "ImageDecodeError.empty")]
+        (f"az://{container}/landing/{EMPTY_NAME}", "ImageDecodeError.empty")
+    ]
     again = run(spark, config)
     assert again["counts"]["skipped"] == len(GOOD_NAMES) + 1 and again["counts"]["done"] == 0

@@ -1,4 +1,5 @@
 """The job's typed config: conf/local.yaml's defaults typed into frozen sections, every key checked by name."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,9 +12,9 @@ import zipfile
 import pytest
 import yaml
 
+from pipelines.job_config import REPO_ROOT as REPO
 from pipelines.job_config import ConfigError, JobConfig, default_config_path, load_config, set_path
 from pipelines.spark.spark_session import DRIVER_ONLY_SUBPACKAGES, library_archive, staged_library_archive
-from pipelines.job_config import REPO_ROOT as REPO
 
 
 def typed(**overrides) -> JobConfig:
@@ -48,22 +49,37 @@ def test_every_default_lives_in_the_packaged_yaml_only():
         JobConfig.from_dict(data)
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("inference.partitions", "4", r"inference\.partitions is '4': it must be an integer"),
-    ("inference.batch_size", True, r"inference\.batch_size is True: it must be an integer"),
-    ("run.force", "yes", r"run\.force is 'yes': it must be true or false"),
-    ("input.extensions", ".jpg", r"input\.extensions is '\.jpg': it must be a list of strings"),
-    ("output.masks", "png", r"output\.masks \(--masks\) is 'png': choose one of rle_and_png, rle, none"),
-    ("inference.engine", "torch", r"inference\.engine \(--engine\) is 'torch': choose one of native, bigdl"),
-    ("input.video.fps", 0, r"input\.video\.fps \(--fps\) is 0.0: give a number > 0"),
-    ("run.max_error_fraction", 2, r"run\.max_error_fraction is 2.0: give a fraction between 0 and 1"),
-    ("spark.conf", ["spark.executor.cores=2"], r"spark\.conf is \['spark\.executor\.cores=2'\]: it must be a mapping"),
-    ("spark.log_level", "LOUD", r"spark\.log_level is 'LOUD': give one of ALL, TRACE, DEBUG, INFO, WARN, ERROR"),
-    ("model.dir", "", r"model\.dir \(--model\) is '': give an export directory, or null for the job's bundled"),
-    ("run.lock_heartbeat_s", -5, r"run\.lock_heartbeat_s is -5.0: give seconds > 0 and below run\.lock_stale_after_s"),
-    ("run.lock_stale_after_s", 10, r"run\.lock_heartbeat_s is 30.0: give seconds > 0 and below run\.lock_stale_after_s "
-                                   r"\(10.0\)"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("inference.partitions", "4", r"inference\.partitions is '4': it must be an integer"),
+        ("inference.batch_size", True, r"inference\.batch_size is True: it must be an integer"),
+        ("run.force", "yes", r"run\.force is 'yes': it must be true or false"),
+        ("input.extensions", ".jpg", r"input\.extensions is '\.jpg': it must be a list of strings"),
+        ("output.masks", "png", r"output\.masks \(--masks\) is 'png': choose one of rle_and_png, rle, none"),
+        ("inference.engine", "torch", r"inference\.engine \(--engine\) is 'torch': choose one of native, bigdl"),
+        ("input.video.fps", 0, r"input\.video\.fps \(--fps\) is 0.0: give a number > 0"),
+        ("run.max_error_fraction", 2, r"run\.max_error_fraction is 2.0: give a fraction between 0 and 1"),
+        (
+            "spark.conf",
+            ["spark.executor.cores=2"],
+            r"spark\.conf is \['spark\.executor\.cores=2'\]: it must be a mapping",
+        ),
+        ("spark.log_level", "LOUD", r"spark\.log_level is 'LOUD': give one of ALL, TRACE, DEBUG, INFO, WARN, ERROR"),
+        ("model.dir", "", r"model\.dir \(--model\) is '': give an export directory, or null for the job's bundled"),
+        (
+            "run.lock_heartbeat_s",
+            -5,
+            r"run\.lock_heartbeat_s is -5.0: give seconds > 0 and below run\.lock_stale_after_s",
+        ),
+        (
+            "run.lock_stale_after_s",
+            10,
+            r"run\.lock_heartbeat_s is 30.0: give seconds > 0 and below run\.lock_stale_after_s "
+            r"\(10.0\)",
+        ),
+    ],
+)
 def test_a_bad_value_is_refused_naming_its_key_and_what_it_must_be(key, value, message):
     with pytest.raises(ConfigError, match=message):
         typed(**{key.replace(".", "__"): value})
@@ -97,14 +113,26 @@ def test_a_section_left_empty_keeps_its_defaults_and_takes_the_command_lines_ove
     assert (config["input"]["uri"], config["spark"]["conf"]["spark.task.cpus"]) == ("/data/in", "1")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("inference: [1, 2\n", r"job\.yaml: not valid YAML: line 2, column 1: expected ',' or ']', but got '<stream "
-                           r"end>' \(while parsing a flow sequence\)$"),
-    ("a:\n\t- b\n", r"job\.yaml: not valid YAML: line 2, column 1: found character '\\t' that cannot start any "),
-    ("- inference\n", r"job\.yaml: holds a list, not a mapping of keys: not a config file \(see conf/ for examples\)$"),
-    ("inference:\n  batch_size: 2\n  batch_size: 4\n", r"job\.yaml: not valid YAML: line 3, column 3: found the key "
-                                                      r"'batch_size' twice in one mapping$"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "inference: [1, 2\n",
+            r"job\.yaml: not valid YAML: line 2, column 1: expected ',' or ']', but got '<stream "
+            r"end>' \(while parsing a flow sequence\)$",
+        ),
+        ("a:\n\t- b\n", r"job\.yaml: not valid YAML: line 2, column 1: found character '\\t' that cannot start any "),
+        (
+            "- inference\n",
+            r"job\.yaml: holds a list, not a mapping of keys: not a config file \(see conf/ for examples\)$",
+        ),
+        (
+            "inference:\n  batch_size: 2\n  batch_size: 4\n",
+            r"job\.yaml: not valid YAML: line 3, column 3: found the key "
+            r"'batch_size' twice in one mapping$",
+        ),
+    ],
+)
 def test_a_file_that_is_no_config_is_one_line_naming_it_and_where_it_went_wrong(tmp_path, text, message):
     user = tmp_path / "job.yaml"
     user.write_text(text, encoding="utf-8")
@@ -125,42 +153,53 @@ def test_the_library_shipped_to_executors_leaves_the_driver_only_tools_out(tmp_p
 def test_the_shipped_library_imports_from_its_bytecode(tmp_path):
     archive = library_archive(REPO / "pipelines", tmp_path / "lib.zip")
     names = set(zipfile.ZipFile(archive).namelist())
-    assert {n + "c" for n in names if n.endswith(".py")} <= names   # x.pyc beside x.py, where zipimport reads it
+    assert {n + "c" for n in names if n.endswith(".py")} <= names  # x.pyc beside x.py, where zipimport reads it
     # a fresh interpreter imports the executor's modules from the zip's bytecode (__file__ names the .pyc), and a
     # traceback still shows the source lines
-    code = ("import sys, traceback; sys.path.insert(0, sys.argv[1]); "
-            "from pipelines.inference import image_inference as m; print(m.__file__); "
-            "from pipelines.job_config import JobConfig\n"
-            "try:\n    JobConfig.from_dict({})\nexcept Exception:\n    traceback.print_exc(file=sys.stdout)")
-    result = subprocess.run([sys.executable, "-S", "-c", code, str(archive)], capture_output=True, text=True,
-                            timeout=120, cwd=tmp_path, env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if
-                                                                                        "site-packages" in p)})
+    code = (
+        "import sys, traceback; sys.path.insert(0, sys.argv[1]); "
+        "from pipelines.inference import image_inference as m; print(m.__file__); "
+        "from pipelines.job_config import JobConfig\n"
+        "try:\n    JobConfig.from_dict({})\nexcept Exception:\n    traceback.print_exc(file=sys.stdout)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", code, str(archive)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if "site-packages" in p)},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == str(archive / "pipelines" / "inference" / "image_inference.pyc")
     assert "raise ConfigError(" in result.stdout, result.stdout
 
 
 def test_the_shipped_zip_is_built_once_per_version_of_the_library(tmp_path, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))   # where the zips are staged
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the zips are staged
     (tmp_path / "tmp").mkdir()
     package = tmp_path / "tinylib"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "value.py").write_text("VALUE = 1\n")
     first = staged_library_archive(package)
-    assert staged_library_archive(package) == first and first.name == "sparkseg_tinylib.zip"   # reused, not rebuilt
+    assert staged_library_archive(package) == first and first.name == "sparkseg_tinylib.zip"  # reused, not rebuilt
     (package / "value.py").write_text("VALUE = 2\n")
     second = staged_library_archive(package)
     assert second != first and "tinylib/value.pyc" in zipfile.ZipFile(second).namelist()
-    assert sorted(p.name for p in (tmp_path / "tmp").glob("*/*")) == ["sparkseg_tinylib.zip"] * 2   # no temp files
+    assert sorted(p.name for p in (tmp_path / "tmp").glob("*/*")) == ["sparkseg_tinylib.zip"] * 2  # no temp files
 
 
 def test_training_configs_are_typed_as_their_fields_declare():
     from pipelines.training.config import TrainConfigError, load_train_config
     from pipelines.training.detector_config import load_detector_train_config
 
-    for key, value, kind in (("train.lr", "abc", "a number"), ("train.epochs", 2.5, "an integer"),
-                             ("train.lr_milestones", 0.5, "a list"), ("model.max_size", "big", "an integer")):
+    for key, value, kind in (
+        ("train.lr", "abc", "a number"),
+        ("train.epochs", 2.5, "an integer"),
+        ("train.lr_milestones", 0.5, "a list"),
+        ("model.max_size", "big", "an integer"),
+    ):
         with pytest.raises(TrainConfigError, match=rf"^{key} is .*: it must be {kind} \(see conf/train_yolact\.yaml\)"):
             load_train_config(overrides={key: value})
     config = load_train_config(overrides={"train.lr": 1, "distributed.use_gpu": False, "model.max_size": None})

@@ -1,5 +1,7 @@
-"""The driver JVM's class-data-sharing archive (pipelines.spark.jvm_class_archive): built once per env, mapped by every JVM
+"""The driver JVM's class-data-sharing archive (pipelines.spark.jvm_class_archive): built once per env, mapped by
+every JVM
 a job starts, never used when it belongs to another java or pyspark."""
+
 from __future__ import annotations
 
 import json
@@ -25,13 +27,19 @@ print(json.dumps(sorted({line.split()[-1] for line in maps if len(line.split()) 
 
 
 def test_a_jvm_the_job_starts_maps_this_envs_class_archive():
-    build = subprocess.run([sys.executable, "-m", "pipelines.spark.jvm_class_archive_build", "--if-missing"], cwd=REPO,
-                           capture_output=True, text=True, timeout=900)
+    build = subprocess.run(
+        [sys.executable, "-m", "pipelines.spark.jvm_class_archive_build", "--if-missing"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     archive = build.stdout.strip().splitlines()[-1]
     assert Path(archive).is_file() and archive.endswith(".jsa")
-    run = subprocess.run([sys.executable, "-c", MAPPED_BY_A_JOB_JVM], cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", MAPPED_BY_A_JOB_JVM], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert archive in json.loads(run.stdout.strip().splitlines()[-1])
 

@@ -1,13 +1,18 @@
 """The Python worker daemon of local-mode sessions (spark_session.local_daemon_settings, sparkseg_local_daemon):
 pyspark from the installed package, only where the workers run this interpreter and its pip-installed pyspark."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 import pipelines
-from pipelines.spark.spark_session import (LIBRARY_DIR_VARIABLE, LOCAL_DAEMON_DIR, LOCAL_DAEMON_MODULE,
-                                           local_daemon_settings)
+from pipelines.spark.spark_session import (
+    LIBRARY_DIR_VARIABLE,
+    LOCAL_DAEMON_DIR,
+    LOCAL_DAEMON_MODULE,
+    local_daemon_settings,
+)
 
 
 def worker_facts(_):
@@ -31,7 +36,7 @@ def test_local_workers_import_the_installed_pyspark_with_pandas_loaded(spark):
 def compiled_loops_facts(_):
     import sys as worker_sys
 
-    module = worker_sys.modules.get("pipelines.ops.compiled_loops")   # looked up before anything imports it here
+    module = worker_sys.modules.get("pipelines.ops.compiled_loops")  # looked up before anything imports it here
     yield None if module is None else module.__file__, module is not None and len(module.resample.signatures) > 0
 
 
@@ -76,8 +81,8 @@ def test_clusters_other_interpreters_and_the_callers_own_daemon_keep_sparks(monk
     assert local_daemon_settings({}, "yarn") == {}
     own = {"spark.python.daemon.module": "my_daemon"}
     assert local_daemon_settings(own, "local[*]") == own
-    monkeypatch.setenv("SPARK_HOME", str(tmp_path))   # another Spark's pyspark.zip may not match this pyspark
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))  # another Spark's pyspark.zip may not match this pyspark
     assert local_daemon_settings({}, "local[*]") == {}
     monkeypatch.delenv("SPARK_HOME")
-    monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")   # workers on another interpreter
+    monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")  # workers on another interpreter
     assert local_daemon_settings({}, "local[*]") == {}

@@ -1,6 +1,7 @@
 """Local inputs are listed by the executors, or by the driver up to a bound of names (pipelines.io.local_listing,
 image_sources.local_files_listing): the same rows as Spark's file index, which lists on the driver, for every name
 users have."""
+
 from __future__ import annotations
 
 import os
@@ -13,17 +14,24 @@ from pipelines.inference import image_sources as src
 from pipelines.io.local_listing import walk_entry, walk_top
 from tests.test_input_names import EMPTY_NAME, GLOB_NAMES, GOOD_NAMES, write_tree
 
-HIDDEN_NAMES = [".hidden.jpg", "_SUCCESS.jpg", "_metadata.jpg", "c/_common_metadata 2.jpg", "_temporary/0/part.jpg",
-                ".cache/x.jpg", "c/.partial.jpg"]
+HIDDEN_NAMES = [
+    ".hidden.jpg",
+    "_SUCCESS.jpg",
+    "_metadata.jpg",
+    "c/_common_metadata 2.jpg",
+    "_temporary/0/part.jpg",
+    ".cache/x.jpg",
+    "c/.partial.jpg",
+]
 OTHER_NAMES = ["notes.txt", "a/b/picture.jpg.txt"]
 
 
 def tricky_tree(root: Path) -> None:
     write_tree(root, GOOD_NAMES + GLOB_NAMES + HIDDEN_NAMES + OTHER_NAMES + ["deep/1/2/3/4/five.jpg"])
     (root / EMPTY_NAME).write_bytes(b"")
-    os.symlink(root / "a" / "b", root / "linked dir")                    # a directory symlink: walked
-    os.symlink(root / "d" / "plain.jpg", root / "linked.jpg")             # a file symlink: its target's size
-    os.symlink(root / "missing.jpg", root / "broken.jpg")                 # a broken symlink: not a file
+    os.symlink(root / "a" / "b", root / "linked dir")  # a directory symlink: walked
+    os.symlink(root / "d" / "plain.jpg", root / "linked.jpg")  # a file symlink: its target's size
+    os.symlink(root / "missing.jpg", root / "broken.jpg")  # a broken symlink: not a file
 
 
 def rows(frame) -> list[tuple]:
@@ -35,7 +43,7 @@ def test_the_executors_list_what_sparks_file_index_lists(spark, tmp_path):
     tricky_tree(images)
     extensions = [".jpg", ".jpeg", ".png"]
 
-    ours = rows(src.find_images(spark, str(images), extensions).scanned)   # small: walked on the driver
+    ours = rows(src.find_images(spark, str(images), extensions).scanned)  # small: walked on the driver
     by_executors = src.local_files_listing(spark, str(images), extensions, recursive=True, driver_max_files=0)
     assert rows(by_executors) == ours
     # the directories were dealt over the tasks (the spark fixture has 2 cores)
@@ -45,9 +53,15 @@ def test_the_executors_list_what_sparks_file_index_lists(spark, tmp_path):
     # modification times to the millisecond, as Hadoop's; Spark's index gives zero-byte files none
     assert [row for row in ours if row[1]] == [row for row in sparks if row[1]]
     assert all(row[2] is not None for row in ours)
-    names = {path[len(f"file:{images}/"):] for path, _, _ in ours}
-    assert names == {*GOOD_NAMES, *GLOB_NAMES, EMPTY_NAME, "deep/1/2/3/4/five.jpg", "linked.jpg",
-                     "linked dir/UPPER CASE.JPG"}
+    names = {path[len(f"file:{images}/") :] for path, _, _ in ours}
+    assert names == {
+        *GOOD_NAMES,
+        *GLOB_NAMES,
+        EMPTY_NAME,
+        "deep/1/2/3/4/five.jpg",
+        "linked.jpg",
+        "linked dir/UPPER CASE.JPG",
+    }
 
 
 def test_not_recursive_is_the_files_directly_under_the_root(spark, tmp_path):
@@ -76,8 +90,10 @@ def test_an_input_of_underscored_photos_says_they_are_skipped_as_hidden(tmp_path
     """Cameras name Adobe RGB photos `_DSC0001.JPG`: a listing skips them as Hadoop's hidden files, and the message of
     a run that lists nothing says so (names starting with '.' are not counted, nor hidden directories, nor the
     output under the input)."""
-    write_tree(tmp_path / "in", ["_DSC0001.JPG", "day 2/_DSC0002.jpg", "._DSC0003.JPG", "_raw/_DSC0004.JPG",
-                                 "_notes.txt", "out/_DSC0005.JPG"])
+    write_tree(
+        tmp_path / "in",
+        ["_DSC0001.JPG", "day 2/_DSC0002.jpg", "._DSC0003.JPG", "_raw/_DSC0004.JPG", "_notes.txt", "out/_DSC0005.JPG"],
+    )
     message = src.nothing_listed(str(tmp_path / "in"), [".jpg"], output_prefix_=f"file:{tmp_path}/in/out/")
     assert "; 2 files with those endings are skipped for a name starting with '_' (e.g. _DSC" in message
     assert "rename them without the leading '_'" in message
@@ -95,8 +111,9 @@ def test_an_input_with_no_listed_file_says_what_it_holds(tmp_path):
     """A run that lists nothing logs why (image_sources.nothing_listed): the endings it lists, and for a local
     input the endings of the visible files there (phone photos in HEIC, GIFs); hidden names are not counted, nor
     the output under the input."""
-    write_tree(tmp_path / "in", ["IMG_0001.HEIC", "trip/IMG_0002.heic", "anim.GIF", "notes", ".hidden.jpg",
-                                 "out/mask.png"])
+    write_tree(
+        tmp_path / "in", ["IMG_0001.HEIC", "trip/IMG_0002.heic", "anim.GIF", "notes", ".hidden.jpg", "out/mask.png"]
+    )
     message = src.nothing_listed(str(tmp_path / "in"), [".jpg", ".png"], output_prefix_=f"file:{tmp_path}/in/out/")
     assert f"no file under {tmp_path / 'in'} ends with .jpg, .png" in message
     assert "holds 4 other files, ending with (none), .gif, .heic:" in message and ".png" not in message.split(";")[1]

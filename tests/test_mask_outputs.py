@@ -1,4 +1,5 @@
 """RLE encode/decode (pycocotools), label maps (overlap rule, dtype), label-map PNGs."""
+
 from __future__ import annotations
 
 import io
@@ -9,8 +10,15 @@ import pytest
 from PIL import Image
 from pycocotools import mask as coco_mask
 
-from pipelines.ops.mask_outputs import (LabelMapBuilder, decode_rle, encode_rle, label_map, label_map_png,
-                                    read_label_map_png, rle_area)
+from pipelines.ops.mask_outputs import (
+    LabelMapBuilder,
+    decode_rle,
+    encode_rle,
+    label_map,
+    label_map_png,
+    read_label_map_png,
+    rle_area,
+)
 
 
 def _random_masks(count: int, height: int, width: int, seed: int = 0) -> list[np.ndarray]:
@@ -19,7 +27,7 @@ def _random_masks(count: int, height: int, width: int, seed: int = 0) -> list[np
     for _ in range(count):
         top, left = rng.integers(0, height), rng.integers(0, width)
         mask = np.zeros((height, width), bool)
-        mask[top: top + rng.integers(1, 12), left: left + rng.integers(1, 12)] = True
+        mask[top : top + rng.integers(1, 12), left : left + rng.integers(1, 12)] = True
         masks.append(mask)
     return masks
 
@@ -129,7 +137,7 @@ def test_label_map_png_round_trip(count, bit_depth):
     assert restored.dtype == labels.dtype and np.array_equal(restored, labels)
     with Image.open(io.BytesIO(data)) as image:
         assert image.size == (50, 60)
-        image.verify()   # chunk CRCs
+        image.verify()  # chunk CRCs
 
 
 def test_read_label_map_png_rejects_colour_pngs():

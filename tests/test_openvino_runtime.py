@@ -1,6 +1,7 @@
 """CompiledIR.infer: a batch through the async queue equals the images one at a time, with one stream and with two,
 for IRs whose outputs have static shapes (written straight into the batch result) and dynamic ones (joined per
 image)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,7 @@ def _static_ir(tmp_path, side: int = 8) -> str:
 
 
 def _dynamic_ir(tmp_path) -> str:
-    image = ops.parameter(ov.PartialShape([1, 3, -1, -1]), np.float32, name="image")   # any height and width
+    image = ops.parameter(ov.PartialShape([1, 3, -1, -1]), np.float32, name="image")  # any height and width
     scaled = ops.multiply(image, ops.constant(np.float32(2)))
     scaled.output(0).get_tensor().set_names({"scaled"})
     return _save(ov.Model([scaled], [image]), tmp_path, "dynamic")
@@ -55,8 +56,8 @@ def test_a_result_or_a_view_of_one_is_never_written_by_a_later_call(tmp_path):
     rng = np.random.default_rng(3)
     first, second, third = (rng.random((4, 3, 8, 8), dtype=np.float32) for _ in range(3))
     held = ir.infer(first)
-    view = ir.infer(second)["scaled"][1]          # the result itself dropped, a view of it kept
-    for batch in (third, first, third[:2]):       # the next calls may reuse what nobody holds
+    view = ir.infer(second)["scaled"][1]  # the result itself dropped, a view of it kept
+    for batch in (third, first, third[:2]):  # the next calls may reuse what nobody holds
         ir.infer(batch)
     np.testing.assert_array_equal(held["scaled"], first * 2)
     np.testing.assert_array_equal(view, second[1] * 2)
@@ -65,7 +66,7 @@ def test_a_result_or_a_view_of_one_is_never_written_by_a_later_call(tmp_path):
         np.testing.assert_array_equal(again[name], fresh[name])
 
 
-@pytest.mark.timeout(120, method="thread")   # before the fix, the call after the failed one waited forever (in C:
+@pytest.mark.timeout(120, method="thread")  # before the fix, the call after the failed one waited forever (in C:
 # the signal method cannot interrupt it)
 @pytest.mark.parametrize("streams", [1, 2])
 def test_a_failed_start_leaves_the_ir_usable(tmp_path, streams):
@@ -73,7 +74,7 @@ def test_a_failed_start_leaves_the_ir_usable(tmp_path, streams):
     a failed batch image by image, run (the queue never hands out a request whose start failed again)."""
     ir = CompiledIR(_static_ir(tmp_path), RuntimeSettings(precision="f32", threads=1, streams=streams))
     good = np.random.default_rng(5).random((3, 3, 8, 8), dtype=np.float32)
-    for _ in range(ir.num_requests + 1):   # more failures than the queue has requests
+    for _ in range(ir.num_requests + 1):  # more failures than the queue has requests
         with pytest.raises(Exception):
             ir.infer([good[0], np.zeros((3, 9, 8), np.float32), good[1]])
     np.testing.assert_array_equal(ir.infer(good)["scaled"], good * 2)
@@ -92,7 +93,7 @@ def test_strided_and_other_typed_images_give_the_values_of_contiguous_float32_on
         images = rng.random((4, 3, 128, 128), dtype=np.float32)
         read_only = images[3].copy()
         read_only.flags.writeable = False
-        wide = np.repeat(images[0], 2, axis=2)[:, :, ::2]                          # a strided view of images[0]
+        wide = np.repeat(images[0], 2, axis=2)[:, :, ::2]  # a strided view of images[0]
         batch = [wide, images[1].astype(np.float64), np.asfortranarray(images[2]), read_only]
         outputs = {name: value.copy() for name, value in ir.infer(batch).items()}
         del batch, wide, read_only
@@ -124,6 +125,7 @@ def test_a_signal_after_compiled_models_are_released_reaches_its_handler(tmp_pat
         "try:\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "except KeyboardInterrupt:\n"
-        "    print('handled')\n")
+        "    print('handled')\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout.strip()) == (0, "handled"), done.stderr[-2000:]

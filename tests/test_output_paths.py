@@ -1,4 +1,5 @@
 """Output paths: always inside the output root, never two inputs on one output, across URI kinds."""
+
 from __future__ import annotations
 
 import os
@@ -9,32 +10,92 @@ from urllib.parse import unquote_to_bytes
 
 import pytest
 
-from pipelines.io.output_paths import (EXTERNAL_DIR, MAX_COMPONENT_CHARS, encode_component, mask_output_path,
-                                    qualify_root, relative_key)
+from pipelines.io.output_paths import (
+    EXTERNAL_DIR,
+    MAX_COMPONENT_CHARS,
+    encode_component,
+    mask_output_path,
+    qualify_root,
+    relative_key,
+)
 
 ROOT = "file:/data/in"
 OUT = "abfss://out@acct.dfs.core.windows.net/run1"
 
 ADVERSARIAL_NAMES = [
-    "img.jpg", "img.png", "img.JPG", "IMG.jpg", "Img.Jpg", "a/b/img.jpg", "a/b/c/img.jpg",
-    "../../etc/passwd", "../in/img.jpg", "../inx/img.jpg", "/abs", "//abs2", "a/../../b", "a/../b", "a/./b/c",
-    "a//b/c2", "./c3", "...", "..hidden", ".hidden", "_hidden", "_external/x.jpg", "C:\\x", "C:/x",
-    "a\\..\\..\\b", "\\\\server\\share", "%2e%2e", "%2E%2E/x", "%2e%2e%2fetc", "%", "%%", "%25", "~", "x~y",
-    "caf\u00e9.jpg", "cafe\u0301.jpg", "\u212bngstrom", "\u00c5ngstrom", "\u202egnp.exe", "\uff0e\uff0e",
-    "\u56fe\u7247.jpg", "sp ace.jpg", "tab\t.jpg", "nl\n.jpg", "nul\x00.jpg", "del\x7f.jpg", "q?.jpg", "h#.jpg",
-    "colon:.jpg", "star*.jpg", "dot.", "dir./f.jpg", "dir../f.jpg", "x", "x.png/1.jpg", "x.PNG/2.jpg",
-    "emoji\U0001f600.jpg", "lone\udc80surrogate",
-    "a" * 300, "a" * 299 + "b", "\u00e9" * 300, "d" * 300 + "/f.jpg", "d" * 299 + "e/f.jpg",
+    "img.jpg",
+    "img.png",
+    "img.JPG",
+    "IMG.jpg",
+    "Img.Jpg",
+    "a/b/img.jpg",
+    "a/b/c/img.jpg",
+    "../../etc/passwd",
+    "../in/img.jpg",
+    "../inx/img.jpg",
+    "/abs",
+    "//abs2",
+    "a/../../b",
+    "a/../b",
+    "a/./b/c",
+    "a//b/c2",
+    "./c3",
+    "...",
+    "..hidden",
+    ".hidden",
+    "_hidden",
+    "_external/x.jpg",
+    "C:\\x",
+    "C:/x",
+    "a\\..\\..\\b",
+    "\\\\server\\share",
+    "%2e%2e",
+    "%2E%2E/x",
+    "%2e%2e%2fetc",
+    "%",
+    "%%",
+    "%25",
+    "~",
+    "x~y",
+    "caf\u00e9.jpg",
+    "cafe\u0301.jpg",
+    "\u212bngstrom",
+    "\u00c5ngstrom",
+    "\u202egnp.exe",
+    "\uff0e\uff0e",
+    "\u56fe\u7247.jpg",
+    "sp ace.jpg",
+    "tab\t.jpg",
+    "nl\n.jpg",
+    "nul\x00.jpg",
+    "del\x7f.jpg",
+    "q?.jpg",
+    "h#.jpg",
+    "colon:.jpg",
+    "star*.jpg",
+    "dot.",
+    "dir./f.jpg",
+    "dir../f.jpg",
+    "x",
+    "x.png/1.jpg",
+    "x.PNG/2.jpg",
+    "emoji\U0001f600.jpg",
+    "lone\udc80surrogate",
+    "a" * 300,
+    "a" * 299 + "b",
+    "\u00e9" * 300,
+    "d" * 300 + "/f.jpg",
+    "d" * 299 + "e/f.jpg",
 ]
 
 
 def _assert_inside(path: str, root: str) -> None:
     prefix = f"{root.rstrip('/')}/masks/"
     assert path.startswith(prefix), path
-    key = path[len(prefix):]
+    key = path[len(prefix) :]
     parts = key.split("/")
     assert all(part not in ("", ".", "..") for part in parts), path
-    assert all(0x20 < ord(char) < 0x7f for char in key), f"non-printable or non-ASCII in {path!r}"
+    assert all(0x20 < ord(char) < 0x7F for char in key), f"non-printable or non-ASCII in {path!r}"
     assert all(len(part.encode()) <= 255 for part in parts), path
     assert "\\" not in key and ":" not in key, path
     assert posixpath.normpath("/" + key) == "/" + key, path  # nothing a path normalizer would change
@@ -45,41 +106,49 @@ def _decode_key(key: str) -> str:
 
 
 def test_examples():
-    assert mask_output_path("hdfs://nn:8020/out", "hdfs://nn:8020/in/a/b/img.jpg", "hdfs://nn:8020/in") == \
-        "hdfs://nn:8020/out/masks/a/b/img.jpg.png"
+    assert (
+        mask_output_path("hdfs://nn:8020/out", "hdfs://nn:8020/in/a/b/img.jpg", "hdfs://nn:8020/in")
+        == "hdfs://nn:8020/out/masks/a/b/img.jpg.png"
+    )
     assert mask_output_path(OUT + "/", "file:/data/in/img.png", "/data/in/") == OUT + "/masks/img.png.png"
     assert relative_key("file:/data/in/sp ace/caf\u00e9 #1.jpg", ROOT) == "sp%20ace/caf%C3%A9%20%231.jpg"
 
 
-@pytest.mark.parametrize("input_uri,input_root,expected", [
-    ("file:/data/in/a/b.jpg", "file:///data/in/", "a/b.jpg"),
-    ("file:///data/in/a/b.jpg", "/data/in", "a/b.jpg"),
-    ("/data/in/a/b.jpg", "file://localhost/data/in", "a/b.jpg"),
-    ("FILE:/data/in/a/b.jpg", "file:/data/in", "a/b.jpg"),
-    ("hdfs://nn:8020/data/in/a/b.jpg", "hdfs://nn:8020/data/in", "a/b.jpg"),
-    ("hdfs://NN:8020/data/in/a/b.jpg", "HDFS://nn:8020/data/in/", "a/b.jpg"),
-    ("abfss://c@a.dfs.core.windows.net/x/y.jpg", "abfss://c@a.dfs.core.windows.net/", "x/y.jpg"),
-    ("abfss://c@a.dfs.core.windows.net/x/y.jpg", "abfss://c@a.dfs.core.windows.net", "x/y.jpg"),
-    ("az://c/x/y.jpg", "az://c/", "x/y.jpg"),
-    ("dbfs:/mnt/in/y.jpg", "dbfs:///mnt/in", "y.jpg"),
-    ("samples/images/cat.jpg", "samples/images", "cat.jpg"),
-    ("/data/in/a/../b/./c.jpg", "/data/in", "b/c.jpg"),
-])
+@pytest.mark.parametrize(
+    "input_uri,input_root,expected",
+    [
+        ("file:/data/in/a/b.jpg", "file:///data/in/", "a/b.jpg"),
+        ("file:///data/in/a/b.jpg", "/data/in", "a/b.jpg"),
+        ("/data/in/a/b.jpg", "file://localhost/data/in", "a/b.jpg"),
+        ("FILE:/data/in/a/b.jpg", "file:/data/in", "a/b.jpg"),
+        ("hdfs://nn:8020/data/in/a/b.jpg", "hdfs://nn:8020/data/in", "a/b.jpg"),
+        ("hdfs://NN:8020/data/in/a/b.jpg", "HDFS://nn:8020/data/in/", "a/b.jpg"),
+        ("abfss://c@a.dfs.core.windows.net/x/y.jpg", "abfss://c@a.dfs.core.windows.net/", "x/y.jpg"),
+        ("abfss://c@a.dfs.core.windows.net/x/y.jpg", "abfss://c@a.dfs.core.windows.net", "x/y.jpg"),
+        ("az://c/x/y.jpg", "az://c/", "x/y.jpg"),
+        ("dbfs:/mnt/in/y.jpg", "dbfs:///mnt/in", "y.jpg"),
+        ("samples/images/cat.jpg", "samples/images", "cat.jpg"),
+        ("/data/in/a/../b/./c.jpg", "/data/in", "b/c.jpg"),
+    ],
+)
 def test_roots_in_any_form_are_stripped(input_uri, input_root, expected):
     assert relative_key(input_uri, input_root) == expected
 
 
-@pytest.mark.parametrize("input_uri,input_root", [
-    ("hdfs://nn:8020/data/in/a.jpg", "hdfs://other:8020/data/in"),  # other authority
-    ("hdfs://nn:8020/data/in/a.jpg", "hdfs:///data/in"),  # unqualified root: qualify_root it first
-    ("hdfs://nn:8020/data/in/a.jpg", "/data/in"),  # other scheme, same path
-    ("abfss://c@a.dfs.core.windows.net/x/y.jpg", "abfss://d@a.dfs.core.windows.net/"),  # other container
-    ("/data/inx/a.jpg", "/data/in"),  # prefix of a name, not a directory
-    ("/data/in", "/data/in"),  # the root itself
-    ("/data/in/../../etc/passwd", "/data/in"),
-    ("C:\\data\\in\\a.jpg", "/data/in"),
-    ("samples/images/cat.jpg", "/work/samples/images"),  # relative input, absolute root
-])
+@pytest.mark.parametrize(
+    "input_uri,input_root",
+    [
+        ("hdfs://nn:8020/data/in/a.jpg", "hdfs://other:8020/data/in"),  # other authority
+        ("hdfs://nn:8020/data/in/a.jpg", "hdfs:///data/in"),  # unqualified root: qualify_root it first
+        ("hdfs://nn:8020/data/in/a.jpg", "/data/in"),  # other scheme, same path
+        ("abfss://c@a.dfs.core.windows.net/x/y.jpg", "abfss://d@a.dfs.core.windows.net/"),  # other container
+        ("/data/inx/a.jpg", "/data/in"),  # prefix of a name, not a directory
+        ("/data/in", "/data/in"),  # the root itself
+        ("/data/in/../../etc/passwd", "/data/in"),
+        ("C:\\data\\in\\a.jpg", "/data/in"),
+        ("samples/images/cat.jpg", "/work/samples/images"),  # relative input, absolute root
+    ],
+)
 def test_inputs_outside_the_root_go_to_external(input_uri, input_root):
     key = relative_key(input_uri, input_root)
     top, digest, name = key.split("/")
@@ -95,10 +164,12 @@ def test_adversarial_names_stay_inside_and_never_collide():
         path = mask_output_path(OUT, uri, ROOT)
         _assert_inside(path, OUT)
         outputs.setdefault(path, set()).add(uri)
+
     # Same output <=> same file: identity by scheme and posixpath.normpath, independent of the code under test.
     def identity(uri: str) -> str:
         scheme, _, rest = uri.partition(":") if uri.startswith(("file:", "hdfs:")) else ("file", "", uri)
         return scheme + ":" + posixpath.normpath(rest if rest.startswith("/") else "/" + rest)
+
     for path, uris in outputs.items():
         assert len({identity(uri) for uri in uris}) == 1, f"{sorted(uris)} collide on {path}"
     assert len(outputs) == len({identity(uri) for uri in inputs})
@@ -157,9 +228,29 @@ def test_output_root_must_be_given():
 def test_on_a_real_file_system_every_input_gets_its_own_file_inside_the_root(tmp_path):
     """Files with hostile but legal Linux names; write one output per input and count what lands where."""
     input_root, output_root = tmp_path / "in", tmp_path / "out"
-    names = ["img.jpg", "img.png", "IMG.jpg", "caf\u00e9.jpg", "cafe\u0301.jpg", "%2e%2e", "...", ".hidden",
-             "_external", "C:\\x", "tab\t.jpg", "nl\n.jpg", "sp ace", "x", "x.png/1.jpg", "deep/er/f.jpg",
-             "a" * 250, "a" * 249 + "b", "\u00e9" * 120, "~", "\u202eevil"]
+    names = [
+        "img.jpg",
+        "img.png",
+        "IMG.jpg",
+        "caf\u00e9.jpg",
+        "cafe\u0301.jpg",
+        "%2e%2e",
+        "...",
+        ".hidden",
+        "_external",
+        "C:\\x",
+        "tab\t.jpg",
+        "nl\n.jpg",
+        "sp ace",
+        "x",
+        "x.png/1.jpg",
+        "deep/er/f.jpg",
+        "a" * 250,
+        "a" * 249 + "b",
+        "\u00e9" * 120,
+        "~",
+        "\u202eevil",
+    ]
     for name in names:
         (input_root / name).parent.mkdir(parents=True, exist_ok=True)
         (input_root / name).write_bytes(name.encode("utf-8"))
@@ -187,7 +278,13 @@ def test_spark_listed_paths_under_a_qualified_root(spark, tmp_path):
     assert root == f"file:{input_root}"
     relative = qualify_root(spark, "some/relative/dir")  # against the driver JVM's working directory
     assert relative.startswith("file:/") and relative.endswith("/some/relative/dir")
-    listed = [row.path for row in spark.read.format("binaryFile").option("recursiveFileLookup", "true")
-              .load(str(input_root)).select("path").collect()]
+    listed = [
+        row.path
+        for row in spark.read.format("binaryFile")
+        .option("recursiveFileLookup", "true")
+        .load(str(input_root))
+        .select("path")
+        .collect()
+    ]
     keys = sorted(relative_key(uri, root) for uri in listed)
     assert keys == sorted(["sp%20ace.jpg", "caf%C3%A9.jpg", "pct%252e.jpg", "sub%20dir/q%231%3F.jpg"])

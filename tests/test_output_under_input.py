@@ -1,5 +1,6 @@
 """An output under its own input: the job's results there (label maps are PNGs) are no inputs, in every listing,
 so a second run does not read them as new images."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,11 +17,11 @@ def test_the_output_prefix_in_each_listings_spelling(spark, tmp_path):
     images = tmp_path / "in put"
     assert src.output_prefix(spark, str(images), str(images / "out")) == f"file:{images}/out/"
     assert src.output_prefix(spark, f"file://{images}/", f"{images}/a/out/") == f"file:{images}/a/out/"
-    assert src.output_prefix(spark, str(images), f"{images} 2/out") is None          # a sibling, not under it
+    assert src.output_prefix(spark, str(images), f"{images} 2/out") is None  # a sibling, not under it
     assert src.output_prefix(spark, str(images), str(tmp_path)) is None
     assert src.output_prefix(spark, "az://c/in", "az://c/in/out") == "az://c/in/out/"
     assert src.output_prefix(spark, "az://c/in", "az://d/in/out") is None
-    abfs = "abfs://c@acct.dfs.core.windows.net"   # the same container spelled with its account
+    abfs = "abfs://c@acct.dfs.core.windows.net"  # the same container spelled with its account
     assert src.output_prefix(spark, "az://c/in", f"{abfs}/in/out") == "az://c/in/out/"
     assert src.output_prefix(spark, f"{abfs}/in", "az://c/in/out") == f"{abfs}/in/out/"
     assert src.output_prefix(spark, f"{abfs}/in", "abfs://c@other.dfs.core.windows.net/in/out") is None
@@ -28,8 +29,12 @@ def test_the_output_prefix_in_each_listings_spelling(spark, tmp_path):
     hdfs = "hdfs://localhost:1/in"
     assert src.output_prefix(spark, hdfs, f"{hdfs}/out/") == f"{hdfs}/out/"
     assert src.output_prefix(spark, hdfs, f"{images}/out") is None
-    for same in ((str(images), f"file://{images}/"), ("az://c/in", "az://c/in/"), ("az://c/in", f"{abfs}/in"),
-                 (hdfs, "hdfs://localhost:1/in/")):
+    for same in (
+        (str(images), f"file://{images}/"),
+        ("az://c/in", "az://c/in/"),
+        ("az://c/in", f"{abfs}/in"),
+        (hdfs, "hdfs://localhost:1/in/"),
+    ):
         with pytest.raises(src.InputError, match="--output is the --input directory"):
             src.output_prefix(spark, *same)
 
@@ -37,7 +42,7 @@ def test_the_output_prefix_in_each_listings_spelling(spark, tmp_path):
 def test_every_listing_leaves_the_output_out(spark, tmp_path):
     images = tmp_path / "in put"
     write_tree(images, ["a.jpg", "sub/b.png", "out 2/c.jpg", "out/masks/a.jpg.png", "out/masks/sub/b.png.png"])
-    (images / "out" / "empty.jpg").write_bytes(b"")   # zero-byte: Spark's index holds it, its scan does not
+    (images / "out" / "empty.jpg").write_bytes(b"")  # zero-byte: Spark's index holds it, its scan does not
     (images / "zero.jpg").write_bytes(b"")
     prefix = src.output_prefix(spark, str(images), str(images / "out"))
     expected = sorted(f"file:{images}/{name}" for name in ["a.jpg", "sub/b.png", "out 2/c.jpg", "zero.jpg"])
@@ -66,6 +71,6 @@ def test_a_second_run_into_an_output_under_its_input_finds_nothing_new(spark, tm
         (images / name).write_bytes((SAMPLES / "images" / name).read_bytes())
     first = run(spark, job_config(images, images / "results"))
     assert (first["counts"]["inputs"], first["counts"]["done"]) == (2, 2)
-    assert list((images / "results" / "masks").glob("*.png"))           # label maps the next listing would see
+    assert list((images / "results" / "masks").glob("*.png"))  # label maps the next listing would see
     second = run(spark, job_config(images, images / "results"))
     assert {k: second["counts"][k] for k in ("inputs", "skipped", "done")} == {"inputs": 2, "skipped": 2, "done": 0}

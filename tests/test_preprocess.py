@@ -1,5 +1,6 @@
 """preprocess_rgb: the network input in one pass equals, bit for bit, the resize then numpy's normalization (and,
 within float32 rounding, torch's F.interpolate then (x - mean) / std, the reference's FastBaseTransform)."""
+
 import numpy as np
 import pytest
 import torch
@@ -13,8 +14,13 @@ STD = (57.38, 57.12, 58.40)
 
 
 def spec(height, width, order="RGB"):
-    return {"shape": [1, 3, height, width], "mean": list(MEAN), "std": list(STD), "channel_order": order,
-            "resize": {"mode": "bilinear", "keep_aspect_ratio": False}}
+    return {
+        "shape": [1, 3, height, width],
+        "mean": list(MEAN),
+        "std": list(STD),
+        "channel_order": order,
+        "resize": {"mode": "bilinear", "keep_aspect_ratio": False},
+    }
 
 
 def two_steps(rgb, height, width, order):
@@ -28,13 +34,16 @@ def two_steps(rgb, height, width, order):
     return chw
 
 
-@pytest.mark.parametrize("in_shape, size", [
-    ((480, 640, 3), (550, 550)),   # up rows, down cols
-    ((1080, 1920, 4), (550, 550)),  # RGBX (decode_image(shared_memory=True)), down
-    ((37, 1, 3), (64, 64)),        # one column
-    ((1, 1, 4), (256, 256)),       # one pixel
-    ((256, 256, 3), (256, 256)),   # identity
-])
+@pytest.mark.parametrize(
+    "in_shape, size",
+    [
+        ((480, 640, 3), (550, 550)),  # up rows, down cols
+        ((1080, 1920, 4), (550, 550)),  # RGBX (decode_image(shared_memory=True)), down
+        ((37, 1, 3), (64, 64)),  # one column
+        ((1, 1, 4), (256, 256)),  # one pixel
+        ((256, 256, 3), (256, 256)),  # identity
+    ],
+)
 @pytest.mark.parametrize("order", ["RGB", "BGR"])
 def test_one_pass_equals_the_resize_then_the_normalization(in_shape, size, order):
     rgb = np.random.default_rng(sum(in_shape)).integers(0, 256, in_shape, dtype=np.uint8)
@@ -57,7 +66,6 @@ def test_channels_not_named_are_not_read_and_bad_channels_are_refused():
     other = rgbx.copy()
     other[..., 3] = 255 - other[..., 3]
     planes = resize_normalized_planes(rgbx, (9, 11), (0, 1, 2), np.zeros(3), np.ones(3))
-    np.testing.assert_array_equal(planes, resize_normalized_planes(other, (9, 11), (0, 1, 2), np.zeros(3),
-                                                                   np.ones(3)))
+    np.testing.assert_array_equal(planes, resize_normalized_planes(other, (9, 11), (0, 1, 2), np.zeros(3), np.ones(3)))
     with pytest.raises(ValueError, match="channels"):
         resize_normalized_planes(rgbx, (9, 11), (0, 1, 4), np.zeros(3), np.ones(3))

@@ -1,5 +1,6 @@
 """The progress line's "tasks running" comes from Spark's status store: tasks that start together with their stage
 are counted at once, not only at the next executor heartbeat (10 s)."""
+
 from __future__ import annotations
 
 import threading
@@ -20,7 +21,7 @@ def wait_for(condition, timeout_s: float = 120) -> bool:
 def test_tasks_that_start_with_their_stage_are_counted_as_running(spark, tmp_path):
     release = tmp_path / "release"
 
-    def hold(batches):   # each task says it started, then runs until the test has looked
+    def hold(batches):  # each task says it started, then runs until the test has looked
         from pyspark import TaskContext
 
         (tmp_path / f"started-{TaskContext.get().partitionId()}").touch()
@@ -32,7 +33,7 @@ def test_tasks_that_start_with_their_stage_are_counted_as_running(spark, tmp_pat
     job.start()
     try:
         assert wait_for(lambda: len(list(tmp_path.glob("started-*"))) == 2)
-        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()   # both task-start events are in the store
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()  # both task-start events are in the store
         assert reporter.running_tasks() == 2
     finally:
         release.touch()

@@ -1,5 +1,7 @@
-"""pipelines.report.render draws what detections/ says: a hand-made detection's overlay paints exactly its mask's pixels,
+"""pipelines.report.render draws what detections/ says: a hand-made detection's overlay paints exactly its mask's
+pixels,
 overlaps go to the higher score, boxes and tags stay on the box; failed images are named (CLI summary, report)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -10,23 +12,35 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from pipelines.report import render
 from pipelines.job_cli import print_summary
 from pipelines.ops.mask_outputs import encode_rle
 from pipelines.report import overlays as ov
+from pipelines.report import render
 from pipelines.report.tables import read_output
 
 H, W = 160, 200
 GREY = (90, 90, 90)
 MASK_TYPE = pa.struct([("size", pa.list_(pa.int32())), ("counts", pa.string())])
-INSTANCE_TYPE = pa.struct([("class_id", pa.int32()), ("class_name", pa.string()), ("score", pa.float32()),
-                           ("box", pa.list_(pa.int32())), ("mask", MASK_TYPE)])
+INSTANCE_TYPE = pa.struct(
+    [
+        ("class_id", pa.int32()),
+        ("class_name", pa.string()),
+        ("score", pa.float32()),
+        ("box", pa.list_(pa.int32())),
+        ("mask", MASK_TYPE),
+    ]
+)
 
 
 def instance(class_id, name, score, mask):
     rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
-    return {"class_id": class_id, "class_name": name, "score": score, "mask": encode_rle(mask),
-            "box": [int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1]}
+    return {
+        "class_id": class_id,
+        "class_name": name,
+        "score": score,
+        "mask": encode_rle(mask),
+        "box": [int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1],
+    }
 
 
 def hand_made_output(tmp_path, instances, errors=()):
@@ -36,45 +50,69 @@ def hand_made_output(tmp_path, instances, errors=()):
     Image.new("RGB", (W, H), GREY).save(images / "grey.png")
     out = tmp_path / "out"
     when = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-    detections = pa.table({"path": [f"file:{images}/grey.png"], "width": [W], "height": [H],
-                           "instances": pa.array([instances], pa.list_(INSTANCE_TYPE)), "mask_path": [None],
-                           "modification_time": [when], "model_sha256": ["m"], "run_id": ["20260101T000000Z-a"]})
+    detections = pa.table(
+        {
+            "path": [f"file:{images}/grey.png"],
+            "width": [W],
+            "height": [H],
+            "instances": pa.array([instances], pa.list_(INSTANCE_TYPE)),
+            "mask_path": [None],
+            "modification_time": [when],
+            "model_sha256": ["m"],
+            "run_id": ["20260101T000000Z-a"],
+        }
+    )
     (out / "detections").mkdir(parents=True)
     pq.write_table(detections, out / "detections" / "part-0.parquet")
     (out / "errors").mkdir()
-    pq.write_table(pa.table({"path": [f"file:{images}/{e}" for e in errors], "stage": ["read"] * len(errors),
-                             "error_type": ["ImageDecodeError"] * len(errors),
-                             "message": ["not an image"] * len(errors),
-                             "modification_time": pa.array([when] * len(errors), pa.timestamp("us", "UTC")),
-                             "model_sha256": ["m"] * len(errors), "run_id": ["20260101T000000Z-a"] * len(errors)}),
-                   out / "errors" / "part-0.parquet")
-    (out / "summary.json").write_text(json.dumps({"run_id": "20260101T000000Z-a", "input": str(images),
-                                                  "model": {"name": "hand", "sha256": "m", "note": None,
-                                                            "classes": ["a", "b"]},
-                                                  "counts": {"inputs": 1 + len(errors), "done": 1,
-                                                             "failed": len(errors), "skipped": 0, "instances": 2}}))
+    pq.write_table(
+        pa.table(
+            {
+                "path": [f"file:{images}/{e}" for e in errors],
+                "stage": ["read"] * len(errors),
+                "error_type": ["ImageDecodeError"] * len(errors),
+                "message": ["not an image"] * len(errors),
+                "modification_time": pa.array([when] * len(errors), pa.timestamp("us", "UTC")),
+                "model_sha256": ["m"] * len(errors),
+                "run_id": ["20260101T000000Z-a"] * len(errors),
+            }
+        ),
+        out / "errors" / "part-0.parquet",
+    )
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "run_id": "20260101T000000Z-a",
+                "input": str(images),
+                "model": {"name": "hand", "sha256": "m", "note": None, "classes": ["a", "b"]},
+                "counts": {"inputs": 1 + len(errors), "done": 1, "failed": len(errors), "skipped": 0, "instances": 2},
+            }
+        )
+    )
     return out
 
 
 def masks():
     first = np.zeros((H, W), bool)
     first[50:100, 20:120] = True
-    first[60:70, 40:44] = False                     # a hole: not painted
+    first[60:70, 40:44] = False  # a hole: not painted
     second = np.zeros((H, W), bool)
-    second[80:140, 90:180] = True                   # overlaps `first` at rows 80..99, cols 90..119
+    second[80:140, 90:180] = True  # overlaps `first` at rows 80..99, cols 90..119
     return first, second
 
 
 def test_overlay_paints_exactly_the_masks_pixels_higher_score_on_top(tmp_path):
     first, second = masks()
-    out = hand_made_output(tmp_path, [instance(0, "a", 0.9, first), instance(1, "b", 0.7, second),
-                                      instance(1, "b", 0.2, np.ones((H, W), bool))])   # below the threshold
+    out = hand_made_output(
+        tmp_path,
+        [instance(0, "a", 0.9, first), instance(1, "b", 0.7, second), instance(1, "b", 0.2, np.ones((H, W), bool))],
+    )  # below the threshold
     row = read_output(out).detections[0]
     grey = np.full((H, W, 3), GREY, np.uint8)
     painted = ov.draw_overlay(grey, row["instances"], score_threshold=0.5, boxes=False)
     changed = (painted != grey).any(axis=-1)
-    assert np.array_equal(changed, first | second)             # exactly the masks' pixels, nothing else
-    assert (painted[first] == ov.tint(np.array(GREY, np.uint8), ov.colour(0))).all()      # overlap: the 0.9 one
+    assert np.array_equal(changed, first | second)  # exactly the masks' pixels, nothing else
+    assert (painted[first] == ov.tint(np.array(GREY, np.uint8), ov.colour(0))).all()  # overlap: the 0.9 one
     assert (painted[second & ~first] == ov.tint(np.array(GREY, np.uint8), ov.colour(1))).all()
 
     # The CLI's overlay: the same tint inside the masks; boxes and tags only on the box outline and above it.
@@ -86,13 +124,13 @@ def test_overlay_paints_exactly_the_masks_pixels_higher_score_on_top(tmp_path):
         rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
         y1, y2, x1, x2 = rows[0], rows[-1], cols[0], cols[-1]
         ring = np.zeros((H, W), bool)
-        ring[y1:y2 + 1, x1:x2 + 1] = True
-        ring[y1 + 2:y2 - 1, x1 + 2:x2 - 1] = False               # 2 px box outline
+        ring[y1 : y2 + 1, x1 : x2 + 1] = True
+        ring[y1 + 2 : y2 - 1, x1 + 2 : x2 - 1] = False  # 2 px box outline
         outline |= ring
     tags = np.zeros((H, W), bool)
-    for mask in (first, second):                                 # "class score" tags sit above their boxes
+    for mask in (first, second):  # "class score" tags sit above their boxes
         rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
-        tags[rows[0] - 25:rows[0], cols[0]:cols[0] + 90] = True
+        tags[rows[0] - 25 : rows[0], cols[0] : cols[0] + 90] = True
     assert decorated.any() and not (decorated & ~outline & ~tags).any()
     index = json.loads((out / "overlays" / "index.json").read_text())
     assert index["images"][0]["classes"] == ["a", "b"] and index["images"][0]["drawn"] == 2
@@ -106,11 +144,19 @@ def test_failed_images_are_named_in_the_report_and_the_cli_summary(tmp_path, cap
     assert "2 failed images" in html and "broken.jpg" in html and "empty.png" in html
     assert (out / "report_files" / "class_counts.png").is_file()
 
-    summary = {"counts": {"inputs": 13, "done": 1, "failed": 12, "skipped": 0, "instances": 1}, "input": "/in",
-               "output": "/out", "images_per_second": 1.0, "wall_seconds": 1.0, "partitions": 1, "stage_seconds": {},
-               "model": {"name": "m", "sha256": "0" * 64, "note": "what it is for"},
-               "failed_images": [f"/in/bad{i:02d}.jpg" for i in range(10)], "report": str(report),
-               "failed_types": {"ImageDecodeError.corrupt": 11, "AzureStorageError": 1}}
+    summary = {
+        "counts": {"inputs": 13, "done": 1, "failed": 12, "skipped": 0, "instances": 1},
+        "input": "/in",
+        "output": "/out",
+        "images_per_second": 1.0,
+        "wall_seconds": 1.0,
+        "partitions": 1,
+        "stage_seconds": {},
+        "model": {"name": "m", "sha256": "0" * 64, "note": "what it is for"},
+        "failed_images": [f"/in/bad{i:02d}.jpg" for i in range(10)],
+        "report": str(report),
+        "failed_types": {"ImageDecodeError.corrupt": 11, "AzureStorageError": 1},
+    }
     print_summary(summary)
     printed = capsys.readouterr().out
     assert "failed by type: 11 ImageDecodeError.corrupt, 1 AzureStorageError" in printed
@@ -149,23 +195,51 @@ def test_the_report_keeps_only_what_it_draws(tmp_path):
     n, per_image, n_errors = 6000, 30, MAX_ERROR_ROWS + 200
     when = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     names = ["a", "b", "c"]
-    instances = [[{"class_id": int(k), "class_name": names[k], "score": float(s), "box": [0, 0, 4, 4], "mask": None}
-                  for k, s in zip(rng.integers(0, 3, per_image), rng.random(per_image).astype(np.float32))]
-                 for _ in range(n)]
+    instances = [
+        [
+            {"class_id": int(k), "class_name": names[k], "score": float(s), "box": [0, 0, 4, 4], "mask": None}
+            for k, s in zip(rng.integers(0, 3, per_image), rng.random(per_image).astype(np.float32))
+        ]
+        for _ in range(n)
+    ]
     out = tmp_path / "out"
     (out / "detections").mkdir(parents=True)
     (out / "errors").mkdir()
-    common = {"modification_time": pa.array([when] * n, pa.timestamp("us", "UTC")), "model_sha256": ["m"] * n,
-              "run_id": ["20260101T000000Z-a"] * n}
-    pq.write_table(pa.table({"path": [f"file:/in/{i:05d}.jpg" for i in range(n)], "width": [W] * n,
-                             "height": [H] * n, "instances": pa.array(instances, pa.list_(INSTANCE_TYPE)),
-                             "mask_path": [None] * n, **common}), out / "detections" / "part-0.parquet")
-    pq.write_table(pa.table({"path": [f"file:/in/bad/{i:05d}.jpg" for i in rng.permutation(n_errors)],
-                             "stage": ["decode"] * n_errors, "error_type": ["ImageDecodeError"] * n_errors,
-                             "message": ["not an image"] * n_errors,
-                             **{k: v[:n_errors] for k, v in common.items()}}), out / "errors" / "part-0.parquet")
-    (out / "summary.json").write_text(json.dumps({"run_id": "20260101T000000Z-a", "input": "/in",
-                                                  "model": {"name": "m", "sha256": "m", "classes": names}}))
+    common = {
+        "modification_time": pa.array([when] * n, pa.timestamp("us", "UTC")),
+        "model_sha256": ["m"] * n,
+        "run_id": ["20260101T000000Z-a"] * n,
+    }
+    pq.write_table(
+        pa.table(
+            {
+                "path": [f"file:/in/{i:05d}.jpg" for i in range(n)],
+                "width": [W] * n,
+                "height": [H] * n,
+                "instances": pa.array(instances, pa.list_(INSTANCE_TYPE)),
+                "mask_path": [None] * n,
+                **common,
+            }
+        ),
+        out / "detections" / "part-0.parquet",
+    )
+    pq.write_table(
+        pa.table(
+            {
+                "path": [f"file:/in/bad/{i:05d}.jpg" for i in rng.permutation(n_errors)],
+                "stage": ["decode"] * n_errors,
+                "error_type": ["ImageDecodeError"] * n_errors,
+                "message": ["not an image"] * n_errors,
+                **{k: v[:n_errors] for k, v in common.items()},
+            }
+        ),
+        out / "errors" / "part-0.parquet",
+    )
+    (out / "summary.json").write_text(
+        json.dumps(
+            {"run_id": "20260101T000000Z-a", "input": "/in", "model": {"name": "m", "sha256": "m", "classes": names}}
+        )
+    )
 
     tables, held = traced_peak(lambda: read_output(out))
     rows, streamed = traced_peak(lambda: render.gather(out, limit=7, score_threshold=0.5))
@@ -180,23 +254,29 @@ def test_the_report_keeps_only_what_it_draws(tmp_path):
     everything = [i for r in tables.detections for i in r["instances"]]
     for name in names:
         scores = [i["score"] for i in everything if i["class_name"] == name]
-        images = sum(any(i["class_name"] == name and i["score"] >= 0.5 for i in r["instances"])
-                     for r in tables.detections)
+        images = sum(
+            any(i["class_name"] == name and i["score"] >= 0.5 for i in r["instances"]) for r in tables.detections
+        )
         assert rows.classes[name] == [sum(s >= 0.5 for s in scores), len(scores), images]
         assert rows.score_bins[name] == np.histogram(scores, bins=20, range=(0, 1))[0].tolist()
     assert rows.errors_total == n_errors == len(tables.errors)
     assert rows.errors == tables.errors[:MAX_ERROR_ROWS]
-    assert render.write_report(out).is_file()       # counts only, no overlays
+    assert render.write_report(out).is_file()  # counts only, no overlays
 
 
 def job_table(rows: list[dict], error: bool = False) -> pa.Table:
     """detections/ or errors/ rows with the job's column types (what Spark reads them with)."""
     from pipelines.results.result_rows import RESULT_ARROW_SCHEMA
 
-    names = (["path", "error_stage", "error_type", "error_message"] if error else
-             ["path", "width", "height", "instances", "mask_path"]) + ["size", "modification_time", "frame_index"]
-    fields = [RESULT_ARROW_SCHEMA.field(n).with_name({"error_stage": "stage", "error_message": "message"}.get(n, n))
-              for n in names] + [pa.field("model_sha256", pa.string()), pa.field("run_id", pa.string())]
+    names = (
+        ["path", "error_stage", "error_type", "error_message"]
+        if error
+        else ["path", "width", "height", "instances", "mask_path"]
+    ) + ["size", "modification_time", "frame_index"]
+    fields = [
+        RESULT_ARROW_SCHEMA.field(n).with_name({"error_stage": "stage", "error_message": "message"}.get(n, n))
+        for n in names
+    ] + [pa.field("model_sha256", pa.string()), pa.field("run_id", pa.string())]
     schema = pa.schema(fields)
     return pa.Table.from_pylist([{f.name: row.get(f.name) for f in fields} for row in rows], schema=schema)
 
@@ -216,16 +296,33 @@ def two_runs_output(tmp_path):
 
     def detection(path, run, when, model="m", frame=None):
         count = int(rng.integers(0, 6))
-        instances = [{"class_id": int(k), "class_name": names[k], "score": float(s), "box": [0, 0, 4, 4],
-                      "mask": None}
-                     for k, s in zip(rng.integers(0, 3, count), rng.random(count).astype(np.float32))]
-        return {"path": path, "width": W, "height": H, "instances": instances, "size": 100,
-                "modification_time": when, "frame_index": frame, "model_sha256": model, "run_id": run}
+        instances = [
+            {"class_id": int(k), "class_name": names[k], "score": float(s), "box": [0, 0, 4, 4], "mask": None}
+            for k, s in zip(rng.integers(0, 3, count), rng.random(count).astype(np.float32))
+        ]
+        return {
+            "path": path,
+            "width": W,
+            "height": H,
+            "instances": instances,
+            "size": 100,
+            "modification_time": when,
+            "frame_index": frame,
+            "model_sha256": model,
+            "run_id": run,
+        }
 
     def error(path, run, when):
-        return {"path": path, "error_stage": "decode", "error_type": "ImageDecodeError",
-                "error_message": "not an image", "size": 100, "modification_time": when, "model_sha256": "m",
-                "run_id": run}
+        return {
+            "path": path,
+            "error_stage": "decode",
+            "error_type": "ImageDecodeError",
+            "error_message": "not an image",
+            "size": 100,
+            "modification_time": when,
+            "model_sha256": "m",
+            "run_id": run,
+        }
 
     run_a, run_b = "20260101T000000Z-a", "20260102T000000Z-b"
     images = [f"file:/in/{i:04d} x.jpg" for i in range(600)]
@@ -245,8 +342,9 @@ def two_runs_output(tmp_path):
     }
     for name, rows in files.items():
         pq.write_table(job_table(rows, error=name.startswith("errors")), out / name)
-    (out / "summary.json").write_text(json.dumps({"run_id": run_b, "input": "/in",
-                                                  "model": {"name": "m", "sha256": "m", "classes": names}}))
+    (out / "summary.json").write_text(
+        json.dumps({"run_id": run_b, "input": "/in", "model": {"name": "m", "sha256": "m", "classes": names}})
+    )
     return out
 
 
@@ -263,9 +361,10 @@ def test_the_job_gathers_the_report_rows_with_spark_as_the_local_reader_does(spa
         gathered = gather_with_spark(spark, Location(str(out)), limit=limit, score_threshold=0.5)
         assert gathered.images_total == local.images_total == 600 - 10 + 10 + 12
         assert gathered.errors_total == local.errors_total == 50 + 10
-        assert [(r["path"], r["frame_index"]) for r in gathered.top] == [(r["path"], r["frame_index"])
-                                                                         for r in local.top]
-        assert [given(r) for r in gathered.top] == [given(r) for r in local.top]   # Spark's rows name every column
+        assert [(r["path"], r["frame_index"]) for r in gathered.top] == [
+            (r["path"], r["frame_index"]) for r in local.top
+        ]
+        assert [given(r) for r in gathered.top] == [given(r) for r in local.top]  # Spark's rows name every column
         assert len(local.top) == {7: 7, 0: 612, None: 0}[limit]
         assert gathered.classes == local.classes and gathered.score_bins == local.score_bins
         assert [given(r) for r in gathered.errors] == [given(r) for r in local.errors]
@@ -273,9 +372,10 @@ def test_the_job_gathers_the_report_rows_with_spark_as_the_local_reader_does(spa
     large = {"table": {"images": LOCAL_REPORT_MAX_RECORDS, "errors": 1, "superseded_rows": 0}}
     assert render_report(spark, Location(str(out)), large) == str(out / "report.html")
     index = json.loads((out / "overlays" / "index.json").read_text())
-    assert index["images_total"] == 612 and len(index["missing"]) == 100    # /in holds no image here
+    assert index["images_total"] == 612 and len(index["missing"]) == 100  # /in holds no image here
     (out / "overlays" / "index.json").unlink()
-    assert render.main(["--output", str(out), "--spark", "--limit", "7"]) == 0    # the CLI's --spark: the same
+    assert render.main(["--output", str(out), "--spark", "--limit", "7"]) == 0  # the CLI's --spark: the same
     index = json.loads((out / "overlays" / "index.json").read_text())
     assert index["images_total"] == 612 and [m["path"] for m in index["missing"]] == [
-        r["path"] for r in render.gather(out, limit=7, score_threshold=0.5).top]
+        r["path"] for r in render.gather(out, limit=7, score_threshold=0.5).top
+    ]

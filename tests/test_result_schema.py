@@ -1,5 +1,6 @@
 """The result rows' Spark types: the columns executors fill (result_rows.RESULT_COLUMNS, no pyspark there) and the
 driver's RESULT_SCHEMA are one list, typed as the tables have been written since video frames were added."""
+
 from __future__ import annotations
 
 from pyspark.sql.types import _parse_datatype_string
@@ -13,7 +14,8 @@ WRITTEN_SINCE_VIDEO = (
     "score:float, box:array<int>, mask:struct<size:array<int>, counts:string>>>, mask_path string, "
     "error_stage string, error_type string, error_message string, size long, modification_time timestamp, "
     "frame_index int, timestamp_s double, segment_start int, segment_end int, "
-    "timings struct<read_s:double, preprocess_s:double, infer_s:double, postprocess_s:double, write_s:double>")
+    "timings struct<read_s:double, preprocess_s:double, infer_s:double, postprocess_s:double, write_s:double>"
+)
 
 
 def test_the_schema_types_the_columns_executors_fill_in_their_order():

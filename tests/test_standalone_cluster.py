@@ -3,6 +3,7 @@
 Jobs against the cluster run in a subprocess driver (as users submit them): the session-scoped local `spark` fixture
 owns this process's only SparkContext.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.sweeps.standalone_cluster import (ClusterConfig, ClusterStartError, StandaloneCluster, process_running,
-                                          process_group_members)
+from pipelines.sweeps.standalone_cluster import (
+    ClusterConfig,
+    ClusterStartError,
+    StandaloneCluster,
+    process_group_members,
+    process_running,
+)
 from tests.process_io import read_line, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -25,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 # A driver script: runs `partitions` tasks of `sleep_s` each; every task leaves a marker file
 # `started-<partition>-<attempt>-<pid>` holding its cwd when it starts, and returns (partition, pid, cwd).
 # An executor's cwd is <worker work dir>/<app id>/<executor id>.
-JOB = r'''
+JOB = r"""
 import json, os, sys, time
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
@@ -54,7 +60,7 @@ rows = sc.parallelize(range(100), partitions).mapPartitionsWithIndex(run).collec
 executors = [f"{info.host()}:{info.port()}" for info in sc._jsc.sc().statusTracker().getExecutorInfos()]
 print("RESULT " + json.dumps({"rows": rows, "executors": executors, "app_id": sc.applicationId}), flush=True)
 spark.stop()
-'''
+"""
 
 
 def _job_command(tmp_path: Path, master_url: str, partitions: int, sleep_s: float) -> tuple[list[str], Path]:
@@ -65,14 +71,18 @@ def _job_command(tmp_path: Path, master_url: str, partitions: int, sleep_s: floa
 
 
 def _driver_env() -> dict:
-    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
 
 
 def _parse_result(stdout: str) -> dict:
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"the job printed no RESULT line; stdout:\n{stdout[-3000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _markers(markers: Path) -> list[tuple[int, int, str]]:
@@ -120,9 +130,9 @@ def test_worker_crash_mid_job_then_stop_leaves_no_process(tmp_path):
         assert len(daemon_pids) == 3 and all(process_running(pid) for pid in daemon_pids)
         # Tasks long enough that the ones running at the crash cannot have finished.
         command, markers = _job_command(tmp_path, cluster.master_url, partitions=4, sleep_s=4.0)
-        driver = subprocess.Popen(command, env=_driver_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True)
+        driver = subprocess.Popen(command, env=_driver_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
+
             def workers_busy() -> set[int]:
                 return {_worker_of(cwd, cluster) for _, _, cwd in _markers(markers)}
 
@@ -166,9 +176,26 @@ def test_config_rejects_bad_sizes():
 
 def test_cli_prints_master_url_and_stops_on_interrupt(tmp_path):
     base = tmp_path / "cli"
-    cli = subprocess.Popen([sys.executable, "-m", "pipelines.sweeps.standalone_cluster", "--workers", "1",
-                            "--cores", "1", "--memory", "1g", "--dir", str(base)],
-                           cwd=REPO, env=_driver_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.sweeps.standalone_cluster",
+            "--workers",
+            "1",
+            "--cores",
+            "1",
+            "--memory",
+            "1g",
+            "--dir",
+            str(base),
+        ],
+        cwd=REPO,
+        env=_driver_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         master_url = read_line(cli, timeout_s=180)
         assert master_url.startswith("spark://127.0.0.1:"), master_url

@@ -1,4 +1,5 @@
 """pipelines.io.storage: URI helpers, atomic writes and listing on local disk and through fsspec (memory://)."""
+
 from __future__ import annotations
 
 import os
@@ -8,24 +9,47 @@ import fsspec
 import pytest
 
 from pipelines.io import storage
-from pipelines.io.storage import (exists, is_local, join_uri, list_files, read_bytes, to_local_path, to_spark_uri,
-                               write_bytes_atomic)
+from pipelines.io.storage import (
+    exists,
+    is_local,
+    join_uri,
+    list_files,
+    read_bytes,
+    to_local_path,
+    to_spark_uri,
+    write_bytes_atomic,
+)
 
 
-@pytest.mark.parametrize("uri, local", [
-    ("/data/x.jpg", True), ("data/x.jpg", True), ("file:///data/x.jpg", True), ("file:/data/x.jpg", True),
-    ("C:\\data\\x.jpg", True), ("az://c/x.jpg", False), ("abfss://c@a.dfs.core.windows.net/x", False),
-    ("hdfs://nn/x", False), ("memory://x", False),
-])
+@pytest.mark.parametrize(
+    "uri, local",
+    [
+        ("/data/x.jpg", True),
+        ("data/x.jpg", True),
+        ("file:///data/x.jpg", True),
+        ("file:/data/x.jpg", True),
+        ("C:\\data\\x.jpg", True),
+        ("az://c/x.jpg", False),
+        ("abfss://c@a.dfs.core.windows.net/x", False),
+        ("hdfs://nn/x", False),
+        ("memory://x", False),
+    ],
+)
 def test_is_local(uri, local):
     assert is_local(uri) is local
 
 
-@pytest.mark.parametrize("uri, path", [
-    ("/data/x.jpg", "/data/x.jpg"), ("rel/x.jpg", "rel/x.jpg"), ("file:///data/x.jpg", "/data/x.jpg"),
-    ("file:/data/x.jpg", "/data/x.jpg"), ("file://localhost/data/x.jpg", "/data/x.jpg"),
-    ("file:///data/a b/x?.jpg", "/data/a b/x?.jpg"),  # Hadoop style: no percent-decoding, '?' is a name char
-])
+@pytest.mark.parametrize(
+    "uri, path",
+    [
+        ("/data/x.jpg", "/data/x.jpg"),
+        ("rel/x.jpg", "rel/x.jpg"),
+        ("file:///data/x.jpg", "/data/x.jpg"),
+        ("file:/data/x.jpg", "/data/x.jpg"),
+        ("file://localhost/data/x.jpg", "/data/x.jpg"),
+        ("file:///data/a b/x?.jpg", "/data/a b/x?.jpg"),  # Hadoop style: no percent-decoding, '?' is a name char
+    ],
+)
 def test_to_local_path(uri, path):
     assert to_local_path(uri) == path
 
@@ -37,18 +61,21 @@ def test_to_local_path_rejects_remote_uris():
         to_local_path("file://server/share/x.jpg")
 
 
-@pytest.mark.parametrize("base, parts, joined", [
-    ("az://c/out", ("masks", "a.png"), "az://c/out/masks/a.png"),
-    ("az://c/out/", ("masks/", "/a.png".lstrip("/")), "az://c/out/masks/a.png"),
-    ("az://c", ("a.png",), "az://c/a.png"),
-    ("abfss://c@acct.dfs.core.windows.net/run1", ("errors",), "abfss://c@acct.dfs.core.windows.net/run1/errors"),
-    ("/tmp/out", ("x", "y.bin"), "/tmp/out/x/y.bin"),
-    ("/", ("x",), "/x"),
-    ("file:///", ("x",), "file:///x"),
-    ("memory://", ("x", "y"), "memory://x/y"),
-    ("hdfs://nn:8020/data", ("a//b",), "hdfs://nn:8020/data/a/b"),
-    ("/tmp/out", (), "/tmp/out"),
-])
+@pytest.mark.parametrize(
+    "base, parts, joined",
+    [
+        ("az://c/out", ("masks", "a.png"), "az://c/out/masks/a.png"),
+        ("az://c/out/", ("masks/", "/a.png".lstrip("/")), "az://c/out/masks/a.png"),
+        ("az://c", ("a.png",), "az://c/a.png"),
+        ("abfss://c@acct.dfs.core.windows.net/run1", ("errors",), "abfss://c@acct.dfs.core.windows.net/run1/errors"),
+        ("/tmp/out", ("x", "y.bin"), "/tmp/out/x/y.bin"),
+        ("/", ("x",), "/x"),
+        ("file:///", ("x",), "file:///x"),
+        ("memory://", ("x", "y"), "memory://x/y"),
+        ("hdfs://nn:8020/data", ("a//b",), "hdfs://nn:8020/data/a/b"),
+        ("/tmp/out", (), "/tmp/out"),
+    ],
+)
 def test_join_uri(base, parts, joined):
     assert join_uri(base, *parts) == joined
 
@@ -98,10 +125,10 @@ def test_local_atomic_write_replaces_and_leaves_no_temp_files(tmp_path):
 def test_a_non_durable_local_write_is_as_atomic_without_the_fsyncs(tmp_path, monkeypatch):
     synced = []
     real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])   # counts, then syncs
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])  # counts, then syncs
     target = storage.Location.of(str(tmp_path / "marker"))
     target.write_bytes_atomic(b"in flight: a.jpg")
-    assert len(synced) == 2   # the file, then its directory (the rename)
+    assert len(synced) == 2  # the file, then its directory (the rename)
     target.write_bytes_atomic(b"in flight: b.jpg", durable=False)
     assert len(synced) == 2 and target.read_bytes() == b"in flight: b.jpg"
     assert os.listdir(tmp_path) == ["marker"]
@@ -121,8 +148,17 @@ def test_failed_local_write_keeps_the_old_state_and_no_temp_file(tmp_path):
 def image_tree(tmp_path):
     """images/{a.jpg, B.JPG, c.png, notes.txt, .hidden.jpg, sub/d.jpeg, sub/e.Png, _tmp/f.jpg, .cache/g.jpg}"""
     root = tmp_path / "images"
-    for name in ["a.jpg", "B.JPG", "c.png", "notes.txt", ".hidden.jpg", "sub/d.jpeg", "sub/e.Png", "_tmp/f.jpg",
-                 ".cache/g.jpg"]:
+    for name in [
+        "a.jpg",
+        "B.JPG",
+        "c.png",
+        "notes.txt",
+        ".hidden.jpg",
+        "sub/d.jpeg",
+        "sub/e.Png",
+        "_tmp/f.jpg",
+        ".cache/g.jpg",
+    ]:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(name.encode())
@@ -171,8 +207,12 @@ def test_remove_temp_files_takes_only_the_named_files_temps(tmp_path):
     for name in ("a.png", ".a.png.k3j_x9a2.tmp", ".a.png.x.png.q1w2e3r4.tmp", ".b.png.z9y8x7w6.tmp", ".a.png.tmp"):
         (tmp_path / name).write_bytes(b"x")
     assert storage.Location(str(tmp_path)).remove_temp_files(["a.png"]) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".a.png.tmp", ".a.png.x.png.q1w2e3r4.tmp",
-                                                         ".b.png.z9y8x7w6.tmp", "a.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".a.png.tmp",
+        ".a.png.x.png.q1w2e3r4.tmp",
+        ".b.png.z9y8x7w6.tmp",
+        "a.png",
+    ]
     root = f"memory://sparkseg-test-{uuid.uuid4().hex[:8]}"
     try:
         fs = fsspec.filesystem("memory")
@@ -190,7 +230,7 @@ def test_remove_tree_removes_a_directory_and_its_hidden_files_and_nothing_beside
         (tmp_path / name).write_bytes(b"x")
     storage.Location(f"file://{tmp_path}/marks").remove_tree()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["marks-2"]
-    storage.Location(str(tmp_path / "marks")).remove_tree()   # gone already: nothing to do
+    storage.Location(str(tmp_path / "marks")).remove_tree()  # gone already: nothing to do
     root = f"memory://sparkseg-test-{uuid.uuid4().hex[:8]}"
     fs = fsspec.filesystem("memory")
     try:
@@ -212,10 +252,21 @@ def test_normalize_extensions():
 def test_one_routing_rule_for_every_store():
     from pipelines.io.uris import store_of
 
-    routes = {"/data/x.jpg": "local", "data/x.jpg": "local", "file:/a b/x.jpg": "local", "file:///d": "local",
-              "az://c/p": "azure_sdk", "AZ://c/p": "azure_sdk", "abfs://c@a.dfs.core.windows.net/p": "azure_sdk",
-              "abfss://c@a.dfs.core.windows.net/p": "hadoop", "wasbs://c@a.blob.core.windows.net/p": "hadoop",
-              "hdfs://nn/data": "hadoop", "s3://bucket/k": "hadoop", "memory://x": "hadoop", "C:/data": "local"}
+    routes = {
+        "/data/x.jpg": "local",
+        "data/x.jpg": "local",
+        "file:/a b/x.jpg": "local",
+        "file:///d": "local",
+        "az://c/p": "azure_sdk",
+        "AZ://c/p": "azure_sdk",
+        "abfs://c@a.dfs.core.windows.net/p": "azure_sdk",
+        "abfss://c@a.dfs.core.windows.net/p": "hadoop",
+        "wasbs://c@a.blob.core.windows.net/p": "hadoop",
+        "hdfs://nn/data": "hadoop",
+        "s3://bucket/k": "hadoop",
+        "memory://x": "hadoop",
+        "C:/data": "local",
+    }
     assert {uri: store_of(uri) for uri in routes} == routes
 
 

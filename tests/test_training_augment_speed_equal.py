@@ -1,8 +1,10 @@
 """The input workers' faster micro-batches equal the previous ones bit for bit (tests/reference_micro_batch.py: the
 expand canvas built, cropped and mirrored, every mask decoded full size): images, colour draws, boxes, labels,
-validity, seeds and masks (full size; packed at the loss's sizes, but for pixels at the threshold: TIES_PER_PIXEL), for many seeds, epochs and images, with
+validity, seeds and masks (full size; packed at the loss's sizes, but for pixels at the threshold: TIES_PER_PIXEL),
+for many seeds, epochs and images, with
 expand, crop and mirror on and off, images without objects, objects on the borders and objects too small to keep.
 Also ``augment.augment`` (the detector's) against the previous one."""
+
 from __future__ import annotations
 
 import contextlib
@@ -44,8 +46,13 @@ def make_row(image: np.ndarray, masks: list[np.ndarray], labels: list[int], fmt:
         ys, xs = np.nonzero(mask)
         boxes += [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
         rles.append(mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))["counts"].decode("ascii"))
-    return {"image": encode(image, fmt), "file_name": f"x.{fmt.lower()}", "labels": list(labels), "boxes": boxes,
-            "rles": rles}
+    return {
+        "image": encode(image, fmt),
+        "file_name": f"x.{fmt.lower()}",
+        "labels": list(labels),
+        "boxes": boxes,
+        "rles": rles,
+    }
 
 
 def road_rows(count: int, seed: int, width: int, height: int, max_instances: int = 6) -> list[dict]:
@@ -66,8 +73,14 @@ def edge_rows(seed: int) -> list[dict]:
     for height, width in ((48, 64), (37, 53), (64, 31)):
         image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
         masks = []
-        for y0, y1, x0, x1 in ((0, 9, 0, 11), (height - 7, height, width - 5, width), (0, height, width - 3, width),
-                               (5, 6, 7, 8), (0, 1, 0, width), (0, height, 0, width)):
+        for y0, y1, x0, x1 in (
+            (0, 9, 0, 11),
+            (height - 7, height, width - 5, width),
+            (0, height, width - 3, width),
+            (5, 6, 7, 8),
+            (0, 1, 0, width),
+            (0, height, 0, width),
+        ):
             mask = np.zeros((height, width), np.uint8)
             mask[y0:y1, x0:x1] = 1
             masks.append(mask)
@@ -120,7 +133,7 @@ def assert_micro_batches_equal(new, old) -> None:
 # pixel whose value is 0.5 within an ulp may then fall on the other side of the > 0.5 threshold. Only such pixels
 # differ (tests/test_training_resize.py::test_masks_resized_twice_equal_torchs_but_for_ties_at_the_threshold);
 # measured: none at the models' sizes on an AVX-512 machine, ~1 in 10^4 pixels of random masks at 96 -> 16 px.
-TIES_PER_PIXEL = 2e-3   # (scripts/bench_loader.py allows the same)
+TIES_PER_PIXEL = 2e-3  # (scripts/bench_loader.py allows the same)
 
 
 @contextlib.contextmanager
@@ -148,12 +161,15 @@ def compare(rows, spec, cfg, seeds, epochs, mask_sizes, batch=4) -> list[int]:
     for seed in seeds:
         for epoch in epochs:
             for start in range(0, len(order), batch):
-                indices = order[start:start + batch][::-1 if (seed + epoch) % 2 else 1]
+                indices = order[start : start + batch][:: -1 if (seed + epoch) % 2 else 1]
                 new = make_micro_batch(rows, indices, spec, cfg, seed, epoch, mask_sizes)
                 old = reference_micro_batch(rows, indices, spec, cfg, seed, epoch, mask_sizes)
                 assert_micro_batches_equal(new, old)
-                kept += ([len(t.labels) for t in new.targets] if mask_sizes is None
-                         else new.targets.valid.sum(dim=1).tolist())
+                kept += (
+                    [len(t.labels) for t in new.targets]
+                    if mask_sizes is None
+                    else new.targets.valid.sum(dim=1).tolist()
+                )
     return kept
 
 
@@ -176,8 +192,14 @@ def geometries(rows, cfg, seeds, epochs) -> list[tuple[Geometry, int, int, int]]
 # --------------------------------------------------------------------------------------------------- tests
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_packed_micro_batches_equal_the_previous_ones(small_rows, name):
-    kept = compare(small_rows, InputSpec(64, MEAN, STD), CONFIGS[name], seeds=range(3), epochs=range(2),
-                   mask_sizes=[(16, 16), (8, 8)])
+    kept = compare(
+        small_rows,
+        InputSpec(64, MEAN, STD),
+        CONFIGS[name],
+        seeds=range(3),
+        epochs=range(2),
+        mask_sizes=[(16, 16), (8, 8)],
+    )
     assert 0 in kept and max(kept) >= 3
 
 
@@ -187,10 +209,10 @@ def test_the_draws_cover_expand_crop_mirror_and_dropped_objects(small_rows):
     found = geometries(small_rows, CONFIGS["default"], range(3), range(2))
     outside = [g for g, h, w, _, _ in found if not g.within(h, w)]
     assert outside and any(g.mirror for g in outside) and any(not g.mirror for g in outside)
-    assert any(g.within(h, w) and (g.height, g.width) != (h, w) for g, h, w, _, _ in found)      # crop inside
-    assert any((g.top, g.left, g.height, g.width) == (0, 0, h, w) for g, h, w, _, _ in found)   # whole image
-    assert any(0 < len(g.objects) < objects for g, _, _, objects, _ in found)                   # crop drops
-    assert any(kept < len(g.objects) for g, _, _, _, kept in found)                             # min_box drops
+    assert any(g.within(h, w) and (g.height, g.width) != (h, w) for g, h, w, _, _ in found)  # crop inside
+    assert any((g.top, g.left, g.height, g.width) == (0, 0, h, w) for g, h, w, _, _ in found)  # whole image
+    assert any(0 < len(g.objects) < objects for g, _, _, objects, _ in found)  # crop drops
+    assert any(kept < len(g.objects) for g, _, _, _, kept in found)  # min_box drops
 
 
 def test_full_size_targets_and_validation_equal_the_previous_ones(small_rows):
@@ -232,8 +254,12 @@ def test_augment_equals_the_previous_one(small_rows):
         for epoch in range(4):
             new = augment(sample, np.random.default_rng([5, epoch, index]), CONFIGS["default"], mean)
             old = reference.augment(sample, np.random.default_rng([5, epoch, index]), CONFIGS["default"], mean)
-            for x, y in ((new.image, old.image), (new.masks, old.masks), (new.boxes, old.boxes),
-                         (new.labels, old.labels)):
+            for x, y in (
+                (new.image, old.image),
+                (new.masks, old.masks),
+                (new.boxes, old.boxes),
+                (new.labels, old.labels),
+            ):
                 assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
 
 
@@ -244,14 +270,20 @@ def test_window_masks_equal_cropping_full_masks():
     masks = (rng.random((4, height, width)) < 0.4).astype(np.uint8)
     rles = [mask_utils.encode(np.asfortranarray(m))["counts"].decode("ascii") for m in masks]
     objects, pad = np.array([3, 0, 2]), 50
-    canvas = np.zeros((len(masks), height + 2 * pad, width + 2 * pad), np.float32)     # the expand canvas
-    canvas[:, pad:pad + height, pad:pad + width] = masks
-    for top, left, h, w in ((0, 0, height, width), (3, 4, 10, 20), (-5, -7, 40, 50), (-9, 20, 15, 30),
-                            (30, 0, 5, 5), (0, -40, 10, 10)):
+    canvas = np.zeros((len(masks), height + 2 * pad, width + 2 * pad), np.float32)  # the expand canvas
+    canvas[:, pad : pad + height, pad : pad + width] = masks
+    for top, left, h, w in (
+        (0, 0, height, width),
+        (3, 4, 10, 20),
+        (-5, -7, 40, 50),
+        (-9, 20, 15, 30),
+        (30, 0, 5, 5),
+        (0, -40, 10, 10),
+    ):
         for mirror in (False, True):
             for kept in (objects, objects[:0]):
                 g = Geometry(top, left, h, w, mirror, kept, np.zeros((len(kept), 4), np.float32), kept)
-                expected = canvas[kept, pad + top:pad + top + h, pad + left:pad + left + w]
+                expected = canvas[kept, pad + top : pad + top + h, pad + left : pad + left + w]
                 expected = expected[:, :, ::-1] if mirror else expected
                 assert np.array_equal(window_masks(rles, kept, height, width, g), expected), (top, left, mirror)
 
@@ -262,5 +294,6 @@ def test_a_sample_without_objects(small_rows):
     for cfg in (CONFIGS["default"], None):
         new = make_micro_batch(empty, [0], InputSpec(32, MEAN, STD), cfg, 0, 0, [(8, 8), (4, 4)])
         assert new.targets.boxes.shape == (1, 0, 4) and new.targets.small_masks[(8, 8)].shape == (1, 0, 8, 8)
-        assert_micro_batches_equal(new, reference_micro_batch(empty, [0], InputSpec(32, MEAN, STD), cfg, 0, 0,
-                                                              [(8, 8), (4, 4)]))
+        assert_micro_batches_equal(
+            new, reference_micro_batch(empty, [0], InputSpec(32, MEAN, STD), cfg, 0, 0, [(8, 8), (4, 4)])
+        )

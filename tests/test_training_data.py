@@ -1,13 +1,14 @@
 """Preparing a training set with Spark: bad images are counted and skipped (never fatal), shards are read back
 per rank, and prepared data is reused when the inputs did not change."""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 
-from pipelines.training.batches import InputSpec, make_micro_batch
 from pipelines.training.augment import AugmentConfig
+from pipelines.training.batches import InputSpec, make_micro_batch
 from pipelines.training.launcher import prepare, resolve_paths
 from pipelines.training.prepare import read_skipped
 from pipelines.training.shards import ShardIndex
@@ -40,7 +41,7 @@ def test_bad_images_are_counted_and_skipped(spark, tiny_roads, tmp_path):
     first = make_micro_batch(rows, [0, len(train) - 1], spec, AugmentConfig(), seed=1, epoch=0)
     again = make_micro_batch(rows, [0, len(train) - 1], spec, AugmentConfig(), seed=1, epoch=0)
     assert first.images.shape == (2, 3, 64, 64)
-    np.testing.assert_array_equal(first.images.numpy(), again.images.numpy())   # augmentation is seeded
+    np.testing.assert_array_equal(first.images.numpy(), again.images.numpy())  # augmentation is seeded
     for target in first.targets:
         assert target.masks.shape[1:] == (64, 64) and target.boxes.shape[0] == target.labels.shape[0]
         assert ((target.boxes >= 0) & (target.boxes <= 1)).all()
@@ -61,9 +62,12 @@ def test_a_split_the_run_needs_without_a_usable_image_stops_it_before_any_rank(t
 
     evaluated = tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run", **{"eval.every_epochs": 1})
     check_splits(evaluated, report(3, 1))
-    check_splits(tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run"), report(3, 0))   # no evaluation
-    with pytest.raises(TrainConfigError, match=r"^the val split has no usable image to evaluate on \(skipped .*"
-                                               r"'corrupt': 1.*set eval\.every_epochs: 0"):
+    check_splits(tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run"), report(3, 0))  # no evaluation
+    with pytest.raises(
+        TrainConfigError,
+        match=r"^the val split has no usable image to evaluate on \(skipped .*"
+        r"'corrupt': 1.*set eval\.every_epochs: 0",
+    ):
         check_splits(evaluated, report(3, 0))
     with pytest.raises(TrainConfigError, match=r"^no usable training image \(skipped .*'missing': 1.*prepare_report"):
         check_splits(evaluated, report(0, 1))
@@ -75,16 +79,20 @@ def test_a_folder_of_voc_xml_files_is_prepared_as_its_coco_twin(spark, tmp_path)
     from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
 
     data = tmp_path / "roads"
-    generate_road_dataset(data, 6, 3, RoadSceneConfig(width=96, height=72, min_instances=1, max_instances=3,
-                                                     formats=("coco", "voc")))
+    generate_road_dataset(
+        data, 6, 3, RoadSceneConfig(width=96, height=72, min_instances=1, max_instances=3, formats=("coco", "voc"))
+    )
     reports = {}
     for name, source in (("coco", data / "annotations.json"), ("voc", data / "voc")):
-        cfg = resolve_paths(tiny_config(data, tmp_path / f"prepared_{name}", tmp_path / "run",
-                                        **{"data.annotations": str(source)}))
+        cfg = resolve_paths(
+            tiny_config(data, tmp_path / f"prepared_{name}", tmp_path / "run", **{"data.annotations": str(source)})
+        )
         reports[name] = prepare(spark, cfg, CLASSES)
         rows = ShardIndex.open(str(tmp_path / f"prepared_{name}" / "train")).read(range(reports[name].usable("train")))
-        reports[name] = (reports[name].counts, sorted((row["file_name"], list(row["labels"]), list(row["boxes"]))
-                                                      for row in rows.values()))
+        reports[name] = (
+            reports[name].counts,
+            sorted((row["file_name"], list(row["labels"]), list(row["boxes"])) for row in rows.values()),
+        )
     assert reports["voc"] == reports["coco"]
 
 
@@ -128,7 +136,8 @@ def test_a_missing_annotations_file_or_images_folder_is_a_clear_error(spark, tin
             prepare(spark, cfg, CLASSES)
     cut = tmp_path / "cut.json"
     cut.write_text('{"images": [')
-    cfg = resolve_paths(tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run",
-                                    **{"data.annotations": str(cut)}))
+    cfg = resolve_paths(
+        tiny_config(tiny_roads, tmp_path / "prepared", tmp_path / "run", **{"data.annotations": str(cut)})
+    )
     with pytest.raises(UsageError, match=r"cut\.json: malformed JSON at line 1, column 13"):
         prepare(spark, cfg, CLASSES)

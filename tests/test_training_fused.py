@@ -13,6 +13,7 @@ the decompositions compute some operations as other ones; float32's relative rou
 of a few hundred terms stay within 1e-6 relative, and the colour's values (-2.2..2.7 after normalization) within 1e-5
 absolute.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,7 +46,7 @@ def colour_inputs(count: int, seed: int):
 def mask_inputs(slots: int, seed: int):
     generator = torch.Generator().manual_seed(seed)
     logits = (torch.randn(3, 14, 18, slots, generator=generator) * 4).requires_grad_()
-    boxes = torch.rand(3, slots, 4, generator=generator).sort(dim=2)[0]    # x1 < y1 < x2 < y2: a point form
+    boxes = torch.rand(3, slots, 4, generator=generator).sort(dim=2)[0]  # x1 < y1 < x2 < y2: a point form
     mask_t = (torch.rand(3, 14, 18, slots, generator=generator) > 0.5).float()
     return logits, boxes, mask_t
 
@@ -59,7 +60,7 @@ def test_the_colour_compiles_whole_and_gives_the_plain_values(compiled_up_to_cod
 
 def test_the_mask_term_compiles_whole_and_gives_the_plain_values_and_gradients():
     compiled = torch.compile(yolact_loss._cropped_mask_bce, dynamic=True, fullgraph=True)
-    for slots, seed in ((7, 3), (12, 4)):      # the number of masks changes from batch to batch
+    for slots, seed in ((7, 3), (12, 4)):  # the number of masks changes from batch to batch
         logits, boxes, mask_t = mask_inputs(slots, seed)
         want = yolact_loss._cropped_mask_bce(logits, boxes, mask_t)
         (want_grad,) = torch.autograd.grad(want.sum(), logits)
@@ -87,8 +88,13 @@ def test_off_a_gpu_the_function_runs_as_it_is():
 
 def loss_arguments(counts: list[int], masks_to_train: int, seed: int):
     """loss_sums' arguments for a random batch (images with counts objects, small masks packed) and its outputs."""
-    from tests.test_training_loss_vectorized import (PROTO, SEGM, random_outputs, random_priors,  # noqa: PLC0415
-                                                     random_targets)
+    from tests.test_training_loss_vectorized import (
+        PROTO,
+        SEGM,
+        random_outputs,
+        random_priors,  # noqa: PLC0415
+        random_targets,
+    )
 
     generator = torch.Generator().manual_seed(seed)
     priors = random_priors(generator)
@@ -98,10 +104,27 @@ def loss_arguments(counts: list[int], masks_to_train: int, seed: int):
     matches = loss.match(packed)
     slots = matches.slots
     outputs = random_outputs(generator, len(counts), priors.shape[0])
-    arguments = (outputs["loc"], outputs["conf"], outputs["mask"], outputs["proto"], outputs["segm"], matches.conf,
-                 matches.loc, matches.gt_box, matches.gt_index, slots.image_idx, slots.prior_idx, slots.slot_idx,
-                 slots.scale, slots.count, packed.masks_at((PROTO, PROTO)),
-                 packed.masks_at((SEGM, SEGM)), packed.labels, packed.valid, loss.cfg)
+    arguments = (
+        outputs["loc"],
+        outputs["conf"],
+        outputs["mask"],
+        outputs["proto"],
+        outputs["segm"],
+        matches.conf,
+        matches.loc,
+        matches.gt_box,
+        matches.gt_index,
+        slots.image_idx,
+        slots.prior_idx,
+        slots.slot_idx,
+        slots.scale,
+        slots.count,
+        packed.masks_at((PROTO, PROTO)),
+        packed.masks_at((SEGM, SEGM)),
+        packed.labels,
+        packed.valid,
+        loss.cfg,
+    )
     return arguments, list(outputs.values())
 
 
@@ -135,21 +158,25 @@ def test_the_loss_gives_the_same_sums_through_fused_on_cuda_off_a_gpu():
     assert yolact_loss.loss_sums.compiled is None
 
 
-def test_the_matching_compiles_whole_in_two_parts_and_gives_the_plain_matches(monkeypatch,
-                                                                               compiled_up_to_code_generation):
+def test_the_matching_compiles_whole_in_two_parts_and_gives_the_plain_matches(
+    monkeypatch, compiled_up_to_code_generation
+):
     """match_batch with its two parts compiled (as a GPU runs them) against the plain parts: the same classes and
     objects per prior, offsets within float32 rounding. Batches with and without two objects that want the same
     prior (the greedy path between the parts)."""
     from pipelines.training import boxes
     from tests.test_training_loss_vectorized import random_priors, random_targets  # noqa: PLC0415
 
-    compiled = {name: torch.compile(getattr(boxes, "_" + name), dynamic=True, fullgraph=True)
-                for name in ("best_overlaps", "match_targets")}
+    compiled = {
+        name: torch.compile(getattr(boxes, "_" + name), dynamic=True, fullgraph=True)
+        for name in ("best_overlaps", "match_targets")
+    }
     for counts, duplicate, seed in (([12, 0, 20, 5], True, 5), ([3, 1], False, 6), ([7, 2, 9], False, 7)):
         generator = torch.Generator().manual_seed(seed)
         priors = random_priors(generator)
-        packed = yolact_loss.PackedTargets.pack([random_targets(generator, count, seed + i, duplicate)
-                                                 for i, count in enumerate(counts)], [(4, 4)])
+        packed = yolact_loss.PackedTargets.pack(
+            [random_targets(generator, count, seed + i, duplicate) for i, count in enumerate(counts)], [(4, 4)]
+        )
         arguments = (packed.boxes, packed.labels, packed.valid, priors)
         want = boxes.match_batch(*arguments)
         with monkeypatch.context() as patched:
@@ -167,7 +194,7 @@ def test_the_first_compiled_call_compiles_the_backward_without_touching_gradient
     logits, boxes, mask_t = mask_inputs(6, 7)
     result = fused.run_compiled(logits, boxes, mask_t)
     assert logits.grad is None
-    result.sum().backward()                   # the step's own backward runs on its graph, untouched by the trial
+    result.sum().backward()  # the step's own backward runs on its graph, untouched by the trial
     (want,) = torch.autograd.grad(yolact_loss._cropped_mask_bce(logits, boxes, mask_t).sum(), logits)
     torch.testing.assert_close(logits.grad, want, rtol=1e-6, atol=1e-7)
 
@@ -201,7 +228,7 @@ def test_a_backward_that_cannot_compile_fails_in_the_forward_call():
             compiled(*mask_inputs(1, 9))
     compiled = compiled_with_failing_recompile()
     compiled(*mask_inputs(6, 8)).sum().backward()
-    result = compiled(*mask_inputs(1, 9))        # without it, the forward passes and the step's backward fails
+    result = compiled(*mask_inputs(1, 9))  # without it, the forward passes and the step's backward fails
     with pytest.raises(Exception, match="this backward cannot compile"):
         result.sum().backward()
     torch._dynamo.reset()
@@ -216,8 +243,13 @@ def test_a_run_of_varying_batches_compiles_a_few_graphs_not_one_per_step(monkeyp
     new count of objects or masks. Traced with a counting backend: the guards that decide a recompilation are the
     tracer's, whatever the backend."""
     from pipelines.training import boxes
-    from tests.test_training_loss_vectorized import (PROTO, SEGM, random_outputs, random_priors,  # noqa: PLC0415
-                                                     random_targets)
+    from tests.test_training_loss_vectorized import (
+        PROTO,
+        SEGM,
+        random_outputs,
+        random_priors,  # noqa: PLC0415
+        random_targets,
+    )
 
     graphs: dict[str, int] = {}
 
@@ -225,6 +257,7 @@ def test_a_run_of_varying_batches_compiles_a_few_graphs_not_one_per_step(monkeyp
         def counting(graph, example_inputs):
             graphs[name] = graphs.get(name, 0) + 1
             return graph.forward
+
         return torch.compile(function, backend=counting, dynamic=True, fullgraph=True)
 
     for name in ("best_overlaps", "match_targets"):
@@ -237,15 +270,34 @@ def test_a_run_of_varying_batches_compiles_a_few_graphs_not_one_per_step(monkeyp
     batches = [[int(c) for c in rng.choice([0, 1, 2, 3, 5, 8, 13, 20], 4)] for _ in range(36)]
     batches += [[0, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [2, 0, 1, 0]]
     for step, counts in enumerate(batches):
-        targets = [random_targets(generator, count, seed=step * 10 + i, duplicate=step % 3 == 0)
-                   for i, count in enumerate(counts)]
+        targets = [
+            random_targets(generator, count, seed=step * 10 + i, duplicate=step % 3 == 0)
+            for i, count in enumerate(counts)
+        ]
         packed = yolact_loss.PackedTargets.pack(targets, [(PROTO, PROTO), (SEGM, SEGM)])
         matches, outputs = loss.match(packed), random_outputs(generator, len(counts), priors.shape[0])
         slots = matches.slots
-        loss_sums(outputs["loc"], outputs["conf"], outputs["mask"], outputs["proto"], outputs["segm"], matches.conf,
-                  matches.loc, matches.gt_box, matches.gt_index, slots.image_idx, slots.prior_idx, slots.slot_idx,
-                  slots.scale, slots.count, packed.masks_at((PROTO, PROTO)), packed.masks_at((SEGM, SEGM)),
-                  packed.labels, packed.valid, loss.cfg)
+        loss_sums(
+            outputs["loc"],
+            outputs["conf"],
+            outputs["mask"],
+            outputs["proto"],
+            outputs["segm"],
+            matches.conf,
+            matches.loc,
+            matches.gt_box,
+            matches.gt_index,
+            slots.image_idx,
+            slots.prior_idx,
+            slots.slot_idx,
+            slots.scale,
+            slots.count,
+            packed.masks_at((PROTO, PROTO)),
+            packed.masks_at((SEGM, SEGM)),
+            packed.labels,
+            packed.valid,
+            loss.cfg,
+        )
     assert set(graphs) == {"best_overlaps", "match_targets", "loss_sums"}
     assert max(graphs.values()) <= 4, graphs
     torch._dynamo.reset()

@@ -2,6 +2,7 @@
 built by worker processes equal the ones built in the rank (seeded per image), targets packed at the loss's mask
 sizes give the loss of full-size targets, the colour distortion applied batched in torch equals the numpy one, a
 training step runs with workers and bf16 autocast, and use_gpu: true without CUDA is a usage error."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,9 @@ MASK_SIZES = ((16, 16), (8, 8))
 def plain_shards(tmp_path_factory):
     root = tmp_path_factory.mktemp("plain_shards")
     dataset = generate_road_dataset(root / "roads", 8, 7, RoadSceneConfig(width=96, height=72, formats=("coco",)))
-    count = write_plain_shards(dataset, root / "roads" / "images", root / "prepared",
-                               tuple(c.name for c in dataset.categories), num_shards=2)
+    count = write_plain_shards(
+        dataset, root / "roads" / "images", root / "prepared", tuple(c.name for c in dataset.categories), num_shards=2
+    )
     return root / "prepared", count
 
 
@@ -60,7 +62,7 @@ def test_packed_small_masks_give_the_loss_of_full_size_masks(plain_shards):
     rows = ShardIndex.open(str(prepared / "train")).read(range(count))
     full = make_micro_batch(rows, [0, 1, 2], SPEC, AugmentConfig(), seed=1, epoch=0)
     packed = make_micro_batch(rows, [0, 1, 2], SPEC, AugmentConfig(), seed=1, epoch=0, mask_sizes=list(MASK_SIZES))
-    finished = packed.finish_images(SPEC)           # colour draws applied in torch, batched
+    finished = packed.finish_images(SPEC)  # colour draws applied in torch, batched
     assert packed.colour.shape == (3, 5) and finished.colour is None and packed.images.dtype == torch.uint8
     # the workers' uint8 resize is within one level of the float one (0.5 of rounding, 0.5 of its fixed-point
     # weights); the distortion scales a level by at most 1.5 (contrast) and 255 / value in HSV where the value is
@@ -68,12 +70,16 @@ def test_packed_small_masks_give_the_loss_of_full_size_masks(plain_shards):
     difference = (finished.images - full.images).abs()
     assert float(difference.quantile(0.99)) < 0.03 and float(difference.mean()) < 0.01
     generator = torch.Generator().manual_seed(0)
-    priors = torch.cat([torch.rand(200, 2, generator=generator), 0.1 + 0.4 * torch.rand(200, 2, generator=generator)],
-                       dim=1)
-    outputs = {"loc": torch.randn(3, 200, 4, generator=generator), "conf": torch.randn(3, 200, 5, generator=generator),
-               "mask": torch.randn(3, 200, 4, generator=generator),
-               "proto": torch.randn(3, 16, 16, 4, generator=generator),
-               "segm": torch.randn(3, 4, 8, 8, generator=generator)}
+    priors = torch.cat(
+        [torch.rand(200, 2, generator=generator), 0.1 + 0.4 * torch.rand(200, 2, generator=generator)], dim=1
+    )
+    outputs = {
+        "loc": torch.randn(3, 200, 4, generator=generator),
+        "conf": torch.randn(3, 200, 5, generator=generator),
+        "mask": torch.randn(3, 200, 4, generator=generator),
+        "proto": torch.randn(3, 16, 16, 4, generator=generator),
+        "segm": torch.randn(3, 4, 8, 8, generator=generator),
+    }
     loss = YolactLoss(LossConfig(), priors)
     terms = []
     for targets in (full.targets, packed.targets):
@@ -91,7 +97,7 @@ def test_batched_torch_colour_distortion_equals_the_numpy_one():
     images = rng.uniform(0, 255, (24, 9, 11, 3)).astype(np.float32)
     images[:, 0, 0] = 0.0
     images[:, 0, 1] = 255.0
-    images[:, 1, :, :] = images[:, 1, :, :1]           # grey rows: zero spread
+    images[:, 1, :, :] = images[:, 1, :, :1]  # grey rows: zero spread
     draws = [photometric.draw(rng) for _ in range(len(images))]
     assert {d.contrast_first for d in draws} == {True, False} and any(d.hue == 0 for d in draws)
     expected = np.stack([photometric.apply_numpy(image, d) for image, d in zip(images, draws)])
@@ -121,11 +127,17 @@ def test_training_steps_with_loader_workers_and_bf16(plain_shards, tmp_path):
     from pipelines.training.trainer import TrainingSession
 
     prepared, _ = plain_shards
-    cfg = TrainConfig.from_dict({
-        "run_dir": str(tmp_path / "run"), "data": {"prepared": str(prepared), "loader_workers": 2},
-        "model": {"max_size": 64}, "distributed": {"threads_per_process": 1, "use_gpu": False},
-        "train": {"epochs": 1, "max_steps": 2, "global_batch": 4, "micro_batch": 2, "precision": "bf16"},
-        "checkpoint": {"every_steps": 0}, "eval": {"every_epochs": 0}})
+    cfg = TrainConfig.from_dict(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "data": {"prepared": str(prepared), "loader_workers": 2},
+            "model": {"max_size": 64},
+            "distributed": {"threads_per_process": 1, "use_gpu": False},
+            "train": {"epochs": 1, "max_steps": 2, "global_batch": 4, "micro_batch": 2, "precision": "bf16"},
+            "checkpoint": {"every_steps": 0},
+            "eval": {"every_epochs": 0},
+        }
+    )
     session = TrainingSession(cfg, make_topology("local", 1))
     assert session.mask_sizes == ((16, 16), (8, 8))
     summary = session.run()
@@ -143,10 +155,15 @@ def test_micro_batches_arrive_on_the_device_matched(plain_shards, tmp_path):
     from pipelines.training.trainer import TrainingSession
 
     prepared, count = plain_shards
-    cfg = TrainConfig.from_dict({
-        "run_dir": str(tmp_path / "run"), "data": {"prepared": str(prepared)}, "model": {"max_size": 64},
-        "distributed": {"threads_per_process": 1, "use_gpu": False},
-        "train": {"global_batch": 4, "micro_batch": 2}})
+    cfg = TrainConfig.from_dict(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "data": {"prepared": str(prepared)},
+            "model": {"max_size": 64},
+            "distributed": {"threads_per_process": 1, "use_gpu": False},
+            "train": {"global_batch": 4, "micro_batch": 2},
+        }
+    )
     session = TrainingSession(cfg, make_topology("local", 1))
     rows = ShardIndex.open(str(prepared / "train")).read(range(count))
     built = list(micro_batch_stream(rows, [[0, 1], [2, 3]], session.loader_spec(0)))
@@ -155,10 +172,10 @@ def test_micro_batches_arrive_on_the_device_matched(plain_shards, tmp_path):
         assert before.matches is None and after.matches is not None
         expected = session.loss.match(before.targets)
         assert after.num_positives == num_positives(expected) and torch.equal(after.matches.conf, expected.conf)
-        assert after.num_positives == int(after.matches.positive.sum())      # counted with the draw, on the host
-        found = []                           # what MicroBatch.record_stream hands the CUDA allocator of the matches
+        assert after.num_positives == int(after.matches.positive.sum())  # counted with the draw, on the host
+        found = []  # what MicroBatch.record_stream hands the CUDA allocator of the matches
         map_tensors(after.matches, found.append)
-        assert len(found) == 8               # conf, gt_index, loc, gt_box; the slots' three indices and scale
+        assert len(found) == 8  # conf, gt_index, loc, gt_box; the slots' three indices and scale
     assert session.normalizer(moved).num_positives == sum(mb.num_positives for mb in moved) > 0
 
 
@@ -174,14 +191,19 @@ def test_a_step_with_a_non_finite_loss_leaves_the_weights_as_they_were(plain_sha
     from pipelines.training.trainer import TrainingSession
 
     prepared, count = plain_shards
-    cfg = TrainConfig.from_dict({
-        "run_dir": str(tmp_path / "run"), "data": {"prepared": str(prepared)}, "model": {"max_size": 64},
-        "distributed": {"threads_per_process": 1, "use_gpu": False},
-        "train": {"global_batch": 2, "micro_batch": 2, "optimizer": "sgd", "warmup_steps": 0}})
+    cfg = TrainConfig.from_dict(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "data": {"prepared": str(prepared)},
+            "model": {"max_size": 64},
+            "distributed": {"threads_per_process": 1, "use_gpu": False},
+            "train": {"global_batch": 2, "micro_batch": 2, "optimizer": "sgd", "warmup_steps": 0},
+        }
+    )
     session = TrainingSession(cfg, make_topology("local", 1))
     rows = ShardIndex.open(str(prepared / "train")).read(range(count))
     finite = next(iter(micro_batch_stream(rows, [[0, 1]], session.loader_spec(0))))
-    poisoned = dataclasses.replace(finite, colour=torch.full_like(finite.colour, float("nan")))   # NaN images
+    poisoned = dataclasses.replace(finite, colour=torch.full_like(finite.colour, float("nan")))  # NaN images
 
     def weights():
         return [p.detach().clone() for p in session.model.parameters()]
@@ -212,10 +234,15 @@ def test_the_next_step_is_launched_before_a_steps_terms_are_read(plain_shards, t
     from pipelines.training.trainer import TrainingSession
 
     prepared, count = plain_shards
-    cfg = TrainConfig.from_dict({
-        "run_dir": str(tmp_path / "run"), "data": {"prepared": str(prepared)}, "model": {"max_size": 64},
-        "distributed": {"threads_per_process": 1, "use_gpu": False},
-        "train": {"global_batch": 2, "micro_batch": 2, "optimizer": "sgd", "warmup_steps": 3}})
+    cfg = TrainConfig.from_dict(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "data": {"prepared": str(prepared)},
+            "model": {"max_size": 64},
+            "distributed": {"threads_per_process": 1, "use_gpu": False},
+            "train": {"global_batch": 2, "micro_batch": 2, "optimizer": "sgd", "warmup_steps": 3},
+        }
+    )
     rows = ShardIndex.open(str(prepared / "train")).read(range(count))
     plan = [[0, 1], [2, 3], [4, 5], [1, 2], [3, 0], [5, 4]]
 
@@ -232,40 +259,47 @@ def test_the_next_step_is_launched_before_a_steps_terms_are_read(plain_shards, t
 
         session.launch_step = timed_launch
         for terms, seconds in session.steps(stream, [1] * len(plan), settle=settle):
-            seen.append((terms, [p.detach().clone() for p in session.model.parameters()],
-                         session.optimizer.param_groups[0]["lr"]))
-            time.sleep(0.3)   # the caller's own work (metrics, progress, a checkpoint): no step's time
+            seen.append(
+                (
+                    terms,
+                    [p.detach().clone() for p in session.model.parameters()],
+                    session.optimizer.param_groups[0]["lr"],
+                )
+            )
+            time.sleep(0.3)  # the caller's own work (metrics, progress, a checkpoint): no step's time
             assert len(launch_seconds) >= len(seen)
             # a step's time holds its whole launch (on the CPU, the step itself), deferred or not, and not the
             # caller's time: before, a deferred step was charged with the next one and that one with ~0 s
             k = len(seen) - 1
             assert launch_seconds[k] <= seconds, (k, seconds)
-            assert k == 0 or seconds < launch_seconds[k] + 0.3, (k, seconds)   # step 0: the loader's start too
+            assert k == 0 or seconds < launch_seconds[k] + 0.3, (k, seconds)  # step 0: the loader's start too
         return seen
 
     one_at_a_time = run(lambda k: True)
     ahead = run(lambda k: k == 3)
     for k, ((terms, weights, lr), (terms_ahead, weights_ahead, lr_ahead)) in enumerate(zip(one_at_a_time, ahead)):
         assert torch.equal(terms, terms_ahead), k
-        deferred = k in (1, 2, 4)           # step 0: no optimizer state yet; 3: settled; 5: the last
-        expected_weights, expected_lr = (one_at_a_time[k + 1][1:] if deferred else (weights, lr))
+        deferred = k in (1, 2, 4)  # step 0: no optimizer state yet; 3: settled; 5: the last
+        expected_weights, expected_lr = one_at_a_time[k + 1][1:] if deferred else (weights, lr)
         assert all(torch.equal(a, b) for a, b in zip(weights_ahead, expected_weights)), k
         assert lr_ahead == expected_lr, k
     assert all(torch.equal(a, b) for a, b in zip(one_at_a_time[-1][1], ahead[-1][1]))
-    assert len({lr for _, _, lr in one_at_a_time}) > 2      # the warmup moves the rate: its order is checked
+    assert len({lr for _, _, lr in one_at_a_time}) > 2  # the warmup moves the rate: its order is checked
 
 
 def test_use_gpu_true_without_cuda_is_a_usage_error():
     """A process that sees no CUDA device (CUDA_VISIBLE_DEVICES empty): resolve_use_gpu(True) and rank_device(True)
     raise GpuUnavailableError, a UsageError (exit 2 in the job)."""
-    code = ("from pipelines.errors import UsageError\n"
-            "from pipelines.training.devices import GpuUnavailableError, rank_device, resolve_use_gpu\n"
-            "assert issubclass(GpuUnavailableError, UsageError)\n"
-            "assert resolve_use_gpu('auto', True) is False and resolve_use_gpu(False, True) is False\n"
-            "assert resolve_use_gpu('auto', False, '1') is True and resolve_use_gpu('auto', False, None) is False\n"
-            "for call in (lambda: resolve_use_gpu(True, True), lambda: rank_device(True)):\n"
-            "    try:\n        call()\n    except GpuUnavailableError as err:\n        print('refused:', err)\n"
-            "    else:\n        raise SystemExit('no error')\n")
+    code = (
+        "from pipelines.errors import UsageError\n"
+        "from pipelines.training.devices import GpuUnavailableError, rank_device, resolve_use_gpu\n"
+        "assert issubclass(GpuUnavailableError, UsageError)\n"
+        "assert resolve_use_gpu('auto', True) is False and resolve_use_gpu(False, True) is False\n"
+        "assert resolve_use_gpu('auto', False, '1') is True and resolve_use_gpu('auto', False, None) is False\n"
+        "for call in (lambda: resolve_use_gpu(True, True), lambda: rank_device(True)):\n"
+        "    try:\n        call()\n    except GpuUnavailableError as err:\n        print('refused:', err)\n"
+        "    else:\n        raise SystemExit('no error')\n"
+    )
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

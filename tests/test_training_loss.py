@@ -1,5 +1,6 @@
 """The YOLACT loss on hand-built cases: matching thresholds, hard negative mining ratio, mask loss normalization,
 and the sampler's promise that every strategy sees the same global batch."""
+
 from __future__ import annotations
 
 import math
@@ -9,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipelines.ops.yolact_postprocess import decode_boxes
 from pipelines.training.boxes import encode, jaccard, match, point_form
 from pipelines.training.sampler import GlobalBatchSampler
 from pipelines.training.yolact_loss import LossConfig, Normalizer, Targets, YolactLoss, hard_negatives
-from pipelines.ops.yolact_postprocess import decode_boxes
 
 
 def square_prior(cx: float, cy: float, side: float) -> list[float]:
@@ -20,10 +21,12 @@ def square_prior(cx: float, cy: float, side: float) -> list[float]:
 
 
 def test_matching_thresholds_and_forced_best_prior():
-    truth = torch.tensor([[0.4, 0.4, 0.6, 0.6]])                     # side 0.2, centre 0.5
+    truth = torch.tensor([[0.4, 0.4, 0.6, 0.6]])  # side 0.2, centre 0.5
     sides = {"pos": 0.2 / math.sqrt(0.55), "neutral": 0.2 / math.sqrt(0.45), "neg": 0.2 / math.sqrt(0.35)}
-    priors = torch.tensor([square_prior(0.5, 0.5, s) for s in sides.values()]
-                          + [square_prior(0.5, 0.5, 0.2 / math.sqrt(0.60)), square_prior(0.1, 0.1, 0.05)])
+    priors = torch.tensor(
+        [square_prior(0.5, 0.5, s) for s in sides.values()]
+        + [square_prior(0.5, 0.5, 0.2 / math.sqrt(0.60)), square_prior(0.1, 0.1, 0.05)]
+    )
     ious = jaccard(truth, point_form(priors))[0]
     assert ious[:3].tolist() == pytest.approx([0.55, 0.45, 0.35], abs=1e-5)
     m = match(truth, torch.tensor([2]), priors, pos_thresh=0.5, neg_thresh=0.4)
@@ -38,7 +41,7 @@ def test_matching_thresholds_and_forced_best_prior():
 
 def test_every_object_claims_its_best_prior_even_below_the_threshold():
     truths = torch.tensor([[0.0, 0.0, 0.1, 0.1], [0.5, 0.5, 0.9, 0.9]])
-    priors = torch.tensor([square_prior(0.3, 0.3, 0.3), square_prior(0.7, 0.7, 0.2)])   # both IoU < 0.4
+    priors = torch.tensor([square_prior(0.3, 0.3, 0.3), square_prior(0.7, 0.7, 0.2)])  # both IoU < 0.4
     m = match(truths, torch.tensor([0, 1]), priors)
     assert m.conf.tolist() == [1, 2]
     assert m.gt_index.tolist() == [0, 1]
@@ -52,12 +55,12 @@ def test_no_objects_means_all_background():
 def test_hard_negative_mining_takes_three_negatives_per_positive_by_background_loss():
     num_priors, classes = 20, 3
     conf_t = torch.zeros(1, num_priors, dtype=torch.long)
-    conf_t[0, [0, 1]] = 1                       # 2 positives
-    conf_t[0, 2] = -1                           # 1 neutral, never a negative
+    conf_t[0, [0, 1]] = 1  # 2 positives
+    conf_t[0, 2] = -1  # 1 neutral, never a negative
     conf = torch.zeros(1, num_priors, classes)
-    badness = torch.arange(num_priors, dtype=torch.float32)      # prior i: foreground logit i
+    badness = torch.arange(num_priors, dtype=torch.float32)  # prior i: foreground logit i
     conf[0, :, 1] = badness
-    conf[0, 2, 1] = 100.0                       # the neutral would be the hardest "negative"
+    conf[0, 2, 1] = 100.0  # the neutral would be the hardest "negative"
     negatives = hard_negatives(conf, conf_t, negpos_ratio=3)
     assert negatives.sum() == 6
     assert torch.nonzero(negatives[0]).squeeze(1).tolist() == list(range(14, 20))
@@ -78,7 +81,7 @@ def test_conf_loss_is_cross_entropy_over_positives_and_mined_negatives():
 
 def test_mask_loss_is_bce_inside_the_box_divided_by_the_box_area_in_proto_pixels():
     size, proto_size = 32, 8
-    box = torch.tensor([[0.25, 0.25, 0.75, 0.5]])                  # 4 x 2 proto pixels
+    box = torch.tensor([[0.25, 0.25, 0.75, 0.5]])  # 4 x 2 proto pixels
     gt_mask = torch.zeros(1, size, size)
     gt_mask[0, 8:16, 8:24] = 1.0
     target = Targets(boxes=box, labels=torch.tensor([0]), masks=gt_mask)
@@ -87,13 +90,18 @@ def test_mask_loss_is_bce_inside_the_box_divided_by_the_box_area_in_proto_pixels
     matches = loss.match([target])
     m = matches[0]
     assert m.conf.tolist() == [1]
-    proto = torch.zeros(proto_size, proto_size, 1)                 # every logit 0 -> p = 0.5 everywhere
+    proto = torch.zeros(proto_size, proto_size, 1)  # every logit 0 -> p = 0.5 everywhere
     coeffs = torch.ones(1, 1)
     per_mask = loss.mask_sum(proto[None], coeffs[None], [target], matches)
     # crop window with 1 proto px padding: cols 1..6, rows 1..4 -> 6 x 4 = 24 pixels at p = 0.5, BCE ln 2 each
     assert float(per_mask) == pytest.approx(24 * math.log(2) / (4 * 2), rel=1e-5)
-    outputs = {"loc": torch.zeros(1, 1, 4), "conf": torch.zeros(1, 1, 2), "mask": coeffs[None],
-               "proto": proto[None], "segm": torch.zeros(1, 1, 4, 4)}
+    outputs = {
+        "loc": torch.zeros(1, 1, 4),
+        "conf": torch.zeros(1, 1, 2),
+        "mask": coeffs[None],
+        "proto": proto[None],
+        "segm": torch.zeros(1, 1, 4, 4),
+    }
     sums = loss.sums(outputs, [target], matches)
     assert float(sums["mask"]) == pytest.approx(6.125 * 24 * math.log(2) / 8, rel=1e-5)
     terms = Normalizer(num_positives=2, num_images=4).apply(sums)
@@ -114,13 +122,15 @@ def test_masks_to_train_samples_positives_and_rescales():
     sampled = YolactLoss(LossConfig(masks_to_train=2), priors)
     # identical per-positive losses: the sampled sum scaled by 6/2 equals the full sum
     assert float(sampled.mask_sum(proto[None], coeffs[None], [target], matches)) == pytest.approx(
-        float(full.mask_sum(proto[None], coeffs[None], [target], matches)))
+        float(full.mask_sum(proto[None], coeffs[None], [target], matches))
+    )
 
 
 def test_encode_inverts_the_inference_decoder():
     rng = np.random.default_rng(0)
-    priors = torch.from_numpy(np.concatenate([rng.uniform(0.2, 0.8, (50, 2)), rng.uniform(0.05, 0.3, (50, 2))],
-                                             axis=1).astype(np.float32))
+    priors = torch.from_numpy(
+        np.concatenate([rng.uniform(0.2, 0.8, (50, 2)), rng.uniform(0.05, 0.3, (50, 2))], axis=1).astype(np.float32)
+    )
     loc = torch.from_numpy(rng.normal(0, 1, (50, 4)).astype(np.float32))
     boxes = decode_boxes(loc.numpy(), priors.numpy())
     np.testing.assert_allclose(encode(torch.from_numpy(boxes), priors).numpy(), loc.numpy(), atol=2e-4)
@@ -211,8 +221,9 @@ def test_matching_loss_and_colour_build_no_tensor_from_host_lists():
     outputs = model(torch.rand(2, 3, 128, 128))
     spec = InputSpec(128, (123.68, 116.78, 103.94), (58.40, 57.12, 57.38))
     colour = photometric.draws_tensor([photometric.draw(np.random.default_rng(3)) for _ in range(2)])
-    micro_batch = MicroBatch(images=torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8), targets=[],
-                             indices=[0, 1], colour=colour)
+    micro_batch = MicroBatch(
+        images=torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8), targets=[], indices=[0, 1], colour=colour
+    )
     micro_batch.finish_images(spec)
     with HostArrays() as recorded:
         matches = loss.match(batch)

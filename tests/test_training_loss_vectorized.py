@@ -1,6 +1,7 @@
 """The batched YOLACT loss equals the loss as it was (tests/reference_yolact_loss.py: one Python loop per image and
 per object) on random batches: images with 0, 1 and many objects, duplicated objects (the greedy forced-match
 path), more positives than masks_to_train (the seeded draw), full-size and pre-downsampled masks."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from pipelines.training.yolact_loss import LOSS_KEYS, LossConfig, PackedTargets, Targets, YolactLoss, num_positives
 from tests import reference_yolact_loss as reference
 
-SIZE, PROTO, SEGM, MASK_DIM, CLASSES = 64, 16, 8, 4, 5      # CLASSES includes the background
+SIZE, PROTO, SEGM, MASK_DIM, CLASSES = 64, 16, 8, 4, 5  # CLASSES includes the background
 
 
 def random_priors(generator: torch.Generator, count: int = 400) -> torch.Tensor:
@@ -23,11 +24,12 @@ def random_targets(generator: torch.Generator, count: int, seed: int, duplicate:
     side = 0.08 + torch.rand(count, 2, generator=generator) * 0.35
     boxes = torch.cat([corner, (corner + side).clamp(max=1.0)], dim=1)
     if duplicate and count >= 2:
-        boxes[1] = boxes[0]                      # same box twice: both objects want the same best prior
+        boxes[1] = boxes[0]  # same box twice: both objects want the same best prior
     masks = torch.zeros(count, SIZE, SIZE)
     for index, (x1, y1, x2, y2) in enumerate((boxes * SIZE).tolist()):
-        masks[index, int(y1):int(y2), int(x1):int(x2)] = torch.rand(int(y2) - int(y1), int(x2) - int(x1),
-                                                                    generator=generator)
+        masks[index, int(y1) : int(y2), int(x1) : int(x2)] = torch.rand(
+            int(y2) - int(y1), int(x2) - int(x1), generator=generator
+        )
     labels = torch.randint(0, CLASSES - 1, (count,), generator=generator)
     return Targets(boxes, labels, masks, seed)
 
@@ -36,9 +38,13 @@ def random_outputs(generator: torch.Generator, batch: int, num_priors: int) -> d
     def rand(*shape):
         return torch.randn(*shape, generator=generator).requires_grad_()
 
-    return {"loc": rand(batch, num_priors, 4), "conf": rand(batch, num_priors, CLASSES),
-            "mask": rand(batch, num_priors, MASK_DIM), "proto": rand(batch, PROTO, PROTO, MASK_DIM),
-            "segm": rand(batch, CLASSES - 1, SEGM, SEGM)}
+    return {
+        "loc": rand(batch, num_priors, 4),
+        "conf": rand(batch, num_priors, CLASSES),
+        "mask": rand(batch, num_priors, MASK_DIM),
+        "proto": rand(batch, PROTO, PROTO, MASK_DIM),
+        "segm": rand(batch, CLASSES - 1, SEGM, SEGM),
+    }
 
 
 def reference_terms(cfg, priors, outputs, targets):
@@ -49,13 +55,16 @@ def reference_terms(cfg, priors, outputs, targets):
     return matches, reference.Normalizer(reference.num_positives(matches), len(targets)).apply(sums)
 
 
-@pytest.mark.parametrize("counts,masks_to_train,duplicate", [
-    ([0, 0], 100, False),                      # no object anywhere
-    ([1], 100, False),                         # a single object
-    ([0, 1, 7, 3], 100, False),                # mixed
-    ([12, 0, 20, 5], 100, True),               # many, with a duplicated box: greedy forced matching
-    ([15, 9, 1, 0, 30], 6, True),              # more positives than masks_to_train: the seeded draw
-])
+@pytest.mark.parametrize(
+    "counts,masks_to_train,duplicate",
+    [
+        ([0, 0], 100, False),  # no object anywhere
+        ([1], 100, False),  # a single object
+        ([0, 1, 7, 3], 100, False),  # mixed
+        ([12, 0, 20, 5], 100, True),  # many, with a duplicated box: greedy forced matching
+        ([15, 9, 1, 0, 30], 6, True),  # more positives than masks_to_train: the seeded draw
+    ],
+)
 def test_batched_loss_equals_the_reference(counts, masks_to_train, duplicate):
     generator = torch.Generator().manual_seed(sum(counts) * 31 + masks_to_train)
     priors = random_priors(generator)
@@ -76,7 +85,7 @@ def test_batched_loss_equals_the_reference(counts, masks_to_train, duplicate):
             assert torch.equal(matches[i].gt_index[positive], ref.gt_index[positive])
             torch.testing.assert_close(matches[i].loc[positive], ref.loc[positive], rtol=1e-6, atol=1e-6)
         assert num_positives(matches) == reference.num_positives(ref_matches)
-        assert matches.counts == [int(ref.positive.sum()) for ref in ref_matches]   # read with the matching
+        assert matches.counts == [int(ref.positive.sum()) for ref in ref_matches]  # read with the matching
         terms = normalized_terms(loss, outputs, packed, matches)
         for key in LOSS_KEYS:
             assert float(terms[key].detach()) == pytest.approx(float(expected[key].detach()), rel=1e-5, abs=1e-7), key

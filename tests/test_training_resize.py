@@ -1,6 +1,7 @@
 """resize_bilinear: F.interpolate's values (bilinear, align_corners=False) with torch's generic kernel at every
 thread count, for the stacks the training code resizes (1-6 masks, RGB images channels-last, batches of masks);
 the input workers' RGBX pixels (resized, cropped and mirrored as 4-byte pixels) give the RGB image's values."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -83,15 +84,24 @@ def test_rgbx_windows_crop_and_mirror_as_rgb_ones():
     mean = np.float32([123.7, 116.8, 103.9])
     for top, left, height, width in ((3, 5, 20, 30), (0, 0, 37, 53), (-4, -6, 50, 70), (10, 40, 20, 30)):
         for mirror in (False, True):
-            g = Geometry(top, left, height, width, mirror, np.zeros(0, np.int64), np.zeros((0, 4), np.float32),
-                         np.zeros(0, np.int64))
+            g = Geometry(
+                top,
+                left,
+                height,
+                width,
+                mirror,
+                np.zeros(0, np.int64),
+                np.zeros((0, 4), np.float32),
+                np.zeros(0, np.int64),
+            )
             four = crop_image(rgbx, g, fill_value(rgbx.dtype, mean, 4))
             assert four.flags.writeable and four.flags.c_contiguous and four.shape == (height, width, 4)
             assert np.array_equal(four[..., :3], crop_image(rgb, g, fill_value(rgb.dtype, mean)))
 
 
-@pytest.mark.parametrize("size,small", [(352, (88, 88)), (352, (44, 44)), (550, (138, 138)), (550, (69, 69)),
-                                        (96, (16, 16)), (64, (8, 8))])
+@pytest.mark.parametrize(
+    "size,small", [(352, (88, 88)), (352, (44, 44)), (550, (138, 138)), (550, (69, 69)), (96, (16, 16)), (64, (8, 8))]
+)
 def test_masks_resized_twice_equal_torchs_but_for_ties_at_the_threshold(size, small):
     """augment.resized_mask_bits (the input workers' masks at the loss's sizes, without the S x S ones) against
     torch's two resizes and threshold (augment.resize_masks, then yolact_loss.downsample_bits): random 0/1 masks of
@@ -101,7 +111,7 @@ def test_masks_resized_twice_equal_torchs_but_for_ties_at_the_threshold(size, sm
 
     rng = np.random.default_rng(size + small[0])
     differ = total = 0
-    for case in range(12):
+    for _case in range(12):
         height, width = int(rng.integers(1, 700)), int(rng.integers(1, 700))
         masks = (rng.random((3, height, width)) < rng.random()).astype(np.uint8)
         masks[0] = 0
@@ -116,7 +126,7 @@ def test_masks_resized_twice_equal_torchs_but_for_ties_at_the_threshold(size, sm
                 torch.set_num_threads(with_threads)
             assert got.dtype == torch.bool and got.shape == (3, *small)
             wrong = got != (values > 0.5)
-            assert torch.all((values[wrong] - 0.5).abs() <= 2 * 2 ** -24), (height, width, threads)
+            assert torch.all((values[wrong] - 0.5).abs() <= 2 * 2**-24), (height, width, threads)
             assert not got[0].any()
             differ, total = differ + int(wrong.sum()), total + wrong.numel()
     assert differ <= total / 500, (differ, total)

@@ -2,6 +2,7 @@
 window) equals decoding each mask full size with pycocotools and cropping and mirroring it (``augment.crop_masks``):
 windows inside the image, on each border, past it (the expand canvas) and off it, mirrored or not; empty and full
 masks, 1x1, 1xN and Nx1 images, many objects, random masks and rectangles (long runs across columns)."""
+
 from __future__ import annotations
 
 import itertools
@@ -45,8 +46,11 @@ def border_windows(height: int, width: int) -> list[tuple[int, int, int, int]]:
     """Windows whose edges fall before, on and past each border of the image, and inside it."""
     rows = sorted({-3, -1, 0, 1, height // 2, height - 1, height, height + 2})
     cols = sorted({-3, -1, 0, 1, width // 2, width - 1, width, width + 2})
-    return [(t, left, b - t, r - left)
-            for t, b in itertools.combinations(rows, 2) for left, r in itertools.combinations(cols, 2)]
+    return [
+        (t, left, b - t, r - left)
+        for t, b in itertools.combinations(rows, 2)
+        for left, r in itertools.combinations(cols, 2)
+    ]
 
 
 def hand_made(height: int, width: int) -> np.ndarray:
@@ -58,7 +62,7 @@ def hand_made(height: int, width: int) -> np.ndarray:
     masks[7, -1] = 1
     masks[8, :, 0] = 1
     masks[9, :, -1] = 1
-    masks[10, height // 4:height - height // 4, width // 4:width - width // 4] = 1
+    masks[10, height // 4 : height - height // 4, width // 4 : width - width // 4] = 1
     masks[11] = (np.arange(height)[:, None] + np.arange(width)) % 2
     return masks
 
@@ -73,7 +77,7 @@ def test_random_masks(height, width):
     rng = np.random.default_rng(height * 100 + width)
     masks = np.concatenate([rng.random((4, height, width)) < p for p in (0.02, 0.3, 0.7, 0.98)]).astype(np.uint8)
     check(masks, border_windows(height, width))
-    kept = rng.permutation(len(masks))[:5]   # some objects, out of order
+    kept = rng.permutation(len(masks))[:5]  # some objects, out of order
     check(masks, border_windows(height, width), kept)
 
 
@@ -85,18 +89,27 @@ def test_rectangles_and_many_objects_full_size():
     masks = np.zeros((60, height, width), np.uint8)
     for m in masks[:40]:
         y0, x0 = rng.integers(0, height), rng.integers(0, width)
-        m[y0:y0 + rng.integers(1, height), x0:x0 + rng.integers(1, width)] = 1
+        m[y0 : y0 + rng.integers(1, height), x0 : x0 + rng.integers(1, width)] = 1
     masks[40:55] = rng.random((15, height, width)) < rng.random((15, 1, 1))
     masks[55] = 1
-    masks[56, :, 100:300] = 1                       # whole columns
-    masks[57, 5, :] = 1                             # one row
-    windows = [(0, 0, height, width), (-100, -150, 700, 900), (-100, 200, 300, 600), (300, -50, 250, 200),
-               (479, 639, 1, 1), (0, 639, 480, 1), (479, 0, 1, 640), (height, 0, 5, 5), (0, -10, 10, 10)]
+    masks[56, :, 100:300] = 1  # whole columns
+    masks[57, 5, :] = 1  # one row
+    windows = [
+        (0, 0, height, width),
+        (-100, -150, 700, 900),
+        (-100, 200, 300, 600),
+        (300, -50, 250, 200),
+        (479, 639, 1, 1),
+        (0, 639, 480, 1),
+        (479, 0, 1, 640),
+        (height, 0, 5, 5),
+        (0, -10, 10, 10),
+    ]
     for _ in range(12):
         top, left = int(rng.integers(-300, height)), int(rng.integers(-400, width))
         windows.append((top, left, int(rng.integers(1, 800)), int(rng.integers(1, 1000))))
     check(masks, windows)
-    check(masks, windows[:3], np.array([59, 3, 55, 3]))   # an object twice
+    check(masks, windows[:3], np.array([59, 3, 55, 3]))  # an object twice
 
 
 def test_no_objects_and_empty_windows():

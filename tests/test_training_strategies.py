@@ -1,6 +1,7 @@
 """Distributed strategies on a real TorchDistributor (local mode, gloo, CPU): DDP with 2 processes trains exactly
 like 1 process with the same global batch; the GPipe pipeline's gradients equal the unsplit model's on the same
 micro-batches; pipeline and hybrid (data-parallel pipelines) run end to end with the same losses."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,13 @@ from tests.fixtures_training import tiny_config, tiny_prepared, tiny_roads  # no
 
 def step_losses(run_dir: Path) -> np.ndarray:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return np.array([[m["loss"], m["box"], m["conf"], m["mask"], m["semantic"]]
-                     for m in map(json.loads, lines) if m["kind"] == "step"])
+    return np.array(
+        [
+            [m["loss"], m["box"], m["conf"], m["mask"], m["semantic"]]
+            for m in map(json.loads, lines)
+            if m["kind"] == "step"
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +49,19 @@ def test_run_is_plotted_and_logged_to_mlflow(local_run):
 
 
 def test_ddp_two_processes_equals_one_process(spark, tiny_roads, tiny_prepared, local_run, tmp_path):
-    summary = run_training(spark, tiny_config(tiny_roads, tiny_prepared, tmp_path,
-                                              **{"distributed.strategy": "ddp", "distributed.num_processes": 2,
-                                                 "tracking.baseline": str(local_run / "summary.json")}))
+    summary = run_training(
+        spark,
+        tiny_config(
+            tiny_roads,
+            tiny_prepared,
+            tmp_path,
+            **{
+                "distributed.strategy": "ddp",
+                "distributed.num_processes": 2,
+                "tracking.baseline": str(local_run / "summary.json"),
+            },
+        ),
+    )
     assert summary["world"] == 2 and summary["state"]["step"] == 3
     assert summary["speed"]["efficiency"] == pytest.approx(summary["speed"]["speedup"] / 2, abs=1e-3)
     expected, got = step_losses(local_run), step_losses(tmp_path)
@@ -55,12 +71,23 @@ def test_ddp_two_processes_equals_one_process(spark, tiny_roads, tiny_prepared, 
 
 
 def test_hybrid_two_pipelines_of_two_stages_runs_end_to_end(spark, tiny_roads, tiny_prepared, local_run, tmp_path):
-    summary = run_training(spark, tiny_config(
-        tiny_roads, tiny_prepared, tmp_path, **{"distributed.strategy": "hybrid", "distributed.num_processes": 4,
-                                                "distributed.pipeline_stages": 2, "checkpoint.every_steps": 2}))
+    summary = run_training(
+        spark,
+        tiny_config(
+            tiny_roads,
+            tiny_prepared,
+            tmp_path,
+            **{
+                "distributed.strategy": "hybrid",
+                "distributed.num_processes": 4,
+                "distributed.pipeline_stages": 2,
+                "checkpoint.every_steps": 2,
+            },
+        ),
+    )
     assert (summary["world"], summary["stages"], summary["state"]["step"]) == (4, 2, 3)
     np.testing.assert_allclose(step_losses(tmp_path), step_losses(local_run), rtol=2e-4, atol=1e-5)
-    assert (tmp_path / "checkpoints" / "step_00000002.pt").is_file()   # stages gathered into one checkpoint
+    assert (tmp_path / "checkpoints" / "step_00000002.pt").is_file()  # stages gathered into one checkpoint
 
 
 def pipeline_gradient_check(split):
@@ -119,9 +146,14 @@ def pipeline_gradient_check(split):
         pipeline_grads = {**gathered[0], **gathered[1]}
         expected = {n: p.grad for n, p in reference.named_parameters()}
         worst = max(float((pipeline_grads[n] - g).abs().max() / (g.abs().max() + 1e-12)) for n, g in expected.items())
-        result = {"params": len(pipeline_grads), "expected": len(expected), "worst_relative": worst,
-                  "terms": terms.tolist(), "reference_terms": total.tolist(),
-                  "stage_sizes": [len(gathered[0]), len(gathered[1])]}
+        result = {
+            "params": len(pipeline_grads),
+            "expected": len(expected),
+            "worst_relative": worst,
+            "terms": terms.tolist(),
+            "reference_terms": total.tolist(),
+            "stage_sizes": [len(gathered[0]), len(gathered[1])],
+        }
     dist.destroy_process_group()
     return result
 
@@ -142,9 +174,21 @@ def test_pipeline_gradients_equal_the_unsplit_model(spark, split, monkeypatch):
 
 def test_evaluation_best_checkpoint_and_early_stopping(spark, tiny_roads, tiny_prepared, tmp_path):
     # min_delta 10 makes every evaluation "no better": patience 1 stops after the first epoch of three
-    summary = run_training(spark, tiny_config(tiny_roads, tiny_prepared, tmp_path, **{
-        "train.max_steps": 0, "train.epochs": 3, "eval.every_epochs": 1, "eval.early_stopping_patience": 1,
-        "eval.min_delta": 10.0}))
+    summary = run_training(
+        spark,
+        tiny_config(
+            tiny_roads,
+            tiny_prepared,
+            tmp_path,
+            **{
+                "train.max_steps": 0,
+                "train.epochs": 3,
+                "eval.every_epochs": 1,
+                "eval.early_stopping_patience": 1,
+                "eval.min_delta": 10.0,
+            },
+        ),
+    )
     assert summary["state"]["stopped_early"] and summary["state"]["epoch"] == 1
     evaluation = summary["last_eval"]
     for key in ("box_ap", "mask_ap", "mask_ap_blobs", "mask_ap_crack", "val_loss"):
@@ -152,8 +196,12 @@ def test_evaluation_best_checkpoint_and_early_stopping(spark, tiny_roads, tiny_p
     assert not (tmp_path / "checkpoints" / "best.pt").exists()
 
     better = tmp_path / "better"
-    summary = run_training(spark, tiny_config(tiny_roads, tiny_prepared, better, **{
-        "train.max_steps": 0, "train.epochs": 1, "eval.every_epochs": 1}))
+    summary = run_training(
+        spark,
+        tiny_config(
+            tiny_roads, tiny_prepared, better, **{"train.max_steps": 0, "train.epochs": 1, "eval.every_epochs": 1}
+        ),
+    )
     from pipelines.training.checkpoints import load_checkpoint
 
     best = load_checkpoint(better / "checkpoints" / "best.pt")

@@ -1,6 +1,7 @@
 """Video input (issue 17): videos under --input beside images, split into segments spread over tasks, one
 detections/ row per processed frame, unreadable videos and tails as errors/ rows, resume per segment. The tests
 encode their own small videos with PyAV from synthetic road scenes (160x120)."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -11,12 +12,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.inference import image_sources as src
 from pipelines.datasets.synthetic_roads import RoadSceneConfig, render_scene
-from pipelines.results.incremental import current_detections
+from pipelines.inference import image_sources as src
 from pipelines.inference.inference_job import plan_job, run, work_units
 from pipelines.job_cli import build_config, parse_args
 from pipelines.results.done_index import done_keys
+from pipelines.results.incremental import current_detections
 from pipelines.results.results_writer import FRAME_COLUMNS, read_table
 from tests.job_helpers import job_config, read_rows
 from tests.test_faults import kill_after_a_committed_wave, start_job
@@ -31,15 +32,20 @@ def road_frames(count: int, seed: int = 7, scenes: int = 10) -> list[np.ndarray]
     return [np.ascontiguousarray(np.roll(images[i // per_scene], 2 * (i % per_scene), axis=1)) for i in range(count)]
 
 
-def encode_video(path: Path, frames: list[np.ndarray], fps: int = 30, b_frames: int = 0, gop: int = 30,
-                 container_format: str | None = None) -> Path:
+def encode_video(
+    path: Path,
+    frames: list[np.ndarray],
+    fps: int = 30,
+    b_frames: int = 0,
+    gop: int = 30,
+    container_format: str | None = None,
+) -> Path:
     """H.264 (libx264) at `fps`, `b_frames` consecutive B-frames and a keyframe every `gop` frames."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), "w", format=container_format) as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = frames[0].shape[1], frames[0].shape[0], "yuv420p"
-        stream.options = {"bf": str(b_frames), "g": str(gop), "keyint_min": str(gop), "crf": "20",
-                          "preset": "veryfast"}
+        stream.options = {"bf": str(b_frames), "g": str(gop), "keyint_min": str(gop), "crf": "20", "preset": "veryfast"}
         for rgb in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
                 container.mux(packet)
@@ -81,8 +87,9 @@ def clip_10s(tmp_path_factory) -> Path:
     return clip
 
 
-def test_stride_1_and_5_give_exact_frames_and_timestamps_and_detections_equal_to_images(spark, clip_10s, tmp_path,
-                                                                                         capsys):
+def test_stride_1_and_5_give_exact_frames_and_timestamps_and_detections_equal_to_images(
+    spark, clip_10s, tmp_path, capsys
+):
     every = run(spark, video_config(clip_10s.parent, tmp_path / "every"))
     capsys.readouterr()
     fifth = run(spark, video_config(clip_10s.parent, tmp_path / "fifth", frame_stride=5))
@@ -95,15 +102,18 @@ def test_stride_1_and_5_give_exact_frames_and_timestamps_and_detections_equal_to
     assert [r.frame_index for r in sampled] == list(range(0, 300, 5))
     assert [r.timestamp_s for r in sampled] == pytest.approx([i / 30 for i in range(0, 300, 5)], abs=1e-9)
     assert every["counts"]["frames"] == 300 and fifth["counts"]["frames"] == 60
-    assert every["counts"]["videos"] == 1 and every["counts"]["done"] == 360   # + the 60 PNG images
+    assert every["counts"]["videos"] == 1 and every["counts"]["done"] == 360  # + the 60 PNG images
     assert all((r.width, r.height, r.segment_start) == (160, 120, 0) for r in rows[:256])
     assert (tmp_path / "every" / "masks" / "clip.mp4" / "000005.png").is_file()
     assert sampled[1].mask_path.endswith("/masks/clip.mp4/000005.png")
 
     # the same decoded frames as PNG images through the job: identical detections
     for output in ("every", "fifth"):
-        by_image = {int(Path(r.path).stem): r for r in read_rows(spark, tmp_path / output, "detections")
-                    if r.path.endswith(".png")}
+        by_image = {
+            int(Path(r.path).stem): r
+            for r in read_rows(spark, tmp_path / output, "detections")
+            if r.path.endswith(".png")
+        }
         assert sorted(by_image) == list(range(0, 300, 5))
         assert sum(len(r.instances) for r in by_image.values()) > 0, "the model finds something in road scenes"
         assert all(r.frame_index is None and r.timestamp_s is None for r in by_image.values())
@@ -127,16 +137,21 @@ def first_frames_at_or_after(fps: Fraction, frame_times: list[Fraction], stride:
 @pytest.fixture(scope="module")
 def clip_3s(tmp_path_factory) -> Path:
     """3 s at 30 frames/s (90 frames: frame i at i/30 s), with B-frames (decode order != presentation order)."""
-    return encode_video(tmp_path_factory.mktemp("clip3") / "in" / "clip.mp4", road_frames(90, seed=17, scenes=3),
-                        b_frames=2, gop=15)
+    return encode_video(
+        tmp_path_factory.mktemp("clip3") / "in" / "clip.mp4", road_frames(90, seed=17, scenes=3), b_frames=2, gop=15
+    )
 
 
-@pytest.mark.parametrize("fps, stride, head", [
-    ("12", 1, [0, 3, 5, 8, 10, 13, 15, 18, 20, 23]),   # 1/12 s = 2.5 frames: every other boundary on a frame
-    ("9", 2, [0, 4, 10, 14, 20, 24, 30, 34, 40, 44]),  # 1/9 s = 3.33 frames (0, 4, 7, 10, 14, 17, ...), even only
-])
-def test_fps_keeps_the_first_frame_at_or_after_every_1_over_f_seconds(spark, clip_3s, tmp_path, fps, stride, head,
-                                                                      capsys):
+@pytest.mark.parametrize(
+    "fps, stride, head",
+    [
+        ("12", 1, [0, 3, 5, 8, 10, 13, 15, 18, 20, 23]),  # 1/12 s = 2.5 frames: every other boundary on a frame
+        ("9", 2, [0, 4, 10, 14, 20, 24, 30, 34, 40, 44]),  # 1/9 s = 3.33 frames (0, 4, 7, 10, 14, 17, ...), even only
+    ],
+)
+def test_fps_keeps_the_first_frame_at_or_after_every_1_over_f_seconds(
+    spark, clip_3s, tmp_path, fps, stride, head, capsys
+):
     output = tmp_path / "out"
     flags = ["--input", str(clip_3s.parent), "--output", str(output), "--fps", fps, "--frame-stride", str(stride)]
     config = video_config(clip_3s.parent, output)
@@ -161,7 +176,7 @@ def test_long_b_frame_video_is_split_over_tasks_without_missing_or_duplicate_fra
     videos = tmp_path / "in"
     clip = encode_video(videos / "long.mp4", road_frames(100, seed=3), b_frames=3, gop=12)
     Image.fromarray(road_frames(1, seed=5)[0]).save(videos / "still.png")
-    config = video_config(videos, tmp_path / "out", segment_frames=16)   # 7 segments > 16 frames x 2 partitions
+    config = video_config(videos, tmp_path / "out", segment_frames=16)  # 7 segments > 16 frames x 2 partitions
 
     # the units the inference tasks get: the video's segments lie in both partitions
     plan = plan_job(config, "yolact")
@@ -170,7 +185,8 @@ def test_long_b_frame_video_is_split_over_tasks_without_missing_or_duplicate_fra
     units = work_units(spark, plan, listing, plan.config.input.video, n_videos)
     balanced = src.balanced(src.assign_partitions(units, 2, order=("path", "segment_start")), 2)
     placed = balanced.rdd.mapPartitionsWithIndex(
-        lambda part, rows: [(part, row.segment_start) for row in rows if row.segment_start is not None]).collect()
+        lambda part, rows: [(part, row.segment_start) for row in rows if row.segment_start is not None]
+    ).collect()
     assert sorted(start for _, start in placed) == list(range(0, 100, 16))
     assert {part for part, _ in placed} == {0, 1}, "the long video's segments go to several tasks"
 
@@ -179,7 +195,7 @@ def test_long_b_frame_video_is_split_over_tasks_without_missing_or_duplicate_fra
     assert [r.frame_index for r in rows] == list(range(100)), "every frame exactly once across segment boundaries"
     assert sorted({r.segment_start for r in rows}) == list(range(0, 100, 16))
     assert all(r.segment_start <= r.frame_index < r.segment_end for r in rows)
-    assert summary["counts"]["done"] == 101 and summary["counts"]["failed"] == 0   # 100 frames + the image
+    assert summary["counts"]["done"] == 101 and summary["counts"]["failed"] == 0  # 100 frames + the image
     reference = decoded_frames(clip)
     assert len(reference) == 100
     image_rows = [r for r in read_rows(spark, tmp_path / "out", "detections") if r.path.endswith("still.png")]
@@ -194,7 +210,7 @@ def test_truncated_empty_and_fake_videos_are_error_rows_and_readable_frames_are_
     (videos / "truncated.mkv").write_bytes(data[: len(data) * 6 // 10])
     (videos / "empty.mp4").write_bytes(b"")
     (videos / "notes.mp4").write_text("not a video, just text named .mp4\n")
-    summary = run(spark, video_config(videos, tmp_path / "out", segment_frames=32))   # returns: the job exits 0
+    summary = run(spark, video_config(videos, tmp_path / "out", segment_frames=32))  # returns: the job exits 0
 
     kept = frame_rows(spark, tmp_path / "out", "truncated.mkv")
     assert 0 < len(kept) < 90
@@ -208,20 +224,33 @@ def test_truncated_empty_and_fake_videos_are_error_rows_and_readable_frames_are_
     assert errors["notes.mp4"].error_type == "VideoDecodeError.unreadable"
     assert errors["notes.mp4"].segment_start == 0 and errors["notes.mp4"].segment_end is None
     assert summary["counts"]["frames"] == len(kept) and summary["counts"]["failed"] == 3
-    assert summary["failed_types"] == {"VideoDecodeError.empty": 1, "VideoDecodeError.truncated": 1,
-                                       "VideoDecodeError.unreadable": 1}
-    rows = len(kept) + 3   # the progress total counts the error rows too (was len(kept): 103 % at the end)
+    assert summary["failed_types"] == {
+        "VideoDecodeError.empty": 1,
+        "VideoDecodeError.truncated": 1,
+        "VideoDecodeError.unreadable": 1,
+    }
+    rows = len(kept) + 3  # the progress total counts the error rows too (was len(kept): 103 % at the end)
     assert f"[sparkseg] {rows}/{rows} images+frames (100%)" in capsys.readouterr().err
 
 
 def test_driver_killed_mid_video_resumes_with_every_frame_exactly_once(spark, tmp_path):
     videos = tmp_path / "in"
-    encode_video(videos / "clip.mp4", road_frames(32, seed=13), b_frames=2, gop=10)   # 4 segments, 2 waves
+    encode_video(videos / "clip.mp4", road_frames(32, seed=13), b_frames=2, gop=10)  # 4 segments, 2 waves
     output = tmp_path / "out"
     config = tmp_path / "waves.yaml"
     config.write_text("input:\n  video:\n    segment_frames: 8\nrun:\n  commit_every: 2\n  progress_interval_s: 1\n")
-    args = ("--config", str(config), "--input", str(videos), "--output", str(output), "--partitions", "2",
-            "--master", "local[2,4]")
+    args = (
+        "--config",
+        str(config),
+        "--input",
+        str(videos),
+        "--output",
+        str(output),
+        "--partitions",
+        "2",
+        "--master",
+        "local[2,4]",
+    )
     job = start_job(*args)
     try:
         kill_after_a_committed_wave(output, job)
@@ -241,18 +270,24 @@ def test_driver_killed_mid_video_resumes_with_every_frame_exactly_once(spark, tm
 def test_tables_written_before_the_frame_columns_stay_readable(spark, tmp_path):
     """An output whose older Parquet files lack the video columns: read with them null, beside new files."""
     table = tmp_path / "out" / "detections"
-    old = spark.createDataFrame([("file:/in/a.jpg", 1, "m", "20260101T000000Z-old")],
-                                "path string, size long, model_sha256 string, run_id string")
+    old = spark.createDataFrame(
+        [("file:/in/a.jpg", 1, "m", "20260101T000000Z-old")],
+        "path string, size long, model_sha256 string, run_id string",
+    )
     old.withColumn("modification_time", old.size.cast("timestamp")).write.parquet(str(table))
-    new = spark.createDataFrame([("file:/in/v.mp4", 2, "m", "20260102T000000Z-new", 0, 0.0, 0, 8)],
-                                "path string, size long, model_sha256 string, run_id string, frame_index int, "
-                                "timestamp_s double, segment_start int, segment_end int")
+    new = spark.createDataFrame(
+        [("file:/in/v.mp4", 2, "m", "20260102T000000Z-new", 0, 0.0, 0, 8)],
+        "path string, size long, model_sha256 string, run_id string, frame_index int, "
+        "timestamp_s double, segment_start int, segment_end int",
+    )
     new.withColumn("modification_time", new.size.cast("timestamp")).write.mode("append").parquet(str(table))
     rows = {r.path: r for r in read_table(spark, str(table)).collect()}
     assert set(FRAME_COLUMNS) <= set(rows["file:/in/a.jpg"].asDict())
     assert rows["file:/in/a.jpg"].frame_index is None and rows["file:/in/v.mp4"].segment_end == 8
-    keys = sorted(tuple(r) for r in done_keys(spark, str(tmp_path / "out"), "m", retries=3)
-                  .select("path", "segment_start").collect())
+    keys = sorted(
+        tuple(r)
+        for r in done_keys(spark, str(tmp_path / "out"), "m", retries=3).select("path", "segment_start").collect()
+    )
     assert keys == [("file:/in/a.jpg", None), ("file:/in/v.mp4", 0)]
     assert current_detections(spark, str(tmp_path / "out")).count() == 2
 
@@ -265,11 +300,24 @@ def test_is_video_matches_extensions_case_insensitively(spark):
     from pipelines.inference.video_sources import is_video
 
     extensions = (".mp4", ".m+v", ".a\\Eb", ".ÉTÉ")
-    paths = ["file:/a/clip.mp4", "file:/a/CLIP.MP4", "file:/a/clip.Mp4.jpg", "file:/a/x.m+v", "file:/a/x.mmv",
-             "file:/a/x.A\\eB", "file:/a/x.ab", "file:/a/été.été", "file:/a/mp4", "file:/a/ü.MP4 ", "file:/a/b c.mP4"]
+    paths = [
+        "file:/a/clip.mp4",
+        "file:/a/CLIP.MP4",
+        "file:/a/clip.Mp4.jpg",
+        "file:/a/x.m+v",
+        "file:/a/x.mmv",
+        "file:/a/x.A\\eB",
+        "file:/a/x.ab",
+        "file:/a/été.été",
+        "file:/a/mp4",
+        "file:/a/ü.MP4 ",
+        "file:/a/b c.mP4",
+    ]
     frame = spark.createDataFrame([(p,) for p in paths], "path string")
-    got = {row.path: row.video for row in frame.select("path", is_video(F.col("path"), extensions).alias("video"))
-           .collect()}
+    got = {
+        row.path: row.video
+        for row in frame.select("path", is_video(F.col("path"), extensions).alias("video")).collect()
+    }
     assert got == {p: p.lower().endswith(tuple(e.lower() for e in extensions)) for p in paths}
     assert not frame.where(is_video(F.col("path"), ())).count()
 

@@ -1,4 +1,5 @@
 """YOLACT v1 model: official state_dict layout, static sizes, priors, forward outputs, ONNX export."""
+
 from __future__ import annotations
 
 import io
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_export.models.yolact import CONFIGS, COCO_CLASSES, Yolact, bias_class_logits, get_config
+from model_export.models.yolact import COCO_CLASSES, CONFIGS, Yolact, bias_class_logits, get_config
 
 KEYS_DIR = Path(__file__).parent / "data" / "yolact_keys"
 P3_TO_P7_550 = [(69, 69), (35, 35), (18, 18), (9, 9), (5, 5)]
@@ -47,8 +48,15 @@ def small() -> Yolact:
 
 
 # ------------------------------------------------------------------------------------------------ state_dict
-@pytest.mark.parametrize("name, keys_file", [("yolact_resnet50", "yolact_resnet50"), ("yolact_base", "yolact_base"),
-                                             ("yolact_darknet53", "yolact_darknet53"), ("yolact_im700", "yolact_base")])
+@pytest.mark.parametrize(
+    "name, keys_file",
+    [
+        ("yolact_resnet50", "yolact_resnet50"),
+        ("yolact_base", "yolact_base"),
+        ("yolact_darknet53", "yolact_darknet53"),
+        ("yolact_im700", "yolact_base"),
+    ],
+)
 def test_state_dict_keys_order_and_shapes_equal_the_official_ones(name, keys_file):
     model = meta_model(name)
     ours = [(key, shape_text(t)) for key, t in model.state_dict().items()]
@@ -56,8 +64,10 @@ def test_state_dict_keys_order_and_shapes_equal_the_official_ones(name, keys_fil
 
 
 def test_parameter_counts_match_the_spec():
-    counts = {name: sum(t.numel() for t in meta_model(name).state_dict().values())
-              for name in ("yolact_resnet50", "yolact_base", "yolact_darknet53")}
+    counts = {
+        name: sum(t.numel() for t in meta_model(name).state_dict().values())
+        for name in ("yolact_resnet50", "yolact_base", "yolact_darknet53")
+    }
     assert counts == {"yolact_resnet50": 31_218_116, "yolact_base": 50_262_519, "yolact_darknet53": 47_818_851}
 
 
@@ -196,8 +206,9 @@ def test_onnx_export_of_the_small_config_is_static_and_matches_torch(small):
     buffer = io.BytesIO()
     with torch.no_grad():
         expected = small(x)
-        torch.onnx.export(small, (x,), buffer, input_names=["image"], output_names=names, opset_version=11,
-                          dynamo=False)
+        torch.onnx.export(
+            small, (x,), buffer, input_names=["image"], output_names=names, opset_version=11, dynamo=False
+        )
     graph = onnx.load_from_string(buffer.getvalue())
     ops = {node.op_type for node in graph.graph.node}
     assert "Shape" not in ops and "Resize" in ops

@@ -1,4 +1,5 @@
 """YOLACT numpy postprocess: hand-built cases from SPEC.md 3/5/6/7, and plain torch references on random data."""
+
 import math
 
 import numpy as np
@@ -10,10 +11,19 @@ import torchvision
 from pipelines.ops import compiled_loops
 from pipelines.ops.image_ops import resize_bilinear
 from pipelines.ops.yolact_postprocess import (
-    Detections, assemble_masks, box_pixels, crop_masks, decode_boxes, detect, instance_masks, make_priors,
-    mask_probabilities, pairwise_iou, postprocess,
+    Detections,
+    _fast_nms_prefixes,
+    assemble_masks,
+    box_pixels,
+    crop_masks,
+    decode_boxes,
+    detect,
+    instance_masks,
+    make_priors,
+    mask_probabilities,
+    pairwise_iou,
+    postprocess,
 )
-from pipelines.ops.yolact_postprocess import _fast_nms_prefixes
 
 LEVELS_550 = [(69, 69), (35, 35), (18, 18), (9, 9), (5, 5)]
 SCALES_550 = [24, 48, 96, 192, 384]
@@ -23,8 +33,9 @@ SCALES_550 = [24, 48, 96, 192, 384]
 def box_priors(boxes_xyxy) -> np.ndarray:
     """Priors (cx, cy, w, h) whose decoding with zero offsets is the given x1y1x2y2 boxes."""
     b = np.asarray(boxes_xyxy, dtype=np.float64)
-    return np.stack([(b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2, b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]],
-                    axis=1).astype(np.float32)
+    return np.stack(
+        [(b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2, b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]], axis=1
+    ).astype(np.float32)
 
 
 def hand_detect(boxes_xyxy, fg_scores, **kwargs) -> Detections:
@@ -52,8 +63,9 @@ def random_head(seed: int, n: int = 400, num_classes: int = 6, mask_dim: int = 8
 
 def torch_decode(loc, priors):
     loc, priors = torch.from_numpy(loc), torch.from_numpy(priors)
-    boxes = torch.cat((priors[:, :2] + loc[:, :2] * 0.1 * priors[:, 2:],
-                       priors[:, 2:] * torch.exp(loc[:, 2:] * 0.2)), 1)
+    boxes = torch.cat(
+        (priors[:, :2] + loc[:, :2] * 0.1 * priors[:, 2:], priors[:, 2:] * torch.exp(loc[:, 2:] * 0.2)), 1
+    )
     boxes[:, :2] -= boxes[:, 2:] / 2
     boxes[:, 2:] += boxes[:, :2]
     return boxes
@@ -131,10 +143,15 @@ def test_priors_550_count_order_and_first_values():
     priors = make_priors(LEVELS_550, SCALES_550)
     assert priors.shape == (19248, 4) and priors.dtype == np.float32
     half, root = 0.5 / 69, math.sqrt(0.5)
-    expected_first = np.array([[half, half, 24 / 550, 24 / 550],
-                               [half, half, 24 * root / 550, 24 * root / 550],
-                               [half, half, 24 * math.sqrt(2) / 550, 24 * math.sqrt(2) / 550],
-                               [1.5 / 69, half, 24 / 550, 24 / 550]], dtype=np.float32)
+    expected_first = np.array(
+        [
+            [half, half, 24 / 550, 24 / 550],
+            [half, half, 24 * root / 550, 24 * root / 550],
+            [half, half, 24 * math.sqrt(2) / 550, 24 * math.sqrt(2) / 550],
+            [1.5 / 69, half, 24 / 550, 24 / 550],
+        ],
+        dtype=np.float32,
+    )
     np.testing.assert_array_equal(priors[:4], expected_first)
     # Row-major cells: the first prior of the second row, then the first prior of level P4.
     np.testing.assert_array_equal(priors[3 * 69], np.float32([half, 1.5 / 69, 24 / 550, 24 / 550]))
@@ -146,12 +163,14 @@ def test_priors_550_count_order_and_first_values():
 
 
 def test_priors_700_count_and_non_square_option():
-    assert make_priors([(88, 88), (44, 44), (22, 22), (11, 11), (6, 6)], [30, 61, 122, 244, 488],
-                       max_size=700).shape == (30963, 4)
+    assert make_priors(
+        [(88, 88), (44, 44), (22, 22), (11, 11), (6, 6)], [30, 61, 122, 244, 488], max_size=700
+    ).shape == (30963, 4)
     priors = make_priors([(2, 3)], [100], square_anchors=False)
     assert priors.shape == (18, 4)
-    np.testing.assert_array_equal(priors[1], np.float32([0.5 / 3, 0.25, 100 * math.sqrt(0.5) / 550,
-                                                         100 / math.sqrt(0.5) / 550]))
+    np.testing.assert_array_equal(
+        priors[1], np.float32([0.5 / 3, 0.25, 100 * math.sqrt(0.5) / 550, 100 / math.sqrt(0.5) / 550])
+    )
     with pytest.raises(ValueError, match="pred_scales"):
         make_priors([(2, 2)], [24, 48])
 
@@ -202,9 +221,11 @@ def test_iou_equal_to_threshold_does_not_suppress(nms):
 
 def test_conf_filter_uses_max_foreground_score_and_keeps_all_class_scores():
     far_apart = [[0.0, 0.0, 0.1, 0.1], [0.4, 0.4, 0.5, 0.5], [0.8, 0.8, 0.9, 0.9]]
-    fg = [[0.6, 0.01],     # candidate; its class-1 score 0.01 stays
-          [0.05, 0.05],    # max == 0.05: not a candidate (strict >)
-          [0.04, 0.051]]   # candidate through class 1 only
+    fg = [
+        [0.6, 0.01],  # candidate; its class-1 score 0.01 stays
+        [0.05, 0.05],  # max == 0.05: not a candidate (strict >)
+        [0.04, 0.051],
+    ]  # candidate through class 1 only
     det = hand_detect(far_apart, fg)
     assert list(zip(prior_ids(det), det.classes.tolist())) == [(0, 0), (2, 1), (2, 0), (0, 1)]
     np.testing.assert_array_equal(det.scores, np.float32([0.6, 0.051, 0.04, 0.01]))
@@ -252,15 +273,17 @@ def test_fast_nms_matches_plain_torch_reference(seed, top_k, max_num):
     assert_same_detections(det, torch_fast_nms(*head, top_k=top_k, max_num=max_num))
 
 
-
-@pytest.mark.parametrize("seed, n, num_classes, k, levels", [
-    (0, 19248, 80, 200, 0),   # R50 550's priors and classes
-    (1, 3000, 8, 200, 5),     # scores on 5 levels: ties everywhere, also at rank k
-    (2, 150, 4, 200, 0),      # fewer candidates than k
-    (3, 500, 3, 1, 2),        # k = 1 among ties
-    (4, 3000, 3, 200, -1),    # the sampled candidates score highest: the floor guessed from them keeps too few
-    (5, 3000, 3, 200, -2),    # the sampled candidates score lowest: the floor keeps too many
-])
+@pytest.mark.parametrize(
+    "seed, n, num_classes, k, levels",
+    [
+        (0, 19248, 80, 200, 0),  # R50 550's priors and classes
+        (1, 3000, 8, 200, 5),  # scores on 5 levels: ties everywhere, also at rank k
+        (2, 150, 4, 200, 0),  # fewer candidates than k
+        (3, 500, 3, 1, 2),  # k = 1 among ties
+        (4, 3000, 3, 200, -1),  # the sampled candidates score highest: the floor guessed from them keeps too few
+        (5, 3000, 3, 200, -2),  # the sampled candidates score lowest: the floor keeps too many
+    ],
+)
 def test_class_top_k_is_the_stable_sorts_first_k(seed, n, num_classes, k, levels):
     """Candidates as numpy's max (a NaN in a row makes it none; the threshold compared in float32) and each class's
     k best by descending score, of equal scores the lower position: a stable sort's first k, also where the
@@ -269,12 +292,12 @@ def test_class_top_k_is_the_stable_sorts_first_k(seed, n, num_classes, k, levels
     conf = rng.random((n, num_classes + 1), dtype=np.float32) * np.float32(0.2)
     if levels > 0:
         conf = np.round(conf * levels) / levels
-    if levels < 0:   # every prior a candidate (class 0 above 0.05); the kernel samples every 16th candidate
+    if levels < 0:  # every prior a candidate (class 0 above 0.05); the kernel samples every 16th candidate
         conf[:, 1] = 0.5
         conf[::16, 1:] = 0.9 if levels == -1 else 0.06
     else:
         conf[::7, 2] = np.nan
-        conf[::11, 1:] = np.float32(0.05)   # exactly the threshold: not above it
+        conf[::11, 1:] = np.float32(0.05)  # exactly the threshold: not above it
     conf = conf.astype(np.float32)
     candidates, order, ranked = compiled_loops.class_top_k(conf, np.float32(0.05), k)
     foreground = conf[:, 1:]
@@ -303,17 +326,20 @@ def full_fast_nms_detect(loc, conf, mask, priors, conf_thresh=0.05, nms_thresh=0
     return boxes[cols[best]], coeffs[cols[best]], rows[best], kept[best]
 
 
-@pytest.mark.parametrize("seed, num_classes, top_k, max_num, levels", [
-    (0, 80, 200, 100, 0),      # R50-like: many classes, few decisions needed
-    (1, 80, 200, 100, 7),      # scores on 7 levels: ties everywhere, also at the cut-off
-    (2, 4, 200, 100, 0),       # few classes: the cut-off needs most entries
-    (3, 80, 200, 300, 3),      # more detections wanted than the first budget holds
-    (4, 80, 50, 1000, 0),      # everything
-    (5, 30, 200, 100, -1),     # near-identical boxes: one kept per class, so every decision is needed
-])
+@pytest.mark.parametrize(
+    "seed, num_classes, top_k, max_num, levels",
+    [
+        (0, 80, 200, 100, 0),  # R50-like: many classes, few decisions needed
+        (1, 80, 200, 100, 7),  # scores on 7 levels: ties everywhere, also at the cut-off
+        (2, 4, 200, 100, 0),  # few classes: the cut-off needs most entries
+        (3, 80, 200, 300, 3),  # more detections wanted than the first budget holds
+        (4, 80, 50, 1000, 0),  # everything
+        (5, 30, 200, 100, -1),  # near-identical boxes: one kept per class, so every decision is needed
+    ],
+)
 def test_fast_nms_deciding_only_what_the_best_need_equals_deciding_all(seed, num_classes, top_k, max_num, levels):
     loc, conf, mask, priors = random_head(seed, n=300, num_classes=num_classes)
-    if levels < 0:   # and each class scoring above the next: the first classes fill the first budget
+    if levels < 0:  # and each class scoring above the next: the first classes fill the first budget
         priors[:] = priors[0]
         loc *= 0.01
         conf[:, 1:] = conf[:, 1:] * 0.01 + np.linspace(0.3, 0.06, num_classes, dtype=np.float32)
@@ -336,8 +362,8 @@ def test_compiled_fast_nms_decisions_equal_the_numpy_iou_blocks_on_degenerate_bo
     rng = np.random.default_rng(11)
     corners = np.round(rng.random((60, 2), dtype=np.float32) * 8) / 8
     sizes = np.round(rng.random((60, 2), dtype=np.float32) * 4) / 8
-    boxes = np.concatenate([corners, corners + sizes], axis=1).astype(np.float32)   # IoUs like 1/2, 1/3 exactly
-    boxes[5] = boxes[6] = [0.25, 0.25, 0.25, 0.5]     # zero area, twice
+    boxes = np.concatenate([corners, corners + sizes], axis=1).astype(np.float32)  # IoUs like 1/2, 1/3 exactly
+    boxes[5] = boxes[6] = [0.25, 0.25, 0.25, 0.5]  # zero area, twice
     boxes[9, 2] = np.nan
     boxes[12] = [0.1, 0.1, np.inf, 0.4]
     boxes[13] = [-np.inf, 0.0, 0.3, 0.3]
@@ -361,10 +387,14 @@ def test_cross_class_and_per_class_match_torch_references(seed):
 
 # --------------------------------------------------------------------------------------------------- masks and boxes
 def test_box_pixels_sorts_clamps_and_truncates():
-    boxes = np.float32([[0.1, 0.2, 0.5, 0.9],      # 10.1, 10.2, 50.5, 45.9
-                        [0.5, 0.9, 0.1, 0.2],      # flipped: sorted per axis
-                        [-0.2, -0.1, 1.3, 1.01],   # clamped to the image
-                        [1.2, 0.5, 1.5, 0.6]])     # wholly right: x1 only clamped below (reference behaviour)
+    boxes = np.float32(
+        [
+            [0.1, 0.2, 0.5, 0.9],  # 10.1, 10.2, 50.5, 45.9
+            [0.5, 0.9, 0.1, 0.2],  # flipped: sorted per axis
+            [-0.2, -0.1, 1.3, 1.01],  # clamped to the image
+            [1.2, 0.5, 1.5, 0.6],
+        ]
+    )  # wholly right: x1 only clamped below (reference behaviour)
     got = box_pixels(boxes, width=101, height=51)
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, [[10, 10, 50, 45], [10, 10, 50, 45], [0, 0, 101, 51], [121, 25, 101, 30]])
@@ -375,16 +405,22 @@ def test_box_pixels_sorts_clamps_and_truncates():
 def constant_proto_det(boxes, logit: float, proto_hw=(16, 16)) -> tuple[Detections, np.ndarray]:
     """Detections whose mask logit is ``logit`` at every proto pixel."""
     n = len(boxes)
-    det = Detections(boxes=np.float32(boxes), coeffs=np.ones((n, 1), np.float32), classes=np.zeros(n, np.int64),
-                     scores=np.linspace(0.9, 0.5, n, dtype=np.float32))
+    det = Detections(
+        boxes=np.float32(boxes),
+        coeffs=np.ones((n, 1), np.float32),
+        classes=np.zeros(n, np.int64),
+        scores=np.linspace(0.9, 0.5, n, dtype=np.float32),
+    )
     return det, np.full(proto_hw + (1,), logit, np.float32)
 
 
 def test_crop_pads_one_proto_pixel_and_compares_as_floats():
-    boxes = [[0.25, 0.5, 0.5, 0.75],    # proto x 4..8 -> cols 3..8, y 8..12 -> rows 7..12
-             [0.0, 0.0, 0.1, 0.1],      # x1 - 1 clamped at 0; x2 = 1.6 + 1 -> cols 0..2
-             [0.26, 0.26, 0.49, 0.49],  # 4.16 - 1 = 3.16 -> first col 4; 7.84 + 1 = 8.84 -> last col 8
-             [1.5, 0.2, 1.9, 0.4]]      # outside: empty
+    boxes = [
+        [0.25, 0.5, 0.5, 0.75],  # proto x 4..8 -> cols 3..8, y 8..12 -> rows 7..12
+        [0.0, 0.0, 0.1, 0.1],  # x1 - 1 clamped at 0; x2 = 1.6 + 1 -> cols 0..2
+        [0.26, 0.26, 0.49, 0.49],  # 4.16 - 1 = 3.16 -> first col 4; 7.84 + 1 = 8.84 -> last col 8
+        [1.5, 0.2, 1.9, 0.4],
+    ]  # outside: empty
     det, proto = constant_proto_det(boxes, logit=10.0)
     masks = assemble_masks(det, proto, width=16, height=16)  # same size as proto: no interpolation
     expected = np.zeros((4, 16, 16), bool)
@@ -409,12 +445,13 @@ def random_masks_case(seed: int, n: int = 14, proto_hw=(11, 14), mask_dim: int =
     coeffs[:, 0] += 0.5
     centers, sizes = rng.uniform(-0.1, 1.1, (n, 2)), rng.uniform(0.01, 0.6, (n, 2))
     boxes = np.concatenate([centers - sizes / 2, centers + sizes / 2], 1).astype(np.float32)
-    boxes[0] = [0.7, 0.6, 0.2, 0.1]          # flipped corners
-    boxes[1] = [0.0, 0.0, 1.0, 1.0]          # whole image
-    boxes[2] = [0.5, 0.5, 0.501, 0.502]      # tiny
-    boxes[3] = [1.2, 0.1, 1.4, 0.3]          # outside
-    det = Detections(boxes=boxes, coeffs=coeffs, classes=np.zeros(n, np.int64),
-                     scores=np.linspace(0.9, 0.1, n, dtype=np.float32))
+    boxes[0] = [0.7, 0.6, 0.2, 0.1]  # flipped corners
+    boxes[1] = [0.0, 0.0, 1.0, 1.0]  # whole image
+    boxes[2] = [0.5, 0.5, 0.501, 0.502]  # tiny
+    boxes[3] = [1.2, 0.1, 1.4, 0.3]  # outside
+    det = Detections(
+        boxes=boxes, coeffs=coeffs, classes=np.zeros(n, np.int64), scores=np.linspace(0.9, 0.1, n, dtype=np.float32)
+    )
     return det, proto
 
 
@@ -439,10 +476,18 @@ def torch_full_mask_probs(det: Detections, proto: np.ndarray, width: int, height
     return F.interpolate(masks[None], (height, width), mode="bilinear", align_corners=False)[0].numpy()
 
 
-@pytest.mark.parametrize("seed, width, height, crop", [
-    (0, 97, 61, True), (1, 300, 211, True), (2, 9, 5, True), (3, 14, 11, True), (4, 1, 1, True),
-    (5, 97, 61, False), (6, 23, 40, False),
-])
+@pytest.mark.parametrize(
+    "seed, width, height, crop",
+    [
+        (0, 97, 61, True),
+        (1, 300, 211, True),
+        (2, 9, 5, True),
+        (3, 14, 11, True),
+        (4, 1, 1, True),
+        (5, 97, 61, False),
+        (6, 23, 40, False),
+    ],
+)
 def test_instance_masks_equal_full_computation(seed, width, height, crop):
     det, proto = random_masks_case(seed)
     masks = np.stack(list(instance_masks(det, proto, width, height, crop=crop)))

@@ -5,9 +5,10 @@ channels (`channels`) and spatial sizes (`stage_sizes(h, w)`) without running, s
 sizes. Key names follow dbolya/yolact `backbone.py`: `layers` is registered before the stem, so stage weights come
 first in the state_dict (`backbone.layers.*`, then `backbone.conv1` / `backbone._preconv`).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -85,7 +86,7 @@ class ResNetBackbone(nn.Module):
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         in_channels = base_width
         for stage, depth in enumerate(depths):
-            planes = base_width * 2 ** stage
+            planes = base_width * 2**stage
             stride = 1 if stage == 0 else 2
             self.layers.append(self._make_stage(block_cls, in_channels, planes, depth, stride))
             in_channels = planes * block_cls.expansion
@@ -96,8 +97,9 @@ class ResNetBackbone(nn.Module):
         out_channels = planes * block_cls.expansion
         downsample = None
         if stride != 1 or in_channels != out_channels:
-            downsample = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                                       nn.BatchNorm2d(out_channels))
+            downsample = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False), nn.BatchNorm2d(out_channels)
+            )
         blocks = [block_cls(in_channels, planes, stride, downsample)]
         blocks += [block_cls(out_channels, planes) for _ in range(depth - 1)]
         return nn.Sequential(*blocks)

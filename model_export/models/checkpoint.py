@@ -5,19 +5,20 @@ is refused, never executed. Known extras of the released files are dropped (lega
 `fpn.downsample_layers.{i}` for i >= num_downsample), absent `*.num_batches_tracked` buffers keep the model's
 values; anything else that does not fit raises `CheckpointError` listing the keys.
 """
+
 from __future__ import annotations
 
 import pickle
 import pickletools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import torch
 
-from pipelines.errors import UsageError
 from model_export.models.yolact import CLASS_DEPENDENT_PREFIXES, CONFIGS, Yolact, reset_class_layers
+from pipelines.errors import UsageError
 
 MAX_LISTED_KEYS = 20
 CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE"}  # pickle opcodes that import or call
@@ -71,12 +72,16 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
                 obj = obj[wrapper]
                 break
     if not isinstance(obj, Mapping):
-        raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, not a state_dict (a dict of "
-                              "tensors, possibly under a 'state_dict' or 'model' entry)")
+        raise CheckpointError(
+            f"checkpoint {path} holds a {type(obj).__name__}, not a state_dict (a dict of "
+            "tensors, possibly under a 'state_dict' or 'model' entry)"
+        )
     bad = [k for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
     if bad:
-        raise CheckpointError(f"checkpoint {path} is not a state_dict: entry {bad[0]!r} is a "
-                              f"{type(obj[bad[0]]).__name__}, not a tensor ({len(bad)} such entries)")
+        raise CheckpointError(
+            f"checkpoint {path} is not a state_dict: entry {bad[0]!r} is a "
+            f"{type(obj[bad[0]]).__name__}, not a tensor ({len(bad)} such entries)"
+        )
     return dict(obj)
 
 
@@ -85,8 +90,10 @@ def _unreadable(path: Path, err: Exception) -> CheckpointError:
         reason = _refusal_detail(err)  # skip torch's boilerplate about the weights_only default
     else:
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-    return CheckpointError(f"checkpoint {path} is not a readable PyTorch checkpoint (truncated or corrupt file? "
-                           f"{type(err).__name__}: {reason}); copy the file again or re-save it with torch.save")
+    return CheckpointError(
+        f"checkpoint {path} is not a readable PyTorch checkpoint (truncated or corrupt file? "
+        f"{type(err).__name__}: {reason}); copy the file again or re-save it with torch.save"
+    )
 
 
 def _refused_code(path: Path, err: pickle.UnpicklingError) -> bool:
@@ -131,10 +138,10 @@ def _shape(t: torch.Tensor) -> str:
 
 @dataclass
 class _Differences:
-    mismatched: list[tuple[str, str, str]]   # key, checkpoint shape, model shape
+    mismatched: list[tuple[str, str, str]]  # key, checkpoint shape, model shape
     missing: list[str]
     unexpected: list[str]
-    absent_counters: list[str]               # missing *.num_batches_tracked (tolerated)
+    absent_counters: list[str]  # missing *.num_batches_tracked (tolerated)
 
 
 def _compare(expected: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> _Differences:
@@ -154,12 +161,15 @@ def _mismatch_error(path, model: Yolact, diff: _Differences, expected, state, hi
     lines += [f"{k}: unexpected in checkpoint ({_shape(state[k])})" for k in diff.unexpected]
     listed = "\n  ".join(lines[:MAX_LISTED_KEYS])
     more = f"\n  ... and {len(lines) - MAX_LISTED_KEYS} more" if len(lines) > MAX_LISTED_KEYS else ""
-    counts = (f"{len(diff.mismatched)} shape mismatch(es), {len(diff.missing)} missing, "
-              f"{len(diff.unexpected)} unexpected key(s)")
+    counts = (
+        f"{len(diff.mismatched)} shape mismatch(es), {len(diff.missing)} missing, "
+        f"{len(diff.unexpected)} unexpected key(s)"
+    )
     guess = _guess_config(state)
     guess_text = f"The checkpoint looks like config {guess}. " if guess else ""
-    return CheckpointError(f"checkpoint {path} does not fit model {model.cfg.name} ({counts}):\n  {listed}{more}\n"
-                           f"{guess_text}{hint}")
+    return CheckpointError(
+        f"checkpoint {path} does not fit model {model.cfg.name} ({counts}):\n  {listed}{more}\n{guess_text}{hint}"
+    )
 
 
 def _guess_config(state: Mapping[str, torch.Tensor]) -> str | None:
@@ -208,9 +218,15 @@ def load_yolact_checkpoint(model: Yolact, path: str | Path) -> LoadReport:
     expected = model.state_dict()
     diff = _compare(expected, state)
     if diff.mismatched or diff.missing or diff.unexpected:
-        raise _mismatch_error(path, model, diff, expected, state,
-                              "Build the model with the config the checkpoint was trained with; to start from it "
-                              "with other classes use load_for_finetune().")
+        raise _mismatch_error(
+            path,
+            model,
+            diff,
+            expected,
+            state,
+            "Build the model with the config the checkpoint was trained with; to start from it "
+            "with other classes use load_for_finetune().",
+        )
     loaded = len(state)
     _fill_counters(state, expected, diff.absent_counters)
     model.load_state_dict(state, strict=True)
@@ -228,9 +244,15 @@ def load_for_finetune(model: Yolact, path: str | Path) -> list[str]:
     class_mismatch = [k for k, _, _ in diff.mismatched if k.startswith(CLASS_DEPENDENT_PREFIXES)]
     diff.mismatched = [m for m in diff.mismatched if m[0] not in class_mismatch]
     if diff.mismatched or diff.missing or diff.unexpected:
-        raise _mismatch_error(path, model, diff, expected, state,
-                              "Fine-tuning keeps the backbone, FPN, proto net and box/mask heads: build the model "
-                              "with the checkpoint's config, changing only num_classes/class_names.")
+        raise _mismatch_error(
+            path,
+            model,
+            diff,
+            expected,
+            state,
+            "Fine-tuning keeps the backbone, FPN, proto net and box/mask heads: build the model "
+            "with the checkpoint's config, changing only num_classes/class_names.",
+        )
     if class_mismatch:
         for key in expected:
             if key.startswith(CLASS_DEPENDENT_PREFIXES):

@@ -16,13 +16,14 @@ the config's input size, aspect ratio not kept) and ImageNet mean/std on 0-1 RGB
 from the manifest's input spec: mean/std times 255 on 0-255 RGB), and boxes come out in network-input pixels
 (the caller scales them to the original image).
 """
+
 from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Iterable
 
 import torch
 from torch import nn
@@ -35,7 +36,7 @@ from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 
 from pipelines.datasets.synthetic_roads import ROAD_DISTRESS_CLASSES
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)     # RGB, on 0-1 pixels (torchvision's GeneralizedRCNNTransform)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # RGB, on 0-1 pixels (torchvision's GeneralizedRCNNTransform)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
@@ -53,22 +54,22 @@ class DetectorConfig:
     name: str
     class_names: tuple[str, ...] = ROAD_DISTRESS_CLASSES
     input_size: tuple[int, int] = (608, 608)
-    stem_channels: int = 64                   # 7x7 stem conv, and the 1x1 conv after it
-    conv_channels: int = 192                  # the 3x3 conv before the stages
+    stem_channels: int = 64  # 7x7 stem conv, and the 1x1 conv after it
+    conv_channels: int = 192  # the 3x3 conv before the stages
     stage_blocks: tuple[int, ...] = (2, 4)
     stage_widths: tuple[int, ...] = (64, 128)
     fpn: bool = False
     fpn_channels: int = 256
-    anchor_sizes: tuple[int, ...] = (32, 64, 128, 256)   # pixels, on the network input
+    anchor_sizes: tuple[int, ...] = (32, 64, 128, 256)  # pixels, on the network input
     aspect_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
-    rpn_pre_nms_top_n: int = 1000             # inference; per feature level
-    rpn_post_nms_top_n: int = 300             # inference
+    rpn_pre_nms_top_n: int = 1000  # inference; per feature level
+    rpn_post_nms_top_n: int = 300  # inference
     rpn_nms_thresh: float = 0.7
     roi_output_size: int = 7
-    representation_size: int = 1024           # TwoMLPHead width
+    representation_size: int = 1024  # TwoMLPHead width
     box_score_thresh: float = 0.05
     box_nms_thresh: float = 0.5
-    box_detections_per_img: int = 100         # also the exported graph's fixed number of output rows
+    box_detections_per_img: int = 100  # also the exported graph's fixed number of output rows
     image_mean: tuple[float, float, float] = IMAGENET_MEAN
     image_std: tuple[float, float, float] = IMAGENET_STD
 
@@ -82,13 +83,14 @@ class DetectorConfig:
         if height <= 0 or width <= 0 or height % 32 or width % 32:
             fail(f"input_size {self.input_size} must be (height, width), positive multiples of 32 pixels")
         if not self.stage_blocks or len(self.stage_blocks) != len(self.stage_widths) or min(self.stage_blocks) < 1:
-            fail(f"stage_blocks {self.stage_blocks} and stage_widths {self.stage_widths} need one entry >= 1 per "
-                 "stage")
+            fail(f"stage_blocks {self.stage_blocks} and stage_widths {self.stage_widths} need one entry >= 1 per stage")
         if min(self.stage_widths) < 1 or self.stem_channels < 1 or self.conv_channels < 1:
             fail("widths must be positive channel counts")
         if self.fpn and len(self.anchor_sizes) != self.num_feature_levels:
-            fail(f"with fpn, give one anchor size per level ({self.num_feature_levels}: {len(self.stage_blocks)} "
-                 f"stages + a pooled level), got {self.anchor_sizes}")
+            fail(
+                f"with fpn, give one anchor size per level ({self.num_feature_levels}: {len(self.stage_blocks)} "
+                f"stages + a pooled level), got {self.anchor_sizes}"
+            )
         if not 0 <= self.box_score_thresh < 1 or not 0 < self.box_nms_thresh <= 1 or not 0 < self.rpn_nms_thresh <= 1:
             fail("thresholds must be in [0, 1)")
         if self.box_detections_per_img < 1 or self.rpn_pre_nms_top_n < 1 or self.rpn_post_nms_top_n < 1:
@@ -115,23 +117,51 @@ class DetectorConfig:
         return tuple(float(s) * 255.0 for s in self.image_std)
 
 
-DETECTOR_CONFIGS = MappingProxyType({
-    cfg.name: cfg for cfg in (
-        # The paper's shape: one stride-16 map (no FPN), 4 anchor sizes x 3 ratios, VOC-sized input.
-        DetectorConfig(name="factornet"),
-        DetectorConfig(name="factornet_fpn", stage_blocks=(2, 4, 2), stage_widths=(64, 128, 160), fpn=True,
-                       anchor_sizes=(32, 64, 128, 256)),
-        # Tests and smoke training: a few hundred thousand parameters, 320x320.
-        DetectorConfig(name="factornet_small", input_size=(320, 320), stem_channels=16, conv_channels=32,
-                       stage_blocks=(1, 1), stage_widths=(8, 16), anchor_sizes=(32, 64, 128),
-                       rpn_pre_nms_top_n=300, rpn_post_nms_top_n=100, representation_size=128,
-                       box_detections_per_img=50),
-        DetectorConfig(name="factornet_small_fpn", input_size=(320, 320), stem_channels=16, conv_channels=32,
-                       stage_blocks=(1, 1), stage_widths=(8, 16), fpn=True, fpn_channels=32,
-                       anchor_sizes=(32, 64, 128), rpn_pre_nms_top_n=300, rpn_post_nms_top_n=100,
-                       representation_size=128, box_detections_per_img=50),
-    )
-})
+DETECTOR_CONFIGS = MappingProxyType(
+    {
+        cfg.name: cfg
+        for cfg in (
+            # The paper's shape: one stride-16 map (no FPN), 4 anchor sizes x 3 ratios, VOC-sized input.
+            DetectorConfig(name="factornet"),
+            DetectorConfig(
+                name="factornet_fpn",
+                stage_blocks=(2, 4, 2),
+                stage_widths=(64, 128, 160),
+                fpn=True,
+                anchor_sizes=(32, 64, 128, 256),
+            ),
+            # Tests and smoke training: a few hundred thousand parameters, 320x320.
+            DetectorConfig(
+                name="factornet_small",
+                input_size=(320, 320),
+                stem_channels=16,
+                conv_channels=32,
+                stage_blocks=(1, 1),
+                stage_widths=(8, 16),
+                anchor_sizes=(32, 64, 128),
+                rpn_pre_nms_top_n=300,
+                rpn_post_nms_top_n=100,
+                representation_size=128,
+                box_detections_per_img=50,
+            ),
+            DetectorConfig(
+                name="factornet_small_fpn",
+                input_size=(320, 320),
+                stem_channels=16,
+                conv_channels=32,
+                stage_blocks=(1, 1),
+                stage_widths=(8, 16),
+                fpn=True,
+                fpn_channels=32,
+                anchor_sizes=(32, 64, 128),
+                rpn_pre_nms_top_n=300,
+                rpn_post_nms_top_n=100,
+                representation_size=128,
+                box_detections_per_img=50,
+            ),
+        )
+    }
+)
 
 
 def get_detector_config(name: str, **overrides) -> DetectorConfig:
@@ -142,8 +172,7 @@ def get_detector_config(name: str, **overrides) -> DetectorConfig:
     fields = {f.name for f in dataclasses.fields(DetectorConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise TypeError(f"get_detector_config({name!r}): unknown override(s) {unknown}; valid fields: "
-                        f"{sorted(fields)}")
+        raise TypeError(f"get_detector_config({name!r}): unknown override(s) {unknown}; valid fields: {sorted(fields)}")
     for key, value in overrides.items():
         if isinstance(value, list):
             overrides[key] = tuple(value)
@@ -189,8 +218,11 @@ class FactorNet(nn.Module):
     def __init__(self, cfg: DetectorConfig):
         super().__init__()
         self.stem = nn.Sequential(conv_bn_relu(3, cfg.stem_channels, 7, stride=2), max_pool(2))
-        self.reduce = nn.Sequential(conv_bn_relu(cfg.stem_channels, cfg.stem_channels, 1),
-                                    conv_bn_relu(cfg.stem_channels, cfg.conv_channels, 3), max_pool(2))
+        self.reduce = nn.Sequential(
+            conv_bn_relu(cfg.stem_channels, cfg.stem_channels, 1),
+            conv_bn_relu(cfg.stem_channels, cfg.conv_channels, 3),
+            max_pool(2),
+        )
         stages, channels = [], cfg.conv_channels
         for index, (blocks, width) in enumerate(zip(cfg.stage_blocks, cfg.stage_widths)):
             layers: list[nn.Module] = [max_pool(2)] if index else []
@@ -201,7 +233,7 @@ class FactorNet(nn.Module):
         self.stages = nn.ModuleList(stages)
         self.stage_channels = [4 * w for w in cfg.stage_widths]
 
-    def forward(self, x: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
+    def forward(self, x: torch.Tensor) -> OrderedDict[str, torch.Tensor]:
         x = self.reduce(self.stem(x))
         features = OrderedDict()
         for index, stage in enumerate(self.stages):
@@ -221,8 +253,9 @@ class FactorNetBackbone(nn.Module):
         super().__init__()
         self.body = FactorNet(cfg)
         if cfg.fpn:
-            self.fpn = FeaturePyramidNetwork(self.body.stage_channels, cfg.fpn_channels,
-                                             extra_blocks=LastLevelMaxPool())
+            self.fpn = FeaturePyramidNetwork(
+                self.body.stage_channels, cfg.fpn_channels, extra_blocks=LastLevelMaxPool()
+            )
             self.out_channels = cfg.fpn_channels
         else:
             self.fpn = None
@@ -233,7 +266,7 @@ class FactorNetBackbone(nn.Module):
         """Names of the maps the RoI pooling reads (all but the pooled FPN level)."""
         return [str(i) for i in range(len(self.body.stages))] if self.fpn is not None else ["0"]
 
-    def forward(self, x: torch.Tensor) -> "OrderedDict[str, torch.Tensor]":
+    def forward(self, x: torch.Tensor) -> OrderedDict[str, torch.Tensor]:
         features = self.body(x)
         if self.fpn is not None:
             return self.fpn(features)
@@ -251,18 +284,29 @@ class FactorNetDetector(FasterRCNN):
         else:
             sizes = (tuple(cfg.anchor_sizes),)
         anchors = AnchorGenerator(sizes=sizes, aspect_ratios=(tuple(cfg.aspect_ratios),) * len(sizes))
-        roi_pool = MultiScaleRoIAlign(featmap_names=backbone.feature_names, output_size=cfg.roi_output_size,
-                                      sampling_ratio=2)
-        box_head = TwoMLPHead(backbone.out_channels * cfg.roi_output_size ** 2, cfg.representation_size)
+        roi_pool = MultiScaleRoIAlign(
+            featmap_names=backbone.feature_names, output_size=cfg.roi_output_size, sampling_ratio=2
+        )
+        box_head = TwoMLPHead(backbone.out_channels * cfg.roi_output_size**2, cfg.representation_size)
         height, width = cfg.input_size
         super().__init__(
-            backbone, min_size=min(height, width), max_size=max(height, width), image_mean=list(cfg.image_mean),
-            image_std=list(cfg.image_std), fixed_size=(width, height), rpn_anchor_generator=anchors,
-            rpn_pre_nms_top_n_test=cfg.rpn_pre_nms_top_n, rpn_post_nms_top_n_test=cfg.rpn_post_nms_top_n,
-            rpn_nms_thresh=cfg.rpn_nms_thresh, box_roi_pool=roi_pool, box_head=box_head,
+            backbone,
+            min_size=min(height, width),
+            max_size=max(height, width),
+            image_mean=list(cfg.image_mean),
+            image_std=list(cfg.image_std),
+            fixed_size=(width, height),
+            rpn_anchor_generator=anchors,
+            rpn_pre_nms_top_n_test=cfg.rpn_pre_nms_top_n,
+            rpn_post_nms_top_n_test=cfg.rpn_post_nms_top_n,
+            rpn_nms_thresh=cfg.rpn_nms_thresh,
+            box_roi_pool=roi_pool,
+            box_head=box_head,
             box_predictor=FastRCNNPredictor(cfg.representation_size, cfg.num_classes),
-            box_score_thresh=cfg.box_score_thresh, box_nms_thresh=cfg.box_nms_thresh,
-            box_detections_per_img=cfg.box_detections_per_img)
+            box_score_thresh=cfg.box_score_thresh,
+            box_nms_thresh=cfg.box_nms_thresh,
+            box_detections_per_img=cfg.box_detections_per_img,
+        )
         self.cfg = cfg
 
 
@@ -295,8 +339,14 @@ class DetectorNetwork(nn.Module):
         return tuple(torch.stack([self._pad(d[key], row) for d in detections]) for key, row in shapes.items())
 
 
-def bias_box_predictor(model: FactorNetDetector, classes: Iterable[int], calibration: torch.Tensor,
-                       logit: float = 3.0, spread: float = 2.0, objectness_spread: float = 3.0) -> None:
+def bias_box_predictor(
+    model: FactorNetDetector,
+    classes: Iterable[int],
+    calibration: torch.Tensor,
+    logit: float = 3.0,
+    spread: float = 2.0,
+    objectness_spread: float = 3.0,
+) -> None:
     """Make random weights detect something, with well separated scores (tests, benchmarks, parity checks).
 
     Random init gives near-constant class scores and near-zero, near-tied RPN objectness: ties that make any
@@ -311,15 +361,20 @@ def bias_box_predictor(model: FactorNetDetector, classes: Iterable[int], calibra
             raise ValueError(f"label {label} out of range 1..{model.cfg.num_classes - 1}")
     network = DetectorNetwork(model).eval()
     _calibrate_linear(network, model.rpn.head.conv, model.rpn.head.cls_logits, calibration, objectness_spread)
-    _calibrate_linear(network, model.roi_heads.box_head, model.roi_heads.box_predictor.cls_score, calibration,
-                      spread)
+    _calibrate_linear(network, model.roi_heads.box_head, model.roi_heads.box_predictor.cls_score, calibration, spread)
     with torch.no_grad():
         for label in labels:
             model.roi_heads.box_predictor.cls_score.bias[label] += logit
 
 
-def _calibrate_linear(network: nn.Module, source: nn.Module, layer: nn.Module, calibration: torch.Tensor,
-                      spread: float, components: int = 8) -> None:
+def _calibrate_linear(
+    network: nn.Module,
+    source: nn.Module,
+    layer: nn.Module,
+    calibration: torch.Tensor,
+    spread: float,
+    components: int = 8,
+) -> None:
     """Set `layer` (a Linear, or a 1x1 Conv2d) to random directions over the features `source` outputs on the
     calibration input, scaled and shifted so that each output has mean 0 and standard deviation `spread`.
 
@@ -330,8 +385,9 @@ def _calibrate_linear(network: nn.Module, source: nn.Module, layer: nn.Module, c
     seen: list[torch.Tensor] = []
 
     def keep(_module, _inputs, output):
-        seen.append(output.detach().movedim(1, -1).reshape(-1, output.shape[1]) if output.dim() == 4
-                    else output.detach())
+        seen.append(
+            output.detach().movedim(1, -1).reshape(-1, output.shape[1]) if output.dim() == 4 else output.detach()
+        )
 
     handle = source.register_forward_hook(keep)
     try:
@@ -339,13 +395,13 @@ def _calibrate_linear(network: nn.Module, source: nn.Module, layer: nn.Module, c
             network(calibration)
     finally:
         handle.remove()
-    features = torch.cat(seen).double()                         # [N, C]
+    features = torch.cat(seen).double()  # [N, C]
     with torch.no_grad():
         centered = features - features.mean(dim=0)
-        _, _, basis = torch.linalg.svd(centered, full_matrices=False)    # rows: principal directions
+        _, _, basis = torch.linalg.svd(centered, full_matrices=False)  # rows: principal directions
         basis = basis[:components]
         direction = torch.randn(layer.weight.shape[0], basis.shape[0], dtype=torch.float64) @ basis
-        projected = features @ direction.T                      # [N, outputs]
+        projected = features @ direction.T  # [N, outputs]
         scale = spread / projected.std(dim=0).clamp_min(1e-12)
         layer.weight.copy_((direction * scale[:, None]).reshape(layer.weight.shape).float())
         layer.bias.copy_((-projected.mean(dim=0) * scale).float())

@@ -9,13 +9,14 @@ heads: `forward` returns raw per-prior outputs and Detect / mask assembly run ou
     loc, conf, mask, proto = model(x)          # x: [B, 3, 550, 550] normalized RGB
     priors = model.priors()                    # [19248, 4] (cx, cy, w, h) relative
 """
+
 from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -27,15 +28,86 @@ from pipelines.datasets.synthetic_roads import ROAD_DISTRESS_CLASSES
 from pipelines.ops.yolact_postprocess import make_priors
 
 COCO_CLASSES = (
-    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
-    "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog", "horse", "sheep", "cow",
-    "elephant", "bear", "zebra", "giraffe", "backpack", "umbrella", "handbag", "tie", "suitcase", "frisbee",
-    "skis", "snowboard", "sports ball", "kite", "baseball bat", "baseball glove", "skateboard", "surfboard",
-    "tennis racket", "bottle", "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple",
-    "sandwich", "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch",
-    "potted plant", "bed", "dining table", "toilet", "tv", "laptop", "mouse", "remote", "keyboard", "cell phone",
-    "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase", "scissors", "teddy bear",
-    "hair drier", "toothbrush",
+    "person",
+    "bicycle",
+    "car",
+    "motorcycle",
+    "airplane",
+    "bus",
+    "train",
+    "truck",
+    "boat",
+    "traffic light",
+    "fire hydrant",
+    "stop sign",
+    "parking meter",
+    "bench",
+    "bird",
+    "cat",
+    "dog",
+    "horse",
+    "sheep",
+    "cow",
+    "elephant",
+    "bear",
+    "zebra",
+    "giraffe",
+    "backpack",
+    "umbrella",
+    "handbag",
+    "tie",
+    "suitcase",
+    "frisbee",
+    "skis",
+    "snowboard",
+    "sports ball",
+    "kite",
+    "baseball bat",
+    "baseball glove",
+    "skateboard",
+    "surfboard",
+    "tennis racket",
+    "bottle",
+    "wine glass",
+    "cup",
+    "fork",
+    "knife",
+    "spoon",
+    "bowl",
+    "banana",
+    "apple",
+    "sandwich",
+    "orange",
+    "broccoli",
+    "carrot",
+    "hot dog",
+    "pizza",
+    "donut",
+    "cake",
+    "chair",
+    "couch",
+    "potted plant",
+    "bed",
+    "dining table",
+    "toilet",
+    "tv",
+    "laptop",
+    "mouse",
+    "remote",
+    "keyboard",
+    "cell phone",
+    "microwave",
+    "oven",
+    "toaster",
+    "sink",
+    "refrigerator",
+    "book",
+    "clock",
+    "vase",
+    "scissors",
+    "teddy bear",
+    "hair drier",
+    "toothbrush",
 )
 BASE_SCALES = (24, 48, 96, 192, 384)
 IMAGENET_MEAN_RGB = (123.68, 116.78, 103.94)
@@ -52,18 +124,18 @@ class YolactConfig:
     """
 
     name: str
-    backbone: str = "resnet"                      # "resnet" | "darknet"
-    block: str = "bottleneck"                     # ResNet block: "bottleneck" | "basic"
+    backbone: str = "resnet"  # "resnet" | "darknet"
+    block: str = "bottleneck"  # ResNet block: "bottleneck" | "basic"
     stage_depths: tuple[int, ...] = (3, 4, 6, 3)
-    base_width: int = 64                          # ResNet stem / stage-0 width; DarkNet _preconv width
+    base_width: int = 64  # ResNet stem / stage-0 width; DarkNet _preconv width
     selected_layers: tuple[int, ...] = (1, 2, 3)  # backbone stages fed to the FPN (C3, C4, C5)
     num_classes: int = 81
     class_names: tuple[str, ...] = COCO_CLASSES
-    max_size: int = 550                           # square input side, pixels
+    max_size: int = 550  # square input side, pixels
     fpn_features: int = 256
-    num_downsample: int = 2                       # P6, P7 by stride-2 convs
+    num_downsample: int = 2  # P6, P7 by stride-2 convs
     proto_channels: int = 256
-    head_channels: int = 256                      # prediction head `upfeature` width
+    head_channels: int = 256  # prediction head `upfeature` width
     mask_dim: int = 32
     pred_scales: tuple[int, ...] = BASE_SCALES
     pred_aspect_ratios: tuple[float, ...] = (1.0, 0.5, 2.0)
@@ -84,18 +156,26 @@ class YolactConfig:
             fail(f"backbone {self.backbone!r} must be 'resnet' or 'darknet'")
         if self.backbone == "resnet" and self.block not in ("bottleneck", "basic"):
             fail(f"block {self.block!r} must be 'bottleneck' or 'basic'")
-        if list(self.selected_layers) != sorted(set(self.selected_layers)) or not self.selected_layers or \
-                self.selected_layers[0] < 0 or self.selected_layers[-1] >= len(self.stage_depths):
-            fail(f"selected_layers {self.selected_layers} must be increasing stage indices "
-                 f"< {len(self.stage_depths)} (stage_depths {self.stage_depths})")
+        if (
+            list(self.selected_layers) != sorted(set(self.selected_layers))
+            or not self.selected_layers
+            or self.selected_layers[0] < 0
+            or self.selected_layers[-1] >= len(self.stage_depths)
+        ):
+            fail(
+                f"selected_layers {self.selected_layers} must be increasing stage indices "
+                f"< {len(self.stage_depths)} (stage_depths {self.stage_depths})"
+            )
         levels = len(self.selected_layers) + self.num_downsample
         if len(self.pred_scales) != levels:
             fail(f"pred_scales has {len(self.pred_scales)} entries; give one per prediction level ({levels})")
         if self.num_classes < 2:
             fail(f"num_classes {self.num_classes} must be >= 2 (background + at least one class)")
         if len(self.class_names) != self.num_classes - 1:
-            fail(f"class_names has {len(self.class_names)} names but num_classes {self.num_classes} needs "
-                 f"{self.num_classes - 1} (foreground only; background is implicit)")
+            fail(
+                f"class_names has {len(self.class_names)} names but num_classes {self.num_classes} needs "
+                f"{self.num_classes - 1} (foreground only; background is implicit)"
+            )
         if self.max_size <= 0:
             fail(f"max_size {self.max_size} must be a positive number of pixels")
         if self.normalization not in ("mean_std", "div255"):
@@ -124,21 +204,40 @@ def _scaled(scales: Iterable[int], size: int) -> tuple[int, ...]:
     return tuple(int(s / 550 * size) for s in scales)
 
 
-CONFIGS = MappingProxyType({
-    cfg.name: cfg for cfg in (
-        YolactConfig(name="yolact_base", stage_depths=(3, 4, 23, 3)),
-        YolactConfig(name="yolact_resnet50", stage_depths=(3, 4, 6, 3)),
-        YolactConfig(name="yolact_im700", stage_depths=(3, 4, 23, 3), max_size=700,
-                     pred_scales=_scaled(BASE_SCALES, 700)),
-        YolactConfig(name="yolact_darknet53", backbone="darknet", stage_depths=(1, 2, 8, 8, 4), base_width=32,
-                     selected_layers=(2, 3, 4), normalization="div255"),
-        # Ours: a small ResNet-18-style model for the road-distress classes (IR of a few MB, fast on CPU).
-        YolactConfig(name="yolact_r18_small", block="basic", stage_depths=(2, 2, 2, 2), base_width=32,
-                     num_classes=len(ROAD_DISTRESS_CLASSES) + 1, class_names=ROAD_DISTRESS_CLASSES, max_size=352,
-                     fpn_features=128, proto_channels=128, head_channels=128,
-                     pred_scales=_scaled(BASE_SCALES, 352)),
-    )
-})
+CONFIGS = MappingProxyType(
+    {
+        cfg.name: cfg
+        for cfg in (
+            YolactConfig(name="yolact_base", stage_depths=(3, 4, 23, 3)),
+            YolactConfig(name="yolact_resnet50", stage_depths=(3, 4, 6, 3)),
+            YolactConfig(
+                name="yolact_im700", stage_depths=(3, 4, 23, 3), max_size=700, pred_scales=_scaled(BASE_SCALES, 700)
+            ),
+            YolactConfig(
+                name="yolact_darknet53",
+                backbone="darknet",
+                stage_depths=(1, 2, 8, 8, 4),
+                base_width=32,
+                selected_layers=(2, 3, 4),
+                normalization="div255",
+            ),
+            # Ours: a small ResNet-18-style model for the road-distress classes (IR of a few MB, fast on CPU).
+            YolactConfig(
+                name="yolact_r18_small",
+                block="basic",
+                stage_depths=(2, 2, 2, 2),
+                base_width=32,
+                num_classes=len(ROAD_DISTRESS_CLASSES) + 1,
+                class_names=ROAD_DISTRESS_CLASSES,
+                max_size=352,
+                fpn_features=128,
+                proto_channels=128,
+                head_channels=128,
+                pred_scales=_scaled(BASE_SCALES, 352),
+            ),
+        )
+    }
+)
 
 
 def get_config(name: str, **overrides) -> YolactConfig:
@@ -150,17 +249,25 @@ def get_config(name: str, **overrides) -> YolactConfig:
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise TypeError(f"get_config({name!r}): unknown override(s) {unknown}; valid fields: {sorted(fields)}")
-    for key in ("class_names", "stage_depths", "selected_layers", "pred_scales", "pred_aspect_ratios",
-                "mean_rgb", "std_rgb"):
+    for key in (
+        "class_names",
+        "stage_depths",
+        "selected_layers",
+        "pred_scales",
+        "pred_aspect_ratios",
+        "mean_rgb",
+        "std_rgb",
+    ):
         if key in overrides:
             overrides[key] = tuple(overrides[key])
     if "class_names" in overrides and "num_classes" not in overrides:
         overrides["num_classes"] = len(overrides["class_names"]) + 1
     base = CONFIGS[name]
-    if "num_classes" in overrides and "class_names" not in overrides \
-            and overrides["num_classes"] != base.num_classes:
-        raise ValueError(f"get_config({name!r}, num_classes={overrides['num_classes']}): also pass class_names "
-                         f"({overrides['num_classes'] - 1} foreground names)")
+    if "num_classes" in overrides and "class_names" not in overrides and overrides["num_classes"] != base.num_classes:
+        raise ValueError(
+            f"get_config({name!r}, num_classes={overrides['num_classes']}): also pass class_names "
+            f"({overrides['num_classes'] - 1} foreground names)"
+        )
     return dataclasses.replace(base, **overrides)
 
 
@@ -184,8 +291,17 @@ class _ResizeToStaticSize(torch.autograd.Function):
             starts, ends = (g.op("Constant", value_t=torch.tensor([v], dtype=torch.int64)) for v in (0, 2))
             hw = g.op("Constant", value_t=torch.tensor([height, width], dtype=torch.int64))
             sizes = g.op("Concat", g.op("Slice", shape, starts, ends), hw, axis_i=0)
-        return g.op("Resize", x, empty, empty, sizes, coordinate_transformation_mode_s="half_pixel",
-                    mode_s="linear", cubic_coeff_a_f=-0.75, nearest_mode_s="floor")
+        return g.op(
+            "Resize",
+            x,
+            empty,
+            empty,
+            sizes,
+            coordinate_transformation_mode_s="half_pixel",
+            mode_s="linear",
+            cubic_coeff_a_f=-0.75,
+            nearest_mode_s="floor",
+        )
 
 
 def resize_bilinear(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -215,8 +331,9 @@ class FPN(nn.Module):
         super().__init__()
         self.lat_layers = nn.ModuleList(nn.Conv2d(c, num_features, 1) for c in reversed(in_channels))
         self.pred_layers = nn.ModuleList(nn.Conv2d(num_features, num_features, 3, padding=1) for _ in in_channels)
-        self.downsample_layers = nn.ModuleList(nn.Conv2d(num_features, num_features, 3, stride=2, padding=1)
-                                               for _ in range(num_downsample))
+        self.downsample_layers = nn.ModuleList(
+            nn.Conv2d(num_features, num_features, 3, stride=2, padding=1) for _ in range(num_downsample)
+        )
 
     def forward(self, feats: Sequence[torch.Tensor], sizes: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
         """feats: backbone outputs, shallowest first; sizes: their (h, w) as Python ints (upsampling targets)."""
@@ -238,11 +355,16 @@ def make_proto_net(in_channels: int, channels: int, mask_dim: int) -> nn.Sequent
     """conv3x3-ReLU x3, bilinear x2 upsample, ReLU, conv3x3-ReLU, conv1x1 -> mask_dim (convs at indices 0, 2, 4,
     8, 10, the official `proto_net.*` keys). [B, in, h, w] -> [B, mask_dim, 2h, 2w] (no final activation)."""
     return nn.Sequential(
-        nn.Conv2d(in_channels, channels, 3, padding=1), nn.ReLU(inplace=True),
-        nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(inplace=True),
-        nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(inplace=True),
-        nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False), nn.ReLU(inplace=True),
-        nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(inplace=True),
+        nn.Conv2d(in_channels, channels, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(channels, channels, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(channels, channels, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(channels, channels, 3, padding=1),
+        nn.ReLU(inplace=True),
         nn.Conv2d(channels, mask_dim, 1),
     )
 
@@ -294,8 +416,9 @@ class Yolact(nn.Module):
         in_channels = [self.backbone.channels[i] for i in cfg.selected_layers]
         self.proto_net = make_proto_net(cfg.fpn_features, cfg.proto_channels, cfg.mask_dim)
         self.fpn = FPN(in_channels, cfg.fpn_features, cfg.num_downsample)
-        self.prediction_layers = nn.ModuleList([PredictionHead(cfg.fpn_features, cfg.head_channels,
-                                                               cfg.num_anchors, cfg.num_classes, cfg.mask_dim)])
+        self.prediction_layers = nn.ModuleList(
+            [PredictionHead(cfg.fpn_features, cfg.head_channels, cfg.num_anchors, cfg.num_classes, cfg.mask_dim)]
+        )
         self.semantic_seg_conv = nn.Conv2d(cfg.fpn_features, cfg.num_classes - 1, 1)
         self._sizes_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self._priors_cache: dict[tuple[int, int], np.ndarray] = {}
@@ -342,9 +465,13 @@ class Yolact(nn.Module):
         """Anchors matching forward()'s rows: [N, 4] float32 (cx, cy, w, h) relative (19248 for 550)."""
         hw = self._input_hw(input_size)
         if hw not in self._priors_cache:
-            self._priors_cache[hw] = make_priors(self.feature_map_sizes(hw), self.cfg.pred_scales,
-                                                 self.cfg.pred_aspect_ratios, self.cfg.max_size,
-                                                 self.cfg.square_anchors)
+            self._priors_cache[hw] = make_priors(
+                self.feature_map_sizes(hw),
+                self.cfg.pred_scales,
+                self.cfg.pred_aspect_ratios,
+                self.cfg.max_size,
+                self.cfg.square_anchors,
+            )
         return self._priors_cache[hw].copy()
 
     # ------------------------------------------------------------------------------------------------- forward
@@ -354,14 +481,13 @@ class Yolact(nn.Module):
         level_sizes = self.feature_map_sizes(_static_hw(x))
         stages = self.backbone(x)
         feats = [stages[i] for i in self.cfg.selected_layers]
-        pyramid = self.fpn(feats, level_sizes[:len(feats)])
+        pyramid = self.fpn(feats, level_sizes[: len(feats)])
         proto = F.relu(self.proto_net(pyramid[0])).permute(0, 2, 3, 1).contiguous()
         head = self.prediction_layers[0]
         per_level = [head(p) for p in pyramid]
         loc, conf, mask = (torch.cat([level[i] for level in per_level], dim=1) for i in range(3))
         if self.training:
-            return {"loc": loc, "conf": conf, "mask": mask, "proto": proto,
-                    "segm": self.semantic_seg_conv(pyramid[0])}
+            return {"loc": loc, "conf": conf, "mask": mask, "proto": proto, "segm": self.semantic_seg_conv(pyramid[0])}
         return loc, F.softmax(conf, dim=-1), mask, proto
 
 
@@ -373,8 +499,10 @@ def bias_class_logits(model: Yolact, classes: Iterable[int], logit: float = 10.0
     classes = [int(c) for c in classes]
     bad = [c for c in classes if not 1 <= c < num_classes]
     if bad:
-        raise ValueError(f"bias_class_logits: class indices {bad} out of range; pass conf columns 1.."
-                         f"{num_classes - 1} (0 is the background)")
+        raise ValueError(
+            f"bias_class_logits: class indices {bad} out of range; pass conf columns 1.."
+            f"{num_classes - 1} (0 is the background)"
+        )
     bias = model.prediction_layers[0].conf_layer.bias
     with torch.no_grad():
         for anchor in range(model.cfg.num_anchors):

@@ -5,25 +5,33 @@ The COCO bbox is continuous pixels like the internal box: ``x1 = x, x2 = x + w``
 JSON field, with list positions counted from 0 (``annotations[4].bbox``). VOC's ``difficult``, ``truncated`` and
 ``pose`` are written as extra annotation keys only when they differ from their defaults (COCO tools ignore them).
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pipelines.datasets.masks import mask_area
-from pipelines.datasets.schema import (Annotation, AnnotationError, Category, Dataset, ImageRecord, PolygonMask,
-                                      RleMask, Segmentation)
+from pipelines.datasets.schema import (
+    Annotation,
+    AnnotationError,
+    Category,
+    Dataset,
+    ImageRecord,
+    PolygonMask,
+    RleMask,
+    Segmentation,
+)
 from pipelines.datasets.voc import POSES_DEFAULT
 
 # Boxes may pass the image edge by this many pixels (float rounding in exported files) before it is an error.
 BOX_TOLERANCE_PX = 0.01
 
 
-def read_coco(
-    path: str | Path, class_names: Sequence[str] | None = None, clip_boxes: bool = False
-) -> Dataset:
+def read_coco(path: str | Path, class_names: Sequence[str] | None = None, clip_boxes: bool = False) -> Dataset:
     """A COCO JSON file -> Dataset (category ids as in the file).
 
     ``class_names``: when given, every category name must be one of them.
@@ -46,8 +54,9 @@ def parse_coco_json(raw: str | bytes, path: str) -> Any:
             path, "json", f"malformed JSON at line {err.lineno}, column {err.colno} ({err.msg}): fix the file"
         ) from None
     except UnicodeDecodeError as err:
-        raise AnnotationError(path, "json", f"not UTF-8 text ({err.reason} at byte {err.start}): is it a JSON "
-                                            "file?") from None
+        raise AnnotationError(
+            path, "json", f"not UTF-8 text ({err.reason} at byte {err.start}): is it a JSON file?"
+        ) from None
 
 
 def coco_to_dataset(
@@ -89,13 +98,18 @@ class _CocoReader:
             image_id = self.key(raw, "image_id", where, int)
             image = by_id.get(image_id)
             if image is None:
-                raise self.fail(f"{where}.image_id", f"{where}.image_id={image_id} is not the id of any image: "
-                                                     "fix the id or add the image")
+                raise self.fail(
+                    f"{where}.image_id",
+                    f"{where}.image_id={image_id} is not the id of any image: fix the id or add the image",
+                )
             ann = self.annotation(raw, where, image, known)
             if ann.id is not None:
                 if ann.id in ann_ids:
-                    raise self.fail(f"{where}.id", f"{where}.id={ann.id} duplicates annotations[{ann_ids[ann.id]}].id:"
-                                                   " annotation ids must be unique")
+                    raise self.fail(
+                        f"{where}.id",
+                        f"{where}.id={ann.id} duplicates annotations[{ann_ids[ann.id]}].id:"
+                        " annotation ids must be unique",
+                    )
                 ann_ids[ann.id] = i
             image.annotations.append(ann)
         info = data.get("info", {})
@@ -107,8 +121,9 @@ class _CocoReader:
         """Record `value` as the id of `table`[index]; an id seen before fails naming both entries."""
         where = f"{table}[{index}]"
         if value in seen:
-            raise self.fail(f"{where}.id", f"{where}.id={value} duplicates {table}[{seen[value]}].id: "
-                                           f"{noun} ids must be unique")
+            raise self.fail(
+                f"{where}.id", f"{where}.id={value} duplicates {table}[{seen[value]}].id: {noun} ids must be unique"
+            )
         seen[value] = index
 
     def categories(self, raw: list) -> list[Category]:
@@ -120,8 +135,11 @@ class _CocoReader:
             name = self.key(item, "name", where, str)
             self.unique_id(seen, cid, i, "categories", "category")
             if self.class_names is not None and name not in self.class_names:
-                raise self.fail(f"{where}.name", f"{where}.name={name!r} is not one of the classes "
-                                                 f"{self.class_names}: fix the name or add the class")
+                raise self.fail(
+                    f"{where}.name",
+                    f"{where}.name={name!r} is not one of the classes "
+                    f"{self.class_names}: fix the name or add the class",
+                )
             out.append(Category(id=cid, name=name, supercategory=str(item.get("supercategory", ""))))
         return out
 
@@ -137,18 +155,31 @@ class _CocoReader:
             for key in ("width", "height"):
                 value = self.key(item, key, where, (int, float))
                 if value <= 0 or value != int(value):
-                    raise self.fail(f"{where}.{key}", f"{where}.{key}={value} must be a positive whole number of "
-                                                      f"pixels: fix the size of {file_name!r}")
+                    raise self.fail(
+                        f"{where}.{key}",
+                        f"{where}.{key}={value} must be a positive whole number of "
+                        f"pixels: fix the size of {file_name!r}",
+                    )
                 sizes[key] = int(value)
-            out.append(ImageRecord(id=image_id, file_name=file_name, width=sizes["width"], height=sizes["height"],
-                                   depth=int(item.get("depth", 3))))
+            out.append(
+                ImageRecord(
+                    id=image_id,
+                    file_name=file_name,
+                    width=sizes["width"],
+                    height=sizes["height"],
+                    depth=int(item.get("depth", 3)),
+                )
+            )
         return out
 
     def annotation(self, raw: dict, where: str, image: ImageRecord, known: set[int]) -> Annotation:
         category_id = self.key(raw, "category_id", where, int)
         if category_id not in known:
-            raise self.fail(f"{where}.category_id", f"{where}.category_id={category_id} is not one of the categories "
-                                                    f"{sorted(known)}: fix the id or add the category")
+            raise self.fail(
+                f"{where}.category_id",
+                f"{where}.category_id={category_id} is not one of the categories "
+                f"{sorted(known)}: fix the id or add the category",
+            )
         box = self.box(self.key(raw, "bbox", where, list), f"{where}.bbox", image)
         iscrowd = raw.get("iscrowd", 0)
         if iscrowd not in (0, 1):
@@ -166,8 +197,14 @@ class _CocoReader:
         if ann_id is not None:
             ann_id = self.key(raw, "id", where, int)
         return Annotation(
-            category_id=category_id, box=box, area=area, segmentation=segmentation, iscrowd=bool(iscrowd),
-            id=ann_id, difficult=bool(raw.get("difficult", 0)), truncated=bool(raw.get("truncated", 0)),
+            category_id=category_id,
+            box=box,
+            area=area,
+            segmentation=segmentation,
+            iscrowd=bool(iscrowd),
+            id=ann_id,
+            difficult=bool(raw.get("difficult", 0)),
+            truncated=bool(raw.get("truncated", 0)),
             pose=str(raw.get("pose", POSES_DEFAULT)),
         )
 
@@ -185,15 +222,25 @@ class _CocoReader:
             x1, y1 = max(x1, 0.0), max(y1, 0.0)
             x2, y2 = min(x2, float(image.width)), min(y2, float(image.height))
             if x2 <= x1 or y2 <= y1:
-                raise self.fail(field, f"{field}={_short(raw)} lies outside image {image.file_name!r} "
-                                       f"({image.width}x{image.height}): remove the object or fix the box")
+                raise self.fail(
+                    field,
+                    f"{field}={_short(raw)} lies outside image {image.file_name!r} "
+                    f"({image.width}x{image.height}): remove the object or fix the box",
+                )
             return (x1, y1, x2, y2)
-        edges = ((x1, "x", image.width, "width"), (y1, "y", image.height, "height"),
-                 (x2, "x+width", image.width, "width"), (y2, "y+height", image.height, "height"))
+        edges = (
+            (x1, "x", image.width, "width"),
+            (y1, "y", image.height, "height"),
+            (x2, "x+width", image.width, "width"),
+            (y2, "y+height", image.height, "height"),
+        )
         for value, name, limit, axis in edges:
             if value < -BOX_TOLERANCE_PX or value > limit + BOX_TOLERANCE_PX:
-                raise self.fail(field, f"{field}={_short(raw)}: {name}={value:g} is outside the image {axis} {limit} "
-                                       f"of {image.file_name!r}: fix the box or the image size")
+                raise self.fail(
+                    field,
+                    f"{field}={_short(raw)}: {name}={value:g} is outside the image {axis} {limit} "
+                    f"of {image.file_name!r}: fix the box or the image size",
+                )
         return (x1, y1, x2, y2)
 
     def segmentation(self, raw: Any, field: str, image: ImageRecord) -> Segmentation | None:
@@ -203,30 +250,44 @@ class _CocoReader:
             polygons = []
             for j, poly in enumerate(raw):
                 ok = isinstance(poly, list) and all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in poly)
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in poly
+                )
                 if not ok or len(poly) < 6 or len(poly) % 2:
-                    raise self.fail(f"{field}[{j}]", f"{field}[{j}] must be a list of at least 3 x, y pairs "
-                                                     "(an even count of numbers, at least 6)")
+                    raise self.fail(
+                        f"{field}[{j}]",
+                        f"{field}[{j}] must be a list of at least 3 x, y pairs (an even count of numbers, at least 6)",
+                    )
                 polygons.append([float(v) for v in poly])
             if not any(polygon_area(poly) > 0 for poly in polygons):
-                raise self.fail(field, f"{field} encloses no area (every polygon's points lie on one line): fix the "
-                                       "outline, or remove the object")
+                raise self.fail(
+                    field,
+                    f"{field} encloses no area (every polygon's points lie on one line): fix the "
+                    "outline, or remove the object",
+                )
             return PolygonMask(polygons)
         if isinstance(raw, dict):
             size = raw.get("size")
             if size != [image.height, image.width]:
-                raise self.fail(f"{field}.size", f"{field}.size={_short(size)} must be [height, width] = "
-                                                 f"[{image.height}, {image.width}] of {image.file_name!r}")
+                raise self.fail(
+                    f"{field}.size",
+                    f"{field}.size={_short(size)} must be [height, width] = "
+                    f"[{image.height}, {image.width}] of {image.file_name!r}",
+                )
             counts = raw.get("counts")
             if isinstance(counts, str):
                 return RleMask(size=(image.height, image.width), counts=counts)
             if isinstance(counts, list) and all(isinstance(v, int) and v >= 0 for v in counts):
                 if sum(counts) != image.height * image.width:
-                    raise self.fail(f"{field}.counts", f"{field}.counts add up to {sum(counts)} pixels, the image "
-                                                       f"has {image.height * image.width}: fix the RLE")
+                    raise self.fail(
+                        f"{field}.counts",
+                        f"{field}.counts add up to {sum(counts)} pixels, the image "
+                        f"has {image.height * image.width}: fix the RLE",
+                    )
                 return RleMask(size=(image.height, image.width), counts=list(counts))
-            raise self.fail(f"{field}.counts", f"{field}.counts must be a compressed RLE string or a list of "
-                                               "non-negative run lengths")
+            raise self.fail(
+                f"{field}.counts",
+                f"{field}.counts must be a compressed RLE string or a list of non-negative run lengths",
+            )
         raise self.fail(field, f"{field} must be a list of polygons or an RLE object")
 
 
@@ -246,15 +307,19 @@ def dataset_to_coco(dataset: Dataset) -> dict[str, Any]:
         images.append({"id": image.id, "file_name": image.file_name, "width": image.width, "height": image.height})
         for ann in image.annotations:
             if ann.category_id not in known:
-                raise ValueError(f"image {image.file_name!r}: annotation category_id={ann.category_id} is not one "
-                                 f"of the categories {sorted(known)}")
+                raise ValueError(
+                    f"image {image.file_name!r}: annotation category_id={ann.category_id} is not one "
+                    f"of the categories {sorted(known)}"
+                )
             if ann.id is None:
                 ann_id, next_id = next_id, next_id + 1
             else:
                 ann_id = ann.id
             if ann_id in used_ids:
-                raise ValueError(f"image {image.file_name!r}: annotation id {ann_id} is used twice: give each "
-                                 "annotation its own id (or None to have one assigned)")
+                raise ValueError(
+                    f"image {image.file_name!r}: annotation id {ann_id} is used twice: give each "
+                    "annotation its own id (or None to have one assigned)"
+                )
             used_ids.add(ann_id)
             item: dict[str, Any] = {
                 "id": ann_id,

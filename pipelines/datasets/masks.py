@@ -2,6 +2,7 @@
 
 Every function takes the image ``height, width`` because COCO polygons do not carry it.
 """
+
 from __future__ import annotations
 
 import numpy as np

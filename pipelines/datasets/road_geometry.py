@@ -4,6 +4,7 @@ Polygon coordinates are pixels with pixel ``(row i, column j)`` centred at ``(j 
 pycocotools rasterizes with. Vertices are rounded to 2 decimals so the polygons written to JSON are exactly the ones
 that were rasterized and painted.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,8 +67,12 @@ def random_blob(
 
 
 def patch_polygon(
-    rng: np.random.Generator, center: tuple[float, float], half_size: tuple[float, float], angle: float,
-    wobble: float, points_per_edge: int = 6,
+    rng: np.random.Generator,
+    center: tuple[float, float],
+    half_size: tuple[float, float],
+    angle: float,
+    wobble: float,
+    points_per_edge: int = 6,
 ) -> list[float]:
     """A rectangle-ish outline: ``half_size`` (half width, half height) px turned by ``angle`` radians, every edge
     point moved by up to ``wobble`` px."""
@@ -80,8 +85,14 @@ def patch_polygon(
 
 
 def random_walk(
-    rng: np.random.Generator, start: np.ndarray, heading: float, length: float, step: float, free: np.ndarray,
-    turn_sigma: float = 0.3, max_bend: float = 0.9,
+    rng: np.random.Generator,
+    start: np.ndarray,
+    heading: float,
+    length: float,
+    step: float,
+    free: np.ndarray,
+    turn_sigma: float = 0.3,
+    max_bend: float = 0.9,
 ) -> np.ndarray:
     """points: [n, 2] x, y of a wandering line of about ``length`` px from ``start``.
 
@@ -139,7 +150,7 @@ def dilate(mask: np.ndarray, radius: int) -> np.ndarray:
 def erode(mask: np.ndarray, radius: int) -> np.ndarray:
     """[H, W] bool shrunk by a (2 radius + 1)^2 square; pixels outside the array count as background."""
     padded = np.pad(mask, radius, constant_values=False)
-    return ~dilate(~padded, radius)[radius:-radius or None, radius:-radius or None]
+    return ~dilate(~padded, radius)[radius : -radius or None, radius : -radius or None]
 
 
 def _segment_free(p: np.ndarray, q: np.ndarray, free: np.ndarray) -> bool:

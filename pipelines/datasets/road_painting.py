@@ -3,6 +3,7 @@
 Every ``paint_*`` function changes exactly the pixels of the mask it is given ([H, W] bool) and no others, so an
 instance's mask is precisely what was painted.
 """
+
 from __future__ import annotations
 
 import numpy as np

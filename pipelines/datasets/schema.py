@@ -4,10 +4,11 @@ Coordinates are pixels in the continuous convention that COCO uses: pixel column
 a box around columns 10..19 is ``x1=10, x2=20`` and a full-image box is ``(0, 0, width, height)``. Readers convert
 their format's convention into this one (Pascal VOC's 1-based inclusive corners: see ``voc.py``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Union
+from typing import Any
 
 from pipelines.errors import UsageError
 
@@ -50,10 +51,10 @@ class RleMask:
     """
 
     size: tuple[int, int]
-    counts: Union[str, list[int]]
+    counts: str | list[int]
 
 
-Segmentation = Union[PolygonMask, RleMask]
+Segmentation = PolygonMask | RleMask
 
 
 @dataclass
@@ -114,7 +115,7 @@ class Dataset:
     def num_annotations(self) -> int:
         return sum(len(im.annotations) for im in self.images)
 
-    def with_images(self, images: list[ImageRecord]) -> "Dataset":
+    def with_images(self, images: list[ImageRecord]) -> Dataset:
         """The same categories and info over another list of images."""
         return replace(self, images=list(images), info=dict(self.info))
 

@@ -1,4 +1,5 @@
 """Deterministic train/val split of a Dataset."""
+
 from __future__ import annotations
 
 import numpy as np

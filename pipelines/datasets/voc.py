@@ -8,13 +8,14 @@ fractional ones are written with 10 significant digits.
 Errors name the file and the field; objects are counted from 0 in the order they appear (``object[0]`` is the
 first ``<object>``).
 """
+
 from __future__ import annotations
 
 import io
 import math
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from pipelines.datasets.schema import (
     Annotation,
@@ -28,9 +29,7 @@ from pipelines.datasets.schema import (
 POSES_DEFAULT = "Unspecified"
 
 
-def read_voc_dir(
-    xml_dir: str | Path, class_names: Sequence[str], clip_boxes: bool = False
-) -> Dataset:
+def read_voc_dir(xml_dir: str | Path, class_names: Sequence[str], clip_boxes: bool = False) -> Dataset:
     """Every ``*.xml`` under ``xml_dir`` (sorted by path), image ids 1..N in that order.
 
     ``class_names``: the allowed ``<name>`` values; they become categories 1..N in this order.
@@ -47,22 +46,28 @@ def read_voc_dir(
 
 
 def read_voc_files(
-    paths: Sequence[str | Path], class_names: Sequence[str], clip_boxes: bool = False,
+    paths: Sequence[str | Path],
+    class_names: Sequence[str],
+    clip_boxes: bool = False,
     contents: Sequence[bytes] | None = None,
 ) -> Dataset:
     """The given XML files in the given order, image ids 1..N. ``contents``: the files' bytes, where the caller
     already read them (parsed instead of reading the files again)."""
     categories = categories_from_names(list(class_names))
     images = [
-        read_voc_xml(path, categories, image_id=i + 1, clip_boxes=clip_boxes,
-                     content=None if contents is None else contents[i])
+        read_voc_xml(
+            path, categories, image_id=i + 1, clip_boxes=clip_boxes, content=None if contents is None else contents[i]
+        )
         for i, path in enumerate(paths)
     ]
     return Dataset(categories=categories, images=images)
 
 
 def read_voc_xml(
-    path: str | Path, categories: Sequence[Category], image_id: int, clip_boxes: bool = False,
+    path: str | Path,
+    categories: Sequence[Category],
+    image_id: int,
+    clip_boxes: bool = False,
     content: bytes | None = None,
 ) -> ImageRecord:
     """One VOC XML file (``content``: its bytes, if already read) -> ImageRecord; raises AnnotationError naming
@@ -139,8 +144,11 @@ class _VocReader:
         field = f"size.{tag}"
         value = self.number(size, tag, field)
         if value <= 0 or value != int(value):
-            raise self.fail(field, f"{field}={_format_number(value)} must be a positive whole number of pixels: "
-                                   "fix the <size> to match the image")
+            raise self.fail(
+                field,
+                f"{field}={_format_number(value)} must be a positive whole number of pixels: "
+                "fix the <size> to match the image",
+            )
         return int(value)
 
     def annotation(self, obj: ET.Element, where: str, width: int, height: int) -> Annotation:

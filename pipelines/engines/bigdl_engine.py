@@ -12,6 +12,7 @@ BigDL runs only in its own env (`make bigdl-env` -> .venv-bigdl: pyspark 3.5, nu
 legacy `openvino.inference_engine` API). This module imports in any env; BigDL is imported only inside functions,
 and every entry point calls `require_bigdl()` on the driver before any Spark job starts.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,6 +30,7 @@ from pyspark.sql import types as T
 
 from pipelines.engines.bigdl_natives import installed_native_library_dir
 from pipelines.errors import UsageError
+
 # --precision f32|bf16|auto -> INFERENCE_PRECISION_HINT
 from pipelines.inference.openvino_runtime import PRECISION_HINTS
 from pipelines.job_config import ConfigError, SparkSettings
@@ -44,14 +46,16 @@ INSTALL_HINT = (
 CV_8UC3 = 16
 
 # Spark's image schema (pyspark.ml.image.ImageSchema.imageSchema); BigDL's RowToImageFeature reads it by position.
-IMAGE_STRUCT = T.StructType([
-    T.StructField("origin", T.StringType(), True),
-    T.StructField("height", T.IntegerType(), True),
-    T.StructField("width", T.IntegerType(), True),
-    T.StructField("nChannels", T.IntegerType(), True),
-    T.StructField("mode", T.IntegerType(), True),
-    T.StructField("data", T.BinaryType(), True),
-])
+IMAGE_STRUCT = T.StructType(
+    [
+        T.StructField("origin", T.StringType(), True),
+        T.StructField("height", T.IntegerType(), True),
+        T.StructField("width", T.IntegerType(), True),
+        T.StructField("nChannels", T.IntegerType(), True),
+        T.StructField("mode", T.IntegerType(), True),
+        T.StructField("data", T.BinaryType(), True),
+    ]
+)
 
 # BigDL's dllib jar ships a log4j2-test.xml (logger "org" at INFO, additivity off) that wins over Spark's defaults:
 # it floods the console with INFO lines that setLogLevel cannot silence (~2,600 for three images under spark-submit)
@@ -73,8 +77,11 @@ class BigDLNotOnClasspath(UsageError, RuntimeError):
 def missing_bigdl_requirements() -> list[str]:
     """What this interpreter lacks for the bigdl engine (empty when it can run it)."""
     problems = []
-    for module, what in (("bigdl.dllib", "bigdl-dllib-spark3==2.4.0"), ("bigdl.orca", "bigdl-orca-spark3==2.4.0"),
-                         ("openvino.inference_engine", "openvino==2023.3.0 (the legacy inference_engine API)")):
+    for module, what in (
+        ("bigdl.dllib", "bigdl-dllib-spark3==2.4.0"),
+        ("bigdl.orca", "bigdl-orca-spark3==2.4.0"),
+        ("openvino.inference_engine", "openvino==2023.3.0 (the legacy inference_engine API)"),
+    ):
         try:
             found = importlib.util.find_spec(module) is not None
         except ImportError:  # the parent package itself is missing
@@ -95,8 +102,11 @@ def require_bigdl() -> None:
     """Raise BigDLNotInstalled naming what is missing and the command that installs it."""
     problems = missing_bigdl_requirements()
     if problems:
-        raise BigDLNotInstalled(f"the bigdl engine cannot run in {sys.executable}: it needs "
-                                + "; ".join(problems) + f". To fix: {INSTALL_HINT}.")
+        raise BigDLNotInstalled(
+            f"the bigdl engine cannot run in {sys.executable}: it needs "
+            + "; ".join(problems)
+            + f". To fix: {INSTALL_HINT}."
+        )
 
 
 def spark_submit_args() -> list[str]:
@@ -107,13 +117,21 @@ def spark_submit_args() -> list[str]:
     from bigdl.dllib.utils.engine import get_bigdl_jars
 
     jars = get_bigdl_jars()
-    args = ["--jars", ",".join(jars), "--conf", "spark.driver.extraClassPath=" + ":".join(jars),
-            "--conf", "spark.executor.extraClassPath=" + ":".join(os.path.basename(jar) for jar in jars),
-            # the driver JVM starts before the job can set spark.driver.extraJavaOptions (bigdl_spark_conf)
-            "--driver-java-options", SPARK_LOG4J2_DEFAULTS,
-            "--conf", "spark.executor.extraJavaOptions=" + SPARK_LOG4J2_DEFAULTS]
+    args = [
+        "--jars",
+        ",".join(jars),
+        "--conf",
+        "spark.driver.extraClassPath=" + ":".join(jars),
+        "--conf",
+        "spark.executor.extraClassPath=" + ":".join(os.path.basename(jar) for jar in jars),
+        # the driver JVM starts before the job can set spark.driver.extraJavaOptions (bigdl_spark_conf)
+        "--driver-java-options",
+        SPARK_LOG4J2_DEFAULTS,
+        "--conf",
+        "spark.executor.extraJavaOptions=" + SPARK_LOG4J2_DEFAULTS,
+    ]
     natives = installed_native_library_dir()
-    if natives:   # see pipelines.engines.bigdl_natives
+    if natives:  # see pipelines.engines.bigdl_natives
         args += ["--driver-library-path", natives, "--conf", "spark.executor.extraLibraryPath=" + natives]
     return args
 
@@ -141,24 +159,26 @@ def bigdl_spark_conf(master: str, conf: dict | None = None) -> dict[str, str]:
         merged["spark.sql.shuffle.partitions"] = "4"
     if master.startswith("local") or master.startswith("spark://127.0.0.1"):
         merged.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
-    merged.update({
-        # Workaround (PYTHONHOME): BigDL's set_python_home() sets PYTHONHOME to dirname(dirname(sys.executable))
-        # when it is unset, i.e. to the venv root, which has no stdlib: every Python process started with that
-        # env (Spark's Python workers, subprocesses) dies with "No module named 'encodings'". A venv interpreter
-        # with PYTHONHOME = the base prefix still finds the venv's site-packages (pyvenv.cfg), so we set that
-        # first (BigDL keeps an existing value), on the driver and for executors. Executors must have the same
-        # env at the same path, as PYSPARK_PYTHON already requires.
-        "spark.executorEnv.PYTHONHOME": python_home(),
-        "spark.driver.extraJavaOptions": SPARK_LOG4J2_DEFAULTS,
-        "spark.executor.extraJavaOptions": SPARK_LOG4J2_DEFAULTS,
-        # Workaround (Python worker reuse): after a failed job, later Python jobs of the session failed with
-        # "java.net.SocketException: Socket is closed" (PythonRunner.compute), in 3 of 4 slow test runs with reuse
-        # and 0 of 4 without. Most likely Spark 3.5's task monitor: a task killed when its job aborts has often
-        # already released its worker to the idle pool (Orca's tasks do JVM work after the Python part), and
-        # destroyPythonWorker then closes that pooled socket without removing it. Without reuse every task gets
-        # a fresh worker forked by the daemon (each task re-imports openvino; Orca imports it per task anyway).
-        "spark.python.worker.reuse": "false",
-    })
+    merged.update(
+        {
+            # Workaround (PYTHONHOME): BigDL's set_python_home() sets PYTHONHOME to dirname(dirname(sys.executable))
+            # when it is unset, i.e. to the venv root, which has no stdlib: every Python process started with that
+            # env (Spark's Python workers, subprocesses) dies with "No module named 'encodings'". A venv interpreter
+            # with PYTHONHOME = the base prefix still finds the venv's site-packages (pyvenv.cfg), so we set that
+            # first (BigDL keeps an existing value), on the driver and for executors. Executors must have the same
+            # env at the same path, as PYSPARK_PYTHON already requires.
+            "spark.executorEnv.PYTHONHOME": python_home(),
+            "spark.driver.extraJavaOptions": SPARK_LOG4J2_DEFAULTS,
+            "spark.executor.extraJavaOptions": SPARK_LOG4J2_DEFAULTS,
+            # Workaround (Python worker reuse): after a failed job, later Python jobs of the session failed with
+            # "java.net.SocketException: Socket is closed" (PythonRunner.compute), in 3 of 4 slow test runs with reuse
+            # and 0 of 4 without. Most likely Spark 3.5's task monitor: a task killed when its job aborts has often
+            # already released its worker to the idle pool (Orca's tasks do JVM work after the Python part), and
+            # destroyPythonWorker then closes that pooled socket without removing it. Without reuse every task gets
+            # a fresh worker forked by the daemon (each task re-imports openvino; Orca imports it per task anyway).
+            "spark.python.worker.reuse": "false",
+        }
+    )
     natives = installed_native_library_dir()
     # MKL and OpenCV from the env, not extracted under /tmp by every JVM: see pipelines.engines.bigdl_natives
     if natives:
@@ -168,13 +188,15 @@ def bigdl_spark_conf(master: str, conf: dict | None = None) -> dict[str, str]:
 
 
 def bigdl_job_session(spark: SparkSettings) -> SparkSession:
-    """The bigdl engine's session for a job (the native engine's: pipelines.spark.spark_session.job_session): BigDL's jars
+    """The bigdl engine's session for a job (the native engine's: pipelines.spark.spark_session.job_session): BigDL's
+    jars
     and settings; fails on the driver, naming the install command, without BigDL."""
     return bigdl_python_env(spark.master, spark.app_name, {str(k): str(v) for k, v in spark.conf.items()})
 
 
-def bigdl_python_env(master: str = "local[2]", app_name: str = "sparkseg-bigdl", conf: dict | None = None,
-                     log_path: str | None = None) -> SparkSession:
+def bigdl_python_env(
+    master: str = "local[2]", app_name: str = "sparkseg-bigdl", conf: dict | None = None, log_path: str | None = None
+) -> SparkSession:
     """A SparkSession ready for BigDL: PYTHONHOME fix, BigDL's jars and settings, BigDL's engine initialised.
 
     Creates the session (BigDL's jars must be on the JVM classpath when it starts) with `master`, then runs
@@ -203,21 +225,25 @@ def bigdl_python_env(master: str = "local[2]", app_name: str = "sparkseg-bigdl",
         # cluster on the same machine layout find them through extraClassPath (BigDL's init_spark_standalone
         # does the same); under spark-submit, its options (spark_submit_args) win.
         settings = {"spark.executor.extraClassPath": get_bigdl_classpath(), **bigdl_spark_conf(master, conf)}
-        if os.environ.get("PYSPARK_GATEWAY_PORT"):    # started by spark-submit: its master and settings win
+        if os.environ.get("PYSPARK_GATEWAY_PORT"):  # started by spark-submit: its master and settings win
             SparkContext._ensure_initialized()
             if not bigdl_on_classpath(SparkContext._jvm):
-                raise BigDLNotOnClasspath("the bigdl engine under spark-submit needs BigDL's jars on the JVM's "
-                                          "classpath from its start: add these options to spark-submit (before the "
-                                          "job script): " + shlex.join(spark_submit_args()) + "  (the same as "
-                                          "$(python -m pipelines.engines.bigdl_engine --spark-submit-args))")
+                raise BigDLNotOnClasspath(
+                    "the bigdl engine under spark-submit needs BigDL's jars on the JVM's "
+                    "classpath from its start: add these options to spark-submit (before the "
+                    "job script): " + shlex.join(spark_submit_args()) + "  (the same as "
+                    "$(python -m pipelines.engines.bigdl_engine --spark-submit-args))"
+                )
             submitted = submitted_conf()
             master = submitted.get("spark.master", master)
             app_name = submitted_app_name(submitted, app_name)
             settings = {key: value for key, value in settings.items() if key not in submitted}
         missing = missing_cluster_settings(master, {**dict(SparkConf().getAll()), **settings})
         if missing:
-            raise ConfigError(f"the bigdl engine on {master} needs {missing} (BigDL's Engine.init sizes its thread "
-                             "pools from them and refuses to start without)")
+            raise ConfigError(
+                f"the bigdl engine on {master} needs {missing} (BigDL's Engine.init sizes its thread "
+                "pools from them and refuses to start without)"
+            )
         spark_conf = bigdl_init_spark_conf(settings).setMaster(master).setAppName(app_name)
         session = SparkSession.builder.config(conf=spark_conf).getOrCreate()
     else:
@@ -252,8 +278,14 @@ def missing_cluster_settings(master: str, settings: dict) -> str | None:
     absent = [key for key in needed if not str(settings.get(key, "")).strip()]
     if not absent:
         return None
-    return (", ".join(absent) + ": add " + " ".join(f"`--conf {key}=...`" for key in absent)
-            + " to the job's arguments, or " + " ".join(needed[key] for key in absent) + " to spark-submit")
+    return (
+        ", ".join(absent)
+        + ": add "
+        + " ".join(f"`--conf {key}=...`" for key in absent)
+        + " to the job's arguments, or "
+        + " ".join(needed[key] for key in absent)
+        + " to spark-submit"
+    )
 
 
 def _take_submit_args() -> list[str]:
@@ -292,9 +324,10 @@ def _restore_submit_args(inherited: list[str]) -> None:
         mine = inherited.index("--driver-class-path") + 1
         theirs = written.index("--driver-class-path") + 1
         written[theirs] = written[theirs] + ":" + inherited[mine]
-        inherited = inherited[:mine - 1] + inherited[mine + 1:]
-    os.environ["PYSPARK_SUBMIT_ARGS"] = shlex.join(inherited + [t for t in written if t != "pyspark-shell"]
-                                                   + ["pyspark-shell"])
+        inherited = inherited[: mine - 1] + inherited[mine + 1 :]
+    os.environ["PYSPARK_SUBMIT_ARGS"] = shlex.join(
+        inherited + [t for t in written if t != "pyspark-shell"] + ["pyspark-shell"]
+    )
 
 
 def _check_local_workers_python(master: str) -> None:
@@ -302,8 +335,10 @@ def _check_local_workers_python(master: str) -> None:
     (a PYSPARK_PYTHON left pointing at the main venv gives workers with pyspark 4 and numpy 2)."""
     workers = os.environ["PYSPARK_PYTHON"]
     if master.startswith("local") and os.path.abspath(workers) != os.path.abspath(sys.executable):
-        raise ConfigError(f"PYSPARK_PYTHON={workers} but the bigdl engine runs in {sys.executable}: its Python "
-                         f"workers must run the same env; set PYSPARK_PYTHON={sys.executable} (or unset it)")
+        raise ConfigError(
+            f"PYSPARK_PYTHON={workers} but the bigdl engine runs in {sys.executable}: its Python "
+            f"workers must run the same env; set PYSPARK_PYTHON={sys.executable} (or unset it)"
+        )
 
 
 def _redirect_bigdl_log(log_path: str) -> None:
@@ -320,9 +355,11 @@ def _redirect_bigdl_log(log_path: str) -> None:
 
 def _check_bigdl_on_classpath(session: SparkSession) -> None:
     if not bigdl_on_classpath(session.sparkContext._jvm):
-        raise BigDLNotOnClasspath("a SparkSession without BigDL's jars is already running: call "
-                                  "pipelines.engines.bigdl_engine.bigdl_python_env() before any other session is "
-                                  "created (BigDL's jars must be on the classpath when the JVM starts)")
+        raise BigDLNotOnClasspath(
+            "a SparkSession without BigDL's jars is already running: call "
+            "pipelines.engines.bigdl_engine.bigdl_python_env() before any other session is "
+            "created (BigDL's jars must be on the classpath when the JVM starts)"
+        )
 
 
 # ------------------------------------------------------------------------------------------------------- images
@@ -336,12 +373,21 @@ def to_image_schema(df: DataFrame, image_col: str = "image") -> DataFrame:
     mode=16 (CV_8UC3), data). `data` is in BGR order: OpenCV's (and so Spark's and BigDL's) channel order for
     CV_8UC3; BigDL's ImageFeature wraps the bytes in an OpenCV Mat as they are.
     """
-    _require_columns(df, ("path", "height", "width", "rgb"), "to_image_schema",
-                     "decode the image bytes first (pipelines.ops.image_decode)")
+    _require_columns(
+        df,
+        ("path", "height", "width", "rgb"),
+        "to_image_schema",
+        "decode the image bytes first (pipelines.ops.image_decode)",
+    )
     bgr = _rgb_to_bgr_udf()(F.col("path"), F.col("height").cast("int"), F.col("width").cast("int"), F.col("rgb"))
-    image = F.struct(F.col("path").alias("origin"), F.col("height").cast("int").alias("height"),
-                     F.col("width").cast("int").alias("width"), F.lit(3).alias("nChannels"),
-                     F.lit(CV_8UC3).alias("mode"), bgr.alias("data"))
+    image = F.struct(
+        F.col("path").alias("origin"),
+        F.col("height").cast("int").alias("height"),
+        F.col("width").cast("int").alias("width"),
+        F.lit(3).alias("nChannels"),
+        F.lit(CV_8UC3).alias("mode"),
+        bgr.alias("data"),
+    )
     return df.withColumn(image_col, image.cast(IMAGE_STRUCT)).drop("rgb")
 
 
@@ -357,8 +403,10 @@ def _rgb_to_bgr_udf():
         for path, height, width, rgb in zip(paths, heights, widths, rgbs):
             if rgb is None or len(rgb) != height * width * 3:
                 size = None if rgb is None else len(rgb)
-                raise ValueError(f"to_image_schema: image '{path}': rgb has {size} bytes, expected "
-                                 f"height*width*3 = {height}*{width}*3; decode it with pipelines.ops.image_decode")
+                raise ValueError(
+                    f"to_image_schema: image '{path}': rgb has {size} bytes, expected "
+                    f"height*width*3 = {height}*{width}*3; decode it with pipelines.ops.image_decode"
+                )
             out.append(np.frombuffer(rgb, dtype=np.uint8).reshape(-1, 3)[:, ::-1].tobytes())
         return pd.Series(out, dtype=object)
 
@@ -382,16 +430,26 @@ def nnimage_reader_images(spark: SparkSession, uri: str, partitions: int, image_
     images = images.repartition(partitions)
     if image_col != "image":
         images = images.withColumnRenamed("image", image_col)
-    return images.select(F.col(f"{image_col}.origin").alias("path"), F.col(f"{image_col}.height").alias("height"),
-                         F.col(f"{image_col}.width").alias("width"), F.col(image_col))
+    return images.select(
+        F.col(f"{image_col}.origin").alias("path"),
+        F.col(f"{image_col}.height").alias("height"),
+        F.col(f"{image_col}.width").alias("width"),
+        F.col(image_col),
+    )
 
 
 # --------------------------------------------------------------------------------------------------- preprocess
 
 
-def bigdl_preprocess(df_images: DataFrame, size: int | tuple[int, int], mean_rgb: tuple[float, float, float],
-                     std_rgb: tuple[float, float, float], image_col: str = "image", output_col: str = "chw",
-                     batch_size: int = 8) -> DataFrame:
+def bigdl_preprocess(
+    df_images: DataFrame,
+    size: int | tuple[int, int],
+    mean_rgb: tuple[float, float, float],
+    std_rgb: tuple[float, float, float],
+    image_col: str = "image",
+    output_col: str = "chw",
+    batch_size: int = 8,
+) -> DataFrame:
     """Image struct -> `output_col`: array<float> [3*S_h*S_w], the network input in CHW order, RGB, normalized.
 
     size: S or (S_h, S_w). mean_rgb/std_rgb: per channel in R, G, B order, on the 0..255 scale (YOLACT: mean
@@ -423,28 +481,40 @@ def bigdl_preprocess(df_images: DataFrame, size: int | tuple[int, int], mean_rgb
     std_r, std_g, std_b = (float(v) for v in _three("std_rgb", std_rgb))
     if min(std_r, std_g, std_b) <= 0:
         raise ValueError(f"bigdl_preprocess: std_rgb must be positive, got {std_rgb}")
-    _require_columns(df_images, (image_col,), "bigdl_preprocess",
-                     "build the image struct with to_image_schema() or nnimage_reader_images()")
+    _require_columns(
+        df_images,
+        (image_col,),
+        "bigdl_preprocess",
+        "build the image struct with to_image_schema() or nnimage_reader_images()",
+    )
 
     import numpy as np
     from bigdl.dllib.feature.common import ChainedPreprocessing
-    from bigdl.dllib.feature.image import (ImageChannelNormalize, ImageFeatureToTensor, ImageMatToTensor,
-                                           ImageResize, RowToImageFeature)
+    from bigdl.dllib.feature.image import (
+        ImageChannelNormalize,
+        ImageFeatureToTensor,
+        ImageMatToTensor,
+        ImageResize,
+        RowToImageFeature,
+    )
     from bigdl.dllib.nn.layer import Mul, Reshape, Sequential
     from bigdl.dllib.nnframes import NNModel
 
-    preprocessing = ChainedPreprocessing([
-        RowToImageFeature(),
-        ImageResize(height, width),  # resize_mode=1: INTER_LINEAR
-        ImageChannelNormalize(mean_b, mean_g, mean_r, std_b, std_g, std_r),  # BGR order (the Mat's)
-        ImageMatToTensor(to_RGB=True),  # [3, H, W], channels flipped to RGB
-        ImageFeatureToTensor(),
-    ])
+    preprocessing = ChainedPreprocessing(
+        [
+            RowToImageFeature(),
+            ImageResize(height, width),  # resize_mode=1: INTER_LINEAR
+            ImageChannelNormalize(mean_b, mean_g, mean_r, std_b, std_g, std_r),  # BGR order (the Mat's)
+            ImageMatToTensor(to_RGB=True),  # [3, H, W], channels flipped to RGB
+            ImageFeatureToTensor(),
+        ]
+    )
     identity = Mul()
     identity.set_weights([np.ones((1,), dtype=np.float32)])
     model = Sequential().add(identity).add(Reshape([3 * height * width], batch_mode=True))
-    nn_model = (NNModel(model, preprocessing).setFeaturesCol(image_col).setPredictionCol(output_col)
-                .setBatchSize(batch_size))
+    nn_model = (
+        NNModel(model, preprocessing).setFeaturesCol(image_col).setPredictionCol(output_col).setBatchSize(batch_size)
+    )
     out = nn_model.transform(df_images)
     for name in ("path", "height", "width"):
         if name not in out.columns:
@@ -482,9 +552,11 @@ def ir_input_shape(ir_xml_path: str | Path) -> list[int]:
 
     model = ov.Core().read_model(str(ir_xml_path))
     if len(model.inputs) != 1 or model.inputs[0].get_partial_shape().is_dynamic:
-        raise ValueError(f"bigdl_predict: {ir_xml_path} must have one static input, got "
-                         f"{[str(i.get_partial_shape()) for i in model.inputs]}; export it with a fixed "
-                         "input shape (python -m model_export ...)")
+        raise ValueError(
+            f"bigdl_predict: {ir_xml_path} must have one static input, got "
+            f"{[str(i.get_partial_shape()) for i in model.inputs]}; export it with a fixed "
+            "input shape (python -m model_export ...)"
+        )
     shape = [int(d) for d in model.inputs[0].get_partial_shape().to_shape()]
     if len(shape) != 4:
         raise ValueError(f"bigdl_predict: {ir_xml_path} input must be [N, C, H, W], got {shape}")
@@ -500,8 +572,10 @@ def nested_chw(flat_col: str, channels: int, height: int, width: int) -> Column:
     round trip through a Python worker.
     """
     plane = height * width
-    return F.expr(f"transform(sequence(0, {channels - 1}), c -> transform(sequence(0, {height - 1}), "
-                  f"h -> slice({_sql_name(flat_col)}, c * {plane} + h * {width} + 1, {width})))")
+    return F.expr(
+        f"transform(sequence(0, {channels - 1}), c -> transform(sequence(0, {height - 1}), "
+        f"h -> slice({_sql_name(flat_col)}, c * {plane} + h * {width} + 1, {width})))"
+    )
 
 
 class Predictions(NamedTuple):
@@ -512,8 +586,9 @@ class Predictions(NamedTuple):
     persisted_input: DataFrame
 
 
-def bigdl_predict(df: DataFrame, ir_xml_path: str | Path, input_col: str = "chw", batch_size: int = 1,
-                  precision: str = "f32") -> Predictions:
+def bigdl_predict(
+    df: DataFrame, ir_xml_path: str | Path, input_col: str = "chw", batch_size: int = 1, precision: str = "f32"
+) -> Predictions:
     """Run an OpenVINO IR over `input_col` with Orca's Estimator.from_openvino (the IR is broadcast to executors).
 
     input_col: array<float> [C*H*W] as bigdl_preprocess gives it, matching the IR input [1, C, H, W].
@@ -540,15 +615,18 @@ def bigdl_predict(df: DataFrame, ir_xml_path: str | Path, input_col: str = "chw"
         raise ValueError(f"bigdl_predict: batch_size must be >= 1, got {batch_size}")
     ir_xml_path = str(ir_xml_path)
     if not Path(ir_xml_path).is_file() or not Path(ir_xml_path).with_suffix(".bin").is_file():
-        raise FileNotFoundError(f"bigdl_predict: IR {ir_xml_path} (and its .bin) not found; export one with "
-                                "python -m model_export")
+        raise FileNotFoundError(
+            f"bigdl_predict: IR {ir_xml_path} (and its .bin) not found; export one with python -m model_export"
+        )
     _require_columns(df, (input_col,), "bigdl_predict", "run bigdl_preprocess() first")
     _, channels, height, width = ir_input_shape(ir_xml_path)
     outputs = ir_outputs(ir_xml_path)
     clashes = [name for name, _, _ in outputs if name in df.columns]
     if clashes:
-        raise ValueError(f"bigdl_predict: the IR's output names {clashes} are already columns of the input; "
-                         "rename or drop those columns first")
+        raise ValueError(
+            f"bigdl_predict: the IR's output names {clashes} are already columns of the input; "
+            "rename or drop those columns first"
+        )
 
     if batch_size > 1:
         _check_batch_reshape(ir_xml_path, batch_size)
@@ -560,18 +638,30 @@ def bigdl_predict(df: DataFrame, ir_xml_path: str | Path, input_col: str = "chw"
     # std::map, so they come sorted by name, not in the IR's order. We map them back by name.
     legacy_names = {legacy for _, legacy, _ in outputs}
     if set(estimator.output_dict) != legacy_names:
-        raise RuntimeError(f"bigdl_predict: cannot map the IR's outputs {sorted(legacy_names)} to the legacy "
-                           f"API's {sorted(estimator.output_dict)}")
+        raise RuntimeError(
+            f"bigdl_predict: cannot map the IR's outputs {sorted(legacy_names)} to the legacy "
+            f"API's {sorted(estimator.output_dict)}"
+        )
     expected = channels * height * width
-    size_error = F.raise_error(F.concat(
-        F.lit(f"bigdl_predict: column '{input_col}' has "), F.size(input_col).cast("string"),
-        F.lit(f" values, the IR {Path(ir_xml_path).name} needs {expected} ({channels}x{height}x{width}): "
-              f"preprocess with size=({height}, {width})")))
+    size_error = F.raise_error(
+        F.concat(
+            F.lit(f"bigdl_predict: column '{input_col}' has "),
+            F.size(input_col).cast("string"),
+            F.lit(
+                f" values, the IR {Path(ir_xml_path).name} needs {expected} ({channels}x{height}x{width}): "
+                f"preprocess with size=({height}, {width})"
+            ),
+        )
+    )
     nested_col = f"__{input_col}_nested"
-    feed = (df.withColumn(nested_col, F.when(F.size(input_col) == expected,
-                                             nested_chw(input_col, channels, height, width))
-                          .otherwise(size_error)).drop(input_col)
-            .persist(StorageLevel.MEMORY_AND_DISK))
+    feed = (
+        df.withColumn(
+            nested_col,
+            F.when(F.size(input_col) == expected, nested_chw(input_col, channels, height, width)).otherwise(size_error),
+        )
+        .drop(input_col)
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
     config = {"CPU_THREADS_NUM": str(estimator.core_num), "CPU_BIND_THREAD": "HYBRID_AWARE"}  # Orca's defaults
     if PRECISION_HINTS[precision]:
         config["INFERENCE_PRECISION_HINT"] = PRECISION_HINTS[precision]
@@ -598,8 +688,10 @@ def _check_batch_reshape(ir_xml_path: str, batch_size: int) -> None:
         network.batch_size = batch_size
         engine.load_network(network=network, device_name="CPU", num_requests=1)
     except RuntimeError as error:
-        raise ValueError(f"bigdl_predict: {Path(ir_xml_path).name} cannot run batches of {batch_size} "
-                         f"({str(error).strip().splitlines()[-1]}); use batch_size=1") from error
+        raise ValueError(
+            f"bigdl_predict: {Path(ir_xml_path).name} cannot run batches of {batch_size} "
+            f"({str(error).strip().splitlines()[-1]}); use batch_size=1"
+        ) from error
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
@@ -623,8 +715,10 @@ def _sql_name(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-if __name__ == "__main__":   # python -m pipelines.engines.bigdl_engine --spark-submit-args
+if __name__ == "__main__":  # python -m pipelines.engines.bigdl_engine --spark-submit-args
     if sys.argv[1:] != ["--spark-submit-args"]:
-        sys.exit("usage: python -m pipelines.engines.bigdl_engine --spark-submit-args  (prints spark-submit's "
-                 "options for BigDL's jars)")
+        sys.exit(
+            "usage: python -m pipelines.engines.bigdl_engine --spark-submit-args  (prints spark-submit's "
+            "options for BigDL's jars)"
+        )
     print(shlex.join(spark_submit_args()))

@@ -7,11 +7,12 @@ The paper's stages, with BigDL's own classes (pipelines.engines.bigdl_engine):
   -> Orca Estimator.from_openvino predict (the IR broadcast to every worker)
   -> the family's postprocess (the same numpy code as the native engine) -> masks written, rows out.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -21,8 +22,14 @@ from pyspark.sql import functions as F
 
 from pipelines.engines.bigdl_engine import CV_8UC3, bigdl_predict, bigdl_preprocess, ir_outputs
 from pipelines.inference.executor_cache import LazyModel
-from pipelines.inference.image_inference import (RESULT_COLUMNS, ImageInference,
-                                                 fail, load_executor_model, new_row, timed)
+from pipelines.inference.image_inference import (
+    RESULT_COLUMNS,
+    ImageInference,
+    fail,
+    load_executor_model,
+    new_row,
+    timed,
+)
 from pipelines.ops.image_decode import decode_image
 from pipelines.results.result_schema import FRAME_COLUMNS, INSTANCES_TYPE, RESULT_SCHEMA
 
@@ -59,9 +66,18 @@ class DecodeForBigDL:
                         rgb = decode_image(bytes(data), record.path, self.task.max_image_pixels)
                         height, width = int(rgb.shape[0]), int(rgb.shape[1])
                         # BigDL wraps `data` in an OpenCV Mat as it is: CV_8UC3 means BGR order.
-                        row.update(height=height, width=width, image={
-                            "origin": record.path, "height": height, "width": width, "nChannels": 3,
-                            "mode": CV_8UC3, "data": np.ascontiguousarray(rgb[..., ::-1]).tobytes()})
+                        row.update(
+                            height=height,
+                            width=width,
+                            image={
+                                "origin": record.path,
+                                "height": height,
+                                "width": width,
+                                "nChannels": 3,
+                                "mode": CV_8UC3,
+                                "data": np.ascontiguousarray(rgb[..., ::-1]).tobytes(),
+                            },
+                        )
                 except Exception as err:  # noqa: BLE001  (every failure becomes an error row)
                     fail(row, err)
                 out.append(row)
@@ -70,8 +86,18 @@ class DecodeForBigDL:
             guard.done()
 
 
-DECODED_COLUMNS = ["path", "size", "modification_time", "height", "width", "image", "error_stage", "error_type",
-                   "error_message", "timings"]
+DECODED_COLUMNS = [
+    "path",
+    "size",
+    "modification_time",
+    "height",
+    "width",
+    "image",
+    "error_stage",
+    "error_type",
+    "error_message",
+    "timings",
+]
 
 
 @dataclass(frozen=True)
@@ -79,12 +105,13 @@ class PostprocessRaw:
     """mapInPandas: the IR's flat outputs (one array<float> column per output) -> result rows."""
 
     task: ImageInference
-    output_shapes: dict      # tensor name -> shape without the batch axis
+    output_shapes: dict  # tensor name -> shape without the batch axis
 
     def __call__(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         task = self.task
-        model = LazyModel((task.model_sha256, "arrays"),
-                          lambda: load_executor_model(task.model_dir, task.model_sha256, None))()
+        model = LazyModel(
+            (task.model_sha256, "arrays"), lambda: load_executor_model(task.model_dir, task.model_sha256, None)
+        )()
         names = model.manifest.outputs
         resumed = time.perf_counter()
         for batch in batches:
@@ -93,11 +120,16 @@ class PostprocessRaw:
             rows = []
             for record in batch.itertuples(index=False):
                 row = new_row(record)
-                row.update(width=int(record.width), height=int(record.height),
-                           timings={**dict(record.timings), "infer_s": infer_s})
+                row.update(
+                    width=int(record.width),
+                    height=int(record.height),
+                    timings={**dict(record.timings), "infer_s": infer_s},
+                )
                 try:
-                    raw = {role: np.asarray(getattr(record, name), dtype=np.float32).reshape(self.output_shapes[name])
-                           for role, name in names.items()}
+                    raw = {
+                        role: np.asarray(getattr(record, name), dtype=np.float32).reshape(self.output_shapes[name])
+                        for role, name in names.items()
+                    }
                     task.postprocess_one(row, raw, model)
                     row["status"] = "ok"
                 except Exception as err:  # noqa: BLE001
@@ -109,20 +141,29 @@ class PostprocessRaw:
             resumed = time.perf_counter()
 
 
-def bigdl_results(wave: DataFrame, task: ImageInference, manifest,
-                  precision: str) -> tuple[DataFrame, list[DataFrame]]:
+def bigdl_results(wave: DataFrame, task: ImageInference, manifest, precision: str) -> tuple[DataFrame, list[DataFrame]]:
     """The wave's images through BigDL preprocessing and Orca's OpenVINO Estimator: (RESULT_SCHEMA rows, the
     frames persisted for them: unpersist those once the rows are written). `decoded` feeds two branches (images,
     error rows): persisted, each image is decoded once; bigdl_predict persists its own input (see there)."""
     decoded = wave.mapInPandas(DecodeForBigDL(task), DECODED_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
-    failed = (decoded.where("image IS NULL")
-              .select("path", F.lit("error").alias("status"), "width", "height",
-                      F.lit(None).cast(INSTANCES_TYPE).alias("instances"),
-                      F.lit(None).cast("string").alias("mask_path"), "error_stage", "error_type", "error_message",
-                      "size", "modification_time",
-                      *[F.lit(None).cast(kind).alias(name) for name, kind in FRAME_COLUMNS.items()], "timings"))
-    images = decoded.where("image IS NOT NULL").select("path", "size", "modification_time", "height", "width",
-                                                       "timings", "image")
+    failed = decoded.where("image IS NULL").select(
+        "path",
+        F.lit("error").alias("status"),
+        "width",
+        "height",
+        F.lit(None).cast(INSTANCES_TYPE).alias("instances"),
+        F.lit(None).cast("string").alias("mask_path"),
+        "error_stage",
+        "error_type",
+        "error_message",
+        "size",
+        "modification_time",
+        *[F.lit(None).cast(kind).alias(name) for name, kind in FRAME_COLUMNS.items()],
+        "timings",
+    )
+    images = decoded.where("image IS NOT NULL").select(
+        "path", "size", "modification_time", "height", "width", "timings", "image"
+    )
     height, width = manifest.input_size
     chw = bigdl_preprocess(images, (height, width), tuple(manifest.input["mean"]), tuple(manifest.input["std"]))
     xml = manifest.path("ir_xml")

@@ -11,6 +11,7 @@ back to BigDL's own extraction.
 
     python -m pipelines.engines.bigdl_natives      # run by scripts/make_bigdl_env.sh inside the BigDL env
 """
+
 from __future__ import annotations
 
 import glob
@@ -52,8 +53,10 @@ def bigdl_core_jar() -> Path:
 
     jars = sorted(glob.glob(os.path.join(os.path.dirname(core_lib.__file__), "all-*.jar")))
     if not jars:
-        raise FileNotFoundError(f"no BigDL core jar (all-*.jar) in {os.path.dirname(core_lib.__file__)}: "
-                                "rebuild the env with `make bigdl-env`")
+        raise FileNotFoundError(
+            f"no BigDL core jar (all-*.jar) in {os.path.dirname(core_lib.__file__)}: "
+            "rebuild the env with `make bigdl-env`"
+        )
     return Path(jars[-1])
 
 

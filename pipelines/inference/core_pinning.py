@@ -13,6 +13,7 @@ executor and job of this user on the host take different cores; a worker that ex
 with its file descriptors. Where fewer than `count` cores are free (more workers than cores), the worker stays
 unpinned and says so in the executor log.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-_CLAIMED: dict[int, int] = {}   # this process's cores -> their lock file descriptors (open for its lifetime)
+_CLAIMED: dict[int, int] = {}  # this process's cores -> their lock file descriptors (open for its lifetime)
 
 
 def default_lock_dir() -> Path:
@@ -35,8 +36,10 @@ def pin_to_free_cores(count: int, lock_dir: Path | None = None) -> set[int] | No
     if _CLAIMED:
         return set(_CLAIMED)
     if not hasattr(os, "sched_setaffinity"):
-        log.warning("inference.pin_cores: this platform cannot pin a process to cores (no sched_setaffinity): "
-                    "the worker stays unpinned")
+        log.warning(
+            "inference.pin_cores: this platform cannot pin a process to cores (no sched_setaffinity): "
+            "the worker stays unpinned"
+        )
         return None
     lock_dir = lock_dir or default_lock_dir()
     lock_dir.mkdir(parents=True, exist_ok=True)
@@ -54,14 +57,18 @@ def pin_to_free_cores(count: int, lock_dir: Path | None = None) -> set[int] | No
     if len(claimed) < count:
         for fd in claimed.values():
             os.close(fd)
-        log.info("inference.pin_cores: fewer than %d free cores among %s (lock files in %s): this worker stays "
-                 "unpinned", count, sorted(os.sched_getaffinity(0)), lock_dir)
+        log.info(
+            "inference.pin_cores: fewer than %d free cores among %s (lock files in %s): this worker stays unpinned",
+            count,
+            sorted(os.sched_getaffinity(0)),
+            lock_dir,
+        )
         return None
     _CLAIMED.update(claimed)
-    for thread in os.listdir("/proc/self/task"):   # threads started earlier (a previous model's) too
+    for thread in os.listdir("/proc/self/task"):  # threads started earlier (a previous model's) too
         try:
             os.sched_setaffinity(int(thread), claimed)
-        except OSError:   # the thread ended meanwhile
+        except OSError:  # the thread ended meanwhile
             pass
     log.info("inference.pin_cores: worker %d runs on cores %s", os.getpid(), sorted(claimed))
     return set(claimed)

@@ -10,6 +10,7 @@ the task, and the job, go on. The images in flight at an earlier death (suspects
 so a second death names its image alone. Once a wave's results are committed, its markers have no more use: the
 job removes the markers directory (remove_markers), with any that a killed run left behind.
 """
+
 from __future__ import annotations
 
 import collections
@@ -28,8 +29,9 @@ def remove_markers(output: Location) -> None:
     try:
         (output / MARKER_DIR).remove_tree()
     except Exception as err:  # noqa: BLE001 (storage errors of any store)
-        logging.getLogger(__name__).warning("could not remove %s: %s: %s", (output / MARKER_DIR).uri,
-                                            type(err).__name__, err)
+        logging.getLogger(__name__).warning(
+            "could not remove %s: %s: %s", (output / MARKER_DIR).uri, type(err).__name__, err
+        )
 
 
 class PoisonImage(SparkSegError, RuntimeError):
@@ -43,7 +45,7 @@ class CrashGuard:
     scope: Location
     threshold: int = 2
 
-    def for_task(self) -> "TaskCrashGuard":
+    def for_task(self) -> TaskCrashGuard:
         from pyspark import TaskContext
 
         context = TaskContext.get()
@@ -60,7 +62,7 @@ class TaskCrashGuard:
         self.guard = guard
         self.marker = directory / f"attempt-{attempt_id:012d}"
         earlier = self._read_earlier(directory, attempt_id)
-        self.retried = earlier is not None   # an earlier attempt of this task ran (and died or failed)
+        self.retried = earlier is not None  # an earlier attempt of this task ran (and died or failed)
         self.crashes = collections.Counter(earlier or [])
 
     @staticmethod
@@ -72,7 +74,7 @@ class TaskCrashGuard:
         except FileNotFoundError:
             return None
         names = sorted(uri.rstrip("/").rpartition("/")[2] for uri in uris)
-        earlier = [name for name in names if name.startswith("attempt-") and int(name[len("attempt-"):]) < attempt_id]
+        earlier = [name for name in names if name.startswith("attempt-") and int(name[len("attempt-") :]) < attempt_id]
         if not earlier:
             return None
         keys = []
@@ -85,8 +87,10 @@ class TaskCrashGuard:
         attempts died."""
         crashes = self.crashes.get(key, 0)
         if crashes >= self.guard.threshold:
-            raise PoisonImage(f"{key}: crashed its Python worker in {crashes} task attempts; skipped so the job can "
-                              "go on. Check the file (a decoder bug or a malicious image) and remove or re-encode it")
+            raise PoisonImage(
+                f"{key}: crashed its Python worker in {crashes} task attempts; skipped so the job can "
+                "go on. Check the file (a decoder bug or a malicious image) and remove or re-encode it"
+            )
 
     def suspected(self, key: str) -> bool:
         """Was `key` in flight when an earlier attempt died? (Then it goes in a group of its own.)"""

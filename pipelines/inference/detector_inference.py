@@ -5,18 +5,27 @@ and per-class NMS; its outputs are a fixed number of rows in network-input pixel
 padding and anything at or below the manifest's score threshold, scale boxes to the original image. Boxes only
 (mask None), no label map. `output.score_threshold` (when set) replaces the manifest's score_thresh.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.ops import yolact_postprocess as yp
 from pipelines.inference.image_inference import ExecutorModel, ImageInference, timed
+from pipelines.ops import yolact_postprocess as yp
 
 
-def detector_instances(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, input_size: tuple[int, int],
-                       width: int, height: int, score_thresh: float, class_names: tuple[str, ...]) -> list[dict]:
+def detector_instances(
+    boxes: np.ndarray,
+    scores: np.ndarray,
+    labels: np.ndarray,
+    input_size: tuple[int, int],
+    width: int,
+    height: int,
+    score_thresh: float,
+    class_names: tuple[str, ...],
+) -> list[dict]:
     """One image's raw outputs -> instances in original-image pixels, in the graph's (descending score) order.
 
     boxes: [D, 4] x1y1x2y2 in network-input pixels; scores: [D]; labels: [D] 1-based (0: background / padding).
@@ -34,10 +43,15 @@ def detector_instances(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray
     instances = []
     for box, score, label in zip(pixels, scores[keep], labels[keep]):
         class_id = int(label) - 1
-        instances.append({
-            "class_id": class_id,
-            "class_name": class_names[class_id] if class_id < len(class_names) else str(class_id),
-            "score": float(score), "box": [int(v) for v in box], "mask": None})
+        instances.append(
+            {
+                "class_id": class_id,
+                "class_name": class_names[class_id] if class_id < len(class_names) else str(class_id),
+                "score": float(score),
+                "box": [int(v) for v in box],
+                "mask": None,
+            }
+        )
     return instances
 
 
@@ -49,5 +63,12 @@ class DetectorInference(ImageInference):
         with timed(row, "postprocess"):
             _, _, in_height, in_width = self.input_spec["shape"]
             row["instances"] = detector_instances(
-                raw["boxes"], raw["scores"], raw["labels"], (int(in_height), int(in_width)), row["width"],
-                row["height"], self.written_score_threshold("score_thresh"), self.class_names)
+                raw["boxes"],
+                raw["scores"],
+                raw["labels"],
+                (int(in_height), int(in_width)),
+                row["width"],
+                row["height"],
+                self.written_score_threshold("score_thresh"),
+                self.class_names,
+            )

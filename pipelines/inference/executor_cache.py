@@ -5,12 +5,14 @@ Bounded: at most `CAPACITY` models per worker, least recently used evicted first
 caches one model per worker). A long-lived worker that sees several models (a notebook trying exports, a sweep over
 precisions) keeps only the last few compiled: a YOLACT-R50 compiled by OpenVINO holds ~0.5 GB.
 """
+
 from __future__ import annotations
 
 import gc
 import threading
 from collections import OrderedDict
-from typing import Callable, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 T = TypeVar("T")
 CAPACITY = 2

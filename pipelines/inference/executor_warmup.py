@@ -12,18 +12,20 @@ numba's compiled loops once before it forks the workers): a 200-image run on 2 c
 Best effort: the warm-up has its own job group; a failure is logged at debug level (an inference task that loads
 the model reports any error as its own), and the job is cancelled if it is still running when the run ends.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
-JOB_GROUP_PREFIX = "sparkseg-warm-up-"   # + the run id: what the Spark UI and event logs show (sweeps skip it)
+JOB_GROUP_PREFIX = "sparkseg-warm-up-"  # + the run id: what the Spark UI and event logs show (sweeps skip it)
 
 
 class LoadModel:
@@ -66,7 +68,7 @@ class ExecutorWarmUp:
         except Exception as err:  # noqa: BLE001  (best effort: the inference tasks load the model themselves)
             log.debug("executor warm-up (%s) did not complete: %s", self.what, err)
 
-    def __enter__(self) -> "ExecutorWarmUp":
+    def __enter__(self) -> ExecutorWarmUp:
         self._thread = threading.Thread(target=self._run, name=self.group, daemon=True)
         self._thread.start()
         return self
@@ -78,7 +80,7 @@ class ExecutorWarmUp:
         if self._thread is None or not self._thread.is_alive():
             return
         ends_in_error = exc_type is not None and issubclass(exc_type, Exception)
-        if not ends_in_error and self._running():   # Spark warns on the console when it finds nothing to cancel
+        if not ends_in_error and self._running():  # Spark warns on the console when it finds nothing to cancel
             self.spark.sparkContext.cancelJobGroup(self.group)
         self._thread.join(timeout=60)
 

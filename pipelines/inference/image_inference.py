@@ -7,30 +7,35 @@ Per image: read (content column, or fetched from Azure on the executor) -> decod
 -> postprocess -> (optional) PNG label map under masks/. A failure at any stage becomes an error row for that image;
 the rest of the batch goes on.
 """
+
 from __future__ import annotations
 
 import collections
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from pipelines.io.storage import Location
-from pipelines.job_config import check_output_options
 from pipelines.inference.crash_guard import crash_groups
 from pipelines.inference.executor_cache import LazyModel
-from pipelines.ops.image_decode import decode_image, decode_image_reduced, reuse_decode_memory
 from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
-from pipelines.ops.preprocess import preprocess_rgb
-from pipelines.results.result_rows import (MAX_MESSAGE, RESULT_COLUMNS,  # noqa: F401
-                                   STAGES, fail, input_records, new_row, result_batch,
-                                   timed)   # (re-exported: the families and tests use them)
 from pipelines.inference.video_inference import is_segment, segment_rows
-
+from pipelines.io.storage import Location
+from pipelines.job_config import check_output_options
+from pipelines.ops.image_decode import decode_image, decode_image_reduced, reuse_decode_memory
+from pipelines.ops.preprocess import preprocess_rgb
+from pipelines.results.result_rows import (
+    RESULT_COLUMNS,  # noqa: F401
+    fail,
+    input_records,
+    new_row,
+    result_batch,
+    timed,
+)  # (re-exported: the families and tests use them)
 
 
 @dataclass
@@ -39,7 +44,7 @@ class ExecutorModel:
     arrays (YOLACT's priors)."""
 
     manifest: object
-    ir: CompiledIR | None          # None where another runtime runs the IR (the bigdl engine)
+    ir: CompiledIR | None  # None where another runtime runs the IR (the bigdl engine)
     arrays: dict
 
 
@@ -52,12 +57,14 @@ def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeS
     if not os.path.isdir(local_dir):
         from pyspark import SparkFiles
 
-        local_dir = SparkFiles.get(os.path.basename(model_dir.rstrip("/")) + ".zip")   # unpacked by addArchive
+        local_dir = SparkFiles.get(os.path.basename(model_dir.rstrip("/")) + ".zip")  # unpacked by addArchive
     manifest = load_manifest(local_dir, verify=True)
     reuse_decode_memory()
     if manifest.model_sha256 != expected_sha256:
-        raise ModelManifestError(f"{local_dir}: manifest sha256 {manifest.model_sha256[:12]} differs from the "
-                                 f"driver's {expected_sha256[:12]}: the model changed while the job ran")
+        raise ModelManifestError(
+            f"{local_dir}: manifest sha256 {manifest.model_sha256[:12]} differs from the "
+            f"driver's {expected_sha256[:12]}: the model changed while the job ran"
+        )
     arrays = {"priors": np.load(manifest.path("priors"))} if "priors" in manifest.data["files"] else {}
     ir = CompiledIR(manifest.path("ir_xml"), settings) if settings is not None else None
     return ExecutorModel(manifest, ir, arrays)
@@ -68,26 +75,26 @@ class ImageInference:
     """The mapInArrow function. Small and picklable: the model itself is loaded on the executor, once per
     Python worker, through LazyModel keyed by (model sha256, runtime settings)."""
 
-    model_dir: str                 # driver path; executors use SparkFiles.get(basename) when not shared
+    model_dir: str  # driver path; executors use SparkFiles.get(basename) when not shared
     model_sha256: str
     class_names: tuple[str, ...]
     input_spec: dict
     postprocess: dict
     settings: RuntimeSettings
-    output: Location               # the job's output (masks/ under it) and its credentials
+    output: Location  # the job's output (masks/ under it) and its credentials
     input_root: str
-    masks: str = "rle_and_png"     # one of job_config.MASK_OUTPUTS (families without masks ignore it)
-    score_threshold: float | None = None   # instances scoring above it are written; None: the manifest's threshold
-    jpeg_draft: bool = False       # decode JPEGs at a reduced DCT scale when the network input is much smaller
-                                   # (faster; changes the model's input pixels, so off by default: see README)
+    masks: str = "rle_and_png"  # one of job_config.MASK_OUTPUTS (families without masks ignore it)
+    score_threshold: float | None = None  # instances scoring above it are written; None: the manifest's threshold
+    jpeg_draft: bool = False  # decode JPEGs at a reduced DCT scale when the network input is much smaller
+    # (faster; changes the model's input pixels, so off by default: see README)
     max_image_pixels: int = 100_000_000
-    fetch_bytes: object = None     # callable(path) -> bytes for readers that don't ship `content` (Azure SDK)
-    progress: object = None        # a Spark accumulator of images processed, read by the driver's progress line
+    fetch_bytes: object = None  # callable(path) -> bytes for readers that don't ship `content` (Azure SDK)
+    progress: object = None  # a Spark accumulator of images processed, read by the driver's progress line
     # pipelines.inference.crash_guard.CrashGuard: poison images become errors, not job failures
     crash_guard: object = None
     # pipelines.inference.video_sources.VideoSettings: frame sampling of video segment units
     video: object = None
-    frames_per_batch: int = 8      # video frames per inference batch (inference.batch_size)
+    frames_per_batch: int = 8  # video frames per inference batch (inference.batch_size)
 
     def __post_init__(self) -> None:
         check_output_options(self.masks, self.score_threshold)
@@ -99,12 +106,14 @@ class ImageInference:
         return float(self.postprocess.get(manifest_key, 0.05))
 
     def model(self) -> ExecutorModel:
-        return LazyModel((self.model_sha256, self.settings),
-                         lambda: load_executor_model(self.model_dir, self.model_sha256, self.settings))()
+        return LazyModel(
+            (self.model_sha256, self.settings),
+            lambda: load_executor_model(self.model_dir, self.model_sha256, self.settings),
+        )()
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         guard = self.crash_guard.for_task() if self.crash_guard is not None else None
-        rewritten = []   # label maps a retried task wrote: an earlier attempt may have died writing them
+        rewritten = []  # label maps a retried task wrote: an earlier attempt may have died writing them
         for batch in batches:
             rows = self.process_batch(input_records(batch), guard)
             if guard is not None and guard.retried:
@@ -174,7 +183,7 @@ class ImageInference:
             _, _, in_height, in_width = self.input_spec["shape"]
             rgb, size = decode_image_reduced(data, path, (int(in_width), int(in_height)), self.max_image_pixels)
             return preprocess_rgb(rgb, self.input_spec), size
-        rgb = decode_image(data, path, self.max_image_pixels, shared_memory=True)   # [H, W, 3 or 4]
+        rgb = decode_image(data, path, self.max_image_pixels, shared_memory=True)  # [H, W, 3 or 4]
         return preprocess_rgb(rgb, self.input_spec), (int(rgb.shape[1]), int(rgb.shape[0]))
 
     def infer_and_postprocess(self, pending: list[tuple[dict, np.ndarray]]) -> None:
@@ -182,11 +191,11 @@ class ImageInference:
             model = self.model()
         except Exception as err:  # noqa: BLE001
             for row, _ in pending:
-                fail(row, err, stage="model")   # not the images' failure: the next run tries them again
+                fail(row, err, stage="model")  # not the images' failure: the next run tries them again
             return
         start = time.perf_counter()
         try:
-            outputs = model.ir.infer([tensor for _, tensor in pending])   # no stacked copy: each request copies its own
+            outputs = model.ir.infer([tensor for _, tensor in pending])  # no stacked copy: each request copies its own
         except Exception:  # noqa: BLE001  (isolate the image that breaks the batch)
             outputs = None
         per_image = (time.perf_counter() - start) / len(pending)

@@ -11,12 +11,13 @@ Two readers share one contract, a DataFrame with `path`, `size`, `modification_t
 Spark's file index lists on the driver and holds every file's status there (~1 KB per file: gigabytes of driver heap
 at 10^7 files); the driver holds at most DRIVER_LISTING_MAX_FILES names of a local listing, none of an azure_sdk one.
 """
+
 from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import unquote
 
 from pyspark import RDD, StorageLevel
@@ -26,19 +27,26 @@ from pyspark.sql import types as T
 
 from pipelines.errors import UsageError
 from pipelines.io.storage import spark_read_path, to_spark_uri
+from pipelines.io.uris import (
+    is_azure,
+    is_local,  # noqa: F401 (re-exported)
+    normalize_extensions,
+    store_of,
+    to_local_path,
+)
 from pipelines.ops.image_decode import NAME_NOT_UTF8, ImageDecodeError
-from pipelines.io.uris import (hadoop_path_string, is_azure, is_local,  # noqa: F401 (re-exported)
-                               normalize_extensions, store_of, to_local_path)
 from pipelines.spark.hash_partitioning import partition_keys
 from pipelines.spark.java_errors import unreachable_storage
 
-LISTING_SCHEMA = T.StructType([
-    T.StructField("path", T.StringType(), False),
-    T.StructField("size", T.LongType(), False),
-    T.StructField("modification_time", T.TimestampType(), True),
-])
+LISTING_SCHEMA = T.StructType(
+    [
+        T.StructField("path", T.StringType(), False),
+        T.StructField("size", T.LongType(), False),
+        T.StructField("modification_time", T.TimestampType(), True),
+    ]
+)
 BROADCAST_LISTING_MAX_ROWS = 1_000_000
-DRIVER_LISTING_MAX_FILES = 10_000   # a local listing's names the driver may hold (local_files_listing)
+DRIVER_LISTING_MAX_FILES = 10_000  # a local listing's names the driver may hold (local_files_listing)
 
 
 class InputError(UsageError):
@@ -58,18 +66,23 @@ def missing_input(uri: str) -> InputError:
         if found:
             message += f" (paths are not percent-decoded: write '{decoded}')"
     if any(character in uri for character in "*?[{"):
-        message += (" (wildcards are not expanded: every character of a path is literal; give the directory, and "
-                    "input.extensions for the kinds of files)")
+        message += (
+            " (wildcards are not expanded: every character of a path is literal; give the directory, and "
+            "input.extensions for the kinds of files)"
+        )
     return InputError(message)
 
 
-def nothing_listed(uri: str, extensions: list[str], recursive: bool = True, output_prefix_: str | None = None,
-                   sample: int = 1000) -> str:
+def nothing_listed(
+    uri: str, extensions: list[str], recursive: bool = True, output_prefix_: str | None = None, sample: int = 1000
+) -> str:
     """Why a listing of `uri` found no input, for the run's log: the endings it lists, and for a local input the
     other files there (the first `sample` the walk meets), e.g. phone photos in HEIC that no ending matches."""
-    message = (f"no file under {uri} ends with {', '.join(extensions)} (input.extensions and input.video.extensions, "
-               "case-insensitive; names starting with '.' or '_' are skipped as hidden)")
-    if not is_local(uri):   # not to_spark_uri: an az:// URI's account may come from the job's credentials only
+    message = (
+        f"no file under {uri} ends with {', '.join(extensions)} (input.extensions and input.video.extensions, "
+        "case-insensitive; names starting with '.' or '_' are skipped as hidden)"
+    )
+    if not is_local(uri):  # not to_spark_uri: an az:// URI's account may come from the job's credentials only
         return message
     from pipelines.io.local_listing import listing_root, walk
 
@@ -84,14 +97,17 @@ def nothing_listed(uri: str, extensions: list[str], recursive: bool = True, outp
     if others:
         endings = sorted({os.path.splitext(f.path)[1].lower() or "(none)" for f in others})
         more = "+" if len(others) == sample else ""
-        message += (f"; it holds {len(others)}{more} other files, ending with {', '.join(endings[:10])}"
-                    f"{' ...' if len(endings) > 10 else ''}: add their ending to input.extensions where Pillow reads "
-                    "them, or convert them to JPEG or PNG")
+        message += (
+            f"; it holds {len(others)}{more} other files, ending with {', '.join(endings[:10])}"
+            f"{' ...' if len(endings) > 10 else ''}: add their ending to input.extensions where Pillow reads "
+            "them, or convert them to JPEG or PNG"
+        )
     return message
 
 
-def underscored_note(uri: str, extensions: list[str], recursive: bool = True, output_prefix_: str | None = None,
-                     sample: int = 1000) -> str | None:
+def underscored_note(
+    uri: str, extensions: list[str], recursive: bool = True, output_prefix_: str | None = None, sample: int = 1000
+) -> str | None:
     """For a local input: how many files with a listed ending the listing skipped only for a name starting with '_'
     (a camera's `_DSC0001.JPG`), what to do about them; None for none (or another store: not looked at)."""
     if not is_local(uri):
@@ -100,25 +116,32 @@ def underscored_note(uri: str, extensions: list[str], recursive: bool = True, ou
 
     root = listing_root(to_spark_uri(uri))
     try:
-        hidden = list(itertools.islice(underscored_files(root, normalize_extensions(extensions), recursive,
-                                                         walk_skip(output_prefix_)), sample))
+        hidden = list(
+            itertools.islice(
+                underscored_files(root, normalize_extensions(extensions), recursive, walk_skip(output_prefix_)), sample
+            )
+        )
     except OSError:
         return None
     if not hidden:
         return None
     more = "+" if len(hidden) == sample else ""
     files = "file with those endings is" if len(hidden) == 1 else "files with those endings are"
-    return (f"{len(hidden)}{more} {files} skipped for a name starting with '_' (e.g. {os.path.basename(hidden[0])}; "
-            "Spark and Hadoop skip these as hidden, and so does this job on every store): rename them without the "
-            "leading '_' to process them")
+    return (
+        f"{len(hidden)}{more} {files} skipped for a name starting with '_' (e.g. {os.path.basename(hidden[0])}; "
+        "Spark and Hadoop skip these as hidden, and so does this job on every store): rename them without the "
+        "leading '_' to process them"
+    )
 
 
 def choose_reader(uri: str, reader: str = "auto") -> str:
     if reader not in ("auto", "spark", "azure_sdk"):
         raise InputError(f"input.reader '{reader}': choose auto, spark or azure_sdk")
     if reader == "azure_sdk" and not is_azure(uri):
-        raise InputError(f"{uri}: input.reader azure_sdk (--reader) reads Azure URIs (az://container/prefix, "
-                         "abfss://...) only: use auto or spark for this input")
+        raise InputError(
+            f"{uri}: input.reader azure_sdk (--reader) reads Azure URIs (az://container/prefix, "
+            "abfss://...) only: use auto or spark for this input"
+        )
     if reader != "auto":
         return reader
     return "azure_sdk" if store_of(uri) == "azure_sdk" else "spark"
@@ -126,6 +149,7 @@ def choose_reader(uri: str, reader: str = "auto") -> str:
 
 def extension_glob(extensions: list[str]) -> str:
     """A case-insensitive Hadoop glob for file names: ['.jpg'] -> '*.{[jJ][pP][gG]}'."""
+
     def caseless(ext: str) -> str:
         return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in ext.lstrip("."))
 
@@ -140,7 +164,7 @@ class ImageListing:
 
     scanned: DataFrame
     source: DataFrame | None = None
-    excluded: str | None = None   # a path prefix whose files are no inputs (output_prefix)
+    excluded: str | None = None  # a path prefix whose files are no inputs (output_prefix)
 
     def indexed_files(self) -> int:
         """Files in the source's index, zero-byte ones included (a number from the JVM: no Spark job, no list)."""
@@ -154,7 +178,7 @@ class ImageListing:
         empty = empty_files(self.scanned.sparkSession, self.source, self.scanned)
         return self.scanned.unionByName(without_prefix(empty, self.excluded))
 
-    def excluding(self, prefix: str | None) -> "ImageListing":
+    def excluding(self, prefix: str | None) -> ImageListing:
         """This listing without the files whose path starts with `prefix` (None: all of it)."""
         return ImageListing(without_prefix(self.scanned, prefix), self.source, prefix)
 
@@ -165,9 +189,11 @@ def without_prefix(listing: DataFrame, prefix: str | None) -> DataFrame:
 
 def output_is_input(output_uri: str) -> InputError:
     """The error for an --output that is the --input directory (in any spelling)."""
-    return InputError(f"{output_uri}: --output is the --input directory, whose listing would take the job's label "
-                      "maps for images; give the output a directory of its own (one under the input is left out of "
-                      "its listing)")
+    return InputError(
+        f"{output_uri}: --output is the --input directory, whose listing would take the job's label "
+        "maps for images; give the output a directory of its own (one under the input is left out of "
+        "its listing)"
+    )
 
 
 def output_prefix(spark: SparkSession, input_uri: str, output_uri: str) -> str | None:
@@ -181,12 +207,15 @@ def output_prefix(spark: SparkSession, input_uri: str, output_uri: str) -> str |
         from pipelines.io.local_listing import listing_root
 
         root, output = listing_root(to_spark_uri(input_uri)), listing_root(to_spark_uri(output_uri))
-    elif store == "azure_sdk":   # az://c/p and abfs://c@account.dfs.../p are one place: compare in the input's spelling
+    elif store == "azure_sdk":  # az://c/p and abfs://c@account.dfs.../p are one place: compare in the input's spelling
         from pipelines.io.azure_storage import parse_blob_uri
 
         source, target = parse_blob_uri(input_uri), parse_blob_uri(output_uri)
-        if source.container != target.container or None not in (source.account, target.account) and \
-                source.account != target.account:
+        if (
+            source.container != target.container
+            or None not in (source.account, target.account)
+            and source.account != target.account
+        ):
             return None
         root, output = source.uri, source.uri_for(target.path)
     else:
@@ -210,14 +239,21 @@ def walk_skip(prefix: str | None) -> str | None:
     return prefix.removeprefix("file:").rstrip("/") if prefix else None
 
 
-def find_images(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True,
-                reader: str = "auto", azure_credentials=None, output_uri: str | None = None) -> ImageListing:
+def find_images(
+    spark: SparkSession,
+    uri: str,
+    extensions: list[str],
+    recursive: bool = True,
+    reader: str = "auto",
+    azure_credentials=None,
+    output_uri: str | None = None,
+) -> ImageListing:
     """The images under `uri` (no content read), without those under `output_uri` where the output lies under the
     input (output_prefix); a missing path or an unreadable scheme is an InputError now."""
     prefix = output_prefix(spark, uri, output_uri) if output_uri else None
     if choose_reader(uri, reader) == "azure_sdk":
         found = ImageListing(blobs_listed_by_executors(spark, uri, extensions, azure_credentials))
-    elif reads_on_executors(uri):   # the walk does not enter the output (its files are left out below all the same)
+    elif reads_on_executors(uri):  # the walk does not enter the output (its files are left out below all the same)
         found = ImageListing(local_files_listing(spark, uri, extensions, recursive, skip=walk_skip(prefix)))
     else:
         found = spark_file_index(spark, uri, extensions, recursive)
@@ -227,22 +263,25 @@ def find_images(spark: SparkSession, uri: str, extensions: list[str], recursive:
 def spark_file_index(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True) -> ImageListing:
     """The images under a Hadoop URI from Spark's binaryFile source (its file index lists on the driver)."""
     try:
-        source = (spark.read.format("binaryFile")
-                  .option("recursiveFileLookup", str(bool(recursive)).lower())
-                  .option("pathGlobFilter", extension_glob(extensions))
-                  .load(spark_read_path(uri)))
+        source = (
+            spark.read.format("binaryFile")
+            .option("recursiveFileLookup", str(bool(recursive)).lower())
+            .option("pathGlobFilter", extension_glob(extensions))
+            .load(spark_read_path(uri))
+        )
         source.schema  # noqa: B018  (forces the path check now, on the driver)
     except Exception as err:  # AnalysisException, Py4JJavaError: both carry the reason in the message
         text = str(err).splitlines()[0]
         if "PATH_NOT_FOUND" in text or "does not exist" in text:
             raise missing_input(uri) from None
         if "ClassNotFoundException" in str(err) or "No FileSystem for scheme" in str(err):
-            raise InputError(f"{uri}: this Spark cannot read this scheme (no Hadoop connector on the classpath, e.g. "
-                             "hadoop-azure for abfss://): install it on the cluster or use input.reader azure_sdk "
-                             "with an az://container/prefix URI") from None
+            raise InputError(
+                f"{uri}: this Spark cannot read this scheme (no Hadoop connector on the classpath, e.g. "
+                "hadoop-azure for abfss://): install it on the cluster or use input.reader azure_sdk "
+                "with an az://container/prefix URI"
+            ) from None
         raise unreachable_storage(spark, uri, err) or err from None
-    scanned = source.select("path", F.col("length").alias("size"),
-                            F.col("modificationTime").alias("modification_time"))
+    scanned = source.select("path", F.col("length").alias("size"), F.col("modificationTime").alias("modification_time"))
     return ImageListing(scanned, source)
 
 
@@ -261,8 +300,14 @@ def blobs_listed_by_executors(spark: SparkSession, uri: str, extensions: list[st
     return spark.createDataFrame(blobs, LISTING_SCHEMA)
 
 
-def local_files_listing(spark: SparkSession, uri: str, extensions: list[str], recursive: bool,
-                        driver_max_files: int = DRIVER_LISTING_MAX_FILES, skip: str | None = None) -> DataFrame:
+def local_files_listing(
+    spark: SparkSession,
+    uri: str,
+    extensions: list[str],
+    recursive: bool,
+    driver_max_files: int = DRIVER_LISTING_MAX_FILES,
+    skip: str | None = None,
+) -> DataFrame:
     """DataFrame[path, size, modification_time] of the files under a local `file:` input (pipelines.io.local_listing,
     Spark's rows). Up to `driver_max_files` files the driver walks them itself (no Spark job, no Python task: the
     executors' walk made a 200-image job on 2 cores ~1.3 s slower than Spark's index); beyond that the executors
@@ -293,7 +338,8 @@ def small_listing_frame(spark: SparkSession, files: list[tuple]) -> DataFrame:
     import pandas as pd
 
     frame = pd.DataFrame(files, columns=LISTING_SCHEMA.fieldNames()).astype(
-        {"path": object, "size": "int64", "modification_time": "datetime64[ns, UTC]"})
+        {"path": object, "size": "int64", "modification_time": "datetime64[ns, UTC]"}
+    )
     return spark.createDataFrame(frame, LISTING_SCHEMA)
 
 
@@ -304,15 +350,24 @@ def spread(entries: RDD, partitions: int) -> RDD:
     return numbered.partitionBy(partitions, lambda number: number % partitions).values()
 
 
-def list_images(spark: SparkSession, uri: str, extensions: list[str], recursive: bool = True,
-                reader: str = "auto", azure_credentials=None) -> DataFrame:
+def list_images(
+    spark: SparkSession,
+    uri: str,
+    extensions: list[str],
+    recursive: bool = True,
+    reader: str = "auto",
+    azure_credentials=None,
+) -> DataFrame:
     """DataFrame[path, size, modification_time] of the images under `uri` (no content read), zero-byte files
     included (size 0)."""
     return find_images(spark, uri, extensions, recursive, reader, azure_credentials).complete()
 
 
-def whole_listing(found: ImageListing, count: Callable[[DataFrame], tuple[int, ...]],
-                  storage: StorageLevel = StorageLevel.MEMORY_AND_DISK) -> tuple[DataFrame, tuple[int, ...]]:
+def whole_listing(
+    found: ImageListing,
+    count: Callable[[DataFrame], tuple[int, ...]],
+    storage: StorageLevel = StorageLevel.MEMORY_AND_DISK,
+) -> tuple[DataFrame, tuple[int, ...]]:
     """The whole listing, persisted, and `count` of it (a tuple whose first item is its rows), in one pass where no
     file is empty: the scan is counted first, and only when the file index holds more files than the scan found
     (zero-byte files) is the index joined against it and the result counted again. The join is a shuffle of every
@@ -334,19 +389,21 @@ def empty_files(spark: SparkSession, source: DataFrame, scanned: DataFrame) -> D
     (`file:/a/UPPER CASE.JPG`), the one every output uses: compare in that spelling (hadoop_path_column, the
     JVM-side twin of hadoop_path_string). The index's file list stays in the JVM: no Python list of every input."""
     jvm = spark.sparkContext._jvm
-    files = source._jdf.inputFiles()   # a JVM String[], wrapped as the Seq createDataset takes, without a copy
-    if jvm.scala.util.Properties.versionNumberString().startswith("2.12"):   # Spark 3.5 (the BigDL env)
+    files = source._jdf.inputFiles()  # a JVM String[], wrapped as the Seq createDataset takes, without a copy
+    if jvm.scala.util.Properties.versionNumberString().startswith("2.12"):  # Spark 3.5 (the BigDL env)
         files = jvm.scala.Predef.genericWrapArray(files)
     else:
         files = jvm.scala.collection.immutable.ArraySeq.unsafeWrapArray(files)
-    uris = DataFrame(spark._jsparkSession.createDataset(files, jvm.org.apache.spark.sql.Encoders.STRING()).toDF(),
-                     spark)   # one column, "value"
+    uris = DataFrame(
+        spark._jsparkSession.createDataset(files, jvm.org.apache.spark.sql.Encoders.STRING()).toDF(), spark
+    )  # one column, "value"
     paths = uris.select(hadoop_path_column(F.col("value")).alias("path"))
     # the index also lists `_metadata*` and `_common_metadata*` files, which the scan skips as hidden, as
     # uris.is_hidden does: they are no input of ours, empty or not
     paths = paths.where(~F.col("path").rlike("/[._][^/]*$"))
-    return (paths.join(scanned.select("path"), "path", "left_anti")
-            .select("path", F.lit(0).cast("long").alias("size"), F.lit(None).cast("timestamp").alias("modification_time")))
+    return paths.join(scanned.select("path"), "path", "left_anti").select(
+        "path", F.lit(0).cast("long").alias("size"), F.lit(None).cast("timestamp").alias("modification_time")
+    )
 
 
 def hadoop_path_column(uri):
@@ -356,8 +413,12 @@ def hadoop_path_column(uri):
     return F.url_decode(F.regexp_replace(fixed, "[+]", "%2B"))
 
 
-def assign_partitions(listing: DataFrame, partitions: int, order: tuple[str, ...] = ("path",),
-                      rows_per_partition: dict[int, int] | None = None) -> DataFrame:
+def assign_partitions(
+    listing: DataFrame,
+    partitions: int,
+    order: tuple[str, ...] = ("path",),
+    rows_per_partition: dict[int, int] | None = None,
+) -> DataFrame:
     """Add `idx` (dense, 0..n-1), `part` (idx mod partitions) and `part_key`, a value whose Spark hash lands in
     partition `part`, so that `balanced(df, partitions)` gives every partition the same number of images (+-1)
     whatever the directory layout and file sizes (Spark's own file splitting packs by bytes, and the paper's
@@ -370,19 +431,22 @@ def assign_partitions(listing: DataFrame, partitions: int, order: tuple[str, ...
     `listing` first (run_waves does). `rows_per_partition` ({partition id: rows}, counted by the caller over the
     same partitions) saves the first pass."""
     local = listing.sortWithinPartitions(*order).select(
-        "*", F.spark_partition_id().alias("_partition"),
-        (F.monotonically_increasing_id() - F.shiftleft(F.spark_partition_id().cast("long"), 33)).alias("_row"))
+        "*",
+        F.spark_partition_id().alias("_partition"),
+        (F.monotonically_increasing_id() - F.shiftleft(F.spark_partition_id().cast("long"), 33)).alias("_row"),
+    )
     counts = rows_per_partition if rows_per_partition is not None else row_counts(local.select("_partition"))
     offsets, total = [], 0
     for partition in range(max(counts, default=-1) + 1):
         offsets.append(total)
         total += counts.get(partition, 0)
-    offset = F.element_at(F.array(*[F.lit(value) for value in offsets or [0]]).cast("array<bigint>"),
-                          F.col("_partition") + 1)
+    offset = F.element_at(
+        F.array(*[F.lit(value) for value in offsets or [0]]).cast("array<bigint>"), F.col("_partition") + 1
+    )
     with_idx = local.withColumn("idx", offset + F.col("_row")).drop("_partition", "_row")
     with_part = with_idx.withColumn("part", F.col("idx") % F.lit(partitions))
     # the key of each partition, found on the driver (hash_partitioning): no Spark job, no join
-    keys = F.array(*[F.lit(key) for key in partition_keys(partitions)]).cast("array<bigint>")   # a long's hash
+    keys = F.array(*[F.lit(key) for key in partition_keys(partitions)]).cast("array<bigint>")  # a long's hash
     return with_part.withColumn("part_key", F.element_at(keys, F.col("part").cast("int") + 1))
 
 
@@ -406,8 +470,8 @@ def reads_on_executors(uri: str) -> bool:
 def local_file_path(path: str) -> str:
     """The local file a listed `file:` path names. `path` is Hadoop's unescaped spelling, the listing's
     (`file:/a b/c%.jpg` is the file "/a b/c%.jpg"), so it is not URL-decoded."""
-    local = path[len("file:"):] if path.startswith("file:") else path
-    if local.startswith("//"):   # file:///a (an authority-less URI) is /a
+    local = path[len("file:") :] if path.startswith("file:") else path
+    if local.startswith("//"):  # file:///a (an authority-less URI) is /a
         local = local[2:]
     return local
 
@@ -421,13 +485,23 @@ def read_local_file(path: str) -> bytes:
     except FileNotFoundError:
         if "\ufffd" not in path:
             raise
-        raise ImageDecodeError(path, NAME_NOT_UTF8, "its name is not valid UTF-8 (the bytes shown as U+FFFD), so no "
-                               "path names it", "rename it with a UTF-8 name (e.g. convmv -f latin1 -t utf-8 "
-                               "--notest)") from None
+        raise ImageDecodeError(
+            path,
+            NAME_NOT_UTF8,
+            "its name is not valid UTF-8 (the bytes shown as U+FFFD), so no path names it",
+            "rename it with a UTF-8 name (e.g. convmv -f latin1 -t utf-8 --notest)",
+        ) from None
 
 
-def with_content(spark: SparkSession, todo: DataFrame, todo_count: int, uri: str, extensions: list[str],
-                 recursive: bool, all_listed: bool) -> DataFrame:
+def with_content(
+    spark: SparkSession,
+    todo: DataFrame,
+    todo_count: int,
+    uri: str,
+    extensions: list[str],
+    recursive: bool,
+    all_listed: bool,
+) -> DataFrame:
     """Join the image bytes (`content`) read by Spark's binaryFile source onto `todo` (a subset of the listing),
     for inputs the executors cannot open by path themselves (hdfs://, abfss://, wasbs://: see reads_on_executors).
 
@@ -438,8 +512,11 @@ def with_content(spark: SparkSession, todo: DataFrame, todo_count: int, uri: str
     whole input. Local `file:` inputs never come here: their bytes are read on the executors by path."""
     reader = spark.read.format("binaryFile")
     if all_listed:
-        source = (reader.option("recursiveFileLookup", str(bool(recursive)).lower())
-                  .option("pathGlobFilter", extension_glob(extensions)).load(spark_read_path(uri)))
+        source = (
+            reader.option("recursiveFileLookup", str(bool(recursive)).lower())
+            .option("pathGlobFilter", extension_glob(extensions))
+            .load(spark_read_path(uri))
+        )
     else:
         source = reader.load([spark_read_path(row.path) for row in todo.select("path").toLocalIterator()])
     small = F.broadcast(todo) if todo_count <= BROADCAST_LISTING_MAX_ROWS else todo

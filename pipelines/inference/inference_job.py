@@ -3,6 +3,7 @@
 `run(spark, config, family)` is what `jobs/infer_yolact.py`, `jobs/infer_detector.py`, the Databricks notebook and
 the sweeps call. The family picks the executor-side postprocess; everything else is shared.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,24 +27,31 @@ from pipelines.inference import image_sources as src
 from pipelines.inference import video_sources as videos
 from pipelines.inference.crash_guard import MARKER_DIR, CrashGuard, remove_markers
 from pipelines.inference.executor_warmup import ExecutorWarmUp, LoadModel, load_compiled_loops
-from pipelines.job_config import (InferenceSettings, JobConfig, VideoSettings, local_path, resolve_local,
-                                  resolve_output)
-from pipelines.inference.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
-from pipelines.inference.openvino_runtime import RuntimeSettings
-from pipelines.io.output_paths import qualify_root
-from pipelines.inference.progress import ProgressReporter, say
 from pipelines.inference.image_inference import ImageInference
 from pipelines.inference.inference_tasks import inference_task_class
-from pipelines.results.done_index import done_keys, table_file_names, update_after_run
-from pipelines.results.table_index import counts_after_run, rows_before_run
-from pipelines.results.coco_results import write_coco_results
-from pipelines.results.result_schema import RESULT_SCHEMA
-from pipelines.results.results_writer import (TIMING_FIELDS, choose_writer, failed_paths, failure_types,
-                                              holds_tables, read_summary, remove_uncommitted_writes, write_results,
-                                              write_summary)
+from pipelines.inference.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, ModelManifest, load_manifest
+from pipelines.inference.openvino_runtime import RuntimeSettings
+from pipelines.inference.progress import ProgressReporter, say
+from pipelines.io.output_paths import qualify_root
 from pipelines.io.run_lock import LockSettings, RunLock
-from pipelines.spark.spark_session import ship_library, ship_once
 from pipelines.io.storage import Location, publish_once
+from pipelines.job_config import InferenceSettings, JobConfig, VideoSettings, local_path, resolve_local, resolve_output
+from pipelines.results.coco_results import write_coco_results
+from pipelines.results.done_index import done_keys, table_file_names, update_after_run
+from pipelines.results.result_schema import RESULT_SCHEMA
+from pipelines.results.results_writer import (
+    TIMING_FIELDS,
+    choose_writer,
+    failed_paths,
+    failure_types,
+    holds_tables,
+    read_summary,
+    remove_uncommitted_writes,
+    write_results,
+    write_summary,
+)
+from pipelines.results.table_index import counts_after_run, rows_before_run
+from pipelines.spark.spark_session import ship_library, ship_once
 
 log = logging.getLogger(__name__)
 
@@ -62,34 +70,46 @@ def ship_model(spark: SparkSession, manifest: ModelManifest) -> str:
     archive = staged.with_suffix(".zip")
     if not (staged / MANIFEST_NAME).is_file() or not archive.is_file():
         tmp = Path(tempfile.mkdtemp(prefix=name + "."))
-        files = manifest.data["files"]   # a detector has no priors
+        files = manifest.data["files"]  # a detector has no priors
         for rel in [files[role] for role in INFERENCE_ROLES if role in files] + [MANIFEST_NAME]:
             shutil.copy2(manifest.root / rel, tmp / rel)
         publish_once(Path(shutil.make_archive(str(tmp), "zip", root_dir=tmp)), archive)
         if staged.exists() and not (staged / MANIFEST_NAME).is_file():
-            shutil.rmtree(staged, ignore_errors=True)   # incomplete; a complete one may be in use by another job
+            shutil.rmtree(staged, ignore_errors=True)  # incomplete; a complete one may be in use by another job
         try:
             os.replace(tmp, staged)
         except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)   # another job staged it first
+            shutil.rmtree(tmp, ignore_errors=True)  # another job staged it first
     ship_once(spark.sparkContext, name, lambda: spark.sparkContext.addArchive(str(archive)))
     return str(staged)
 
 
 def runtime_settings(spark: SparkSession, inference: InferenceSettings) -> RuntimeSettings:
     task_cpus = int(spark.sparkContext.getConf().get("spark.task.cpus", "1"))
-    return RuntimeSettings.for_task_cpus(task_cpus, precision=inference.precision,
-                                         threads=inference.openvino_threads or None,
-                                         streams=inference.openvino_streams or None,
-                                         pin_cores=inference.pin_cores)
+    return RuntimeSettings.for_task_cpus(
+        task_cpus,
+        precision=inference.precision,
+        threads=inference.openvino_threads or None,
+        streams=inference.openvino_streams or None,
+        pin_cores=inference.pin_cores,
+    )
 
 
 ROWS_PER_SHUFFLE_PARTITION = 100_000
 
 
-def todo_listing(spark: SparkSession, listing: DataFrame, output: Location | str, manifest: ModelManifest,
-                 force: bool, broadcast_max_rows: int, table_rows: int | None = None,
-                 table_files: dict[str, dict[str, str]] | None = None, *, retries: int) -> DataFrame:
+def todo_listing(
+    spark: SparkSession,
+    listing: DataFrame,
+    output: Location | str,
+    manifest: ModelManifest,
+    force: bool,
+    broadcast_max_rows: int,
+    table_rows: int | None = None,
+    table_files: dict[str, dict[str, str]] | None = None,
+    *,
+    retries: int,
+) -> DataFrame:
     """Images not yet done for this model (same path, size and modification time; done_index.done_keys, with
     `retries` for the failures that were not the image's), unless `force`. The done keys are broadcast only up to
     `broadcast_max_rows`; beyond, a sort-merge anti-join: neither the driver's nor an executor's memory grows with
@@ -110,11 +130,17 @@ def without_done(listing: DataFrame, done: DataFrame, broadcast: bool) -> DataFr
     sides shuffled and sorted (a merge hint: Spark must not broadcast it by its own size estimate)."""
     keys = ("path", "size", "modification_time", "segment_start", "segment_end")
     done = done.select(*[F.col(k).alias(f"done_{k}") for k in keys])
-    same = ((listing.path == done.done_path) & (listing.size == done.done_size)
-            & listing.modification_time.eqNullSafe(done.done_modification_time))   # empty files have no mtime
-    if "segment_start" in listing.columns:   # work units (video_sources.UNIT_SCHEMA): a video is done per segment
-        same = (same & listing.segment_start.eqNullSafe(done.done_segment_start)
-                & listing.segment_end.eqNullSafe(done.done_segment_end))
+    same = (
+        (listing.path == done.done_path)
+        & (listing.size == done.done_size)
+        & listing.modification_time.eqNullSafe(done.done_modification_time)
+    )  # empty files have no mtime
+    if "segment_start" in listing.columns:  # work units (video_sources.UNIT_SCHEMA): a video is done per segment
+        same = (
+            same
+            & listing.segment_start.eqNullSafe(done.done_segment_start)
+            & listing.segment_end.eqNullSafe(done.done_segment_end)
+        )
     return listing.join(F.broadcast(done) if broadcast else done.hint("merge"), same, "left_anti")
 
 
@@ -165,13 +191,14 @@ class JobPlan:
     config: JobConfig
     family: str
     input_uri: str
-    output: Location               # the output URI and the job's Azure credentials: every write goes through it
+    output: Location  # the output URI and the job's Azure credentials: every write goes through it
     manifest: ModelManifest
     engine: str
     reader: str
-    run_id: str = field(default_factory=lambda: f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-"
-                                                f"{uuid.uuid4().hex[:8]}")
-    started: float = field(default_factory=time.time)   # the summary's wall time counts from here
+    run_id: str = field(
+        default_factory=lambda: f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    )
+    started: float = field(default_factory=time.time)  # the summary's wall time counts from here
 
     @property
     def output_uri(self) -> str:
@@ -189,19 +216,23 @@ def plan_job(config: JobConfig | dict, family: str, azure_credentials=None) -> J
     or Spark task."""
     config = JobConfig.of(config)
     bundled = config.model.dir is None
-    config = replace(config, model=replace(config.model, dir=config.model.dir_for(family)))   # as the summary says
+    config = replace(config, model=replace(config.model, dir=config.model.dir_for(family)))  # as the summary says
     input_uri, output_uri = resolve_local(config.input.uri), resolve_output(config.output.uri)
     check_local_paths(input_uri, output_uri, config.input.uri)
     model_dir = resolve_local(config.model.dir)
     if bundled and not Path(model_dir).is_dir():
-        raise src.InputError(f"no --model (model.dir) given, and the bundled {family} model is not here "
-                             f"({config.model.dir}): the bundled models ship with the source checkout "
-                             "(samples/models), not with an installed package; pass --model an export directory "
-                             f"(python -m model_export {family} ..., or a copy of the checkout's {config.model.dir})")
+        raise src.InputError(
+            f"no --model (model.dir) given, and the bundled {family} model is not here "
+            f"({config.model.dir}): the bundled models ship with the source checkout "
+            "(samples/models), not with an installed package; pass --model an export directory "
+            f"(python -m model_export {family} ..., or a copy of the checkout's {config.model.dir})"
+        )
     manifest = load_manifest(model_dir, verify=True)
     if manifest.model != family:
-        raise src.InputError(f"{manifest.root}: a '{manifest.model}' model; this job needs a {family} export "
-                             f"(python -m model_export {family} ...)")
+        raise src.InputError(
+            f"{manifest.root}: a '{manifest.model}' model; this job needs a {family} export "
+            f"(python -m model_export {family} ...)"
+        )
     engine = config.inference.engine
     if engine == "bigdl":
         from pipelines.engines.bigdl_engine import require_bigdl
@@ -225,12 +256,15 @@ def require_azure_sdk(engine: str) -> None:
 
     try:
         found = importlib.util.find_spec("azure.storage.blob") is not None
-    except ModuleNotFoundError:   # no azure (or azure.storage) package at all
+    except ModuleNotFoundError:  # no azure (or azure.storage) package at all
         found = False
     if not found:
-        where = ("the bigdl engine's env (make bigdl-env) has no Azure SDK: run this input or output with --engine "
-                 "native, or read it as abfss:// through Spark's hadoop-azure" if engine == "bigdl" else
-                 "this env has no Azure SDK: pip install -c constraints.txt '.[azure]'")
+        where = (
+            "the bigdl engine's env (make bigdl-env) has no Azure SDK: run this input or output with --engine "
+            "native, or read it as abfss:// through Spark's hadoop-azure"
+            if engine == "bigdl"
+            else "this env has no Azure SDK: pip install -c constraints.txt '.[azure]'"
+        )
         raise src.InputError(f"az:// and abfs:// inputs and outputs need the Azure SDK; {where}")
 
 
@@ -241,16 +275,19 @@ def check_local_paths(input_uri: str, output_uri: str, given_input: str | None =
     if source is not None and not source.exists():
         raise src.missing_input(given_input or input_uri)
     if source is not None and target is not None and source.resolve() == target.resolve():
-        raise src.output_is_input(output_uri)   # before Spark starts (other stores: when the input is listed)
+        raise src.output_is_input(output_uri)  # before Spark starts (other stores: when the input is listed)
     if target is not None and target.exists() and not target.is_dir():
-        raise src.InputError(f"{output_uri}: --output names an existing file; give a directory (new or a previous "
-                             "run's output)")
+        raise src.InputError(
+            f"{output_uri}: --output names an existing file; give a directory (new or a previous run's output)"
+        )
     if target is not None and not target.exists():
         parent = next(folder for folder in target.absolute().parents if folder.exists())
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise src.InputError(f"{output_uri}: --output cannot be created: {parent} is "
-                                 f"{'a file' if not parent.is_dir() else 'not writable for this user'}; give a "
-                                 "directory that can be")
+            raise src.InputError(
+                f"{output_uri}: --output cannot be created: {parent} is "
+                f"{'a file' if not parent.is_dir() else 'not writable for this user'}; give a "
+                "directory that can be"
+            )
 
 
 def run(spark: SparkSession, config: JobConfig | dict, family: str = "yolact", azure_credentials=None) -> dict:
@@ -273,8 +310,15 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
     started, config = plan.started, plan.config
     run_cfg, video = config.run, config.input.video
     # listed (the input path checked) before the lock: a missing input leaves no output directory behind
-    found = src.find_images(spark, plan.input_uri, config.input.listed_extensions, config.input.recursive,
-                            plan.reader, plan.credentials, plan.output.uri)
+    found = src.find_images(
+        spark,
+        plan.input_uri,
+        config.input.listed_extensions,
+        config.input.recursive,
+        plan.reader,
+        plan.credentials,
+        plan.output.uri,
+    )
     if found.excluded:
         say(f"the output lies under the input: its files ({found.excluded}...) are not inputs")
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
@@ -282,7 +326,7 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
     previous_settings = {}
     try:
         previous_settings = set_session_settings(spark, planning_settings(config))
-        new_output = not holds_tables(spark, plan.output)   # under the lock: no other run writes to it now
+        new_output = not holds_tables(spark, plan.output)  # under the lock: no other run writes to it now
         for leftover in remove_uncommitted_writes(spark, plan.output):
             log.warning("removed %s: the uncommitted files of an earlier run that was killed", leftover)
         tables_before = None if new_output else table_file_names(plan.output)
@@ -294,60 +338,92 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
         previous_settings.update(set_session_settings(spark, session_settings_for(n_inputs, config)))
         units = work_units(spark, plan, listing, video, n_videos)
         n_units = units.count() if n_videos else n_inputs
-        todo = todo_listing(spark, units, plan.output, plan.manifest, run_cfg.force, run_cfg.broadcast_max_rows,
-                            sum(rows_before.values()) if rows_before else None, tables_before, retries=run_cfg.retries)
-        n_todo = n_units if todo is units else todo.count()   # the units themselves: nothing done before, or force
+        todo = todo_listing(
+            spark,
+            units,
+            plan.output,
+            plan.manifest,
+            run_cfg.force,
+            run_cfg.broadcast_max_rows,
+            sum(rows_before.values()) if rows_before else None,
+            tables_before,
+            retries=run_cfg.retries,
+        )
+        n_todo = n_units if todo is units else todo.count()  # the units themselves: nothing done before, or force
         if n_videos:
-            say(f"{n_inputs} files ({n_videos} videos in {n_units - n_inputs + n_videos} segments), {n_todo} images "
-                f"and segments to do ({n_units - n_todo} already done for this model)")
+            say(
+                f"{n_inputs} files ({n_videos} videos in {n_units - n_inputs + n_videos} segments), {n_todo} images "
+                f"and segments to do ({n_units - n_todo} already done for this model)"
+            )
         else:
             say(f"{n_inputs} images, {n_todo} to do ({n_inputs - n_todo} already done for this model)")
         if n_todo < n_units and not run_cfg.force:
             warn_if_output_settings_changed(plan, read_summary(plan.output), n_units - n_todo)
         if not n_inputs:
-            say(src.nothing_listed(plan.input_uri, config.input.listed_extensions, config.input.recursive,
-                                   found.excluded))
-        elif n_inputs <= src.DRIVER_LISTING_MAX_FILES:   # a second walk of a listing the driver could hold anyway
-            hidden = src.underscored_note(plan.input_uri, config.input.listed_extensions, config.input.recursive,
-                                          found.excluded)
+            say(
+                src.nothing_listed(
+                    plan.input_uri, config.input.listed_extensions, config.input.recursive, found.excluded
+                )
+            )
+        elif n_inputs <= src.DRIVER_LISTING_MAX_FILES:  # a second walk of a listing the driver could hold anyway
+            hidden = src.underscored_note(
+                plan.input_uri, config.input.listed_extensions, config.input.recursive, found.excluded
+            )
             if hidden:
                 log.warning(hidden)
-        partitions = tasks_per_wave(config.inference, spark.sparkContext.defaultParallelism,
-                                    min(run_cfg.commit_every or n_todo, n_todo))
+        partitions = tasks_per_wave(
+            config.inference, spark.sparkContext.defaultParallelism, min(run_cfg.commit_every or n_todo, n_todo)
+        )
         settings = runtime_settings(spark, config.inference)
-        if n_videos:   # progress counts result rows: images and video frames
-            progress = ProgressReporter(spark, videos.expected_rows(todo, video), run_cfg.progress_interval_s,
-                                        unit="images+frames")
+        if n_videos:  # progress counts result rows: images and video frames
+            progress = ProgressReporter(
+                spark, videos.expected_rows(todo, video), run_cfg.progress_interval_s, unit="images+frames"
+            )
         else:
             progress = ProgressReporter(spark, n_todo, run_cfg.progress_interval_s)
         totals = {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
         if n_todo:
             task = make_task(spark, plan, settings, progress)
             with progress, warm_up(spark, plan, task, partitions):
-                own_rows = counts.rows_per_partition if todo is units and not n_videos else None   # the listing's
+                own_rows = counts.rows_per_partition if todo is units and not n_videos else None  # the listing's
                 totals = run_waves(spark, plan, task, settings, todo, n_todo, n_inputs, partitions, lock, own_rows)
-        elif new_output:   # nothing listed: the tables exist all the same, empty, for whatever reads them next
-            write_results(tagged_results(spark.createDataFrame([], RESULT_SCHEMA), plan), plan.output,
-                          f"part-{plan.run_id}-empty")
+        elif new_output:  # nothing listed: the tables exist all the same, empty, for whatever reads them next
+            write_results(
+                tagged_results(spark.createDataFrame([], RESULT_SCHEMA), plan), plan.output, f"part-{plan.run_id}-empty"
+            )
         listing.unpersist()
         units.unpersist()
         lock.ensure_held()
         tables_after = table_file_names(plan.output)
-        update_after_run(spark, plan.output, tables_after)   # the resume index, when the tables outgrew it
+        update_after_run(spark, plan.output, tables_after)  # the resume index, when the tables outgrew it
         if config.output.coco_results:
             write_coco_results(spark, plan.output)
-        summary = make_summary(spark, plan, settings, totals, n_inputs, n_todo, partitions, time.time() - started,
-                               n_units=n_units, n_videos=n_videos, new_output=new_output, rows_before=rows_before,
-                               tables_after=tables_after)
+        summary = make_summary(
+            spark,
+            plan,
+            settings,
+            totals,
+            n_inputs,
+            n_todo,
+            partitions,
+            time.time() - started,
+            n_units=n_units,
+            n_videos=n_videos,
+            new_output=new_output,
+            rows_before=rows_before,
+            tables_after=tables_after,
+        )
         write_summary(plan.output, summary)
         if config.output.overlays:
             summary["report"] = render_report(spark, plan.output, summary)
         processed = totals["done"] + totals["failed"]
         max_fraction = run_cfg.max_error_fraction
         if processed and totals["failed"] / processed > max_fraction:
-            raise JobFailed(f"{int(totals['failed'])} of {processed} images failed (more than "
-                            f"run.max_error_fraction {max_fraction}): see {plan.output_uri}/errors and summary.json; "
-                            f"raise run.max_error_fraction (1.0: never fail on errors) if that many are expected")
+            raise JobFailed(
+                f"{int(totals['failed'])} of {processed} images failed (more than "
+                f"run.max_error_fraction {max_fraction}): see {plan.output_uri}/errors and summary.json; "
+                f"raise run.max_error_fraction (1.0: never fail on errors) if that many are expected"
+            )
         return summary
     finally:
         lock.release()
@@ -361,18 +437,25 @@ def warn_if_output_settings_changed(plan: JobPlan, previous: dict | None, n_done
         return
     before = (previous.get("config") or {}).get("output") or {}
     now = plan.config.output
-    changed = [f"{name} {before.get(key)!r} -> {value!r}" for name, key, value in (
-        ("output.masks (--masks)", "masks", now.masks),
-        ("output.score_threshold (--score-threshold)", "score_threshold", now.score_threshold))
-        if key in before and before[key] != value]
+    changed = [
+        f"{name} {before.get(key)!r} -> {value!r}"
+        for name, key, value in (
+            ("output.masks (--masks)", "masks", now.masks),
+            ("output.score_threshold (--score-threshold)", "score_threshold", now.score_threshold),
+        )
+        if key in before and before[key] != value
+    ]
     if changed:
         log.warning(
             "%d images already done keep the rows the last run wrote (%s): only new images get this run's; "
-            "--force redoes them all, or write to a new --output", n_done, ", ".join(changed))
+            "--force redoes them all, or write to a new --output",
+            n_done,
+            ", ".join(changed),
+        )
 
 
-MAX_ROUNDS_PER_WAVE = 64   # the driver keeps a few KB per task of a stage: a huge wave (run.commit_every 0) gets
-                           # larger tasks, not more than 64 per core
+MAX_ROUNDS_PER_WAVE = 64  # the driver keeps a few KB per task of a stage: a huge wave (run.commit_every 0) gets
+# larger tasks, not more than 64 per core
 
 
 def tasks_per_wave(inference: InferenceSettings, parallelism: int, wave_images: int) -> int:
@@ -400,15 +483,24 @@ class InputCounts(NamedTuple):
 def count_inputs(listing: DataFrame, video: VideoSettings) -> InputCounts:
     """Files listed, videos among them and rows per partition of `listing`, in one pass (one row per partition
     reaches the driver)."""
-    rows = listing.groupBy(F.spark_partition_id().alias("partition")).agg(
-        F.count(F.lit(1)).alias("files"),
-        F.sum(F.when(videos.is_video(F.col("path"), video.extensions), 1).otherwise(0)).alias("videos")).collect()
-    return InputCounts(sum(row["files"] for row in rows), sum(row["videos"] for row in rows),
-                       {row["partition"]: row["files"] for row in rows})
+    rows = (
+        listing.groupBy(F.spark_partition_id().alias("partition"))
+        .agg(
+            F.count(F.lit(1)).alias("files"),
+            F.sum(F.when(videos.is_video(F.col("path"), video.extensions), 1).otherwise(0)).alias("videos"),
+        )
+        .collect()
+    )
+    return InputCounts(
+        sum(row["files"] for row in rows),
+        sum(row["videos"] for row in rows),
+        {row["partition"]: row["files"] for row in rows},
+    )
 
 
-def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame, video: VideoSettings,
-               n_videos: int) -> DataFrame:
+def work_units(
+    spark: SparkSession, plan: JobPlan, listing: DataFrame, video: VideoSettings, n_videos: int
+) -> DataFrame:
     """The listing as units of work (video_sources.UNIT_SCHEMA): its images, and its `n_videos` videos' segments
     from a scan on the executors (persisted: each video is scanned once per run)."""
     if not n_videos:
@@ -418,10 +510,18 @@ def work_units(spark: SparkSession, plan: JobPlan, listing: DataFrame, video: Vi
     if plan.engine != "native":
         raise src.InputError(f"{plan.input_uri}: holds {n_videos} videos; video input needs inference.engine native")
     if plan.reader == "spark" and not src.reads_on_executors(plan.input_uri):
-        clips = src.with_content(spark, clips, n_videos, plan.input_uri, list(video.extensions),
-                                 plan.config.input.recursive, all_listed=False)
+        clips = src.with_content(
+            spark,
+            clips,
+            n_videos,
+            plan.input_uri,
+            list(video.extensions),
+            plan.config.input.recursive,
+            all_listed=False,
+        )
     units = videos.image_units(listing.where(~is_video)).unionByName(
-        videos.video_units(clips, video, bytes_fetcher(plan)))
+        videos.video_units(clips, video, bytes_fetcher(plan))
+    )
     return units.persist(StorageLevel.MEMORY_AND_DISK)
 
 
@@ -441,37 +541,61 @@ def warm_up(spark: SparkSession, plan: JobPlan, task: ImageInference, partitions
     round of `partitions` tasks uses; nothing for BigDL, whose executors run no Python model."""
     if plan.engine != "native":
         return contextlib.nullcontext()
-    return ExecutorWarmUp(spark, LoadModel(task), min(partitions, spark.sparkContext.defaultParallelism), plan.run_id,
-                          "start Python workers, load the model")
+    return ExecutorWarmUp(
+        spark,
+        LoadModel(task),
+        min(partitions, spark.sparkContext.defaultParallelism),
+        plan.run_id,
+        "start Python workers, load the model",
+    )
 
 
-def make_task(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings,
-              progress: ProgressReporter) -> ImageInference:
+def make_task(
+    spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, progress: ProgressReporter
+) -> ImageInference:
     """The executor-side function (small, picklable); the model ships separately, once per executor."""
     manifest, inference, output = plan.manifest, plan.config.inference, plan.config.output
     return inference_task_class(plan.family)(
-        model_dir=ship_model(spark, manifest), model_sha256=manifest.model_sha256,
-        class_names=tuple(manifest.class_names), input_spec=manifest.input,
-        postprocess={**manifest.postprocess, "nms": inference.nms}, settings=settings,
+        model_dir=ship_model(spark, manifest),
+        model_sha256=manifest.model_sha256,
+        class_names=tuple(manifest.class_names),
+        input_spec=manifest.input,
+        postprocess={**manifest.postprocess, "nms": inference.nms},
+        settings=settings,
         output=plan.output,
         input_root=qualify_root(spark, plan.input_uri) if plan.reader == "spark" else plan.input_uri,
-        masks=output.masks, score_threshold=output.score_threshold,
-        max_image_pixels=inference.max_image_pixels, jpeg_draft=inference.jpeg_draft,
+        masks=output.masks,
+        score_threshold=output.score_threshold,
+        max_image_pixels=inference.max_image_pixels,
+        jpeg_draft=inference.jpeg_draft,
         fetch_bytes=bytes_fetcher(plan),
         progress=progress.accumulator,
-        video=plan.config.input.video, frames_per_batch=inference.batch_size)
+        video=plan.config.input.video,
+        frames_per_batch=inference.batch_size,
+    )
 
 
 def tagged_results(results: DataFrame, plan: JobPlan) -> DataFrame:
     """The result rows with the columns that say which model and run wrote them."""
-    return (results.withColumn("model_name", F.lit(plan.manifest.name))
-            .withColumn("model_sha256", F.lit(plan.manifest.model_sha256))
-            .withColumn("run_id", F.lit(plan.run_id)))
+    return (
+        results.withColumn("model_name", F.lit(plan.manifest.name))
+        .withColumn("model_sha256", F.lit(plan.manifest.model_sha256))
+        .withColumn("run_id", F.lit(plan.run_id))
+    )
 
 
-def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings: RuntimeSettings, todo: DataFrame,
-              n_todo: int, n_inputs: int, partitions: int, lock: RunLock,
-              rows_per_partition: dict[int, int] | None = None) -> dict:
+def run_waves(
+    spark: SparkSession,
+    plan: JobPlan,
+    task: ImageInference,
+    settings: RuntimeSettings,
+    todo: DataFrame,
+    n_todo: int,
+    n_inputs: int,
+    partitions: int,
+    lock: RunLock,
+    rows_per_partition: dict[int, int] | None = None,
+) -> dict:
     """Process the to-do images in waves of `run.commit_every`, each committed on its own (a killed driver loses
     at most one wave) while the run still holds `lock` (LockLost otherwise); return the summed aggregates.
     `rows_per_partition`: see index_todo."""
@@ -484,8 +608,9 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
         wave = wave_images(spark, plan, indexed, first, count, n_inputs)
         name = f"{plan.run_id}-w{number:05d}"
         guard = CrashGuard(plan.output / MARKER_DIR / name, run_cfg.poison_attempts)
-        results, intermediates = wave_results(src.balanced(wave, min(partitions, count)),
-                                              replace(task, crash_guard=guard), plan, settings)
+        results, intermediates = wave_results(
+            src.balanced(wave, min(partitions, count)), replace(task, crash_guard=guard), plan, settings
+        )
         results = tagged_results(results, plan).persist(StorageLevel.MEMORY_AND_DISK)
         lock.ensure_held()
         wave_totals = write_results(results, plan.output, f"part-{name}")
@@ -499,8 +624,9 @@ def run_waves(spark: SparkSession, plan: JobPlan, task: ImageInference, settings
     return totals
 
 
-def index_todo(todo: DataFrame, partitions: int,
-               rows_per_partition: dict[int, int] | None = None) -> tuple[DataFrame, DataFrame]:
+def index_todo(
+    todo: DataFrame, partitions: int, rows_per_partition: dict[int, int] | None = None
+) -> tuple[DataFrame, DataFrame]:
     """The to-do, detached from the output table and persisted (unpersist it when the run is done), and its rows
     with assign_partitions' dense `idx` and balancing key, computed from that one persisted copy. Where the to-do is
     the persisted listing's own rows (nothing done before, or run.force), `rows_per_partition` gives them per
@@ -523,20 +649,29 @@ def without_table_lineage(df: DataFrame) -> DataFrame:
     return DataFrame(spark._jsparkSession.createDataFrame(df._jdf.rdd(), df._jdf.schema()), spark)
 
 
-def wave_images(spark: SparkSession, plan: JobPlan, indexed: DataFrame, first: int, count: int,
-                n_inputs: int) -> DataFrame:
+def wave_images(
+    spark: SparkSession, plan: JobPlan, indexed: DataFrame, first: int, count: int, n_inputs: int
+) -> DataFrame:
     """The images of one wave (rows idx in [first, first + count) of assign_partitions' output) as inference gets
     them: paths the executors read themselves (local files, Azure), or with Spark's `content` (other schemes)."""
     wave = indexed.where((F.col("idx") >= first) & (F.col("idx") < first + count))
     if plan.reader == "spark" and not src.reads_on_executors(plan.input_uri):
         inputs = plan.config.input
-        wave = src.with_content(spark, wave, count, plan.input_uri, inputs.listed_extensions, inputs.recursive,
-                                all_listed=(count == n_inputs))
+        wave = src.with_content(
+            spark,
+            wave,
+            count,
+            plan.input_uri,
+            inputs.listed_extensions,
+            inputs.recursive,
+            all_listed=(count == n_inputs),
+        )
     return wave
 
 
-def wave_results(images: DataFrame, task: ImageInference, plan: JobPlan,
-                 settings: RuntimeSettings) -> tuple[DataFrame, list[DataFrame]]:
+def wave_results(
+    images: DataFrame, task: ImageInference, plan: JobPlan, settings: RuntimeSettings
+) -> tuple[DataFrame, list[DataFrame]]:
     """Transform: images (with content or fetchable paths) -> (RESULT_SCHEMA rows, by the plan's engine; the
     intermediate frames the engine persisted for them, to unpersist once the rows are written)."""
     if plan.engine == "bigdl":
@@ -546,10 +681,21 @@ def wave_results(images: DataFrame, task: ImageInference, plan: JobPlan,
     return images.mapInArrow(task, RESULT_SCHEMA), []
 
 
-def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, totals: dict, n_inputs: int,
-                 n_todo: int, partitions: int, elapsed: float, n_units: int | None = None, n_videos: int = 0,
-                 new_output: bool = False, rows_before: dict[str, int] | None = None,
-                 tables_after: dict[str, dict[str, str]] | None = None) -> dict:
+def make_summary(
+    spark: SparkSession,
+    plan: JobPlan,
+    settings: RuntimeSettings,
+    totals: dict,
+    n_inputs: int,
+    n_todo: int,
+    partitions: int,
+    elapsed: float,
+    n_units: int | None = None,
+    n_videos: int = 0,
+    new_output: bool = False,
+    rows_before: dict[str, int] | None = None,
+    tables_after: dict[str, dict[str, str]] | None = None,
+) -> dict:
     """The run's summary. Counts: `inputs` files listed, `videos` of them videos, `units` images + video segments,
     `skipped` units already done, `done`/`failed` result rows (images and video frames), `frames` of `done`.
     `new_output`: the output held no tables when the run began; `rows_before`: their rows then, where known
@@ -558,33 +704,63 @@ def make_summary(spark: SparkSession, plan: JobPlan, settings: RuntimeSettings, 
     manifest = plan.manifest
     processed = totals["done"] + totals["failed"]
     return {
-        "run_id": plan.run_id, "engine": plan.engine, "input": plan.input_uri, "output": plan.output_uri,
-        "model": {"name": manifest.name, "sha256": manifest.model_sha256, "dir": str(manifest.root),
-                  "trained": manifest.trained, "classes": manifest.class_names,
-                  "note": manifest.data.get("note") if manifest.trained else "RANDOM WEIGHTS: this model is "
-                  "untrained; its detections only show that the pipeline works, they mean nothing"},
-        "counts": {"inputs": n_inputs, "videos": n_videos, "units": n_units, "skipped": n_units - n_todo,
-                   "done": int(totals["done"]), "failed": int(totals["failed"]), "frames": int(totals.get("frames", 0)),
-                   "instances": int(totals["instances"])},
+        "run_id": plan.run_id,
+        "engine": plan.engine,
+        "input": plan.input_uri,
+        "output": plan.output_uri,
+        "model": {
+            "name": manifest.name,
+            "sha256": manifest.model_sha256,
+            "dir": str(manifest.root),
+            "trained": manifest.trained,
+            "classes": manifest.class_names,
+            "note": manifest.data.get("note")
+            if manifest.trained
+            else "RANDOM WEIGHTS: this model is "
+            "untrained; its detections only show that the pipeline works, they mean nothing",
+        },
+        "counts": {
+            "inputs": n_inputs,
+            "videos": n_videos,
+            "units": n_units,
+            "skipped": n_units - n_todo,
+            "done": int(totals["done"]),
+            "failed": int(totals["failed"]),
+            "frames": int(totals.get("frames", 0)),
+            "instances": int(totals["instances"]),
+        },
         "failed_images": failed_paths(spark, plan.output, plan.run_id, 10)
-        if totals["failed"] else [],   # the first 10 of this run (errors/ has them all)
+        if totals["failed"]
+        else [],  # the first 10 of this run (errors/ has them all)
         "failed_types": failure_types(spark, plan.output, plan.run_id) if totals["failed"] else {},
-        "partitions": partitions, "wall_seconds": round(elapsed, 3),
+        "partitions": partitions,
+        "wall_seconds": round(elapsed, 3),
         "images_per_second": round(processed / elapsed, 3) if processed else 0.0,
         "frames_per_second": round(totals.get("frames", 0) / elapsed, 3) if totals.get("frames") else 0.0,
         "stage_seconds": {name.removesuffix("_s"): round(totals[name], 3) for name in TIMING_FIELDS},
-        "runtime": {"precision": settings.precision, "threads": settings.threads, "streams": settings.streams,
-                    "pin_cores": settings.pin_cores},
+        "runtime": {
+            "precision": settings.precision,
+            "threads": settings.threads,
+            "streams": settings.streams,
+            "pin_cores": settings.pin_cores,
+        },
         "config": asdict(plan.config),
-        "table": counts_after_run(spark, plan.output, manifest.model_sha256, plan.run_id,   # current rows
-                                  {"detections": int(totals["done"]), "errors": int(totals["failed"])},
-                                  one_record_per_key=not n_videos, new_output=new_output,
-                                  rows_before=rows_before, files_now=tables_after),
+        "table": counts_after_run(
+            spark,
+            plan.output,
+            manifest.model_sha256,
+            plan.run_id,  # current rows
+            {"detections": int(totals["done"]), "errors": int(totals["failed"])},
+            one_record_per_key=not n_videos,
+            new_output=new_output,
+            rows_before=rows_before,
+            files_now=tables_after,
+        ),
     }
 
 
-LOCAL_REPORT_MAX_RECORDS = 50_000   # outputs up to this many records: the report's rows read on the driver (pyarrow,
-                                    # ~1 KB each, faster there than Spark's jobs); beyond: gathered by Spark
+LOCAL_REPORT_MAX_RECORDS = 50_000  # outputs up to this many records: the report's rows read on the driver (pyarrow,
+# ~1 KB each, faster there than Spark's jobs); beyond: gathered by Spark
 
 
 def render_report(spark: SparkSession, output: Location, summary: dict) -> str | None:
@@ -595,11 +771,11 @@ def render_report(spark: SparkSession, output: Location, summary: dict) -> str |
     from pipelines.report.tables import OutputError
 
     try:
-        return str(render(output.uri, spark=None if sum(summary["table"].values()) <= LOCAL_REPORT_MAX_RECORDS
-                          else spark))
-    except OutputError as err:   # not a local output: the job's results stand, the report is for later
-        log.warning(
-            "no report: %s (python -m pipelines.report.render --output DIR draws it)", err)
+        return str(
+            render(output.uri, spark=None if sum(summary["table"].values()) <= LOCAL_REPORT_MAX_RECORDS else spark)
+        )
+    except OutputError as err:  # not a local output: the job's results stand, the report is for later
+        log.warning("no report: %s (python -m pipelines.report.render --output DIR draws it)", err)
         return None
 
 

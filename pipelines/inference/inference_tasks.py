@@ -1,5 +1,6 @@
 """Which executor task class runs a model family: the manifest's "model" -> its ImageInference subclass. No Spark
 imports, so one-process runs and benchmarks use the job's own classes without pyspark."""
+
 from __future__ import annotations
 
 import importlib

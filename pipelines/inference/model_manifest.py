@@ -3,6 +3,7 @@
 The driver loads and verifies it before any Spark task starts; executors verify the files they received again
 before compiling them (a corrupted broadcast or a swapped file must never produce results).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +16,7 @@ from pipelines.io.uris import is_local, to_local_path
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
-INFERENCE_ROLES = ("ir_xml", "ir_bin", "priors")   # what a job needs; the ONNX files may be left out of a bundle
+INFERENCE_ROLES = ("ir_xml", "ir_bin", "priors")  # what a job needs; the ONNX files may be left out of a bundle
 
 
 class ModelManifestError(UsageError):
@@ -91,7 +92,8 @@ class ModelManifest:
             if not path.is_file():
                 raise ModelManifestError(
                     f"{path}: listed in {self.root / MANIFEST_NAME} as '{role}' but missing: re-export the model "
-                    "(python -m model_export ...) or copy the whole export directory")
+                    "(python -m model_export ...) or copy the whole export directory"
+                )
             expected = hashes.get(rel)
             if expected is None:
                 raise ModelManifestError(f"{self.root / MANIFEST_NAME}: no sha256 recorded for {rel}: re-export")
@@ -99,16 +101,19 @@ class ModelManifest:
             if actual != expected:
                 raise ModelManifestError(
                     f"{path}: sha256 {actual[:12]}... does not match the manifest ({expected[:12]}...): the file was "
-                    "modified or corrupted in transit; re-copy the export directory or re-export the model")
+                    "modified or corrupted in transit; re-copy the export directory or re-export the model"
+                )
 
 
 def load_manifest(model_dir: str | Path, verify: bool = True) -> ModelManifest:
     """Read `model_dir/manifest.json`; with `verify`, check the sha256 of the files inference uses (fails fast,
     naming the file). `manifest.verify_files()` checks every listed file."""
     if not is_local(model_dir):
-        raise ModelManifestError(f"{model_dir}: a model directory is read on the driver, from its file system: give a "
-                                 "local path (copy the export directory there, or ship it with spark-submit "
-                                 "--archives model.tar.gz#model and pass --model model)")
+        raise ModelManifestError(
+            f"{model_dir}: a model directory is read on the driver, from its file system: give a "
+            "local path (copy the export directory there, or ship it with spark-submit "
+            "--archives model.tar.gz#model and pass --model model)"
+        )
     root = Path(to_local_path(model_dir)).expanduser().resolve()
     path = root / MANIFEST_NAME
     if not path.is_file():
@@ -125,8 +130,10 @@ def load_manifest(model_dir: str | Path, verify: bool = True) -> ModelManifest:
         if key not in data:
             raise ModelManifestError(f"{path}: required key '{key}' is missing: re-export the model")
     if data.get("format_version", FORMAT_VERSION) > FORMAT_VERSION:
-        raise ModelManifestError(f"{path}: format_version {data['format_version']} is newer than this sparkseg "
-                                 f"understands ({FORMAT_VERSION}): upgrade sparkseg")
+        raise ModelManifestError(
+            f"{path}: format_version {data['format_version']} is newer than this sparkseg "
+            f"understands ({FORMAT_VERSION}): upgrade sparkseg"
+        )
     manifest = ModelManifest(root=root, data=data, model_sha256=hashlib.sha256(raw).hexdigest())
     if manifest.model == "yolact" and "priors" not in data["files"]:
         raise ModelManifestError(f"{path}: a yolact manifest must list its priors file: re-export the model")

@@ -1,6 +1,7 @@
 """OpenVINO on executors: runtime settings (precision, threads, streams) and a compiled IR with named outputs.
 Executors keep one per Python worker through `pipelines.inference.executor_cache.LazyModel`, keyed by the manifest's
 sha256 and these settings, so a new model (or new settings) never reuses a stale compiled model."""
+
 from __future__ import annotations
 
 import os
@@ -15,6 +16,7 @@ import numpy as np
 from pipelines.inference.core_pinning import pin_to_free_cores
 
 PRECISION_HINTS = {"f32": "f32", "bf16": "bf16", "auto": None}
+
 
 @dataclass(frozen=True)
 class RuntimeSettings:
@@ -47,11 +49,16 @@ class RuntimeSettings:
         return config
 
     @classmethod
-    def for_task_cpus(cls, task_cpus: int, precision: str = "auto", threads: int | None = None,
-                      streams: int | None = None, pin_cores: bool = False) -> "RuntimeSettings":
+    def for_task_cpus(
+        cls,
+        task_cpus: int,
+        precision: str = "auto",
+        threads: int | None = None,
+        streams: int | None = None,
+        pin_cores: bool = False,
+    ) -> RuntimeSettings:
         """Each concurrent task owns `task_cpus` cores: by default one stream with that many threads."""
-        return cls(precision=precision, threads=threads or max(1, task_cpus), streams=streams or 1,
-                   pin_cores=pin_cores)
+        return cls(precision=precision, threads=threads or max(1, task_cpus), streams=streams or 1, pin_cores=pin_cores)
 
 
 _core = None
@@ -82,7 +89,7 @@ class CompiledIR:
     def __init__(self, xml_path: str | Path, settings: RuntimeSettings) -> None:
         import openvino as ov
 
-        if settings.pin_cores:   # before compiling: the inference threads it starts inherit the affinity
+        if settings.pin_cores:  # before compiling: the inference threads it starts inherit the affinity
             pin_to_free_cores(settings.threads)
         self.settings = settings
         self.compiled = openvino_core().compile_model(str(xml_path), settings.device, settings.ov_config())
@@ -92,7 +99,7 @@ class CompiledIR:
         self.num_requests = int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
         self._queue = ov.AsyncInferQueue(self.compiled, self.num_requests)
         self._lock = threading.Lock()
-        self._last_outputs: dict[str, np.ndarray] = {}   # the previous static-shape result, to reuse (_outputs)
+        self._last_outputs: dict[str, np.ndarray] = {}  # the previous static-shape result, to reuse (_outputs)
 
     def infer(self, batch: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         """batch: B images [3, H, W] float32, as a list or a [B, 3, H, W] array (the IR takes one image; the queue
@@ -143,10 +150,12 @@ class CompiledIR:
         unmaps them when freed), which the copies fault in: YOLACT-R50 550 in bf16, 8 images a call, 7 ms of 112 per
         image."""
         last = self._last_outputs
-        if not (last and len(next(iter(last.values()))) == count
-                and all(sys.getrefcount(last[name]) == 2 for name in last)):
-            last = self._last_outputs = {name: np.empty((count,) + shape, dtype)
-                                         for name, (shape, dtype) in self._static_outputs.items()}
+        if not (
+            last and len(next(iter(last.values()))) == count and all(sys.getrefcount(last[name]) == 2 for name in last)
+        ):
+            last = self._last_outputs = {
+                name: np.empty((count,) + shape, dtype) for name, (shape, dtype) in self._static_outputs.items()
+            }
         return last
 
     def infer_one(self, image: np.ndarray) -> dict[str, np.ndarray]:

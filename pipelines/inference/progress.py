@@ -6,6 +6,7 @@ thread on the driver prints a line every `interval_s` while tasks run, with the 
 status tracker, so a long task still shows signs of life. On a terminal the line is rewritten in place; in a log
 file it is one line per interval.
 """
+
 from __future__ import annotations
 
 import sys
@@ -32,9 +33,10 @@ def duration(seconds: float) -> str:
 
 
 class ProgressReporter:
-    def __init__(self, spark: SparkSession, total: int, interval_s: float = 5.0, stream=None,
-                 unit: str = "images") -> None:
-        self.unit = unit   # what is counted: "images", or "images+frames" when the input holds videos
+    def __init__(
+        self, spark: SparkSession, total: int, interval_s: float = 5.0, stream=None, unit: str = "images"
+    ) -> None:
+        self.unit = unit  # what is counted: "images", or "images+frames" when the input holds videos
         self.accumulator = spark.sparkContext.accumulator(0)
         self._tracker = spark.sparkContext.statusTracker()
         self.total = total
@@ -57,8 +59,9 @@ class ProgressReporter:
         elapsed = max(time.time() - self._start, 1e-9)
         percent = 100.0 * done / self.total if self.total else 100.0
         rate = done / elapsed
-        text = (f"{PREFIX} {done}/{self.total} {self.unit} ({percent:.0f}%), {rate:.2f} {self.unit}/s, "
-                f"{duration(elapsed)}")
+        text = (
+            f"{PREFIX} {done}/{self.total} {self.unit} ({percent:.0f}%), {rate:.2f} {self.unit}/s, {duration(elapsed)}"
+        )
         if final:
             return text
         eta = duration((self.total - done) / rate) if done else "when the first task ends"
@@ -84,7 +87,7 @@ class ProgressReporter:
                 self._print(self.line())
                 state, last = now_state, time.time()
 
-    def __enter__(self) -> "ProgressReporter":
+    def __enter__(self) -> ProgressReporter:
         self._start = time.time()
         if self.interval_s > 0:
             self._thread = threading.Thread(target=self._loop, name="sparkseg-progress", daemon=True)

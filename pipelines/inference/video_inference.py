@@ -5,6 +5,7 @@ through the task's model in batches of `frames_per_batch`, with the same postpro
 masks/<relative video path>/<frame_index:06d>.png. A segment that cannot be decoded (or the part of it after
 the first bad frame) becomes one error row naming the video, the segment and why; the frames before stay.
 """
+
 from __future__ import annotations
 
 import time
@@ -12,8 +13,8 @@ import time
 import pandas as pd
 
 from pipelines.ops.preprocess import preprocess_rgb
-from pipelines.results.result_rows import fail, new_row
 from pipelines.ops.video_decode import STORE_FAILURE, VideoDecodeError, decode_segment
+from pipelines.results.result_rows import fail, new_row
 
 
 def is_segment(record) -> bool:
@@ -39,24 +40,30 @@ def segment_rows(task, record, guard=None) -> list[dict]:
         reason, _, message = str(record.segment_error).partition(": ")
         row = frame_row(start if end is not None else None)
         text = f"{record.path}: {segment_name(start, end)}: {message}"
-        if reason.startswith(STORE_FAILURE):   # the store, not the video: a read failure, tried again next run
+        if reason.startswith(STORE_FAILURE):  # the store, not the video: a read failure, tried again next run
             fail(row, OSError(text), stage="read")
-            row["error_type"] = reason[len(STORE_FAILURE):]
+            row["error_type"] = reason[len(STORE_FAILURE) :]
         else:
             fail(row, VideoDecodeError(text, reason))
         return [row]
     rows, pending = [], []
     try:
         if guard is not None:
-            key = f"{record.path}#segment={start}"   # a poison segment, not the whole video
+            key = f"{record.path}#segment={start}"  # a poison segment, not the whole video
             guard.check(key)
             guard.in_flight([key])
         # Spark-side module: images need none of it
         from pipelines.inference.video_sources import previous_timestamp_s, time_base, video_source
 
-        frames = decode_segment(video_source(record, task.fetch_bytes), start, [int(p) for p in record.frame_pts],
-                                int(record.first_pts), time_base(record), task.video.keeps,
-                                previous_timestamp_s(record))
+        frames = decode_segment(
+            video_source(record, task.fetch_bytes),
+            start,
+            [int(p) for p in record.frame_pts],
+            int(record.first_pts),
+            time_base(record),
+            task.video.keeps,
+            previous_timestamp_s(record),
+        )
         while True:
             began = time.perf_counter()
             frame = next(frames, None)
@@ -79,7 +86,7 @@ def segment_rows(task, record, guard=None) -> list[dict]:
         row = frame_row(first_missing if first_missing is not None else start)
         if isinstance(err, VideoDecodeError):
             err = VideoDecodeError(f"{record.path}: {segment_name(start, end)}: {err}", err.reason, first_missing)
-        fail(row, err, stage="read" if isinstance(err, OSError) else "decode")   # OSError: the store failed
+        fail(row, err, stage="read" if isinstance(err, OSError) else "decode")  # OSError: the store failed
         rows.append(row)
     if pending:
         task.infer_and_postprocess(pending)

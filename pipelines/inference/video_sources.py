@@ -7,11 +7,12 @@ segment in detections/ and errors/ (`segment_start`), so a re-run after a kill r
 a replaced video (other size or modification time) is redone whole. A video that cannot be scanned, and the
 unreadable tail of a truncated one, are units with `segment_error` set: they become errors/ rows.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterator
 
 import pandas as pd
 from pyspark.sql import DataFrame
@@ -22,14 +23,14 @@ from pipelines.inference import image_sources as src
 from pipelines.job_config import VideoSettings
 
 SEGMENT_FIELDS = [
-    T.StructField("segment_start", T.IntegerType(), True),    # first frame_index of the segment
-    T.StructField("segment_end", T.IntegerType(), True),      # one past its last frame; null: the whole video
-    T.StructField("frame_pts", T.ArrayType(T.LongType()), True),   # pts of frames segment_start .. segment_end - 1
-    T.StructField("previous_pts", T.LongType(), True),        # pts of frame segment_start - 1 (fps sampling)
-    T.StructField("first_pts", T.LongType(), True),           # pts of frame 0: timestamp_s = (pts - first) x base
+    T.StructField("segment_start", T.IntegerType(), True),  # first frame_index of the segment
+    T.StructField("segment_end", T.IntegerType(), True),  # one past its last frame; null: the whole video
+    T.StructField("frame_pts", T.ArrayType(T.LongType()), True),  # pts of frames segment_start .. segment_end - 1
+    T.StructField("previous_pts", T.LongType(), True),  # pts of frame segment_start - 1 (fps sampling)
+    T.StructField("first_pts", T.LongType(), True),  # pts of frame 0: timestamp_s = (pts - first) x base
     T.StructField("time_base_num", T.LongType(), True),
     T.StructField("time_base_den", T.LongType(), True),
-    T.StructField("segment_error", T.StringType(), True),     # "<reason>: <message>" for units that are errors
+    T.StructField("segment_error", T.StringType(), True),  # "<reason>: <message>" for units that are errors
 ]
 UNIT_SCHEMA = T.StructType(src.LISTING_SCHEMA.fields + SEGMENT_FIELDS)
 SEGMENT_COLUMNS = [f.name for f in SEGMENT_FIELDS]
@@ -47,8 +48,9 @@ def is_video(path_column, extensions: tuple[str, ...]):
 
 def image_units(images: DataFrame) -> DataFrame:
     """Listing rows of images -> UNIT_SCHEMA rows (segment fields null)."""
-    return images.select(*src.LISTING_SCHEMA.fieldNames(),
-                         *[F.lit(None).cast(f.dataType).alias(f.name) for f in SEGMENT_FIELDS])
+    return images.select(
+        *src.LISTING_SCHEMA.fieldNames(), *[F.lit(None).cast(f.dataType).alias(f.name) for f in SEGMENT_FIELDS]
+    )
 
 
 def video_units(videos: DataFrame, settings: VideoSettings, fetch_bytes) -> DataFrame:
@@ -97,14 +99,24 @@ class VideoScan:
         except Exception as err:  # noqa: BLE001  (every unreadable video becomes one errors/ row)
             return [error_unit(listing, 0, None, err)]
         pts, step = index.frame_pts, self.settings.segment_frames
-        units = [{**listing, "segment_start": start, "segment_end": min(start + step, len(pts)),
-                  "frame_pts": pts[start:start + step], "previous_pts": pts[start - 1] if start else None,
-                  "first_pts": index.first_pts, "time_base_num": index.time_base.numerator,
-                  "time_base_den": index.time_base.denominator, "segment_error": None}
-                 for start in range(0, len(pts), step)]
+        units = [
+            {
+                **listing,
+                "segment_start": start,
+                "segment_end": min(start + step, len(pts)),
+                "frame_pts": pts[start : start + step],
+                "previous_pts": pts[start - 1] if start else None,
+                "first_pts": index.first_pts,
+                "time_base_num": index.time_base.numerator,
+                "time_base_den": index.time_base.denominator,
+                "segment_error": None,
+            }
+            for start in range(0, len(pts), step)
+        ]
         if index.truncated:
-            units.append(error_unit(listing, len(pts), index.declared_frames,
-                                    VideoDecodeError(index.truncated, "truncated")))
+            units.append(
+                error_unit(listing, len(pts), index.declared_frames, VideoDecodeError(index.truncated, "truncated"))
+            )
         return units
 
 
@@ -113,11 +125,19 @@ def error_unit(listing: dict, start: int, end: int | None, err: BaseException) -
 
     if isinstance(err, VideoDecodeError):
         reason = err.reason
-    else:   # an OSError: the store failed, not the video (video_inference retries it as a read failure)
+    else:  # an OSError: the store failed, not the video (video_inference retries it as a read failure)
         reason = (STORE_FAILURE if isinstance(err, OSError) else "") + type(err).__name__
-    return {**listing, "segment_start": start, "segment_end": end, "frame_pts": None, "previous_pts": None,
-            "first_pts": None, "time_base_num": None, "time_base_den": None,
-            "segment_error": f"{reason}: {err}"}
+    return {
+        **listing,
+        "segment_start": start,
+        "segment_end": end,
+        "frame_pts": None,
+        "previous_pts": None,
+        "first_pts": None,
+        "time_base_num": None,
+        "time_base_den": None,
+        "segment_error": f"{reason}: {err}",
+    }
 
 
 def time_base(record) -> Fraction:
@@ -155,7 +175,7 @@ def expected_frames(units: DataFrame, settings: VideoSettings) -> int:
     """Frames the readable video units will process. Every frame_stride-th frame counted in the JVM; with fps
     sampling, each unit's frames are counted on the executors by the decoder's own rule (kept_frames)."""
     segments = units.where(F.col("segment_error").isNull() & F.col("segment_start").isNotNull())
-    if settings.fps is None:   # frame indices in [start, end) that are multiples of the stride
+    if settings.fps is None:  # frame indices in [start, end) that are multiples of the stride
         stride = F.lit(settings.frame_stride)
         frames = F.ceil(F.col("segment_end") / stride) - F.ceil(F.col("segment_start") / stride)
         row = segments.agg(F.sum(frames).alias("frames")).first()
@@ -165,7 +185,10 @@ def expected_frames(units: DataFrame, settings: VideoSettings) -> int:
         for batch in batches:
             yield pd.DataFrame({"frames": [sum(kept_frames(r, settings) for r in batch.itertuples())]})
 
-    row = (segments.select("segment_start", "frame_pts", "previous_pts", "first_pts", "time_base_num",
-                           "time_base_den").mapInPandas(count, "frames long").agg(F.sum("frames").alias("frames"))
-           .first())
+    row = (
+        segments.select("segment_start", "frame_pts", "previous_pts", "first_pts", "time_base_num", "time_base_den")
+        .mapInPandas(count, "frames long")
+        .agg(F.sum("frames").alias("frames"))
+        .first()
+    )
     return int(row["frames"] or 0)

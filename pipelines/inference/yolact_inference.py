@@ -1,13 +1,14 @@
 """YOLACT on executors: the shared image-inference stages plus YOLACT's postprocess (the numpy Detect and mask
 assembly of `pipelines.ops.yolact_postprocess`, the one implementation the PyTorch eval path also calls)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.ops import yolact_postprocess as yp
 from pipelines.inference.image_inference import ExecutorModel, ImageInference, timed
+from pipelines.ops import yolact_postprocess as yp
 
 
 @dataclass(frozen=True)
@@ -24,15 +25,28 @@ class YolactInference(ImageInference):
 
         with timed(row, "postprocess"):
             post = {k: self.postprocess[k] for k in ("conf_thresh", "nms_thresh", "top_k", "max_num_detections")}
-            det = yp.detect(raw["loc"], raw["conf"], raw["mask"], model.arrays["priors"],
-                            nms=self.postprocess.get("nms", "fast"), **post)
+            det = yp.detect(
+                raw["loc"],
+                raw["conf"],
+                raw["mask"],
+                model.arrays["priors"],
+                nms=self.postprocess.get("nms", "fast"),
+                **post,
+            )
             det = det.take(det.scores > np.float32(self.written_score_threshold("conf_thresh")))
             width, height = row["width"], row["height"]
             boxes = yp.box_pixels(det.boxes, width, height)
             names = self.class_names
-            instances = [{"class_id": class_id, "score": score, "box": box, "mask": None,
-                          "class_name": names[class_id] if class_id < len(names) else str(class_id)}
-                         for class_id, score, box in zip(det.classes.tolist(), det.scores.tolist(), boxes.tolist())]
+            instances = [
+                {
+                    "class_id": class_id,
+                    "score": score,
+                    "box": box,
+                    "mask": None,
+                    "class_name": names[class_id] if class_id < len(names) else str(class_id),
+                }
+                for class_id, score, box in zip(det.classes.tolist(), det.scores.tolist(), boxes.tolist())
+            ]
             labels = LabelMapBuilder(height, width) if self.masks == "rle_and_png" else None
             if self.masks != "none":
                 counts, ends = yp.mask_blocks(det, raw["proto"], width, height).encode(labels)

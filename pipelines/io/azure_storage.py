@@ -12,6 +12,7 @@ Credentials come only from the environment (`AzureCredentials.from_env()`) or a 
 URIs: `az://container/path` (account from the credentials), `abfs[s]://container@account.dfs.core.windows.net/path`,
 `wasb[s]://container@account.blob.core.windows.net/path`, and adlfs' `abfs://container/path`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,9 @@ import datetime as dt
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 from urllib.parse import quote, quote_plus, unquote
 
 from pipelines.errors import StorageError, UsageError
@@ -56,6 +58,7 @@ class BlobAccessDenied(AzureStorageError, PermissionError):
 
 # ---- URIs -------------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class BlobPath:
     """A parsed Azure URI. `path` is the blob name or prefix inside `container` (no leading slash)."""
@@ -82,16 +85,22 @@ def parse_blob_uri(uri: str) -> BlobPath:
     scheme, _, rest = uri.partition("://")
     scheme = scheme.lower()
     if scheme not in AZURE_SCHEMES:
-        raise UsageError(f"{uri!r} is not an Azure URI; use az://container/path or "
-                         f"abfss://container@account.dfs.core.windows.net/path")
+        raise UsageError(
+            f"{uri!r} is not an Azure URI; use az://container/path or "
+            f"abfss://container@account.dfs.core.windows.net/path"
+        )
     netloc, _, path = rest.partition("/")
     if re.search(r"[?&]sig=", rest):
-        raise UsageError(f"{uri!r}: looks like a SAS token in the URI; put SAS tokens in {ENV_SAS_TOKEN}, "
-                         "not in the URI (it would be written into every output row)")
+        raise UsageError(
+            f"{uri!r}: looks like a SAS token in the URI; put SAS tokens in {ENV_SAS_TOKEN}, "
+            "not in the URI (it would be written into every output row)"
+        )
     container, at, host = netloc.partition("@")
     if not container:
-        raise UsageError(f"{uri!r} names no container; use {scheme}://<container>/<path>"
-                         + (" or <container>@<account>.dfs.core.windows.net" if scheme != "az" else ""))
+        raise UsageError(
+            f"{uri!r} names no container; use {scheme}://<container>/<path>"
+            + (" or <container>@<account>.dfs.core.windows.net" if scheme != "az" else "")
+        )
     if at and not host:
         raise UsageError(f"{uri!r}: nothing after '@'; use {scheme}://<container>@<account>.dfs.core.windows.net/...")
     if scheme == "az" and at:
@@ -101,6 +110,7 @@ def parse_blob_uri(uri: str) -> BlobPath:
 
 
 # ---- credentials ------------------------------------------------------------------------------------------------
+
 
 def _parse_connection_string(connection_string: str) -> dict[str, str]:
     fields = {}
@@ -138,8 +148,16 @@ class AzureCredentials:
     _secrets: tuple[str, ...] = field(default=(), init=False, compare=False)
 
     def __post_init__(self):
-        for name in ("account_name", "connection_string", "account_key", "sas_token", "client_id",
-                     "client_secret", "tenant_id", "blob_endpoint"):
+        for name in (
+            "account_name",
+            "connection_string",
+            "account_key",
+            "sas_token",
+            "client_id",
+            "client_secret",
+            "tenant_id",
+            "blob_endpoint",
+        ):
             value = getattr(self, name)
             object.__setattr__(self, name, value.strip() if isinstance(value, str) and value.strip() else None)
         if self.sas_token:
@@ -147,16 +165,25 @@ class AzureCredentials:
         if self.connection_string:
             fields = _parse_connection_string(self.connection_string)
             if not fields:
-                raise UsageError(f"the Azure connection string is malformed (expected 'Key=Value;...'); check "
-                                 f"{ENV_CONNECTION_STRING} or the secret it came from")
+                raise UsageError(
+                    f"the Azure connection string is malformed (expected 'Key=Value;...'); check "
+                    f"{ENV_CONNECTION_STRING} or the secret it came from"
+                )
             if not self.account_name and fields.get("AccountName"):
                 object.__setattr__(self, "account_name", fields["AccountName"])
         elif self.account_key or self.sas_token:
             if not self.account_name:
                 raise UsageError(f"an account key or SAS token needs the account name: set {ENV_ACCOUNT_NAME}")
         elif self.client_id or self.client_secret or self.tenant_id:
-            missing = [env for env, value in ((ENV_CLIENT_ID, self.client_id), (ENV_CLIENT_SECRET, self.client_secret),
-                                              (ENV_TENANT_ID, self.tenant_id)) if not value]
+            missing = [
+                env
+                for env, value in (
+                    (ENV_CLIENT_ID, self.client_id),
+                    (ENV_CLIENT_SECRET, self.client_secret),
+                    (ENV_TENANT_ID, self.tenant_id),
+                )
+                if not value
+            ]
             if missing:
                 raise UsageError(f"service principal credentials are incomplete: {', '.join(missing)} missing")
         else:
@@ -165,12 +192,14 @@ class AzureCredentials:
 
     @staticmethod
     def _missing_message() -> str:
-        return (f"no Azure Storage credentials: set {ENV_CONNECTION_STRING}, or {ENV_ACCOUNT_NAME} with "
-                f"{ENV_ACCOUNT_KEY} or {ENV_SAS_TOKEN}, or {ENV_CLIENT_ID}/{ENV_CLIENT_SECRET}/{ENV_TENANT_ID} "
-                f"(service principal); on Databricks use AzureCredentials.from_databricks_secrets(dbutils, scope, ...)")
+        return (
+            f"no Azure Storage credentials: set {ENV_CONNECTION_STRING}, or {ENV_ACCOUNT_NAME} with "
+            f"{ENV_ACCOUNT_KEY} or {ENV_SAS_TOKEN}, or {ENV_CLIENT_ID}/{ENV_CLIENT_SECRET}/{ENV_TENANT_ID} "
+            f"(service principal); on Databricks use AzureCredentials.from_databricks_secrets(dbutils, scope, ...)"
+        )
 
     @classmethod
-    def from_env(cls) -> "AzureCredentials":
+    def from_env(cls) -> AzureCredentials:
         """Credentials from the process environment; the first complete set wins, in the order of the class doc."""
         env = os.environ
         get = lambda name: env.get(name, "").strip() or None  # noqa: E731
@@ -182,35 +211,58 @@ class AzureCredentials:
         if get(ENV_SAS_TOKEN):
             return cls(sas_token=get(ENV_SAS_TOKEN), **common)
         if get(ENV_CLIENT_ID) or get(ENV_CLIENT_SECRET) or get(ENV_TENANT_ID):
-            return cls(client_id=get(ENV_CLIENT_ID), client_secret=get(ENV_CLIENT_SECRET),
-                       tenant_id=get(ENV_TENANT_ID), **common)
+            return cls(
+                client_id=get(ENV_CLIENT_ID),
+                client_secret=get(ENV_CLIENT_SECRET),
+                tenant_id=get(ENV_TENANT_ID),
+                **common,
+            )
         raise UsageError(cls._missing_message())
 
     @classmethod
-    def from_databricks_secrets(cls, dbutils, scope: str, *, connection_string_key: str | None = None,
-                                account_key_key: str | None = None, sas_token_key: str | None = None,
-                                client_id_key: str | None = None, client_secret_key: str | None = None,
-                                tenant_id_key: str | None = None, account_name_key: str | None = None,
-                                account_name: str | None = None) -> "AzureCredentials":
+    def from_databricks_secrets(
+        cls,
+        dbutils,
+        scope: str,
+        *,
+        connection_string_key: str | None = None,
+        account_key_key: str | None = None,
+        sas_token_key: str | None = None,
+        client_id_key: str | None = None,
+        client_secret_key: str | None = None,
+        tenant_id_key: str | None = None,
+        account_name_key: str | None = None,
+        account_name: str | None = None,
+    ) -> AzureCredentials:
         """Credentials from a Databricks secret scope: each `*_key` is the NAME of a secret in `scope`.
 
         `account_name` (not a secret) may be given directly; otherwise it comes from `account_name_key`, the
         connection string or the URI.
         """
-        keys = dict(connection_string=connection_string_key, account_key=account_key_key, sas_token=sas_token_key,
-                    client_id=client_id_key, client_secret=client_secret_key, tenant_id=tenant_id_key,
-                    account_name=account_name_key)
+        keys = dict(
+            connection_string=connection_string_key,
+            account_key=account_key_key,
+            sas_token=sas_token_key,
+            client_id=client_id_key,
+            client_secret=client_secret_key,
+            tenant_id=tenant_id_key,
+            account_name=account_name_key,
+        )
         if not any(value for name, value in keys.items() if name != "account_name"):
-            raise UsageError("from_databricks_secrets: name at least one secret, e.g. connection_string_key=... or "
-                             "account_key_key=... (the key names inside the scope, not the secrets)")
+            raise UsageError(
+                "from_databricks_secrets: name at least one secret, e.g. connection_string_key=... or "
+                "account_key_key=... (the key names inside the scope, not the secrets)"
+            )
         values = {}
         for name, key in keys.items():
             if key:
                 try:
                     values[name] = dbutils.secrets.get(scope=scope, key=key)
                 except Exception as exc:  # the Databricks error names scope and key, never the value
-                    raise UsageError(f"cannot read secret {key!r} from Databricks scope {scope!r} "
-                                     f"({type(exc).__name__}); check `dbutils.secrets.list({scope!r})`") from None
+                    raise UsageError(
+                        f"cannot read secret {key!r} from Databricks scope {scope!r} "
+                        f"({type(exc).__name__}); check `dbutils.secrets.list({scope!r})`"
+                    ) from None
         if account_name and not values.get("account_name"):
             values["account_name"] = account_name
         return cls(**values)
@@ -237,8 +289,10 @@ class AzureCredentials:
         if self.connection_string:
             fields = _parse_connection_string(self.connection_string)
             secrets.update((fields.get("AccountKey"), fields.get("SharedAccessSignature")))
-        for token in [self.sas_token, self.connection_string and
-                      _parse_connection_string(self.connection_string).get("SharedAccessSignature")]:
+        for token in [
+            self.sas_token,
+            self.connection_string and _parse_connection_string(self.connection_string).get("SharedAccessSignature"),
+        ]:
             for item in (token or "").split("&"):
                 key, _, value = item.partition("=")
                 if key == "sig":
@@ -302,7 +356,7 @@ class AzureBlobStore:
     def __setstate__(self, state):
         self.__init__(state["credentials"])
 
-    def __enter__(self) -> "AzureBlobStore":
+    def __enter__(self) -> AzureBlobStore:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -328,12 +382,15 @@ class AzureBlobStore:
         wanted = normalize_extensions(extensions)
         prefix, itself = _directory_name(path.path), not path.path.endswith("/")
         log.debug("listing %s (extensions=%s) with %r", uri, wanted, self.credentials)
-        blobs = self._each("list", uri, lambda: self.container_client(path).list_blobs(
-            name_starts_with=prefix or None, include=["metadata"]))
+        blobs = self._each(
+            "list",
+            uri,
+            lambda: self.container_client(path).list_blobs(name_starts_with=prefix or None, include=["metadata"]),
+        )
         for blob in blobs:
             if itself and blob.name == prefix:
                 yield from _wanted(path, blob, wanted)
-            elif not prefix or blob.name.startswith(prefix + "/"):   # "images" must not match "images2/..."
+            elif not prefix or blob.name.startswith(prefix + "/"):  # "images" must not match "images2/..."
                 if not is_hidden(_below(prefix, blob.name)):
                     yield from _wanted(path, blob, wanted)
 
@@ -348,8 +405,10 @@ class AzureBlobStore:
         prefix = _directory_name(path.path)
         container = self.container_client(path)
         if prefix and not path.path.endswith("/"):
+
             def properties():
                 from azure.core.exceptions import ResourceNotFoundError
+
                 try:
                     return container.get_blob_client(prefix).get_blob_properties()
                 except ResourceNotFoundError:
@@ -358,12 +417,17 @@ class AzureBlobStore:
             itself = self._call("list", uri, properties)
             if itself is not None:
                 yield from _wanted(path, itself, wanted)
-        entries = self._each("list", uri, lambda: container.walk_blobs(
-            name_starts_with=prefix + "/" if prefix else None, include=["metadata"], delimiter="/"))
+        entries = self._each(
+            "list",
+            uri,
+            lambda: container.walk_blobs(
+                name_starts_with=prefix + "/" if prefix else None, include=["metadata"], delimiter="/"
+            ),
+        )
         for entry in entries:
-            if is_hidden(_below(prefix, entry.name)):   # `_tmp/`, `.cache/`, `_x.jpg`
+            if is_hidden(_below(prefix, entry.name)):  # `_tmp/`, `.cache/`, `_x.jpg`
                 continue
-            if isinstance(entry, BlobPrefix):    # a virtual directory (its name ends in '/')
+            if isinstance(entry, BlobPrefix):  # a virtual directory (its name ends in '/')
                 yield path.uri_for(entry.name)
             else:
                 yield from _wanted(path, entry, wanted)
@@ -377,8 +441,9 @@ class AzureBlobStore:
         """Upload `data` as blob `uri`, replacing it. Atomic: readers see the old or the new blob, never a part
         (small blobs are one Put Blob; large ones are staged blocks made visible by one Put Block List)."""
         path = _blob_path(uri)
-        self._call("write", uri,
-                   lambda: self.container_client(path).upload_blob(path.path, bytes(data), overwrite=True))
+        self._call(
+            "write", uri, lambda: self.container_client(path).upload_blob(path.path, bytes(data), overwrite=True)
+        )
 
     def exists(self, uri: str) -> bool:
         """True for an existing blob, a prefix with blobs under it, or (for a bare container URI) the container."""
@@ -405,11 +470,14 @@ class AzureBlobStore:
         if not prefix:
             raise ValueError(f"remove_tree({uri!r}): a whole container is never removed")
         container = self.container_client(path)
-        names = [blob.name for blob in self._each("list", uri, lambda: container.list_blobs(name_starts_with=prefix))
-                 if blob.name == prefix or blob.name.startswith(prefix + "/")]
+        names = [
+            blob.name
+            for blob in self._each("list", uri, lambda: container.list_blobs(name_starts_with=prefix))
+            if blob.name == prefix or blob.name.startswith(prefix + "/")
+        ]
         for name in sorted(names, reverse=True):
-            with contextlib.suppress(FileNotFoundError):   # removed in between
-                self._call("delete", path.uri_for(name), lambda: container.delete_blob(name))
+            with contextlib.suppress(FileNotFoundError):  # removed in between
+                self._call("delete", path.uri_for(name), lambda name=name: container.delete_blob(name))
 
     def container_client(self, path: BlobPath):
         """The SDK's ContainerClient for `path`'s container (for conditional blob operations, e.g. the run lock)."""
@@ -423,20 +491,26 @@ class AzureBlobStore:
         creds = self.credentials
         if creds.connection_string:
             if path.account and creds.account_name and path.account != creds.account_name:
-                raise UsageError(f"{path.uri!r} is in account {path.account!r} but the connection string is for "
-                                 f"{creds.account_name!r}; use matching credentials or an az:// URI")
+                raise UsageError(
+                    f"{path.uri!r} is in account {path.account!r} but the connection string is for "
+                    f"{creds.account_name!r}; use matching credentials or an az:// URI"
+                )
             cache_key = "connection_string"
             make = lambda: BlobServiceClient.from_connection_string(creds.connection_string)  # noqa: E731
         else:
             account = path.account or creds.account_name
             if not account:
-                raise UsageError(f"{path.uri!r} names no storage account; set {ENV_ACCOUNT_NAME} (from a "
-                                 "Databricks secret scope: the credentials' account_name, the notebook's "
-                                 f"account_name widget) or use abfss://{path.container}@<account>.dfs.core.windows.net/"
-                                 f"{path.path}")
+                raise UsageError(
+                    f"{path.uri!r} names no storage account; set {ENV_ACCOUNT_NAME} (from a "
+                    "Databricks secret scope: the credentials' account_name, the notebook's "
+                    f"account_name widget) or use abfss://{path.container}@<account>.dfs.core.windows.net/"
+                    f"{path.path}"
+                )
             if creds.kind in ("account_key", "sas") and account != creds.account_name:
-                raise UsageError(f"{path.uri!r} is in account {account!r} but the {creds.kind} is for "
-                                 f"{creds.account_name!r}; use matching credentials")
+                raise UsageError(
+                    f"{path.uri!r} is in account {account!r} but the {creds.kind} is for "
+                    f"{creds.account_name!r}; use matching credentials"
+                )
             if creds.blob_endpoint and account == creds.account_name:
                 url = creds.blob_endpoint
             elif path.host and ".dfs." in path.host:
@@ -458,8 +532,9 @@ class AzureBlobStore:
             return creds.sas_token
         from azure.identity import ClientSecretCredential
 
-        return ClientSecretCredential(tenant_id=creds.tenant_id, client_id=creds.client_id,
-                                      client_secret=creds.client_secret)
+        return ClientSecretCredential(
+            tenant_id=creds.tenant_id, client_id=creds.client_id, client_secret=creds.client_secret
+        )
 
     def _each(self, action: str, uri: str, items: Callable[[], Iterable[T]]) -> Iterator[T]:
         """The items of an SDK iterable (pages fetched as it is read), each failure translated as in `_call`."""
@@ -489,7 +564,7 @@ def _directory_name(blob_path: str) -> str:
 def _below(prefix: str, name: str) -> str:
     """A listed blob's (or virtual directory's) name relative to the listing's prefix (see _directory_name), whose
     components decide whether it is hidden."""
-    return name[len(prefix) + 1:] if prefix else name
+    return name[len(prefix) + 1 :] if prefix else name
 
 
 def _wanted(path: BlobPath, blob, wanted) -> Iterator[BlobInfo]:
@@ -515,7 +590,8 @@ def translate_error(exc: Exception, action: str, uri: str, creds: AzureCredentia
     if isinstance(exc, ResourceNotFoundError):
         return BlobNotFound(message)
     if isinstance(exc, ClientAuthenticationError) or (
-            isinstance(exc, HttpResponseError) and getattr(exc, "status_code", None) in (401, 403)):
+        isinstance(exc, HttpResponseError) and getattr(exc, "status_code", None) in (401, 403)
+    ):
         return BlobAccessDenied(message + f" (check the credentials: {creds!r})")
     if isinstance(exc, (ValueError, TypeError)):
         return UsageError(message)
@@ -524,22 +600,26 @@ def translate_error(exc: Exception, action: str, uri: str, creds: AzureCredentia
 
 # ---- module-level shortcuts (one store per call) -----------------------------------------------------------------
 
-def list_blobs(uri: str, extensions: Iterable[str] | str | None = None,
-               creds: AzureCredentials | None = None) -> list[BlobInfo]:
+
+def list_blobs(
+    uri: str, extensions: Iterable[str] | str | None = None, creds: AzureCredentials | None = None
+) -> list[BlobInfo]:
     """Driver side: (uri, size, mtime) of every blob under `uri`, recursive, extension filter case-insensitive."""
     with AzureBlobStore(creds) as store:
         return store.list(uri, extensions)
 
 
-def listing_top(uri: str, extensions: Iterable[str] | str | None = None,
-                creds: AzureCredentials | None = None) -> Iterator[BlobInfo | str]:
+def listing_top(
+    uri: str, extensions: Iterable[str] | str | None = None, creds: AzureCredentials | None = None
+) -> Iterator[BlobInfo | str]:
     """Executor side, one task: `AzureBlobStore.walk_top` of `uri`, streamed."""
     with AzureBlobStore(creds) as store:
         yield from store.walk_top(uri, extensions)
 
 
-def listing_part(entry: BlobInfo | str, extensions: Iterable[str] | str | None = None,
-                 creds: AzureCredentials | None = None) -> Iterator[BlobInfo]:
+def listing_part(
+    entry: BlobInfo | str, extensions: Iterable[str] | str | None = None, creds: AzureCredentials | None = None
+) -> Iterator[BlobInfo]:
     """Executor side: an entry of `listing_top` as blobs: a blob as itself, a virtual directory as every blob under
     it, streamed."""
     if isinstance(entry, BlobInfo):

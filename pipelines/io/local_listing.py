@@ -10,13 +10,15 @@ modification times to the millisecond, as Hadoop's local file system gives them.
 their size, 0 (Spark's scan skips them: its listing needs them added back from its index). Not recursive: the files
 directly under the root only (Spark refuses a tree with subdirectories then).
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import itertools
 import os
 import stat
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from pipelines.io.uris import has_extension, is_hidden, to_local_path
 
@@ -24,9 +26,9 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 class ListedFile(NamedTuple):
-    path: str                          # Hadoop's spelling: "file:" + the absolute path, not percent-encoded
-    size: int                          # bytes
-    modification_time: dt.datetime     # UTC, milliseconds
+    path: str  # Hadoop's spelling: "file:" + the absolute path, not percent-encoded
+    size: int  # bytes
+    modification_time: dt.datetime  # UTC, milliseconds
 
 
 def listing_root(spark_uri: str) -> str:
@@ -35,8 +37,9 @@ def listing_root(spark_uri: str) -> str:
     return os.path.normpath(to_local_path(spark_uri))
 
 
-def walk_top(root: str, extensions: tuple[str, ...] | None, recursive: bool,
-             skip: str | None = None) -> Iterator[ListedFile | str]:
+def walk_top(
+    root: str, extensions: tuple[str, ...] | None, recursive: bool, skip: str | None = None
+) -> Iterator[ListedFile | str]:
     """The top level of the listing: `root` itself when it is a file, the wanted files directly under it, and
     (recursive) the paths of its subdirectories, each of which `walk_entry` completes: they can be walked in
     parallel. `skip`: a directory (spelled as the walk spells paths: `root` and the names under it) not walked,
@@ -51,15 +54,18 @@ def walk_top(root: str, extensions: tuple[str, ...] | None, recursive: bool,
             yield child
 
 
-def walk(root: str, extensions: tuple[str, ...] | None, recursive: bool,
-         skip: str | None = None) -> Iterator[ListedFile]:
+def walk(
+    root: str, extensions: tuple[str, ...] | None, recursive: bool, skip: str | None = None
+) -> Iterator[ListedFile]:
     """Every wanted file under `root` in this process: walk_top, each of its entries completed by walk_entry."""
-    return itertools.chain.from_iterable(walk_entry(entry, extensions, skip)
-                                         for entry in walk_top(root, extensions, recursive, skip))
+    return itertools.chain.from_iterable(
+        walk_entry(entry, extensions, skip) for entry in walk_top(root, extensions, recursive, skip)
+    )
 
 
-def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None,
-               skip: str | None = None) -> Iterator[ListedFile]:
+def walk_entry(
+    entry: ListedFile | str, extensions: tuple[str, ...] | None, skip: str | None = None
+) -> Iterator[ListedFile]:
     """An entry of `walk_top` as files: a file as itself, a directory as every wanted file under it (but `skip`),
     depth first."""
     if isinstance(entry, ListedFile):
@@ -77,8 +83,9 @@ def walk_entry(entry: ListedFile | str, extensions: tuple[str, ...] | None,
         pending.extend(subdirectories)
 
 
-def underscored_files(root: str, extensions: tuple[str, ...] | None, recursive: bool,
-                      skip: str | None = None) -> Iterator[str]:
+def underscored_files(
+    root: str, extensions: tuple[str, ...] | None, recursive: bool, skip: str | None = None
+) -> Iterator[str]:
     """The wanted files the walk skips only for their name starting with '_' (Hadoop's hidden files, and cameras'
     Adobe RGB photos: `_DSC0001.JPG`), in the directories the walk enters, streamed in its order. For the message
     of a run that lists nothing; names starting with '.' (hidden everywhere, macOS's `._` metadata) are not these."""
@@ -94,8 +101,9 @@ def underscored_files(root: str, extensions: tuple[str, ...] | None, recursive: 
             pending.extend(child for child in _children(directory, (), skip) if isinstance(child, str))
 
 
-def _children(directory: str, extensions: tuple[str, ...] | None,
-              skip: str | None = None) -> Iterator[ListedFile | str]:
+def _children(
+    directory: str, extensions: tuple[str, ...] | None, skip: str | None = None
+) -> Iterator[ListedFile | str]:
     """The wanted files directly under `directory` and the paths of its subdirectories (`skip`, and a directory
     symlink that leads back into its own ancestors left out), in the file system's order."""
     for entry in _entries(directory):
@@ -115,8 +123,10 @@ def _entries(directory: str, hidden: bool = False) -> Iterator[os.DirEntry]:
     try:
         entries = os.scandir(directory)
     except OSError as err:
-        raise OSError(f"{directory}: cannot list this input directory ({err.strerror or err}); make it readable "
-                      "to the executors or move it out of the input") from None
+        raise OSError(
+            f"{directory}: cannot list this input directory ({err.strerror or err}); make it readable "
+            "to the executors or move it out of the input"
+        ) from None
     with entries:
         for entry in entries:
             if is_hidden(entry.name) == hidden:
@@ -129,7 +139,7 @@ def _listed(path: str, extensions: tuple[str, ...] | None) -> ListedFile | None:
         return None
     try:
         info = os.stat(path)
-    except OSError:   # a broken symlink, or a file removed while listing: not a file, as for Hadoop
+    except OSError:  # a broken symlink, or a file removed while listing: not a file, as for Hadoop
         return None
     if not stat.S_ISREG(info.st_mode):
         return None

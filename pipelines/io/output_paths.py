@@ -28,6 +28,7 @@ Paths are taken literally, as Spark's binaryFile `path` column gives them (not p
 have the same scheme and authority as the inputs: qualify it first with `qualify_root` (hdfs:///data ->
 hdfs://nn:8020/data, samples/images -> file:/work/samples/images).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -144,11 +145,14 @@ def _normalize_parts(components: list[str], absolute: bool) -> tuple[str, ...]:
 
 def _relative_parts(location: Location, root: Location) -> tuple[str, ...] | None:
     """location's components below root, or None if it is not strictly inside root."""
-    same_place = (location.scheme, location.authority, location.absolute) == (root.scheme, root.authority,
-                                                                             root.absolute)
+    same_place = (location.scheme, location.authority, location.absolute) == (
+        root.scheme,
+        root.authority,
+        root.absolute,
+    )
     if not same_place or location.parts[: len(root.parts)] != root.parts:
         return None
-    relative = location.parts[len(root.parts):]
+    relative = location.parts[len(root.parts) :]
     if not relative or ".." in relative:
         return None
     return relative

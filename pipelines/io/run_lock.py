@@ -19,6 +19,7 @@ does not look stale: only for an operator who knows the holder is dead (e.g. its
 Breaking is safe against races: the lock is removed only if it is still exactly the one judged stale.
 Heartbeat staleness compares the holder's clock with ours: hosts' clocks must agree to well within stale_after_s.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -62,8 +63,10 @@ class LockSettings:
 
     def __post_init__(self):
         if not 0 < self.heartbeat_s < self.stale_after_s:
-            raise UsageError(f"lock settings: need 0 < heartbeat_s ({self.heartbeat_s}) < stale_after_s "
-                             f"({self.stale_after_s}), else a live run looks dead")
+            raise UsageError(
+                f"lock settings: need 0 < heartbeat_s ({self.heartbeat_s}) < stale_after_s "
+                f"({self.stale_after_s}), else a live run looks dead"
+            )
 
 
 @dataclass(frozen=True)
@@ -78,12 +81,12 @@ class LockInfo:
     heartbeat: str
 
     @classmethod
-    def for_this_process(cls, run_id: str) -> "LockInfo":
+    def for_this_process(cls, run_id: str) -> LockInfo:
         now = _utc_now()
         return cls(run_id, socket.gethostname(), os.getpid(), _process_start(os.getpid()), now, now)
 
     @classmethod
-    def parse(cls, data: bytes) -> "LockInfo | None":
+    def parse(cls, data: bytes) -> LockInfo | None:
         """None when `data` is not a complete lock (being written, or not ours)."""
         try:
             return cls(**json.loads(data.decode("utf-8")))
@@ -93,7 +96,7 @@ class LockInfo:
     def to_bytes(self) -> bytes:
         return (json.dumps(asdict(self), indent=1) + "\n").encode("utf-8")
 
-    def beat(self) -> "LockInfo":
+    def beat(self) -> LockInfo:
         return LockInfo(**{**asdict(self), "heartbeat": _utc_now()})
 
     def heartbeat_age_s(self) -> float:
@@ -138,8 +141,15 @@ class RunLock:
         self._thread = threading.Thread(target=self._heartbeat_loop, name="sparkseg-lock-heartbeat", daemon=True)
 
     @classmethod
-    def acquire(cls, output: Location | str, run_id: str, settings: LockSettings = LockSettings(), *, spark=None,
-                attempts: int = 3) -> "RunLock":
+    def acquire(
+        cls,
+        output: Location | str,
+        run_id: str,
+        settings: LockSettings = LockSettings(),
+        *,
+        spark=None,
+        attempts: int = 3,
+    ) -> RunLock:
         """Take the lock of `output` for `run_id` and start heartbeating; raise LockHeld if a live run has it.
         `spark` is needed for Hadoop URIs (hdfs://, ...); a URI without a Location's credentials uses the
         environment's for az://."""
@@ -159,9 +169,11 @@ class RunLock:
             reason = stale_reason(holder, modified, settings.stale_after_s)
             who = holder.describe() if holder else f"an unreadable lock written {time.time() - modified:.0f} s ago"
             if reason is None and not settings.break_lock:
-                raise LockHeld(f"{store.uri} is held by {who}: another sparkseg run is writing this output. Wait for "
-                               f"it to finish; if that run is dead, rerun with --break-lock (or wait "
-                               f"{settings.stale_after_s:.0f} s after its last heartbeat)")
+                raise LockHeld(
+                    f"{store.uri} is held by {who}: another sparkseg run is writing this output. Wait for "
+                    f"it to finish; if that run is dead, rerun with --break-lock (or wait "
+                    f"{settings.stale_after_s:.0f} s after its last heartbeat)"
+                )
             if store.delete(token):
                 log.warning("broke the lock %s of %s (%s)", store.uri, who, reason or "forced by --break-lock")
             # else it changed while we looked (a heartbeat, a release, another breaker): look again
@@ -177,8 +189,9 @@ class RunLock:
             still_ours = self.store.delete(self._token)
             self._token = None
         if not still_ours:
-            log.warning("the lock %s was taken over by another run before this one (%s) ended", self.store.uri,
-                        self.info.run_id)
+            log.warning(
+                "the lock %s was taken over by another run before this one (%s) ended", self.store.uri, self.info.run_id
+            )
 
     def heartbeat(self) -> bool:
         """Rewrite the heartbeat now; False (and `lost`) when the lock is no longer ours."""
@@ -191,9 +204,13 @@ class RunLock:
                 self.lost, self._token = True, None
                 found = self.store.read()
                 holder = LockInfo.parse(found[0]) if found else None
-                self.taken_by = holder.describe() if holder else "another run"   # absent: between its break and its take
-                log.warning("the lock %s was broken by %s; this run (%s) stops at its next wave", self.store.uri,
-                            self.taken_by, self.info.run_id)
+                self.taken_by = holder.describe() if holder else "another run"  # absent: between its break and its take
+                log.warning(
+                    "the lock %s was broken by %s; this run (%s) stops at its next wave",
+                    self.store.uri,
+                    self.taken_by,
+                    self.info.run_id,
+                )
                 return False
             self.info, self._token = info, token
             return True
@@ -208,9 +225,11 @@ class RunLock:
             log.warning("lock heartbeat failed (%s: %s); the heartbeat thread retries", type(err).__name__, err)
             return
         if not held:
-            raise LockLost(f"{self.store.uri}: this run's lock was broken by {self.taken_by} while this run "
-                           f"({self.info.run_id}) wrote; it stopped, and the images it committed are kept. Let that "
-                           "run finish, then run again to do what is left (it skips what is done)")
+            raise LockLost(
+                f"{self.store.uri}: this run's lock was broken by {self.taken_by} while this run "
+                f"({self.info.run_id}) wrote; it stopped, and the images it committed are kept. Let that "
+                "run finish, then run again to do what is left (it skips what is done)"
+            )
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_s):
@@ -220,7 +239,7 @@ class RunLock:
             except Exception as err:  # noqa: BLE001 - a storage hiccup must not kill the run; the next beat retries
                 log.warning("lock heartbeat failed (%s: %s); retrying", type(err).__name__, err)
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -273,13 +292,14 @@ def lock_store(output: Location | str, *, spark=None) -> LockStore:
 
 # ---- stores -------------------------------------------------------------------------------------------------------
 
+
 class LocalLockStore:
     """A lock file on a local (or FUSE-mounted) file system. The token is the file's content. Each operation's
     check and act run under an flock on the lock's directory (serialized): without it a heartbeat that had read its
     own version could rename its new one over the lock a breaker had just written, and the breaker, not the broken
     run, would find itself lost."""
 
-    FLOCK_WAIT_S = 10.0   # a holder of the flock stopped (SIGSTOP) or stuck: go on unserialized after this
+    FLOCK_WAIT_S = 10.0  # a holder of the flock stopped (SIGSTOP) or stuck: go on unserialized after this
 
     def __init__(self, path: str):
         self.path = self.uri = path
@@ -301,24 +321,28 @@ class LocalLockStore:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        log.warning("%s: its directory's flock is held for over %.0f s; going on without it",
-                                    self.path, self.FLOCK_WAIT_S)
+                        log.warning(
+                            "%s: its directory's flock is held for over %.0f s; going on without it",
+                            self.path,
+                            self.FLOCK_WAIT_S,
+                        )
                         break
                     time.sleep(0.005)
-                except OSError:   # no flock here (an NFS mount's emulation needs a writable file, some FUSE mounts)
+                except OSError:  # no flock here (an NFS mount's emulation needs a writable file, some FUSE mounts)
                     break
             yield
         finally:
-            os.close(fd)   # releases the flock
+            os.close(fd)  # releases the flock
 
     def create(self, data: bytes) -> bytes | None:
         try:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        except OSError as err:   # the output cannot be made here (a read-only or special file system)
-            raise StorageError(f"{os.path.dirname(self.path)}: cannot create the output directory "
-                               f"({err.strerror or err})") from None
+        except OSError as err:  # the output cannot be made here (a read-only or special file system)
+            raise StorageError(
+                f"{os.path.dirname(self.path)}: cannot create the output directory ({err.strerror or err})"
+            ) from None
         try:
-            with self.serialized():   # not inside a breaker's put-back (delete)
+            with self.serialized():  # not inside a breaker's put-back (delete)
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return None
@@ -413,14 +437,21 @@ class AzureLockStore:
     def replace(self, data: bytes, token: str) -> str | None:
         from azure.core import MatchConditions
 
-        return self._conditional(lambda: self._blob.upload_blob(
-            data, overwrite=True, etag=token, match_condition=MatchConditions.IfNotModified)["etag"])
+        return self._conditional(
+            lambda: self._blob.upload_blob(
+                data, overwrite=True, etag=token, match_condition=MatchConditions.IfNotModified
+            )["etag"]
+        )
 
     def delete(self, token: str) -> bool:
         from azure.core import MatchConditions
 
-        return self._conditional(lambda: self._blob.delete_blob(
-            etag=token, match_condition=MatchConditions.IfNotModified) or True) is not None
+        return (
+            self._conditional(
+                lambda: self._blob.delete_blob(etag=token, match_condition=MatchConditions.IfNotModified) or True
+            )
+            is not None
+        )
 
     def _conditional(self, operation):
         """`operation()`, or None when its condition failed (412) or the blob is gone (404)."""
@@ -512,6 +543,7 @@ class HadoopLockStore:
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------
+
 
 def _utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")

@@ -6,6 +6,7 @@ A `Location` is a URI with the credentials that open it: the job makes one for i
 URI and its credentials apart; the stores it opens are shared by every Location derived from it (`output /
 "detections"`), once per process (a Location pickled to an executor opens its own there).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,13 +15,22 @@ import re
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from pipelines.errors import UsageError
-from pipelines.io.uris import (AZURE_SCHEMES, has_extension, is_azure, is_hidden, is_local, join_uri,  # noqa: F401
-                            normalize_extensions, scheme_of, store_of, to_local_path)
+from pipelines.io.uris import (
+    has_extension,
+    is_azure,
+    is_hidden,
+    join_uri,  # noqa: F401
+    normalize_extensions,
+    scheme_of,
+    store_of,
+    to_local_path,
+)
 
 # fsspec schemes whose Hadoop (Spark) spelling differs.
 _SPARK_SCHEMES = {"s3": "s3a"}
@@ -48,11 +58,13 @@ def to_spark_uri(uri: str | os.PathLike, account: str | None = None) -> str:
         path = parse_blob_uri(text)
         account = account or account_name_from_env()
         if not account:
-            raise UsageError(f"{text!r}: az:// URIs carry no storage account; pass account=..., set "
-                             "AZURE_STORAGE_ACCOUNT_NAME, or write abfss://container@account.dfs.core.windows.net/path")
+            raise UsageError(
+                f"{text!r}: az:// URIs carry no storage account; pass account=..., set "
+                "AZURE_STORAGE_ACCOUNT_NAME, or write abfss://container@account.dfs.core.windows.net/path"
+            )
         return f"abfss://{path.container}@{account}.dfs.core.windows.net/{path.path}"
     if scheme in _SPARK_SCHEMES:
-        return _SPARK_SCHEMES[scheme] + text[len(scheme):]
+        return _SPARK_SCHEMES[scheme] + text[len(scheme) :]
     return text
 
 
@@ -62,7 +74,6 @@ def spark_read_path(uri: str | os.PathLike, account: str | None = None) -> str:
     glob characters (``* ? [ ] { } \\``) are escaped, so the path names only itself; the rows read carry the real
     paths."""
     return _HADOOP_GLOB_CHARACTERS.sub(r"\\\1", to_spark_uri(uri, account))
-
 
 
 class FileStore(Protocol):
@@ -106,19 +117,19 @@ class Location:
     """A file or directory URI and the credentials that open it (Azure; None: the environment's)."""
 
     uri: str
-    credentials: object = field(default=None, repr=False)   # pipelines.io.azure_storage.AzureCredentials
+    credentials: object = field(default=None, repr=False)  # pipelines.io.azure_storage.AzureCredentials
     _stores: _OpenStores = field(default_factory=_OpenStores, repr=False, compare=False)
 
     @classmethod
-    def of(cls, where: "Location | str | os.PathLike") -> "Location":
+    def of(cls, where: Location | str | os.PathLike) -> Location:
         """`where` as a Location: a URI or path gets the environment's credentials."""
         return where if isinstance(where, Location) else cls(os.fspath(where))
 
-    def __truediv__(self, name: str) -> "Location":
+    def __truediv__(self, name: str) -> Location:
         """The location of `name` under this one, sharing its credentials and open stores."""
         return self.sibling(join_uri(self.uri, name))
 
-    def sibling(self, uri: str) -> "Location":
+    def sibling(self, uri: str) -> Location:
         """Another URI (e.g. one this location listed) opened with this location's credentials and stores."""
         return Location(uri, self.credentials, self._stores)
 
@@ -167,6 +178,7 @@ class Location:
 
 
 # One-call shortcuts for a URI opened with the environment's credentials (Location.of(uri).<method>).
+
 
 def write_bytes_atomic(uri: str | os.PathLike, data: bytes) -> None:
     Location.of(uri).write_bytes_atomic(data)
@@ -235,12 +247,12 @@ class AzureFiles:
         found = []
         for blob in self.blobs.list(uri, wanted):
             name = parse_blob_uri(blob.uri).path
-            if not is_hidden(name[len(root):] if name != root else name.rpartition("/")[2]):
+            if not is_hidden(name[len(root) :] if name != root else name.rpartition("/")[2]):
                 found.append(blob.uri)
         return sorted(found)
 
     def remove_temp_files(self, directory_uri: str, names: set[str]) -> int:
-        return 0   # one blob upload per write: no temp files
+        return 0  # one blob upload per write: no temp files
 
     def remove_tree(self, uri: str) -> None:
         self.blobs.remove_tree(uri)
@@ -261,8 +273,11 @@ class FsspecFiles:
 
     def remove_temp_files(self, directory_uri: str, names: set[str]) -> int:
         fs, directory = _fsspec(directory_uri)
-        stale = [path for path in fs.ls(directory.rstrip("/"), detail=False)
-                 if temp_file_target(path.rstrip("/").rpartition("/")[2]) in names]
+        stale = [
+            path
+            for path in fs.ls(directory.rstrip("/"), detail=False)
+            if temp_file_target(path.rstrip("/").rpartition("/")[2]) in names
+        ]
         for path in stale:
             fs.rm(path)
         return len(stale)
@@ -286,7 +301,7 @@ class FsspecFiles:
         if fs.isfile(root):
             candidates = [root]
         else:
-            candidates = [found for found in fs.find(root) if not is_hidden(found[len(root):])]
+            candidates = [found for found in fs.find(root) if not is_hidden(found[len(root) :])]
         return sorted(fs.unstrip_protocol(found) for found in candidates if has_extension(found, wanted))
 
 
@@ -301,8 +316,9 @@ def _list_local(text: str, wanted: tuple[str, ...] | None) -> list[str]:
         paths = []
         for directory, subdirs, files in os.walk(root):
             subdirs[:] = sorted(name for name in subdirs if not is_hidden(name))
-            paths.extend(Path(directory) / name for name in files
-                         if not is_hidden(name) and has_extension(name, wanted))
+            paths.extend(
+                Path(directory) / name for name in files if not is_hidden(name) and has_extension(name, wanted)
+            )
     return sorted(("file://" + str(path)) if as_uri else str(path) for path in paths)
 
 
@@ -311,7 +327,7 @@ def temp_file_target(name: str) -> str | None:
     dot, the name, a dot, a random part without dots, `.tmp`), None for any other name."""
     if not (name.startswith(".") and name.endswith(".tmp")):
         return None
-    target, _, random_part = name[1:-len(".tmp")].rpartition(".")
+    target, _, random_part = name[1 : -len(".tmp")].rpartition(".")
     return target if target and random_part else None
 
 
@@ -380,5 +396,7 @@ def _fsspec(uri: str):
     try:
         return fsspec.core.url_to_fs(uri)
     except (ImportError, ValueError) as exc:
-        raise UsageError(f"cannot open {uri!r} with fsspec ({exc}); install the fsspec backend for "
-                         f"{scheme_of(uri)}:// or use a local path, az:// or abfss://") from None
+        raise UsageError(
+            f"cannot open {uri!r} with fsspec ({exc}); install the fsspec backend for "
+            f"{scheme_of(uri)}:// or use a local path, az:// or abfss://"
+        ) from None

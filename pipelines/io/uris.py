@@ -12,18 +12,20 @@ Three stores:
 Local paths follow Hadoop's convention: no percent-decoding (`file:/a b/x.jpg` is the file `/a b/x.jpg`), which is
 what Spark puts in the `path` column of `binaryFile` reads.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Iterable, Literal
+from collections.abc import Iterable
+from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 from pipelines.errors import UsageError
 
 Store = Literal["local", "azure_sdk", "hadoop"]
 
-AZURE_SCHEMES = ("az", "abfs", "abfss", "wasb", "wasbs")   # every Azure Blob / ADLS Gen2 spelling
-AZURE_SDK_SCHEMES = ("az", "abfs")                        # the ones sparkseg serves with the Azure SDK
+AZURE_SCHEMES = ("az", "abfs", "abfss", "wasb", "wasbs")  # every Azure Blob / ADLS Gen2 spelling
+AZURE_SDK_SCHEMES = ("az", "abfs")  # the ones sparkseg serves with the Azure SDK
 
 
 def scheme_of(uri: str | os.PathLike) -> str:
@@ -65,9 +67,9 @@ def to_local_path(uri: str | os.PathLike) -> str:
     if not parts.path:
         raise UsageError(f"file URI {text!r} has no path; use file:///absolute/path")
     # urlsplit would cut the path at '?' or '#', which are legal in file names: take everything after the authority.
-    rest = text[len("file:"):]
+    rest = text[len("file:") :]
     if rest.startswith("//"):
-        rest = rest[2 + len(parts.netloc):]
+        rest = rest[2 + len(parts.netloc) :]
     return rest
 
 

@@ -21,6 +21,7 @@ module in the temp directory, compiled by a machine's first worker and cached be
 all each process compiles for itself. numba itself is imported at the first use of a kernel (`__getattr__`): the
 driver imports this module with the task modules, never calls it, and never loads numba.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,11 +40,31 @@ from pipelines.io.storage import publish_once
 log = logging.getLogger(__name__)
 _ONE = np.float32(1.0)
 # attributes of this module once compiled
-KERNELS = ("resample", "resample_planes", "resample_above", "mask_window", "rle_counts", "rle_window", "paint",
-           "fill_blocks", "encode_masks", "class_top_k", "fast_nms_keep")
+KERNELS = (
+    "resample",
+    "resample_planes",
+    "resample_above",
+    "mask_window",
+    "rle_counts",
+    "rle_window",
+    "paint",
+    "fill_blocks",
+    "encode_masks",
+    "class_top_k",
+    "fast_nms_keep",
+)
 # what the kernels call: compiled first, in place (the kernels find them by name)
-_HELPERS = ("_width_pass", "_width_row", "_complement", "_score_key", "_search", "_hot_range", "_fill_run",
-            "_fill_column", "_iou_above")
+_HELPERS = (
+    "_width_pass",
+    "_width_row",
+    "_complement",
+    "_score_key",
+    "_search",
+    "_hot_range",
+    "_fill_run",
+    "_fill_column",
+    "_iou_above",
+)
 _COMPILING = threading.Lock()
 
 
@@ -67,7 +88,7 @@ def _compile() -> None:
         if not os.path.isfile(__file__):
             try:
                 copy = _file_copy()
-            except OSError as err:   # no writable temp directory: compiled here, in each process
+            except OSError as err:  # no writable temp directory: compiled here, in each process
                 log.debug("no file copy of %s: %s", __name__, err)
             else:
                 for name in KERNELS:
@@ -75,10 +96,10 @@ def _compile() -> None:
                 return
         import numba
 
-        def jit(function):   # numpy's float semantics: x / 0 is inf or NaN (Python's would raise)
+        def jit(function):  # numpy's float semantics: x / 0 is inf or NaN (Python's would raise)
             try:
                 return numba.njit(cache=True, nogil=True, error_model="numpy")(function)
-            except RuntimeError as err:   # numba: "cannot cache function ...: no locator available for file ..."
+            except RuntimeError as err:  # numba: "cannot cache function ...: no locator available for file ..."
                 log.debug("%s compiled in each process: %s", function.__name__, err)
                 return numba.njit(nogil=True, error_model="numpy")(function)
 
@@ -103,7 +124,7 @@ def _file_copy():
         staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         staging.write_text(source, encoding="utf-8")
         publish_once(staging, path)
-    name = f"sparkseg_compiled_loops_{digest}"   # in sys.modules: numba's cached code names its module
+    name = f"sparkseg_compiled_loops_{digest}"  # in sys.modules: numba's cached code names its module
     spec = importlib.util.spec_from_file_location(name, path)
     copy = sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(copy)
@@ -163,12 +184,12 @@ def _resample_planes(src, y0, y1, wy1, x0, x1, wx1, mean, std, out):
         return
     planes, width = out.shape[0], out.shape[2]
     wx0 = _complement(wx1)
-    rows = np.empty((2, x0.shape[0]), np.float32)   # width passes of two source rows
-    held = np.full(2, -1, np.int64)                 # which source row each holds
-    u, v = 0, 1                                     # the rows of the upper and the lower source
+    rows = np.empty((2, x0.shape[0]), np.float32)  # width passes of two source rows
+    held = np.full(2, -1, np.int64)  # which source row each holds
+    u, v = 0, 1  # the rows of the upper and the lower source
     for r in range(y0.shape[0]):
         if held[u] != y0[r]:
-            if held[v] == y0[r]:   # the last output row's lower source is this one's upper
+            if held[v] == y0[r]:  # the last output row's lower source is this one's upper
                 u, v = v, u
             else:
                 _width_row(src[y0[r]], x0, x1, wx0, wx1, rows[u])
@@ -256,9 +277,17 @@ def _mask_window(probs, origin_row, origin_col, y0, y1, wy1, x0, x1, wx1, thresh
     row_start, row_stop = _hot_range(origin_row + first_row, origin_row + last_row, y0, y1)
     col_start, col_stop = _hot_range(origin_col + first_col, origin_col + last_col, x0, x1)
     window = np.empty((row_stop - row_start, col_stop - col_start), np.bool_)
-    resample_above(probs, y0[row_start:row_stop] - origin_row, y1[row_start:row_stop] - origin_row,
-                   wy1[row_start:row_stop], x0[col_start:col_stop] - origin_col, x1[col_start:col_stop] - origin_col,
-                   wx1[col_start:col_stop], threshold, window)
+    resample_above(
+        probs,
+        y0[row_start:row_stop] - origin_row,
+        y1[row_start:row_stop] - origin_row,
+        wy1[row_start:row_stop],
+        x0[col_start:col_stop] - origin_col,
+        x1[col_start:col_stop] - origin_col,
+        wx1[col_start:col_stop],
+        threshold,
+        window,
+    )
     return row_start, col_start, window
 
 
@@ -277,7 +306,7 @@ def _rle_counts(mask, top, left, height, width):
     per_row = (w + 7) // 8
     changed = np.zeros(per_row * 8, np.uint8)
     words = changed.view(np.uint64)
-    found_at = np.empty((h + 1) * per_row, np.int64)   # the 8-column groups with a change: row * per_row + group
+    found_at = np.empty((h + 1) * per_row, np.int64)  # the 8-column groups with a change: row * per_row + group
     found = np.empty(((h + 1) * per_row, 8), np.uint8)  # and their flags
     groups = 0
     for r in range(h + 1):
@@ -297,16 +326,16 @@ def _rle_counts(mask, top, left, height, width):
                 for j in range(8):
                     found[groups, j] = changed[8 * k + j]
                 groups += 1
-    at = np.zeros(per_row * 8 + 1, np.int64)   # a counting sort by column: where each column's changes go
+    at = np.zeros(per_row * 8 + 1, np.int64)  # a counting sort by column: where each column's changes go
     for g in range(groups):
         first = found_at[g] % per_row * 8
         for j in range(8):
-            at[first + j + 1] += found[g, j]   # (flags past the last column are 0)
+            at[first + j + 1] += found[g, j]  # (flags past the last column are 0)
     for c in range(w):
         at[c + 1] += at[c]
     n = at[w]
-    edges = np.empty(n, np.int64)   # image indices col * height + row, ascending; starts and ends alternate
-    for g in range(groups):         # groups come row by row, so each column's rows come in order
+    edges = np.empty(n, np.int64)  # image indices col * height + row, ascending; starts and ends alternate
+    for g in range(groups):  # groups come row by row, so each column's rows come in order
         r, first = found_at[g] // per_row, found_at[g] % per_row * 8
         for j in range(8):
             if found[g, j]:
@@ -315,7 +344,7 @@ def _rle_counts(mask, top, left, height, width):
     counts = np.empty(n + 1, np.uint32)
     k, previous, i = 0, 0, 0
     while i < n:
-        if i % 2 == 1 and i + 1 < n and edges[i + 1] == edges[i]:   # an end meets the next start: one run
+        if i % 2 == 1 and i + 1 < n and edges[i + 1] == edges[i]:  # an end meets the next start: one run
             i += 2
             continue
         counts[k] = edges[i] - previous
@@ -345,11 +374,11 @@ def _rle_window(chars, starts, height, width, top, left, rows, cols, mirror):
     x0, x1 = min(max(left, 0), width), min(max(left + cols, 0), width)
     if y1 <= y0 or x1 <= x0:
         return out
-    first, last = x0 * height, x1 * height   # the window's columns, as image indices col * height + row
+    first, last = x0 * height, x1 * height  # the window's columns, as image indices col * height + row
     for i in range(n):
         window = out[i]
         p, end = starts[i], starts[i + 1]
-        at, m, before, previous = 0, 0, 0, 0   # where run m starts; counts m - 2 and m - 1
+        at, m, before, previous = 0, 0, 0, 0  # where run m starts; counts m - 2 and m - 1
         while p < end and at < last:
             count, k, more = 0, 0, True
             while more and p < end:
@@ -375,15 +404,15 @@ def _fill_run(window, start, stop, height, top, left, y0, y1, x0, x1, mirror):
     run of image indices start..stop (col * height + row) meets source rows y0..y1 and columns x0..x1: the columns it
     covers whole row by row (contiguous in the window), its partial first and last column pixel by pixel."""
     cols = window.shape[1]
-    c0, c1 = start // height, (stop - 1) // height             # first and last column it touches
+    c0, c1 = start // height, (stop - 1) // height  # first and last column it touches
     whole0 = c0 if start % height == 0 else c0 + 1
-    whole1 = c1 + 1 if stop % height == 0 else c1               # columns whole0..whole1 are covered whole
+    whole1 = c1 + 1 if stop % height == 0 else c1  # columns whole0..whole1 are covered whole
     a, b = max(whole0, x0), min(whole1, x1)
     if a < b:
         o0, o1 = (cols - (b - left), cols - (a - left)) if mirror else (a - left, b - left)
         for r in range(y0, y1):
             window[r - top, o0:o1] = 1
-    if c0 < whole0 or c0 >= whole1:   # the run starts or ends inside column c0
+    if c0 < whole0 or c0 >= whole1:  # the run starts or ends inside column c0
         _fill_column(window, c0, start, stop, height, top, left, y0, y1, x0, x1, mirror)
     if c1 >= whole1 and c1 != c0:
         _fill_column(window, c1, start, stop, height, top, left, y0, y1, x0, x1, mirror)
@@ -422,8 +451,9 @@ def _fill_blocks(buffer, starts, shapes, origins, logits):
                 buffer[at + c] = logits[top + r - 1, left + c - 1, i]
 
 
-def _encode_masks(blocks, starts, shapes, origins, y0, y1, wy1, x0, x1, wx1, threshold, height, width, labels,
-                  first_label):
+def _encode_masks(
+    blocks, starts, shapes, origins, y0, y1, wy1, x0, x1, wx1, threshold, height, width, labels, first_label
+):
     """Every mask of an image in one call (no Python per mask): mask i's window from its block of probabilities
     (mask_window), its COCO counts in the [height, width] image (rle_counts), and, when labels is not [0, 0], the
     window painted into labels with label first_label + i (paint, in order: the earlier mask keeps a pixel).
@@ -433,20 +463,20 @@ def _encode_masks(blocks, starts, shapes, origins, y0, y1, wy1, x0, x1, wx1, thr
     shapes[i] ((0, 0): no pixel), its [0, 0] at source pixel origins[i]; y0 .. wx1: the image's bilinear tables."""
     n = starts.shape[0]
     ends = np.zeros(n, np.int64)
-    counts = np.empty(8 * n + 1, np.uint32)   # grown as needed
+    counts = np.empty(8 * n + 1, np.uint32)  # grown as needed
     total = 0
     for i in range(n):
         rows, cols = shapes[i, 0], shapes[i, 1]
-        block = blocks[starts[i]:starts[i] + rows * cols].reshape(rows, cols)
+        block = blocks[starts[i] : starts[i] + rows * cols].reshape(rows, cols)
         top, left, window = mask_window(block, origins[i, 0], origins[i, 1], y0, y1, wy1, x0, x1, wx1, threshold)
         piece = rle_counts(window, top, left, height, width)
         if labels.shape[0] > 0:
-            paint(labels[top:top + window.shape[0], left:left + window.shape[1]], window, first_label + i)
+            paint(labels[top : top + window.shape[0], left : left + window.shape[1]], window, first_label + i)
         if total + piece.shape[0] > counts.shape[0]:
             grown = np.empty(max(2 * counts.shape[0], total + piece.shape[0]), np.uint32)
             grown[:total] = counts[:total]
             counts = grown
-        counts[total:total + piece.shape[0]] = piece
+        counts[total : total + piece.shape[0]] = piece
         total += piece.shape[0]
         ends[i] = total
     return counts[:total], ends
@@ -454,7 +484,7 @@ def _encode_masks(blocks, starts, shapes, origins, y0, y1, wy1, x0, x1, wx1, thr
 
 _LOW_32 = np.uint64(0xFFFFFFFF)
 _SIGN_32 = np.uint64(0x80000000)
-_SAMPLE_STRIDE = 16   # class_top_k estimates each class's k-th best score from every 16th candidate
+_SAMPLE_STRIDE = 16  # class_top_k estimates each class's k-th best score from every 16th candidate
 
 
 def _score_key(bits, position):
@@ -488,14 +518,14 @@ def _class_top_k(conf, threshold, k):
     n = 0
     for p in range(n_priors):
         row = conf[p]
-        above, nans = 0, 0   # counts, not max and any: reductions of compares, which vectorize
+        above, nans = 0, 0  # counts, not max and any: reductions of compares, which vectorize
         for c in range(1, width):
             above += row[c] > threshold
             nans += row[c] != row[c]
         if nans > 0 or above == 0:
             continue
-        if n % _SAMPLE_STRIDE == 0:   # in the sample: candidates 0, stride, 2 stride, ... (the row is in cache now)
-            for c in range(n_classes):   # (2-d indexing: a row view per value costs a reference count)
+        if n % _SAMPLE_STRIDE == 0:  # in the sample: candidates 0, stride, 2 stride, ... (the row is in cache now)
+            for c in range(n_classes):  # (2-d indexing: a row view per value costs a reference count)
                 value = row[c + 1]
                 if value > best_sampled[c, rank - 1]:
                     at = rank - 1
@@ -517,7 +547,7 @@ def _class_top_k(conf, threshold, k):
     for j in range(n):
         p = candidates[j]
         row = conf[p]
-        hits = 0   # the row's classes at or above their floor, in a pass that vectorizes (R50: 58 % of rows have none)
+        hits = 0  # the row's classes at or above their floor, in a pass that vectorizes (R50: 58 % of rows have none)
         for c in range(n_classes):
             hits += row[c + 1] >= floor[c]
         if hits == 0:
@@ -530,14 +560,14 @@ def _class_top_k(conf, threshold, k):
     order = np.empty((n_classes, size), np.int64)
     ranked = np.empty((n_classes, size), np.float32)
     for c in range(n_classes):
-        if count[c] < size or count[c] > capacity:   # a bad guess: every candidate's key
+        if count[c] < size or count[c] > capacity:  # a bad guess: every candidate's key
             keys = np.empty(n, np.uint64)
             for j in range(n):
                 p = candidates[j]
                 keys[j] = _score_key(bits[p, c + 1] if conf[p, c + 1] != 0 else 0, j)
-            keys = np.sort(keys)[n - size:]
+            keys = np.sort(keys)[n - size :]
         else:
-            keys = np.sort(kept[c, :count[c]])[count[c] - size:]
+            keys = np.sort(kept[c, : count[c]])[count[c] - size :]
         for j in range(size):
             position = np.int64(_LOW_32 - (keys[size - 1 - j] & _LOW_32))
             order[c, j] = position
@@ -583,23 +613,60 @@ def load() -> None:
     """Compile, or load from the disk cache, each function for the argument types the executors pass (a tiny call
     each), so that a worker's first image does not wait for it. Not rle_window: the training input workers' kernel
     (batches.load_kernels loads it there)."""
-    kernels = sys.modules[__name__]   # its attributes compile them (__getattr__)
+    kernels = sys.modules[__name__]  # its attributes compile them (__getattr__)
     index, weight = np.zeros(1, np.int64), np.zeros(1, np.float32)
-    kernels.resample(np.zeros((1, 1), np.uint8), index, index, weight, index, index, weight,
-                     np.empty((1, 1), np.float32))
-    kernels.resample_planes(np.zeros((1, 1), np.uint8), index, index, weight, index, index, weight, weight, weight + 1,
-                            np.empty((1, 1, 1), np.float32))
-    kernels.resample_above(np.zeros((1, 1), np.float32), index, index, weight, index, index, weight, 0.5,
-                           np.empty((1, 1), bool))
+    kernels.resample(
+        np.zeros((1, 1), np.uint8), index, index, weight, index, index, weight, np.empty((1, 1), np.float32)
+    )
+    kernels.resample_planes(
+        np.zeros((1, 1), np.uint8),
+        index,
+        index,
+        weight,
+        index,
+        index,
+        weight,
+        weight,
+        weight + 1,
+        np.empty((1, 1, 1), np.float32),
+    )
+    kernels.resample_above(
+        np.zeros((1, 1), np.float32), index, index, weight, index, index, weight, 0.5, np.empty((1, 1), bool)
+    )
     kernels.mask_window(np.ones((1, 1), np.float32), 0, 0, index, index, weight, index, index, weight, 0.5)
     labels, mask = np.zeros((2, 2), np.uint8), np.ones((1, 1), bool)
     kernels.paint(labels[:1, :1], mask, 1)
     kernels.rle_counts(mask, 0, 0, 2, 2)
-    kernels.fill_blocks(np.zeros(1, np.float32), index, np.ones((1, 2), np.int64), np.zeros((1, 2), np.int64),
-                        np.zeros((1, 1, 1), np.float32))
+    kernels.fill_blocks(
+        np.zeros(1, np.float32),
+        index,
+        np.ones((1, 2), np.int64),
+        np.zeros((1, 2), np.int64),
+        np.zeros((1, 1, 1), np.float32),
+    )
     for painted in (labels, np.zeros((0, 0), np.uint8)):
-        kernels.encode_masks(np.ones(1, np.float32), index, np.ones((1, 2), np.int64), np.zeros((1, 2), np.int64),
-                             index, index, weight, index, index, weight, 0.5, 2, 2, painted, 1)
+        kernels.encode_masks(
+            np.ones(1, np.float32),
+            index,
+            np.ones((1, 2), np.int64),
+            np.zeros((1, 2), np.int64),
+            index,
+            index,
+            weight,
+            index,
+            index,
+            weight,
+            0.5,
+            2,
+            2,
+            painted,
+            1,
+        )
     kernels.class_top_k(np.zeros((1, 2), np.float32), np.float32(0.5), 1)
-    kernels.fast_nms_keep(np.zeros((1, 4), np.float32), np.zeros((1, 1), np.int64), np.ones(1, np.int64),
-                          np.float32(0.5), np.zeros((1, 1), bool))
+    kernels.fast_nms_keep(
+        np.zeros((1, 4), np.float32),
+        np.zeros((1, 1), np.int64),
+        np.ones(1, np.int64),
+        np.float32(0.5),
+        np.zeros((1, 1), bool),
+    )

@@ -20,6 +20,7 @@ Policy (one place, so every stage sees the same pixels):
 - Memory: peak is Pillow's decoded image (4 bytes/pixel for RGB) plus the result (3 bytes/pixel), measured
   468 MB for an 8000x8000 JPEG whose result is 183 MB.
 """
+
 from __future__ import annotations
 
 import io
@@ -42,7 +43,7 @@ TRUNCATED = "truncated"
 CORRUPT = "corrupt"
 TOO_LARGE = "too_large"
 UNSUPPORTED_MODE = "unsupported_mode"
-NAME_NOT_UTF8 = "name_not_utf8"   # a listed file whose name has bytes that are not UTF-8: no path reads it
+NAME_NOT_UTF8 = "name_not_utf8"  # a listed file whose name has bytes that are not UTF-8: no path reads it
 REASONS = (EMPTY, NOT_AN_IMAGE, TRUNCATED, CORRUPT, TOO_LARGE, UNSUPPORTED_MODE, NAME_NOT_UTF8)
 
 # Leading bytes of common formats: tells "damaged image" from "not an image at all" when Pillow gives up.
@@ -78,8 +79,9 @@ def reuse_decode_memory(blocks: int = 2) -> None:
     Image.core.set_blocks_max(max(Image.core.get_blocks_max(), int(blocks)))
 
 
-def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS, *,
-                 shared_memory: bool = False) -> np.ndarray:
+def decode_image(
+    data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS, *, shared_memory: bool = False
+) -> np.ndarray:
     """Decode encoded image bytes (JPEG, PNG, TIFF, ...) into an RGB array.
 
     data: the file's bytes; name: the input's path or URI (used in error messages only).
@@ -96,14 +98,15 @@ def decode_image(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS, *
         target = _decode_into_reused_buffer(image) if shared_memory else None
         _load_pixels(image, name)
         shown = _exif_transposed(image)
-        if target is not None and shown.im is target[1]:   # decoded there (and not rotated since)
+        if target is not None and shown.im is target[1]:  # decoded there (and not rotated since)
             return target[0]
         pixels = _shared_rgbx(shown) if shared_memory else None
         return pixels if pixels is not None else _to_rgb_array(shown, name)
 
 
-def decode_image_reduced(data: bytes, name: str, min_size: tuple[int, int],
-                         max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[np.ndarray, tuple[int, int]]:
+def decode_image_reduced(
+    data: bytes, name: str, min_size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[np.ndarray, tuple[int, int]]:
     """Decode only as much as a network input of ``min_size`` (width, height) needs: a JPEG is decoded at the
     smallest DCT scale (1/2, 1/4 or 1/8, libjpeg's reduced-size decode) whose result still has both sides >= the
     larger side of ``min_size``; other formats are decoded fully.
@@ -115,7 +118,7 @@ def decode_image_reduced(data: bytes, name: str, min_size: tuple[int, int],
     with _open(data, name) as image:
         _check_pixel_count(image.size, name, max_pixels)
         width, height = image.size
-        if _exif_orientation(image) in (5, 6, 7, 8):   # transposed by _exif_transposed below
+        if _exif_orientation(image) in (5, 6, 7, 8):  # transposed by _exif_transposed below
             width, height = height, width
         if image.format == "JPEG":
             side = max(int(min_size[0]), int(min_size[1]))
@@ -147,15 +150,27 @@ def _open(data: bytes, name: str) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             return Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as error:
-        raise ImageDecodeError(name, TOO_LARGE, f"image is too large to decode safely ({error})",
-                               "downscale it before processing or remove it") from error
+        raise ImageDecodeError(
+            name,
+            TOO_LARGE,
+            f"image is too large to decode safely ({error})",
+            "downscale it before processing or remove it",
+        ) from error
     except UnidentifiedImageError as error:
         kind = _looks_like(data)
         if kind:
-            raise ImageDecodeError(name, CORRUPT, f"starts like a {kind} file but its header is damaged or cut short",
-                                   "re-export or re-upload it, or remove it") from error
-        raise ImageDecodeError(name, NOT_AN_IMAGE, f"not an image file Pillow can read (starts with {data[:8]!r})",
-                               "remove it from the input or convert it to JPEG/PNG") from error
+            raise ImageDecodeError(
+                name,
+                CORRUPT,
+                f"starts like a {kind} file but its header is damaged or cut short",
+                "re-export or re-upload it, or remove it",
+            ) from error
+        raise ImageDecodeError(
+            name,
+            NOT_AN_IMAGE,
+            f"not an image file Pillow can read (starts with {data[:8]!r})",
+            "remove it from the input or convert it to JPEG/PNG",
+        ) from error
     except Exception as error:  # noqa: BLE001 - Pillow plugins raise OSError, SyntaxError, struct.error, ...
         reason, detail = _classify_decoder_error(error)
         raise ImageDecodeError(name, reason, detail, "re-upload it or remove it") from error
@@ -164,10 +179,13 @@ def _open(data: bytes, name: str) -> Image.Image:
 def _check_pixel_count(size: tuple[int, int], name: str, max_pixels: int) -> None:
     width, height = size
     if width * height > max_pixels:
-        raise ImageDecodeError(name, TOO_LARGE,
-                               f"image is {width}x{height} = {width * height:,} pixels, over the limit of "
-                               f"{max_pixels:,}", "downscale it, or raise inference.max_image_pixels in the job's "
-                               "config and touch the file (the next run redoes a file whose modification time changed)")
+        raise ImageDecodeError(
+            name,
+            TOO_LARGE,
+            f"image is {width}x{height} = {width * height:,} pixels, over the limit of {max_pixels:,}",
+            "downscale it, or raise inference.max_image_pixels in the job's "
+            "config and touch the file (the next run redoes a file whose modification time changed)",
+        )
 
 
 def _load_pixels(image: Image.Image, name: str) -> None:
@@ -190,9 +208,15 @@ def _classify_decoder_error(error: Exception, image_format: str | None = None) -
 # EXIF orientation -> the transposition that shows the stored pixels as a viewer does (the EXIF/TIFF table, as
 # Pillow's ImageOps.exif_transpose applies it; that function also rewrites the metadata, which a damaged EXIF block
 # can fail, and its in_place= is missing from Pillow 9.4, Databricks Runtime 15.4 LTS's).
-_ORIENTATION_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
-                          4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
-                          6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90}
+_ORIENTATION_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
 
 def _exif_transposed(image: Image.Image) -> Image.Image:
@@ -202,7 +226,7 @@ def _exif_transposed(image: Image.Image) -> Image.Image:
     return image if method is None else image.transpose(method)
 
 
-REUSED_BUFFER_BYTES = 16 << 20   # 4 Mpx of RGB: Pillow's block size, the images it can share anyway
+REUSED_BUFFER_BYTES = 16 << 20  # 4 Mpx of RGB: Pillow's block size, the images it can share anyway
 
 
 class _ReusedBuffer(threading.local):
@@ -252,9 +276,9 @@ def _shared_rgbx(image: Image.Image) -> np.ndarray | None:
     try:
         import pyarrow
 
-        pixels = pyarrow.array(image)       # fixed_size_list<uint8>[4], one per pixel
+        pixels = pyarrow.array(image)  # fixed_size_list<uint8>[4], one per pixel
         return pixels.flatten().to_numpy(zero_copy_only=True).reshape(height, width, 4)
-    except (ImportError, TypeError, ValueError):   # ValueError: "Image rows are not contiguous in memory"
+    except (ImportError, TypeError, ValueError):  # ValueError: "Image rows are not contiguous in memory"
         return None
 
 
@@ -267,7 +291,7 @@ def _to_rgb_array(image: Image.Image, name: str) -> np.ndarray:
     width, height = image.size
     if image.mode == "F":  # needs the whole image's range; float images are rare
         return _gray_to_rgb(_float_to_uint8(np.asarray(image, dtype=np.float64)))
-    if image.mode == "RGB" and width * height <= _BAND_PIXELS:   # one band: one copy (no crop), 3x faster
+    if image.mode == "RGB" and width * height <= _BAND_PIXELS:  # one band: one copy (no crop), 3x faster
         return np.array(image)
     rgb = np.empty((height, width, 3), np.uint8)
     rows = max(1, _BAND_PIXELS // width)
@@ -292,8 +316,12 @@ def _band_to_rgb(band: Image.Image, name: str) -> np.ndarray:
     try:
         return np.asarray(band.convert("RGB"))
     except ValueError as error:
-        raise ImageDecodeError(name, UNSUPPORTED_MODE, f"pixel mode {mode!r} cannot be converted to RGB",
-                               "convert it to an 8-bit RGB or grayscale JPEG/PNG") from error
+        raise ImageDecodeError(
+            name,
+            UNSUPPORTED_MODE,
+            f"pixel mode {mode!r} cannot be converted to RGB",
+            "convert it to an 8-bit RGB or grayscale JPEG/PNG",
+        ) from error
 
 
 def _float_to_uint8(values: np.ndarray) -> np.ndarray:

@@ -2,9 +2,11 @@
 
 Matches ``mode='bilinear', align_corners=False, antialias=False`` with ``size=`` given (no scale factor): the same
 float32 source-index arithmetic and the same operation order as torch's generic CPU kernel (interpolate along the
-width, then along the height; torch's vectorized kernels round differently, by a few ulps). The tables (which source pixels, which weights) are built here in numpy; the
+width, then along the height; torch's vectorized kernels round differently, by a few ulps). The tables (which source
+pixels, which weights) are built here in numpy; the
 per-pixel loop is `compiled_loops.resample`, which reads only the source rows the output needs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,15 +51,17 @@ def resize_bilinear(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     x, height, width = _resize_source(x, size, "resize_bilinear", (2, 3))
     trailing = x.shape[2:]
     channels = int(np.prod(trailing)) if trailing else 1
-    flat = x.reshape(x.shape[0], x.shape[1] * channels)   # [H, W * C]: a view
+    flat = x.reshape(x.shape[0], x.shape[1] * channels)  # [H, W * C]: a view
     out = np.empty((height, width * channels), dtype=np.float32)
-    compiled_loops.resample(flat, *bilinear_axis(x.shape[0], height),
-                            *channel_columns(bilinear_axis(x.shape[1], width), channels), out)
+    compiled_loops.resample(
+        flat, *bilinear_axis(x.shape[0], height), *channel_columns(bilinear_axis(x.shape[1], width), channels), out
+    )
     return out.reshape((height, width) + trailing)
 
 
-def resize_normalized_planes(x: np.ndarray, size: tuple[int, int], channels: tuple[int, ...], mean: np.ndarray,
-                             std: np.ndarray) -> np.ndarray:
+def resize_normalized_planes(
+    x: np.ndarray, size: tuple[int, int], channels: tuple[int, ...], mean: np.ndarray, std: np.ndarray
+) -> np.ndarray:
     """``(resize_bilinear(x, size)[..., channels] - mean) / std`` as planes, in one pass: x [H, W, C] (read as
     float32); channels: which of x's channels make the output planes, in order (e.g. (2, 1, 0) for BGR from RGB; a
     channel not named is never resampled); mean, std: one float32 per output plane. Returns float32
@@ -67,16 +71,20 @@ def resize_normalized_planes(x: np.ndarray, size: tuple[int, int], channels: tup
         raise ValueError(f"resize_normalized_planes: channels {channels} must name channels of x's {x.shape[2]}")
     mean = np.ascontiguousarray(mean, dtype=np.float32).reshape(len(channels))
     std = np.ascontiguousarray(std, dtype=np.float32).reshape(len(channels))
-    flat = x.reshape(x.shape[0], -1)   # [H, W * C]: a view
+    flat = x.reshape(x.shape[0], -1)  # [H, W * C]: a view
     out = np.empty((len(channels), height, width), dtype=np.float32)
-    compiled_loops.resample_planes(flat, *bilinear_axis(x.shape[0], height),
-                                   *plane_columns(bilinear_axis(x.shape[1], width), x.shape[2], channels),
-                                   mean, std, out)
+    compiled_loops.resample_planes(
+        flat,
+        *bilinear_axis(x.shape[0], height),
+        *plane_columns(bilinear_axis(x.shape[1], width), x.shape[2], channels),
+        mean,
+        std,
+        out,
+    )
     return out
 
 
-def resized_twice_above(x: np.ndarray, middle: tuple[int, int], size: tuple[int, int],
-                        threshold: float) -> np.ndarray:
+def resized_twice_above(x: np.ndarray, middle: tuple[int, int], size: tuple[int, int], threshold: float) -> np.ndarray:
     """``resize_bilinear(resize_bilinear(plane, middle), size) > threshold`` for each plane of x (the values of
     torch's generic kernel, twice), without the middle images: only their pixels that the second resize reads are
     made (a downsample reads at most two rows and two columns per output pixel: a quarter of the middle image for a
@@ -107,12 +115,15 @@ def _through_middle(in_size: int, middle: int, out_size: int) -> tuple[AxisTable
     tables' numpy work costs more than the kernels for the few masks of an image (never write to them)."""
     i0, i1, w1 = bilinear_axis(middle, out_size)
     needed = np.unique(np.concatenate([i0, i1]))
-    return ((np.searchsorted(needed, i0), np.searchsorted(needed, i1), w1),
-            tuple(part[needed] for part in bilinear_axis(in_size, middle)))
+    return (
+        (np.searchsorted(needed, i0), np.searchsorted(needed, i1), w1),
+        tuple(part[needed] for part in bilinear_axis(in_size, middle)),
+    )
 
 
-def _resize_source(x: np.ndarray, size: tuple[int, int], caller: str,
-                   ndims: tuple[int, ...]) -> tuple[np.ndarray, int, int]:
+def _resize_source(
+    x: np.ndarray, size: tuple[int, int], caller: str, ndims: tuple[int, ...]
+) -> tuple[np.ndarray, int, int]:
     """(x as the resize kernels read it: C-contiguous uint8 or float32, other dtypes cast to float32; the output
     height; its width), or a ValueError naming the caller when x is empty or has another number of axes than ndims,
     or size is not (height, width) with both >= 1."""
@@ -123,7 +134,7 @@ def _resize_source(x: np.ndarray, size: tuple[int, int], caller: str,
     if len(size) != 2 or int(size[0]) < 1 or int(size[1]) < 1:
         raise ValueError(f"{caller}: size must be (height, width) with both >= 1, got {size!r}")
     if x.dtype not in (np.uint8, np.float32):
-        x = x.astype(np.float32)   # what the resize reads anyway; the kernels are compiled for uint8 and float32
+        x = x.astype(np.float32)  # what the resize reads anyway; the kernels are compiled for uint8 and float32
     return np.ascontiguousarray(x), int(size[0]), int(size[1])
 
 
@@ -142,5 +153,8 @@ def channel_columns(cols: AxisTable, channels: int) -> AxisTable:
         return cols
     i0, i1, w1 = cols
     offsets = np.arange(channels, dtype=np.int64)
-    return ((i0[:, None] * channels + offsets).ravel(), (i1[:, None] * channels + offsets).ravel(),
-            np.repeat(w1, channels))
+    return (
+        (i0[:, None] * channels + offsets).ravel(),
+        (i1[:, None] * channels + offsets).ravel(),
+        np.repeat(w1, channels),
+    )

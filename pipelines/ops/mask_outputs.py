@@ -16,12 +16,13 @@ in one compiled call (`yolact_postprocess.MaskBlocks.encode` into `LabelMapBuild
 the counts with `encode_rle_counts`: the same bytes and pixels. Label-map PNGs are deflated by zlib-ng (the same
 format as zlib's, ~4x faster at level 1 with the run-length strategy).
 """
+
 from __future__ import annotations
 
 import binascii
 import io
 import struct
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -89,8 +90,11 @@ def decode_rle(rle: dict) -> np.ndarray:
 def rle_area(rle: dict) -> int:
     """Number of foreground pixels of a compressed RLE, without decoding it."""
     counts = rle["counts"]
-    return int(coco_mask.area({"size": list(rle["size"]),
-                               "counts": counts.encode("ascii") if isinstance(counts, str) else counts}))
+    return int(
+        coco_mask.area(
+            {"size": list(rle["size"]), "counts": counts.encode("ascii") if isinstance(counts, str) else counts}
+        )
+    )
 
 
 class LabelMapBuilder:
@@ -113,8 +117,10 @@ class LabelMapBuilder:
         """Paint the next instance (bool [H, W] or an RLE dict); returns its label."""
         if score is not None:
             if self._last_score is not None and score > self._last_score:
-                raise ValueError(f"instance {self.count + 1} has score {score} above the previous "
-                                 f"{self._last_score}: add masks in score-descending order")
+                raise ValueError(
+                    f"instance {self.count + 1} has score {score} above the previous "
+                    f"{self._last_score}: add masks in score-descending order"
+                )
             self._last_score = score
         if self.count + 1 > MAX_INSTANCES:
             raise ValueError(f"more than {MAX_INSTANCES} instances cannot be stored in a 16-bit label map")
@@ -134,13 +140,14 @@ class LabelMapBuilder:
         binary = _as_binary_mask(mask)
         h, w = binary.shape
         if h and w and (top < 0 or left < 0 or top + h > self.height or left + w > self.width):
-            raise ValueError(f"box mask {h}x{w} at (top={top}, left={left}) does not fit the "
-                             f"{self.height}x{self.width} label map")
+            raise ValueError(
+                f"box mask {h}x{w} at (top={top}, left={left}) does not fit the {self.height}x{self.width} label map"
+            )
         self.count += 1
         if self.count == 256:
             self._labels = self._labels.astype(np.uint16)
         if h and w:
-            _paint(self._labels[top:top + h, left:left + w], binary, self.count)
+            _paint(self._labels[top : top + h, left : left + w], binary, self.count)
         return self.count
 
     def reserve(self, n: int) -> tuple[np.ndarray, int]:
@@ -164,8 +171,10 @@ class LabelMapBuilder:
 
     def _check_shape(self, mask: np.ndarray) -> None:
         if mask.shape != (self.height, self.width):
-            raise ValueError(f"mask {self.count + 1} is {mask.shape[0]}x{mask.shape[1]} (HxW) but the label map "
-                             f"is {self.height}x{self.width}: masks must be at the image's resolution")
+            raise ValueError(
+                f"mask {self.count + 1} is {mask.shape[0]}x{mask.shape[1]} (HxW) but the label map "
+                f"is {self.height}x{self.width}: masks must be at the image's resolution"
+            )
 
 
 def label_map(masks: Iterable[np.ndarray], scores: Sequence[float], height: int, width: int) -> np.ndarray:
@@ -208,11 +217,11 @@ def label_map_png(labels: np.ndarray) -> bytes:
     if height < 1 or width < 1:
         raise ValueError(f"label map must be at least 1x1, got {height}x{width}")
     depth = 8 * labels.dtype.itemsize
-    scanlines = np.zeros((height, 1 + width * labels.dtype.itemsize), np.uint8)   # each row: filter byte 0 + row
+    scanlines = np.zeros((height, 1 + width * labels.dtype.itemsize), np.uint8)  # each row: filter byte 0 + row
     scanlines[:, 1:] = labels.astype(">u2", copy=False).view(np.uint8) if depth == 16 else labels
     deflate = zlib_ng.compressobj(PNG_COMPRESS_LEVEL, zlib_ng.DEFLATED, 15, 8, zlib_ng.Z_RLE)
     pixels = deflate.compress(scanlines.data) + deflate.flush()
-    header = struct.pack(">IIBBBBB", width, height, depth, 0, 0, 0, 0)   # grayscale, deflate, no interlace
+    header = struct.pack(">IIBBBBB", width, height, depth, 0, 0, 0, 0)  # grayscale, deflate, no interlace
     return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", pixels) + _png_chunk(b"IEND", b"")
 
 

@@ -1,5 +1,6 @@
 """Network input from a decoded image, exactly as the manifest's `input` section says (YOLACT FastBaseTransform:
 float32, bilinear resize without antialias and without keeping the aspect ratio, then (x - mean) / std)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,5 +19,6 @@ def preprocess_rgb(rgb: np.ndarray, input_spec: dict) -> np.ndarray:
     # one pass from the uint8 pixels to the normalized planes: only the source rows/cols the output needs are read
     # (as float32), the padding channel is never resampled, and no [H, W, 3] float image is built and transposed
     channels = (2, 1, 0) if input_spec.get("channel_order", "RGB") == "BGR" else (0, 1, 2)
-    return resize_normalized_planes(rgb, (int(height), int(width)), channels, np.asarray(input_spec["mean"]),
-                                    np.asarray(input_spec["std"]))
+    return resize_normalized_planes(
+        rgb, (int(height), int(width)), channels, np.asarray(input_spec["mean"]), np.asarray(input_spec["std"])
+    )

@@ -12,18 +12,19 @@ packet timestamps, which exact segment boundaries need).
   Where a container seeks by decode timestamps (MP4 with B-frames) the keyframe found can lie after the
   segment's first frame: the seek is retried further back until the first decoded frame is not after it.
 """
+
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterator
 
 import numpy as np
 
 from pipelines.errors import SparkSegError
 
-SEEK_BACK_SECONDS = (0.0, 1.0, 4.0, 16.0, 64.0)   # retries of a seek that landed after the segment's first frame
+SEEK_BACK_SECONDS = (0.0, 1.0, 4.0, 16.0, 64.0)  # retries of a seek that landed after the segment's first frame
 
 
 # A unit's segment_error reason for a video the store could not read (not a decode failure): "read.<error type>"
@@ -37,9 +38,9 @@ class VideoDecodeError(SparkSegError, ValueError):
     def __init__(self, message: str, reason: str, frame_index: int | None = None):
         super().__init__(message)
         self.reason = reason
-        self.frame_index = frame_index   # the first frame not decoded, where known
+        self.frame_index = frame_index  # the first frame not decoded, where known
 
-    def __reduce__(self):   # picklable with its constructor's arguments
+    def __reduce__(self):  # picklable with its constructor's arguments
         return (type(self), (str(self), self.reason, self.frame_index))
 
 
@@ -99,7 +100,7 @@ def scan_video(source) -> VideoIndex:
     truncated = None
     if stopped is not None:
         truncated = f"demuxing stopped after {len(pts)} frames: {stopped}"
-    elif declared > len(pts) + 1:   # +1: containers round their duration to a whole frame
+    elif declared > len(pts) + 1:  # +1: containers round their duration to a whole frame
         truncated = f"the container declares {declared} frames but only {len(pts)} are readable (truncated file?)"
     return VideoIndex(pts, Fraction(stream.time_base), max(declared, len(pts)), truncated)
 
@@ -120,15 +121,22 @@ def declared_frames(container, stream) -> int:
 class DecodedFrame:
     frame_index: int
     timestamp_s: float
-    rgb: np.ndarray      # HxWx3 uint8
+    rgb: np.ndarray  # HxWx3 uint8
 
 
 def timestamp_seconds(pts: int, first_pts: int, time_base: Fraction) -> float:
     return float((pts - first_pts) * time_base)
 
 
-def decode_segment(source, start: int, frame_pts: list[int], first_pts: int, time_base: Fraction,
-                   keep, previous_timestamp: float | None = None) -> Iterator[DecodedFrame]:
+def decode_segment(
+    source,
+    start: int,
+    frame_pts: list[int],
+    first_pts: int,
+    time_base: Fraction,
+    keep,
+    previous_timestamp: float | None = None,
+) -> Iterator[DecodedFrame]:
     """Frames start .. start + len(frame_pts) - 1 of the video (their pts from scan_video), in presentation order,
     those for which keep(frame_index, timestamp_s, previous_timestamp_s) is true, as RGB (`previous_timestamp`: the
     frame before the segment's, None for the first segment). Raises VideoDecodeError
@@ -153,19 +161,27 @@ def decode_segment(source, start: int, frame_pts: list[int], first_pts: int, tim
                 if index is None or index < expected:
                     continue
                 if index > expected:
-                    raise VideoDecodeError(f"frames {expected}..{index - 1} of segment [{start}, {end}) were not "
-                                           "decoded", "corrupt", expected)
+                    raise VideoDecodeError(
+                        f"frames {expected}..{index - 1} of segment [{start}, {end}) were not decoded",
+                        "corrupt",
+                        expected,
+                    )
                 timestamp = timestamp_seconds(frame.pts, first_pts, time_base)
                 if keep(index, timestamp, previous):
                     yield DecodedFrame(index, timestamp, frame.to_ndarray(format="rgb24"))
                 previous = timestamp
                 expected = index + 1
         except av.error.FFmpegError as err:
-            raise VideoDecodeError(f"decoding stopped at frame {expected} of segment [{start}, {end}): {err}",
-                                   "corrupt", expected) from None
+            raise VideoDecodeError(
+                f"decoding stopped at frame {expected} of segment [{start}, {end}): {err}", "corrupt", expected
+            ) from None
     if expected < end:
-        raise VideoDecodeError(f"frames {expected}..{end - 1} of segment [{start}, {end}) could not be decoded "
-                               "(truncated or corrupt data)", "truncated", expected)
+        raise VideoDecodeError(
+            f"frames {expected}..{end - 1} of segment [{start}, {end}) could not be decoded "
+            "(truncated or corrupt data)",
+            "truncated",
+            expected,
+        )
 
 
 def frames_at(source, indices: set[int]) -> dict[int, np.ndarray]:
@@ -185,7 +201,7 @@ def frames_at(source, indices: set[int]) -> dict[int, np.ndarray]:
                 if index >= last:
                     break
         except av.error.FFmpegError:
-            pass   # truncated or corrupt: the frames decoded so far
+            pass  # truncated or corrupt: the frames decoded so far
     return found
 
 
@@ -203,7 +219,7 @@ def seek_and_decode(container, stream, first_pts: int, time_base: Fraction):
             break
         if head.pts <= first_pts:
             return _chain(head, frames)
-    container.seek(0, stream=stream, backward=True, any_frame=False)   # from the start: always complete
+    container.seek(0, stream=stream, backward=True, any_frame=False)  # from the start: always complete
     return container.decode(stream)
 
 

@@ -7,11 +7,13 @@ the reference. Per image: ``detect(loc, conf, mask, priors)`` -> :class:`Detecti
 mask only over its box's window; ``mask_blocks(...).encode`` gives every mask's RLE counts and paints the label map
 in one compiled call (what the executors write, never building a full-size mask).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,13 +27,17 @@ NMS_CHOICES = ("fast", "per_class", "cross_class")
 VARIANCES = (0.1, 0.2)  # center, size
 CROP_PADDING = 1  # proto pixels added on each side of the box before cropping the masks
 MASK_THRESHOLD = 0.5  # a pixel is in the mask iff its probability is > this (strict)
-_NO_LABEL_MAP = np.zeros((0, 0), np.uint8)   # compiled_loops.encode_masks' "no label map to paint"
+_NO_LABEL_MAP = np.zeros((0, 0), np.uint8)  # compiled_loops.encode_masks' "no label map to paint"
 
 
 # ----------------------------------------------------------------------------------------------------- priors (SPEC 3)
-def make_priors(feature_sizes: Sequence[tuple[int, int]], pred_scales: Sequence[float],
-                aspect_ratios: Sequence[float] = (1.0, 0.5, 2.0), max_size: int = 550,
-                square_anchors: bool = True) -> np.ndarray:
+def make_priors(
+    feature_sizes: Sequence[tuple[int, int]],
+    pred_scales: Sequence[float],
+    aspect_ratios: Sequence[float] = (1.0, 0.5, 2.0),
+    max_size: int = 550,
+    square_anchors: bool = True,
+) -> np.ndarray:
     """Anchors for all levels: [N, 4] float32 (cx, cy, w, h) relative to the image, N = sum(h*w*len(ratios)).
 
     feature_sizes: (height, width) of each prediction level's conv output, P3 first; pred_scales: anchor size in
@@ -39,8 +45,10 @@ def make_priors(feature_sizes: Sequence[tuple[int, int]], pred_scales: Sequence[
     ``square_anchors`` (all released v1 configs) every anchor is square: h = w.
     """
     if len(feature_sizes) != len(pred_scales):
-        raise ValueError(f"make_priors: got {len(feature_sizes)} feature_sizes but {len(pred_scales)} pred_scales; "
-                         "give one scale per level")
+        raise ValueError(
+            f"make_priors: got {len(feature_sizes)} feature_sizes but {len(pred_scales)} pred_scales; "
+            "give one scale per level"
+        )
     priors = []
     for (conv_h, conv_w), scale in zip(feature_sizes, pred_scales):
         for j in range(conv_h):
@@ -87,28 +95,42 @@ def pairwise_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 class Detections:
     """Detections of one image, in descending score order."""
 
-    boxes: np.ndarray    # [n, 4] float32, relative x1y1x2y2 (not clipped)
-    coeffs: np.ndarray   # [n, mask_dim] float32 mask coefficients
+    boxes: np.ndarray  # [n, 4] float32, relative x1y1x2y2 (not clipped)
+    coeffs: np.ndarray  # [n, mask_dim] float32 mask coefficients
     classes: np.ndarray  # [n] int64, 0-based foreground class index
-    scores: np.ndarray   # [n] float32
+    scores: np.ndarray  # [n] float32
 
     def __len__(self) -> int:
         return int(self.scores.shape[0])
 
-    def take(self, index: np.ndarray) -> "Detections":
+    def take(self, index: np.ndarray) -> Detections:
         """The detections at ``index`` (int indices or a bool [n] mask), in that order."""
-        return Detections(boxes=self.boxes[index], coeffs=self.coeffs[index], classes=self.classes[index],
-                          scores=self.scores[index])
+        return Detections(
+            boxes=self.boxes[index], coeffs=self.coeffs[index], classes=self.classes[index], scores=self.scores[index]
+        )
 
     @classmethod
-    def empty(cls, mask_dim: int = 32) -> "Detections":
-        return cls(boxes=np.zeros((0, 4), np.float32), coeffs=np.zeros((0, mask_dim), np.float32),
-                   classes=np.zeros(0, np.int64), scores=np.zeros(0, np.float32))
+    def empty(cls, mask_dim: int = 32) -> Detections:
+        return cls(
+            boxes=np.zeros((0, 4), np.float32),
+            coeffs=np.zeros((0, mask_dim), np.float32),
+            classes=np.zeros(0, np.int64),
+            scores=np.zeros(0, np.float32),
+        )
 
 
-def detect(loc: np.ndarray, conf: np.ndarray, mask: np.ndarray, priors: np.ndarray, *, conf_thresh: float = 0.05,
-           nms_thresh: float = 0.5, top_k: int = 200, max_num_detections: int = 100,
-           nms: str = "fast") -> Detections:
+def detect(
+    loc: np.ndarray,
+    conf: np.ndarray,
+    mask: np.ndarray,
+    priors: np.ndarray,
+    *,
+    conf_thresh: float = 0.05,
+    nms_thresh: float = 0.5,
+    top_k: int = 200,
+    max_num_detections: int = 100,
+    nms: str = "fast",
+) -> Detections:
     """Detect for one image (reference eval defaults).
 
     loc: [N, 4] offsets; conf: [N, C] softmaxed scores, column 0 = background; mask: [N, mask_dim] coefficients;
@@ -129,31 +151,31 @@ def detect(loc: np.ndarray, conf: np.ndarray, mask: np.ndarray, priors: np.ndarr
     loc, conf, mask, priors = _check_detect_inputs(loc, conf, mask, priors)
     if top_k < 1 or max_num_detections < 1:
         raise ValueError(f"detect: top_k and max_num_detections must be >= 1, got {top_k}, {max_num_detections}")
-    if nms == "fast":   # candidates and each class's top_k in one compiled pass over conf
-        candidates, order, ranked = compiled_loops.class_top_k(np.ascontiguousarray(conf), np.float32(conf_thresh),
-                                                               int(top_k))
+    if nms == "fast":  # candidates and each class's top_k in one compiled pass over conf
+        candidates, order, ranked = compiled_loops.class_top_k(
+            np.ascontiguousarray(conf), np.float32(conf_thresh), int(top_k)
+        )
     else:
-        foreground = np.ascontiguousarray(conf[:, 1:].T)         # [C, N]: one transposing copy, rows reduced fast
+        foreground = np.ascontiguousarray(conf[:, 1:].T)  # [C, N]: one transposing copy, rows reduced fast
         candidates = np.flatnonzero(foreground.max(axis=0) > conf_thresh)
     if candidates.size == 0:
         return Detections.empty(mask.shape[1])
-    every = candidates.size == loc.shape[0]                       # common for untrained or low-threshold models
-    loc, priors = (loc, priors) if every else (loc[candidates], priors[candidates])   # [n, 4] each
-    coeffs = mask if every else mask[candidates]                 # [n, mask_dim]
+    every = candidates.size == loc.shape[0]  # common for untrained or low-threshold models
+    loc, priors = (loc, priors) if every else (loc[candidates], priors[candidates])  # [n, 4] each
+    coeffs = mask if every else mask[candidates]  # [n, mask_dim]
 
     if nms == "fast":
         boxes, rows, cols, kept_scores = _fast_nms(loc, priors, order, ranked, nms_thresh, max_num_detections)
     else:
-        boxes = decode_boxes(loc, priors)                         # [n, 4]
-        scores = foreground if every else np.take(foreground, candidates, axis=1)   # [C, n]
+        boxes = decode_boxes(loc, priors)  # [n, 4]
+        scores = foreground if every else np.take(foreground, candidates, axis=1)  # [C, n]
         if nms == "cross_class":
             return _cross_class_nms(boxes, coeffs, scores, nms_thresh, top_k)
         rows, cols = _per_class_nms(boxes, scores, nms_thresh, conf_thresh)
         kept_scores = scores[rows, cols]
     best = np.argsort(-kept_scores, kind="stable")[:max_num_detections]
     rows, cols = rows[best], cols[best]
-    return Detections(boxes=boxes[cols], coeffs=coeffs[cols], classes=rows.astype(np.int64),
-                      scores=kept_scores[best])
+    return Detections(boxes=boxes[cols], coeffs=coeffs[cols], classes=rows.astype(np.int64), scores=kept_scores[best])
 
 
 def _check_detect_inputs(loc, conf, mask, priors):
@@ -209,8 +231,13 @@ def _fast_nms_prefixes(boxes, order, depth, nms_thresh) -> np.ndarray:
     Compiled (compiled_loops.fast_nms_keep), each decision stopping at its first overlap: the [c, D, D] IoU blocks
     in numpy took ~1 ms per R50 image."""
     keep = np.zeros(order.shape, dtype=bool)
-    compiled_loops.fast_nms_keep(np.ascontiguousarray(boxes, dtype=np.float32), np.ascontiguousarray(order),
-                                 depth.astype(np.int64), np.float32(nms_thresh), keep)
+    compiled_loops.fast_nms_keep(
+        np.ascontiguousarray(boxes, dtype=np.float32),
+        np.ascontiguousarray(order),
+        depth.astype(np.int64),
+        np.float32(nms_thresh),
+        keep,
+    )
     return keep
 
 
@@ -223,13 +250,13 @@ def _greedy_nms(boxes: np.ndarray, nms_thresh: float, block: int = 256) -> np.nd
     n = len(boxes)
     suppressed = np.zeros(n, dtype=bool)
     for start in range(0, n, block):
-        rows = start + np.flatnonzero(~suppressed[start:start + block])
+        rows = start + np.flatnonzero(~suppressed[start : start + block])
         if rows.size == 0:
             continue
         overlaps = pairwise_iou(boxes[rows], boxes[start:]) > nms_thresh  # [rows, n - start]
         for row, row_overlaps in zip(rows.tolist(), overlaps):
             if not suppressed[row]:
-                suppressed[row + 1:] |= row_overlaps[row + 1 - start:]
+                suppressed[row + 1 :] |= row_overlaps[row + 1 - start :]
     return np.flatnonzero(~suppressed)
 
 
@@ -256,8 +283,7 @@ def _cross_class_nms(boxes, coeffs, scores, nms_thresh, top_k) -> Detections:
     order = np.argsort(-best, kind="stable")[:top_k]
     iou = np.triu(pairwise_iou(boxes[order], boxes[order]), k=1)
     kept = order[iou.max(axis=0) <= nms_thresh]
-    return Detections(boxes=boxes[kept], coeffs=coeffs[kept], classes=classes[kept].astype(np.int64),
-                      scores=best[kept])
+    return Detections(boxes=boxes[kept], coeffs=coeffs[kept], classes=classes[kept].astype(np.int64), scores=best[kept])
 
 
 # ------------------------------------------------------------------------------------------- mask assembly (SPEC 7)
@@ -288,8 +314,10 @@ def mask_logits(coeffs: np.ndarray, proto: np.ndarray) -> np.ndarray:
     proto = np.asarray(proto, dtype=np.float32)
     coeffs = np.asarray(coeffs, dtype=np.float32)
     if proto.ndim != 3 or coeffs.ndim != 2 or proto.shape[2] != coeffs.shape[1]:
-        raise ValueError(f"proto must be [Ph, Pw, mask_dim] (NHWC without batch) matching coeffs [n, mask_dim]; "
-                         f"got proto {proto.shape} and coeffs {coeffs.shape}")
+        raise ValueError(
+            f"proto must be [Ph, Pw, mask_dim] (NHWC without batch) matching coeffs [n, mask_dim]; "
+            f"got proto {proto.shape} and coeffs {coeffs.shape}"
+        )
     height, width, mask_dim = proto.shape
     return (proto.reshape(-1, mask_dim) @ coeffs.T).reshape(height, width, len(coeffs))
 
@@ -311,8 +339,9 @@ def mask_probabilities(coeffs: np.ndarray, proto: np.ndarray) -> np.ndarray:
     return sigmoid_inplace(np.ascontiguousarray(np.moveaxis(logits, 2, 0)))
 
 
-def crop_windows(boxes: np.ndarray, proto_height: int, proto_width: int,
-                 padding: int = CROP_PADDING) -> tuple[np.ndarray, np.ndarray]:
+def crop_windows(
+    boxes: np.ndarray, proto_height: int, proto_width: int, padding: int = CROP_PADDING
+) -> tuple[np.ndarray, np.ndarray]:
     """Which proto rows/cols each box keeps: pixel (r, c) is kept iff y1 <= r < y2 and x1 <= c < x2, with the
     box scaled to proto pixels, sorted and padded by ``padding`` (float compare, as the reference's crop).
     Returns keep_rows [n, Ph] bool, keep_cols [n, Pw] bool."""
@@ -344,7 +373,7 @@ class BoxMask:
     def full(self, height: int, width: int) -> np.ndarray:
         """The image-size bool [height, width] mask."""
         out = np.zeros((height, width), dtype=bool)
-        out[self.top:self.top + self.mask.shape[0], self.left:self.left + self.mask.shape[1]] = self.mask
+        out[self.top : self.top + self.mask.shape[0], self.left : self.left + self.mask.shape[1]] = self.mask
         return out
 
 
@@ -355,9 +384,9 @@ class MaskBlocks:
     pixel origins[i] (rows and cols may extend one pixel past the proto: zeros there, as the crop makes them);
     row_axis, col_axis: the proto -> image bilinear tables. Built by :func:`mask_blocks`."""
 
-    buffer: np.ndarray   # float32 [total]
-    starts: np.ndarray   # int64 [n]
-    shapes: np.ndarray   # int64 [n, 2]
+    buffer: np.ndarray  # float32 [total]
+    starts: np.ndarray  # int64 [n]
+    shapes: np.ndarray  # int64 [n, 2]
     origins: np.ndarray  # int64 [n, 2]
     row_axis: AxisTable
     col_axis: AxisTable
@@ -368,7 +397,7 @@ class MaskBlocks:
     def box_mask(self, i: int) -> BoxMask:
         """Mask i over its window (_box_mask; an empty block gives an empty one, as in encode)."""
         rows, cols = (int(v) for v in self.shapes[i])
-        block = self.buffer[self.starts[i]:self.starts[i] + rows * cols].reshape(rows, cols)
+        block = self.buffer[self.starts[i] : self.starts[i] + rows * cols].reshape(rows, cols)
         return _box_mask(block, self.row_axis, self.col_axis, (int(self.origins[i, 0]), int(self.origins[i, 1])))
 
     def encode(self, labels: LabelMapBuilder | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -378,8 +407,19 @@ class MaskBlocks:
         painted with the i-th of them where the map is still 0."""
         painted, first = labels.reserve(len(self)) if labels is not None else (_NO_LABEL_MAP, 1)
         height, width = len(self.row_axis[0]), len(self.col_axis[0])
-        return compiled_loops.encode_masks(self.buffer, self.starts, self.shapes, self.origins, *self.row_axis,
-                                           *self.col_axis, MASK_THRESHOLD, height, width, painted, first)
+        return compiled_loops.encode_masks(
+            self.buffer,
+            self.starts,
+            self.shapes,
+            self.origins,
+            *self.row_axis,
+            *self.col_axis,
+            MASK_THRESHOLD,
+            height,
+            width,
+            painted,
+            first,
+        )
 
 
 def box_masks(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True) -> Iterator[BoxMask]:
@@ -408,25 +448,31 @@ def mask_blocks(det: Detections, proto: np.ndarray, width: int, height: int, cro
     if crop:
         keep_rows, keep_cols = crop_windows(det.boxes, proto_height, proto_width)
         return _cropped_blocks(logits, _spans(keep_rows), _spans(keep_cols), row_axis, col_axis)
-    probs = sigmoid_inplace(np.ascontiguousarray(np.moveaxis(logits, 2, 0)))   # [n, Ph, Pw]
+    probs = sigmoid_inplace(np.ascontiguousarray(np.moveaxis(logits, 2, 0)))  # [n, Ph, Pw]
     size = proto_height * proto_width
-    return MaskBlocks(probs.reshape(-1), np.arange(n, dtype=np.int64) * size,
-                      np.tile(np.array([[proto_height, proto_width]], np.int64), (n, 1)), np.zeros((n, 2), np.int64),
-                      row_axis, col_axis)
+    return MaskBlocks(
+        probs.reshape(-1),
+        np.arange(n, dtype=np.int64) * size,
+        np.tile(np.array([[proto_height, proto_width]], np.int64), (n, 1)),
+        np.zeros((n, 2), np.int64),
+        row_axis,
+        col_axis,
+    )
 
 
-def _cropped_blocks(logits: np.ndarray, row_spans: np.ndarray, col_spans: np.ndarray, row_axis: AxisTable,
-                    col_axis: AxisTable) -> MaskBlocks:
+def _cropped_blocks(
+    logits: np.ndarray, row_spans: np.ndarray, col_spans: np.ndarray, row_axis: AxisTable, col_axis: AxisTable
+) -> MaskBlocks:
     """mask_blocks with the crop, each mask's probabilities computed only inside its padded box (proto rows and
     cols [start, stop) of row_spans[i], col_spans[i]: int64 [n, 2]), in a block with a one-pixel margin of zeros for
     the bilinear sources just outside the box: zeros, as the crop makes them. The same values, windows and masks as
     over the whole proto. The blocks lie one after another in one buffer, margins -inf, filled in one compiled call
     (compiled_loops.fill_blocks), and one sigmoid covers them all (sigmoid(-inf) is 0 exactly; numpy's exp gives an
     element the same value wherever it sits): no Python per mask. logits: [Ph, Pw, n]."""
-    start = np.stack([row_spans[:, 0], col_spans[:, 0]], 1)   # [n, 2]: (row, col)
+    start = np.stack([row_spans[:, 0], col_spans[:, 0]], 1)  # [n, 2]: (row, col)
     stop = np.stack([row_spans[:, 1], col_spans[:, 1]], 1)
     present = (stop > start).all(axis=1, keepdims=True)
-    shapes = np.where(present, stop - start + 2, 0)   # proto rows start-1..stop, cols start-1..stop
+    shapes = np.where(present, stop - start + 2, 0)  # proto rows start-1..stop, cols start-1..stop
     origins = np.where(present, start - 1, 0)
     sizes = shapes[:, 0] * shapes[:, 1]
     starts = np.cumsum(sizes) - sizes
@@ -446,8 +492,7 @@ def _spans(keep: np.ndarray) -> np.ndarray:
     return np.where(keep.any(axis=1)[:, None], np.stack([start, stop], 1), 0).astype(np.int64)
 
 
-def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable,
-              origin: tuple[int, int] = (0, 0)) -> BoxMask:
+def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable, origin: tuple[int, int] = (0, 0)) -> BoxMask:
     """bilinear(probs) > 0.5 over the output window whose bilinear sources (i0 or i1) fall between the first and
     the last proto row (col) holding a pixel > 0.5, in one compiled call (compiled_loops.mask_window); an empty
     BoxMask where no pixel is > 0.5. probs: a mask's probabilities over the proto, or a block of them whose
@@ -457,13 +502,13 @@ def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable,
     fl(1 - w) + w rounding to 1, so when its four sources are all <= 0.5 (zeros of the crop included) it is
     <= 0.5 (rounding is monotone, and x * 0.5 is exact): such pixels are False without being computed.
     """
-    top, left, window = compiled_loops.mask_window(probs, origin[0], origin[1], *row_axis, *col_axis,
-                                                   MASK_THRESHOLD)
+    top, left, window = compiled_loops.mask_window(probs, origin[0], origin[1], *row_axis, *col_axis, MASK_THRESHOLD)
     return BoxMask(int(top), int(left), window)
 
 
-def instance_masks(det: Detections, proto: np.ndarray, width: int, height: int,
-                   crop: bool = True) -> Iterator[np.ndarray]:
+def instance_masks(
+    det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True
+) -> Iterator[np.ndarray]:
     """Yield one bool [height, width] mask per detection, in score order: :func:`box_masks` placed in the image.
     Only one full-size mask exists at a time."""
     width, height = _check_image_size(width, height)
@@ -476,15 +521,20 @@ def assemble_masks(det: Detections, proto: np.ndarray, width: int, height: int, 
     width, height = _check_image_size(width, height)
     masks = np.zeros((len(det), height, width), dtype=bool)
     for i, box in enumerate(box_masks(det, proto, width, height, crop)):
-        masks[i, box.top:box.top + box.mask.shape[0], box.left:box.left + box.mask.shape[1]] = box.mask
+        masks[i, box.top : box.top + box.mask.shape[0], box.left : box.left + box.mask.shape[1]] = box.mask
     return masks
 
 
-def postprocess(det: Detections, proto: np.ndarray, width: int, height: int,
-                crop: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def postprocess(
+    det: Detections, proto: np.ndarray, width: int, height: int, crop: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """SPEC 7: (classes int64 [n], scores float32 [n], boxes int64 [n, 4] pixel x1y1x2y2, masks bool [n, H, W])."""
-    return (det.classes.copy(), det.scores.copy(), box_pixels(det.boxes, width, height),
-            assemble_masks(det, proto, width, height, crop))
+    return (
+        det.classes.copy(),
+        det.scores.copy(),
+        box_pixels(det.boxes, width, height),
+        assemble_masks(det, proto, width, height, crop),
+    )
 
 
 def _check_image_size(width, height) -> tuple[int, int]:

@@ -4,6 +4,7 @@ label maps under masks/.
 
     rgb = draw_overlay(image_rgb, instances, score_threshold=0.5)   # uint8 [H, W, 3] -> uint8 [H, W, 3]
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,11 +13,31 @@ from PIL import Image, ImageDraw, ImageFont
 from pipelines.ops.mask_outputs import decode_rle
 
 # Distinct, saturated colours (instance k gets PALETTE[k % len]); tinted at ALPHA over the image.
-PALETTE = np.array([
-    (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180), (70, 240, 240),
-    (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (220, 190, 255), (170, 110, 40),
-    (255, 250, 200), (128, 0, 0), (170, 255, 195), (128, 128, 0), (255, 215, 180), (0, 0, 128), (128, 128, 128),
-], dtype=np.uint8)
+PALETTE = np.array(
+    [
+        (230, 25, 75),
+        (60, 180, 75),
+        (255, 225, 25),
+        (0, 130, 200),
+        (245, 130, 48),
+        (145, 30, 180),
+        (70, 240, 240),
+        (240, 50, 230),
+        (210, 245, 60),
+        (250, 190, 212),
+        (0, 128, 128),
+        (220, 190, 255),
+        (170, 110, 40),
+        (255, 250, 200),
+        (128, 0, 0),
+        (170, 255, 195),
+        (128, 128, 0),
+        (255, 215, 180),
+        (0, 0, 128),
+        (128, 128, 128),
+    ],
+    dtype=np.uint8,
+)
 ALPHA = 0.5
 
 
@@ -42,8 +63,10 @@ def paint_masks(image: np.ndarray, masks: list[np.ndarray]) -> np.ndarray:
     free = np.ones(image.shape[:2], bool)
     for number, mask in enumerate(masks):
         if mask.shape != image.shape[:2]:
-            raise ValueError(f"mask {number + 1} is {mask.shape[0]}x{mask.shape[1]} but the image is "
-                             f"{image.shape[0]}x{image.shape[1]}: the detections belong to another image")
+            raise ValueError(
+                f"mask {number + 1} is {mask.shape[0]}x{mask.shape[1]} but the image is "
+                f"{image.shape[0]}x{image.shape[1]}: the detections belong to another image"
+            )
         pixels = mask & free
         out[pixels] = tint(image[pixels], colour(number))
         free &= ~mask
@@ -53,7 +76,7 @@ def paint_masks(image: np.ndarray, masks: list[np.ndarray]) -> np.ndarray:
 def _font(height: int):
     try:
         return ImageFont.load_default(size=max(11, min(24, height // 30)))
-    except TypeError:   # Pillow < 10.1: the fixed bitmap font
+    except TypeError:  # Pillow < 10.1: the fixed bitmap font
         return ImageFont.load_default()
 
 
@@ -76,8 +99,9 @@ def draw_labels(image: np.ndarray, instances: list[dict]) -> np.ndarray:
     return np.asarray(canvas)
 
 
-def draw_overlay(image: np.ndarray, instances: list[dict] | None, score_threshold: float = 0.5,
-                 boxes: bool = True) -> np.ndarray:
+def draw_overlay(
+    image: np.ndarray, instances: list[dict] | None, score_threshold: float = 0.5, boxes: bool = True
+) -> np.ndarray:
     """uint8 RGB [H, W, 3] + detections-row instances -> the overlay (uint8 RGB [H, W, 3])."""
     kept = drawn_instances(instances, score_threshold)
     masks = [decode_rle(inst["mask"]) for inst in kept if inst.get("mask") is not None]

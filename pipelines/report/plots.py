@@ -3,6 +3,7 @@
 matplotlib is in the `report` extra (`pip install sparkseg[report]`); without it the page says so and has no
 plots.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,8 +35,13 @@ def class_counts_png(counts: dict[str, tuple[int, int]], threshold: float, out_d
     xs = range(len(names))
     fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(names) + 2), 3.2))
     ax.bar([x - 0.2 for x in xs], [counts[n][1] for n in names], width=0.4, color="#b0b8c4", label="all")
-    ax.bar([x + 0.2 for x in xs], [counts[n][0] for n in names], width=0.4, color="#1f6fb4",
-           label=f"score >= {threshold:g}")
+    ax.bar(
+        [x + 0.2 for x in xs],
+        [counts[n][0] for n in names],
+        width=0.4,
+        color="#1f6fb4",
+        label=f"score >= {threshold:g}",
+    )
     ax.set_xticks(list(xs), names, rotation=30 if len(names) > 6 else 0, ha="right" if len(names) > 6 else "center")
     ax.set_ylabel("instances")
     ax.legend(fontsize=8)
@@ -63,7 +69,7 @@ def score_histograms_png(bins: dict[str, list[int]], threshold: float, out_dir: 
         ax.set_title(f"{name} ({sum(counts)})", fontsize=9)
         ax.set_xlim(0, 1)
         ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     fig.supxlabel("score", fontsize=8)
     fig.tight_layout()

@@ -11,6 +11,7 @@ when they moved since the run (an hdfs:// or abfss:// input downloaded to DIR): 
 DIR/<its path under the run's input>. The job draws them itself with `output.overlays: true`. `--spark`: the rows
 are gathered by a local Spark session (pyspark and Java), for outputs too large for one key per image in memory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,15 @@ from pipelines.ops.video_decode import VideoDecodeError, frames_at
 from pipelines.report import overlays as ov
 from pipelines.report import page, plots
 from pipelines.report.report_rows import DEFAULT_LIMIT, DEFAULT_THRESHOLD, ReportRows, top_score
-from pipelines.report.tables import (DETECTION_COLUMNS, ERROR_COLUMNS, OutputError, iter_current_rows, local_file,
-                                     local_output, output_keys)
+from pipelines.report.tables import (
+    DETECTION_COLUMNS,
+    ERROR_COLUMNS,
+    OutputError,
+    iter_current_rows,
+    local_file,
+    local_output,
+    output_keys,
+)
 
 log = logging.getLogger(__name__)
 OVERLAYS_DIR = "overlays"
@@ -36,8 +44,9 @@ REPORT_NAME = "report.html"
 PLOTS_DIR = "report_files"
 
 
-def gather(output: str | Path, limit: int | None = DEFAULT_LIMIT, score_threshold: float = DEFAULT_THRESHOLD
-           ) -> ReportRows:
+def gather(
+    output: str | Path, limit: int | None = DEFAULT_LIMIT, score_threshold: float = DEFAULT_THRESHOLD
+) -> ReportRows:
     """The report's rows of a local `output`: the `limit` top-scoring current detection rows (0: all of them, None:
     none; ties by path and frame) and the counts of all of them, and the errors' first rows, streaming the tables
     once (the job gathers them with Spark instead: pipelines.report.spark_rows)."""
@@ -55,8 +64,8 @@ def source_file(path: str, run_input: str | None, input_root: str | Path | None)
     location = parse_location(path)
     if run_input:
         root = parse_location(run_input)
-        if location.parts[:len(root.parts)] == root.parts and len(location.parts) > len(root.parts):
-            return Path(input_root).joinpath(*location.parts[len(root.parts):])
+        if location.parts[: len(root.parts)] == root.parts and len(location.parts) > len(root.parts):
+            return Path(input_root).joinpath(*location.parts[len(root.parts) :])
     return Path(input_root) / location.parts[-1]
 
 
@@ -76,8 +85,11 @@ def render_overlays(rows: ReportRows, input_root: str | Path | None = None) -> d
     entries, missing = [], []
     for row in chosen:
         source = source_file(row["path"], run_input, input_root)
-        image = frames.get((row["path"], _frame(row))) if _frame(row) is not None else (
-            ov.load_rgb(source) if source.is_file() else None)
+        image = (
+            frames.get((row["path"], _frame(row)))
+            if _frame(row) is not None
+            else (ov.load_rgb(source) if source.is_file() else None)
+        )
         if image is None:
             missing.append({"path": row["path"], "looked_at": str(source)})
             continue
@@ -92,15 +104,31 @@ def render_overlays(rows: ReportRows, input_root: str | Path | None = None) -> d
         thumb_path.parent.mkdir(parents=True, exist_ok=True)
         ov.Image.fromarray(overlay).save(overlay_path, "PNG", compress_level=PNG_COMPRESS_LEVEL)
         ov.thumbnail(overlay).save(thumb_path, "JPEG", quality=85)
-        entries.append({"path": row["path"], "frame_index": _frame(row), "name": name, "drawn": len(drawn),
-                        "top_score": top_score(row, score_threshold),
-                        "classes": sorted({i["class_name"] for i in drawn}),
-                        "overlay": f"{OVERLAYS_DIR}/{key}.png", "thumbnail": f"{OVERLAYS_DIR}/thumbs/{key}.jpg"})
+        entries.append(
+            {
+                "path": row["path"],
+                "frame_index": _frame(row),
+                "name": name,
+                "drawn": len(drawn),
+                "top_score": top_score(row, score_threshold),
+                "classes": sorted({i["class_name"] for i in drawn}),
+                "overlay": f"{OVERLAYS_DIR}/{key}.png",
+                "thumbnail": f"{OVERLAYS_DIR}/thumbs/{key}.jpg",
+            }
+        )
     if missing:
-        log.warning("%d source images not found, e.g. %s (looked at %s): pass --input-root DIR where they are now",
-                    len(missing), missing[0]["path"], missing[0]["looked_at"])
-    index = {"score_threshold": score_threshold, "images_total": rows.images_total, "images": entries,
-             "missing": missing}
+        log.warning(
+            "%d source images not found, e.g. %s (looked at %s): pass --input-root DIR where they are now",
+            len(missing),
+            missing[0]["path"],
+            missing[0]["looked_at"],
+        )
+    index = {
+        "score_threshold": score_threshold,
+        "images_total": rows.images_total,
+        "images": entries,
+        "missing": missing,
+    }
     (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
     return index
 
@@ -139,11 +167,14 @@ def write_report(output: str | Path, rows: ReportRows | None = None) -> Path:
     counts = {n: tuple(rows.classes[n]) for n in names}
     plot_dir = root / PLOTS_DIR
     plot_dir.mkdir(exist_ok=True)
-    written = [plots.class_counts_png({n: c[:2] for n, c in counts.items()}, threshold, plot_dir),
-               plots.score_histograms_png({n: rows.score_bins[n] for n in names}, threshold, plot_dir)]
+    written = [
+        plots.class_counts_png({n: c[:2] for n, c in counts.items()}, threshold, plot_dir),
+        plots.score_histograms_png({n: rows.score_bins[n] for n in names}, threshold, plot_dir),
+    ]
     plot_links = [f"{PLOTS_DIR}/{p.name}" for p in written if p is not None]
-    html = page.report_html(rows.summary, counts, threshold, plot_links, evaluation, rows.errors, rows.errors_total,
-                            index)
+    html = page.report_html(
+        rows.summary, counts, threshold, plot_links, evaluation, rows.errors, rows.errors_total, index
+    )
     path = root / REPORT_NAME
     tmp = path.with_suffix(".html.tmp")
     tmp.write_text(html, encoding="utf-8")
@@ -151,8 +182,13 @@ def write_report(output: str | Path, rows: ReportRows | None = None) -> Path:
     return path
 
 
-def render(output: str | Path, input_root: str | Path | None = None, limit: int = DEFAULT_LIMIT,
-           score_threshold: float = DEFAULT_THRESHOLD, spark=None) -> Path:
+def render(
+    output: str | Path,
+    input_root: str | Path | None = None,
+    limit: int = DEFAULT_LIMIT,
+    score_threshold: float = DEFAULT_THRESHOLD,
+    spark=None,
+) -> Path:
     """Overlays and report.html for `output`; returns the report's path. spark: a SparkSession that gathers the rows
     (pipelines.report.spark_rows: this process holds the rows it draws, not a key per image), else pyarrow here."""
     if input_root is not None and not Path(input_root).is_dir():
@@ -175,18 +211,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", required=True, help="the job's --output (a local directory)")
     parser.add_argument("--input-root", help="where the input images are now, if they moved since the run")
-    parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
-                        help=f"draw at most this many images, top-scoring first (default {DEFAULT_LIMIT}; 0: all)")
-    parser.add_argument("--score-threshold", type=float, default=DEFAULT_THRESHOLD,
-                        help=f"draw and count instances with at least this score (default {DEFAULT_THRESHOLD})")
-    parser.add_argument("--spark", action="store_true",
-                        help="gather the rows with a local Spark session (local[*]; needs pyspark and Java): for "
-                             "outputs of millions of images, of which this process would otherwise hold a key each")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        help=f"draw at most this many images, top-scoring first (default {DEFAULT_LIMIT}; 0: all)",
+    )
+    parser.add_argument(
+        "--score-threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        help=f"draw and count instances with at least this score (default {DEFAULT_THRESHOLD})",
+    )
+    parser.add_argument(
+        "--spark",
+        action="store_true",
+        help="gather the rows with a local Spark session (local[*]; needs pyspark and Java): for "
+        "outputs of millions of images, of which this process would otherwise hold a key each",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        path = render(args.output, args.input_root, args.limit, args.score_threshold,
-                      local_spark() if args.spark else None)
+        path = render(
+            args.output, args.input_root, args.limit, args.score_threshold, local_spark() if args.spark else None
+        )
     except OutputError as err:
         return report_error(err)
     print(f"report: {path}")
@@ -198,11 +246,12 @@ def local_spark():
     try:
         from pipelines.spark.spark_session import local_session
     except ImportError as err:
-        raise OutputError(f"--spark needs pyspark and Java ({err}): install the job's dependencies (pip install "
-                          "sparkseg), or leave --spark out") from None
+        raise OutputError(
+            f"--spark needs pyspark and Java ({err}): install the job's dependencies (pip install "
+            "sparkseg), or leave --spark out"
+        ) from None
     return local_session(app_name="sparkseg-report")
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

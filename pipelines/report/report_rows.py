@@ -6,6 +6,7 @@ stream of rows (a local output read with pyarrow: pipelines.report.render.gather
 the current rows, merged on the executors (the job: pipelines.report.spark_rows). No Spark and no drawing here: the
 executors import it.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -15,9 +16,9 @@ from pathlib import Path
 
 from pipelines.report.page import MAX_ERROR_ROWS
 
-SCORE_BINS = 20            # the score histograms' bins over 0..1
-DEFAULT_LIMIT = 100        # top-scoring images drawn
-DEFAULT_THRESHOLD = 0.5    # instances drawn and counted at or above this score
+SCORE_BINS = 20  # the score histograms' bins over 0..1
+DEFAULT_LIMIT = 100  # top-scoring images drawn
+DEFAULT_THRESHOLD = 0.5  # instances drawn and counted at or above this score
 
 
 @dataclass
@@ -26,14 +27,14 @@ class ReportRows:
     gathers (merged), then `finished()`."""
 
     score_threshold: float
-    limit: int | None = None      # top rows kept: None none (counts only), 0 all of them
-    root: Path | None = None      # the output directory (set once gathered)
+    limit: int | None = None  # top rows kept: None none (counts only), 0 all of them
+    root: Path | None = None  # the output directory (set once gathered)
     summary: dict | None = None
-    top: list[dict] = field(default_factory=list)       # top-scoring detection rows, instances included, in order
-    images_total: int = 0                               # current detection rows (images and video frames)
-    classes: dict[str, list[int]] = field(default_factory=dict)      # [>= threshold, all, images with one >=]
-    score_bins: dict[str, list[int]] = field(default_factory=dict)   # SCORE_BINS counts over 0..1
-    errors: list[dict] = field(default_factory=list)    # the first MAX_ERROR_ROWS current error rows, by path
+    top: list[dict] = field(default_factory=list)  # top-scoring detection rows, instances included, in order
+    images_total: int = 0  # current detection rows (images and video frames)
+    classes: dict[str, list[int]] = field(default_factory=dict)  # [>= threshold, all, images with one >=]
+    score_bins: dict[str, list[int]] = field(default_factory=dict)  # SCORE_BINS counts over 0..1
+    errors: list[dict] = field(default_factory=list)  # the first MAX_ERROR_ROWS current error rows, by path
     errors_total: int = 0
 
     def add_detections(self, rows: Iterable[dict]) -> ReportRows:

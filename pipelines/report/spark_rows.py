@@ -6,6 +6,7 @@ executors and the partial results merged there in a tree, so that the driver rec
 the counts, the first errors) whatever the number of images. `python -m pipelines.report.render` streams a local
 output with pyarrow instead, through the same ReportRows, unless given --spark.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -14,13 +15,13 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.io.storage import Location
 from pipelines.report.report_rows import DEFAULT_LIMIT, DEFAULT_THRESHOLD, ReportRows, added_spark_row
-from pipelines.report.tables import (DETECTION_COLUMNS, ERROR_COLUMNS, local_output, read_summary,
-                                     summary_model_records)
+from pipelines.report.tables import DETECTION_COLUMNS, ERROR_COLUMNS, local_output, read_summary, summary_model_records
 from pipelines.results.incremental import current_records, read_tables
 
 
-def gather_with_spark(spark: SparkSession, output: Location, limit: int | None = DEFAULT_LIMIT,
-                      score_threshold: float = DEFAULT_THRESHOLD) -> ReportRows:
+def gather_with_spark(
+    spark: SparkSession, output: Location, limit: int | None = DEFAULT_LIMIT, score_threshold: float = DEFAULT_THRESHOLD
+) -> ReportRows:
     """render.gather's rows of a local `output`, gathered by Spark (OutputError for an output that is not local:
     the report's files are written there)."""
     root = local_output(output.uri)
@@ -32,10 +33,15 @@ def gather_with_spark(spark: SparkSession, output: Location, limit: int | None =
 
     _, tables = summary_model_records(root, summary, current)
     rows = ReportRows(score_threshold, limit, root, summary)
-    for name, columns, add in (("detections", DETECTION_COLUMNS, ReportRows.add_detection),
-                               ("errors", ERROR_COLUMNS, ReportRows.add_error)):
+    for name, columns, add in (
+        ("detections", DETECTION_COLUMNS, ReportRows.add_detection),
+        ("errors", ERROR_COLUMNS, ReportRows.add_error),
+    ):
         if name in tables:
             frame = tables[name]
-            rows.merged(frame.select(*[c for c in columns if c in frame.columns]).rdd.treeAggregate(
-                ReportRows(score_threshold, limit), partial(added_spark_row, add), ReportRows.merged))
+            rows.merged(
+                frame.select(*[c for c in columns if c in frame.columns]).rdd.treeAggregate(
+                    ReportRows(score_threshold, limit), partial(added_spark_row, add), ReportRows.merged
+                )
+            )
     return rows.finished()

@@ -11,13 +11,14 @@ image modification time); a video has one per frame, among the records of its ne
 read_output holds the rows in memory (a run's evaluation, a labelled sample); iter_current_rows streams them (the
 report, pipelines.report.render, keeps only what it draws and counts).
 """
+
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pyarrow.dataset as ds
 
@@ -26,7 +27,7 @@ from pipelines.report.report_rows import row_order
 
 log = logging.getLogger(__name__)
 KEY_COLUMNS = ["path", "frame_index", "run_id", "size", "modification_time", "model_sha256"]
-ROWS_PER_BATCH = 512    # rows made Python objects at a time (a row holds up to ~100 instances with their RLEs)
+ROWS_PER_BATCH = 512  # rows made Python objects at a time (a row holds up to ~100 instances with their RLEs)
 
 
 class OutputError(UsageError):
@@ -37,16 +38,18 @@ class OutputError(UsageError):
 class OutputTables:
     root: Path
     summary: dict | None
-    model_sha256: str | None          # rows of this model only (the summary's), None: all rows
-    detections: list[dict] = field(default_factory=list)   # current rows: path, frame_index, width, instances, ...
-    errors: list[dict] = field(default_factory=list)       # current rows: path, frame_index, stage, error_type, ...
+    model_sha256: str | None  # rows of this model only (the summary's), None: all rows
+    detections: list[dict] = field(default_factory=list)  # current rows: path, frame_index, width, instances, ...
+    errors: list[dict] = field(default_factory=list)  # current rows: path, frame_index, stage, error_type, ...
 
 
 def local_output(output: str | Path) -> Path:
     text = str(output)
     if "://" in text and not text.startswith("file://"):
-        raise OutputError(f"{output}: only local outputs can be read here; download it first "
-                          "(hdfs dfs -get, azcopy copy, databricks fs cp -r) and pass the local copy")
+        raise OutputError(
+            f"{output}: only local outputs can be read here; download it first "
+            "(hdfs dfs -get, azcopy copy, databricks fs cp -r) and pass the local copy"
+        )
     root = Path(text.removeprefix("file://").removeprefix("file:")).expanduser().resolve()
     if not root.is_dir():
         raise OutputError(f"{root}: no such output directory; pass the job's --output")
@@ -91,7 +94,7 @@ def _rank(row: dict) -> tuple:
 def current_keys(root: Path, model_sha256: str | None) -> dict[tuple[str, int | None], tuple[str, str]]:
     """(path, frame_index) -> (table, run_id) of each current record (frame_index None: an image, or a video that
     could not be read)."""
-    newest: dict[str, tuple] = {}   # path -> its newest record's rank, version and kind (two passes: no record held)
+    newest: dict[str, tuple] = {}  # path -> its newest record's rank, version and kind (two passes: no record held)
     for _, row in _keys(root, model_sha256):
         rank = _rank(row)
         if row["path"] not in newest or rank > newest[row["path"]][0]:
@@ -99,7 +102,7 @@ def current_keys(root: Path, model_sha256: str | None) -> dict[tuple[str, int | 
     best: dict[tuple, tuple[tuple, str, str]] = {}
     for table, row in _keys(root, model_sha256):
         if _version(row) != newest[row["path"]][1]:
-            continue   # an older file version, or the other kind (frames / the whole video)
+            continue  # an older file version, or the other kind (frames / the whole video)
         key, rank = (row["path"], row.get("frame_index")), _rank(row)
         if key not in best or rank > best[key][0]:
             best[key] = (rank, table, row.get("run_id"))
@@ -131,8 +134,17 @@ def _current_rows(root: Path, table: str, keys: dict, columns: list[str]) -> lis
     return sorted(iter_current_rows(root, table, keys, columns), key=row_order)
 
 
-DETECTION_COLUMNS = ["path", "frame_index", "timestamp_s", "width", "height", "instances", "mask_path", "run_id",
-                     "model_sha256"]
+DETECTION_COLUMNS = [
+    "path",
+    "frame_index",
+    "timestamp_s",
+    "width",
+    "height",
+    "instances",
+    "mask_path",
+    "run_id",
+    "model_sha256",
+]
 ERROR_COLUMNS = ["path", "frame_index", "stage", "error_type", "message", "run_id", "model_sha256"]
 
 
@@ -160,16 +172,21 @@ def read_output(output: str | Path, with_instances: bool = True, all_models: boo
     """summary.json and the current rows. Rows of the summary's model only, unless `all_models` or no summary."""
     root, summary, model, keys = output_keys(output, all_models)
     columns = DETECTION_COLUMNS if with_instances else [c for c in DETECTION_COLUMNS if c != "instances"]
-    return OutputTables(root, summary, model, _current_rows(root, "detections", keys, columns),
-                        _current_rows(root, "errors", keys, ERROR_COLUMNS))
+    return OutputTables(
+        root,
+        summary,
+        model,
+        _current_rows(root, "detections", keys, columns),
+        _current_rows(root, "errors", keys, ERROR_COLUMNS),
+    )
 
 
 def local_file(uri: str) -> Path:
     """file:/x, file:///x or /x -> Path('/x')."""
     text = uri
     if text.startswith("file://"):
-        text = text[len("file://"):]
-        text = text[text.index("/"):] if not text.startswith("/") else text
+        text = text[len("file://") :]
+        text = text[text.index("/") :] if not text.startswith("/") else text
     elif text.startswith("file:"):
-        text = text[len("file:"):]
+        text = text[len("file:") :]
     return Path(text)

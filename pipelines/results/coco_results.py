@@ -1,4 +1,5 @@
 """coco_results.json: the job's current detections in the COCO results format, for pycocotools."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import tempfile
 
 from pyspark.sql import SparkSession
 
-from pipelines.results.incremental import current_detections   # the newest row per path (replaced images)
 from pipelines.io.storage import Location, is_local, to_local_path
+from pipelines.results.incremental import current_detections  # the newest row per path (replaced images)
 
 
 def write_coco_results(spark: SparkSession, output: Location | str, image_ids: dict[str, int] | None = None) -> int:
@@ -28,8 +29,12 @@ def write_coco_results(spark: SparkSession, output: Location | str, image_ids: d
             image_id = image_ids.get(name, number) if image_ids else number
             for inst in row.instances or []:
                 x1, y1, x2, y2 = inst.box
-                result = {"image_id": image_id, "category_id": inst.class_id + 1, "score": round(float(inst.score), 5),
-                          "bbox": [x1, y1, x2 - x1, y2 - y1]}
+                result = {
+                    "image_id": image_id,
+                    "category_id": inst.class_id + 1,
+                    "score": round(float(inst.score), 5),
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                }
                 if inst.mask is not None:
                     result["segmentation"] = {"size": list(inst.mask.size), "counts": inst.mask.counts}
                 handle.write(("," if count else "") + "\n" + json.dumps(result))

@@ -11,6 +11,7 @@ the longest such `file_name` where several do; a `file_name` that two images of 
 the evaluation (and named); images the job failed on count as images with no detections. Writes OUT/evaluation.json
 and, when OUT/report.html exists, refreshes the report page with an evaluation section.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,8 @@ import io
 import json
 import logging
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 from pycocotools import mask as mask_utils
@@ -82,8 +83,12 @@ def coco_ap(ground_truth: COCO, results: list[dict], iou_type: str, category_ids
     return {"ap": float(evaluator.stats[0]), "ap50": float(evaluator.stats[1]), "ap75": float(evaluator.stats[2])}
 
 
-def ap_report(ground_truth: COCO, results: list[dict], groups: Mapping[str, Sequence[str]] | None = None,
-              iou_types: Sequence[str] = ("bbox", "segm")) -> dict:
+def ap_report(
+    ground_truth: COCO,
+    results: list[dict],
+    groups: Mapping[str, Sequence[str]] | None = None,
+    iou_types: Sequence[str] = ("bbox", "segm"),
+) -> dict:
     """{box,mask}_{ap,ap50,ap75} over all classes, and with suffix _<group> over each group of class names
     (training: {"blobs": ("pothole", "patch", "puddle"), "crack": ("crack",)}); groups with no known class are
     left out."""
@@ -91,8 +96,9 @@ def ap_report(ground_truth: COCO, results: list[dict], groups: Mapping[str, Sequ
     report = {}
     for iou_type in iou_types:
         prefix = {"bbox": "box", "segm": "mask"}[iou_type]
-        for suffix, cats in [("", None)] + [(f"_{name}", [by_name[n] for n in names if n in by_name])
-                                             for name, names in (groups or {}).items()]:
+        for suffix, cats in [("", None)] + [
+            (f"_{name}", [by_name[n] for n in names if n in by_name]) for name, names in (groups or {}).items()
+        ]:
             if cats == []:
                 continue
             for key, value in coco_ap(ground_truth, results, iou_type, cats).items():
@@ -131,8 +137,12 @@ def results_from_rows(rows: list[dict], image_ids: dict[str, int], category_ids:
             if image_id is None or inst["class_name"] not in category_ids:
                 continue
             x1, y1, x2, y2 = inst["box"]
-            result = {"image_id": image_id, "category_id": category_ids[inst["class_name"]],
-                      "score": inst["score"], "bbox": [x1, y1, x2 - x1, y2 - y1]}
+            result = {
+                "image_id": image_id,
+                "category_id": category_ids[inst["class_name"]],
+                "score": inst["score"],
+                "bbox": [x1, y1, x2 - x1, y2 - y1],
+            }
             if inst.get("mask") is not None:
                 result["segmentation"] = {"size": list(inst["mask"]["size"]), "counts": inst["mask"]["counts"]}
             results.append(result)
@@ -173,8 +183,12 @@ def _rle(segmentation: dict) -> dict:
     return {"size": segmentation["size"], "counts": counts.encode("ascii") if isinstance(counts, str) else counts}
 
 
-def evaluate_output(output: str | Path, annotations: str | Path | dict, score_threshold: float = 0.5,
-                    groups: Mapping[str, Sequence[str]] | None = None) -> dict:
+def evaluate_output(
+    output: str | Path,
+    annotations: str | Path | dict,
+    score_threshold: float = 0.5,
+    groups: Mapping[str, Sequence[str]] | None = None,
+) -> dict:
     """COCO AP of the job's current detections in `output` against `annotations`; the evaluation.json content.
     Holds the rows of the annotated images only (and a key per image of the output), so that a labelled sample
     can be evaluated in a large output."""
@@ -186,14 +200,16 @@ def evaluate_output(output: str | Path, annotations: str | Path | dict, score_th
     annotated = AnnotatedImages(ground_truth.dataset["images"])
     image_ids = annotated.ids
     category_ids = {c["name"]: c["id"] for c in ground_truth.dataset["categories"]}
-    detections, in_output, predicted = [], {}, set()   # rows of annotated images, {file_name: path}; classes seen
+    detections, in_output, predicted = [], {}, set()  # rows of annotated images, {file_name: path}; classes seen
 
     def annotated_name(path: str) -> str | None:
         name = annotated.file_name(path)
         if name is not None and in_output.setdefault(name, path) != path:
-            raise EvaluationError(f"{annotations}: its image '{name}' is the end of two paths of {root}: "
-                                  f"{in_output[name]} and {path}; give its file_name with the folders that tell "
-                                  "them apart")
+            raise EvaluationError(
+                f"{annotations}: its image '{name}' is the end of two paths of {root}: "
+                f"{in_output[name]} and {path}; give its file_name with the folders that tell "
+                "them apart"
+            )
         return name
 
     for row in iter_current_rows(root, "detections", keys, DETECTION_COLUMNS):
@@ -205,34 +221,46 @@ def evaluate_output(output: str | Path, annotations: str | Path | dict, score_th
     detections.sort(key=row_order)
     matched = {name: image_ids[name] for name in in_output}
     if not matched:
-        raise EvaluationError(f"{annotations}: none of its {len(image_ids)} image file names is in {root} "
-                              "(detections/ or errors/): evaluate the output of a run over the annotated images")
+        raise EvaluationError(
+            f"{annotations}: none of its {len(image_ids)} image file names is in {root} "
+            "(detections/ or errors/): evaluate the output of a run over the annotated images"
+        )
     if predicted and not predicted & set(category_ids):
-        raise EvaluationError(f"{annotations}: its classes {sorted(category_ids)} share no name with the model's "
-                              f"{sorted(predicted)}: evaluate against annotations of the model's classes")
+        raise EvaluationError(
+            f"{annotations}: its classes {sorted(category_ids)} share no name with the model's "
+            f"{sorted(predicted)}: evaluate against annotations of the model's classes"
+        )
     missing = sorted(set(image_ids) - set(in_output))
     if missing:
-        log.warning("%d annotated images are not in %s and are left out, e.g. %s", len(missing), root,
-                    ", ".join(missing[:5]))
+        log.warning(
+            "%d annotated images are not in %s and are left out, e.g. %s", len(missing), root, ", ".join(missing[:5])
+        )
     if len(matched) < len(image_ids):
         ground_truth = subset_ground_truth(ground_truth, set(matched.values()))
-    results = results_from_rows(detections, {path: image_ids[name] for name, path in in_output.items()},
-                                category_ids)
+    results = results_from_rows(detections, {path: image_ids[name] for name, path in in_output.items()}, category_ids)
     has_masks = bool(results) and all("segmentation" in r for r in results)
     iou_types = ("bbox", "segm") if has_masks else ("bbox",)
-    report = {"annotations": str(annotations), "output": str(root), "images": len(matched),
-              "images_not_in_output": missing[:50], "images_not_in_output_count": len(missing),
-              "results": len(results), "score_threshold": score_threshold,
-              "ignored_classes": sorted(predicted - set(category_ids)),
-              "overall": ap_report(ground_truth, results, groups, iou_types), "per_class": {}}
+    report = {
+        "annotations": str(annotations),
+        "output": str(root),
+        "images": len(matched),
+        "images_not_in_output": missing[:50],
+        "images_not_in_output_count": len(missing),
+        "results": len(results),
+        "score_threshold": score_threshold,
+        "ignored_classes": sorted(predicted - set(category_ids)),
+        "overall": ap_report(ground_truth, results, groups, iou_types),
+        "per_class": {},
+    }
     found = recall_at(ground_truth, results, score_threshold)
     for name, cat in category_ids.items():
         entry = {f"box_{k}": v for k, v in coco_ap(ground_truth, results, "bbox", [cat]).items()}
         if has_masks:
             entry.update({f"mask_{k}": v for k, v in coco_ap(ground_truth, results, "segm", [cat]).items()})
         counts = found[cat]
-        entry.update(counts, recall=round(counts["found"] / counts["ground_truth"], 4) if counts["ground_truth"]
-                     else None)
+        entry.update(
+            counts, recall=round(counts["found"] / counts["ground_truth"], 4) if counts["ground_truth"] else None
+        )
         report["per_class"][name] = entry
     return report
 
@@ -251,11 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", required=True, help="the job's --output (a local directory)")
     parser.add_argument("--annotations", required=True, help="COCO instances JSON of (some of) the input images")
-    parser.add_argument("--score-threshold", type=float, default=0.5,
-                        help="score for the per-class counts and recall (AP uses every detection)")
-    parser.add_argument("--group", action="append", default=[], metavar="NAME=CLASS,CLASS",
-                        help="also report AP over these classes together as <metric>_NAME (repeatable), e.g. "
-                             "--group blobs=pothole,patch,puddle")
+    parser.add_argument(
+        "--score-threshold",
+        type=float,
+        default=0.5,
+        help="score for the per-class counts and recall (AP uses every detection)",
+    )
+    parser.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="NAME=CLASS,CLASS",
+        help="also report AP over these classes together as <metric>_NAME (repeatable), e.g. "
+        "--group blobs=pothole,patch,puddle",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -267,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         groups[name.strip()] = tuple(c.strip() for c in classes.split(",") if c.strip())
     try:
         report = evaluate_output(args.output, args.annotations, args.score_threshold, groups)
-    except SparkSegError as err:   # EvaluationError, OutputError, AnnotationError: one line, exit 2
+    except SparkSegError as err:  # EvaluationError, OutputError, AnnotationError: one line, exit 2
         return report_error(err)
     path = write_evaluation(args.output, report)
     overall = report["overall"]
@@ -275,8 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     print("  " + ", ".join(f"{k} {v:.3f}" for k, v in overall.items() if "_ap75" not in k))
     for name, entry in report["per_class"].items():
         mask = f", mask AP {entry['mask_ap']:.3f}" if "mask_ap" in entry else ""
-        print(f"  {name}: box AP {entry['box_ap']:.3f}{mask}; {entry['found']} of {entry['ground_truth']} found "
-              f"by {entry['detections']} detections >= {report['score_threshold']}")
+        print(
+            f"  {name}: box AP {entry['box_ap']:.3f}{mask}; {entry['found']} of {entry['ground_truth']} found "
+            f"by {entry['detections']} detections >= {report['score_threshold']}"
+        )
     report_page = Path(report["output"]) / "report.html"
     if report_page.is_file():
         from pipelines.report.render import write_report

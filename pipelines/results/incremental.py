@@ -14,6 +14,7 @@ current records are the newest of each frame among those of its newest version a
 A path's current record may be an error: a replaced image that no longer decodes is in current_errors and no
 longer in current_detections. Images deleted from the input keep their last record (nothing here reads the input).
 """
+
 from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -23,8 +24,9 @@ from pipelines.io.storage import Location
 from pipelines.results.results_writer import TABLES, read_table
 
 
-def current_records(spark: SparkSession, output: Location | str,
-                    model_sha256: str | None = None) -> dict[str, DataFrame]:
+def current_records(
+    spark: SparkSession, output: Location | str, model_sha256: str | None = None
+) -> dict[str, DataFrame]:
     """{"detections": DataFrame, "errors": DataFrame} holding only the current record of every path (rows of the
     tables as written, same columns). `output`: a Location, or a URI read with the environment's credentials.
     `model_sha256` first restricts both tables to that model's rows. Tables not written yet are absent."""
@@ -32,9 +34,12 @@ def current_records(spark: SparkSession, output: Location | str,
     if not tables:
         return {}
     current = renamed_keys(_ranked_keys(tables).where("rank = 1"), "current_", with_run=True)
-    return {name: frame.join(current.where(F.col("table") == name).drop("table"),
-                             same_record("current_", with_run=True), "left_semi")
-            for name, frame in tables.items()}
+    return {
+        name: frame.join(
+            current.where(F.col("table") == name).drop("table"), same_record("current_", with_run=True), "left_semi"
+        )
+        for name, frame in tables.items()
+    }
 
 
 def renamed_keys(keys: DataFrame, prefix: str, with_run: bool = False) -> DataFrame:
@@ -48,13 +53,15 @@ def renamed_keys(keys: DataFrame, prefix: str, with_run: bool = False) -> DataFr
 def same_record(prefix: str, with_run: bool = False):
     """Join condition: a record's key (path, frame_index[, run_id]; frame_index null for images) equals the
     renamed_keys columns <prefix>path, <prefix>frame_index[, <prefix>run_id]."""
-    condition = ((F.col("path") == F.col(prefix + "path"))
-                 & F.col("frame_index").eqNullSafe(F.col(prefix + "frame_index")))
+    condition = (F.col("path") == F.col(prefix + "path")) & F.col("frame_index").eqNullSafe(
+        F.col(prefix + "frame_index")
+    )
     return condition & (F.col("run_id") == F.col(prefix + "run_id")) if with_run else condition
 
 
-def current_detections(spark: SparkSession, output: Location | str,
-                       model_sha256: str | None = None) -> DataFrame | None:
+def current_detections(
+    spark: SparkSession, output: Location | str, model_sha256: str | None = None
+) -> DataFrame | None:
     """detections/ with one row per path: the newest run's, and only where that newest record is not an error.
     None when nothing was written yet."""
     return current_records(spark, output, model_sha256).get("detections")
@@ -106,13 +113,17 @@ def ranked_keys(keys: DataFrame) -> DataFrame:
     of each frame (of the file, for an image)."""
     newest_first = (F.col("run_id").desc(), F.col("modification_time").desc_nulls_last())
     by_path = Window.partitionBy("path").orderBy(*newest_first)
-    live = (F.col("size").eqNullSafe(F.first("size").over(by_path))
-            & F.col("modification_time").eqNullSafe(F.first("modification_time").over(by_path))
-            & (F.col("frame_index").isNull() == F.first(F.col("frame_index").isNull()).over(by_path)))
+    live = (
+        F.col("size").eqNullSafe(F.first("size").over(by_path))
+        & F.col("modification_time").eqNullSafe(F.first("modification_time").over(by_path))
+        & (F.col("frame_index").isNull() == F.first(F.col("frame_index").isNull()).over(by_path))
+    )
     by_record = Window.partitionBy("path", "frame_index", "live").orderBy(*newest_first)
-    return (keys.withColumn("live", live)
-            .withColumn("rank", F.when(F.col("live"), F.row_number().over(by_record)).otherwise(F.lit(2)))
-            .drop("live"))
+    return (
+        keys.withColumn("live", live)
+        .withColumn("rank", F.when(F.col("live"), F.row_number().over(by_record)).otherwise(F.lit(2)))
+        .drop("live")
+    )
 
 
 def _ranked_keys(tables: dict[str, DataFrame]) -> DataFrame:

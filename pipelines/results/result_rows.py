@@ -2,6 +2,7 @@
 the result columns: the driver's RESULT_SCHEMA is derived from it), a new row per image or video frame, per-stage
 timing and error rows, and the Arrow batches mapInArrow exchanges with Spark. No pyspark, no model: shared by
 images (image_inference) and video frames (video_inference)."""
+
 from __future__ import annotations
 
 import time
@@ -21,19 +22,37 @@ STAGES = ("read", "preprocess", "infer", "postprocess", "write")
 RETRIED_STAGES = ("read", "model", "write")
 MAX_MESSAGE = 2000
 _MASK = pa.struct([("size", pa.list_(pa.int32())), ("counts", pa.string())])
-_INSTANCE = pa.struct([("class_id", pa.int32()), ("class_name", pa.string()), ("score", pa.float32()),
-                       ("box", pa.list_(pa.int32())), ("mask", _MASK)])
-RESULT_ARROW_SCHEMA = pa.schema([
-    ("path", pa.string()), ("status", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
-    ("instances", pa.list_(_INSTANCE)), ("mask_path", pa.string()),
-    ("error_stage", pa.string()), ("error_type", pa.string()), ("error_message", pa.string()),
-    ("size", pa.int64()), ("modification_time", pa.timestamp("us", tz="UTC")),
-    # video frames (null for images): the frame's 0-based index in presentation order, its presentation time, and
-    # the segment [segment_start, segment_end) it was decoded in (the unit of resume; inference.video_sources)
-    ("frame_index", pa.int32()), ("timestamp_s", pa.float64()), ("segment_start", pa.int32()),
-    ("segment_end", pa.int32()),
-    ("timings", pa.struct([(f"{stage}_s", pa.float64()) for stage in STAGES])),
-])
+_INSTANCE = pa.struct(
+    [
+        ("class_id", pa.int32()),
+        ("class_name", pa.string()),
+        ("score", pa.float32()),
+        ("box", pa.list_(pa.int32())),
+        ("mask", _MASK),
+    ]
+)
+RESULT_ARROW_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("status", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("instances", pa.list_(_INSTANCE)),
+        ("mask_path", pa.string()),
+        ("error_stage", pa.string()),
+        ("error_type", pa.string()),
+        ("error_message", pa.string()),
+        ("size", pa.int64()),
+        ("modification_time", pa.timestamp("us", tz="UTC")),
+        # video frames (null for images): the frame's 0-based index in presentation order, its presentation time, and
+        # the segment [segment_start, segment_end) it was decoded in (the unit of resume; inference.video_sources)
+        ("frame_index", pa.int32()),
+        ("timestamp_s", pa.float64()),
+        ("segment_start", pa.int32()),
+        ("segment_end", pa.int32()),
+        ("timings", pa.struct([(f"{stage}_s", pa.float64()) for stage in STAGES])),
+    ]
+)
 RESULT_COLUMNS = RESULT_ARROW_SCHEMA.names
 
 
@@ -48,11 +67,25 @@ def result_batch(rows: list[dict]) -> pa.RecordBatch:
 
 
 def new_row(record) -> dict:
-    return {"path": record.path, "status": "error", "width": None, "height": None, "instances": None,
-            "mask_path": None, "error_stage": None, "error_type": None, "error_message": None,
-            "size": getattr(record, "size", None), "modification_time": getattr(record, "modification_time", None),
-            "frame_index": None, "timestamp_s": None, "segment_start": None, "segment_end": None,
-            "timings": {f"{s}_s": 0.0 for s in STAGES}, "_stage": None}
+    return {
+        "path": record.path,
+        "status": "error",
+        "width": None,
+        "height": None,
+        "instances": None,
+        "mask_path": None,
+        "error_stage": None,
+        "error_type": None,
+        "error_message": None,
+        "size": getattr(record, "size", None),
+        "modification_time": getattr(record, "modification_time", None),
+        "frame_index": None,
+        "timestamp_s": None,
+        "segment_start": None,
+        "segment_end": None,
+        "timings": {f"{s}_s": 0.0 for s in STAGES},
+        "_stage": None,
+    }
 
 
 class timed:

@@ -5,6 +5,7 @@ Derived from result_rows.RESULT_ARROW_SCHEMA, the Arrow batches the executors re
 there), in Python: not as a DDL string, which the JVM parses with its SQL parser, whose first use in a process
 costs ~0.2 s of the driver's planning.
 """
+
 from __future__ import annotations
 
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -13,5 +14,6 @@ from pipelines.results.result_rows import RESULT_ARROW_SCHEMA
 
 RESULT_SCHEMA = from_arrow_schema(RESULT_ARROW_SCHEMA)
 INSTANCES_TYPE = RESULT_SCHEMA["instances"].dataType
-FRAME_COLUMNS = {name: RESULT_SCHEMA[name].dataType for name in ("frame_index", "timestamp_s", "segment_start",
-                                                                  "segment_end")}
+FRAME_COLUMNS = {
+    name: RESULT_SCHEMA[name].dataType for name in ("frame_index", "timestamp_s", "segment_start", "segment_end")
+}

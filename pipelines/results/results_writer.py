@@ -8,27 +8,50 @@ Two writers, one layout:
   fixed by (run, wave, partition, batch), so a retried or speculative task overwrites instead of duplicating, and a
   blob upload is atomic (never half visible).
 """
+
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from pipelines.io.storage import Location, spark_read_path
+from pipelines.io.uris import store_of
 from pipelines.results.result_rows import STAGES
 from pipelines.results.result_schema import FRAME_COLUMNS, RESULT_SCHEMA
-from pipelines.io.uris import store_of
 from pipelines.spark.java_errors import unreachable_storage
 
 # The tables' columns, from result_schema.RESULT_SCHEMA. The video frame columns are null for images; tables written
 # before they existed get them as nulls when read (read_table), so old outputs stay readable and resumable.
-DETECTION_COLUMNS = ["path", "width", "height", "instances", "mask_path", "size", "modification_time", "timings",
-                     "model_name", "model_sha256", "run_id", *FRAME_COLUMNS]
-ERROR_COLUMNS = ["path", "error_stage AS stage", "error_type", "error_message AS message", "size", "modification_time",
-                 "model_name", "model_sha256", "run_id", *FRAME_COLUMNS]
+DETECTION_COLUMNS = [
+    "path",
+    "width",
+    "height",
+    "instances",
+    "mask_path",
+    "size",
+    "modification_time",
+    "timings",
+    "model_name",
+    "model_sha256",
+    "run_id",
+    *FRAME_COLUMNS,
+]
+ERROR_COLUMNS = [
+    "path",
+    "error_stage AS stage",
+    "error_type",
+    "error_message AS message",
+    "size",
+    "modification_time",
+    "model_name",
+    "model_sha256",
+    "run_id",
+    *FRAME_COLUMNS,
+]
 TIMING_FIELDS = [f"{stage}_s" for stage in STAGES]
 
 
@@ -52,7 +75,7 @@ def write_results(results: DataFrame, output: Location, file_prefix: str = "part
         F.sum(F.coalesce(F.size("instances"), F.lit(0))).alias("instances"),
         *[F.sum(f"timings.{name}").alias(name) for name in TIMING_FIELDS],
     )
-    detections = observed.where("status = 'ok'").select(*DETECTION_COLUMNS)   # the first write: observes every row
+    detections = observed.where("status = 'ok'").select(*DETECTION_COLUMNS)  # the first write: observes every row
     errors = results.where("status = 'error'").selectExpr(*ERROR_COLUMNS)
     append_rows(detections, output / "detections", file_prefix)
     counts = {key: (value or 0) for key, value in totals.get.items()}
@@ -60,9 +83,8 @@ def write_results(results: DataFrame, output: Location, file_prefix: str = "part
     # Hadoop output still gets its errors/ table, empty, so that it can always be read.
     if counts["failed"]:
         append_rows(errors, output / "errors", file_prefix)
-    elif choose_writer(output.uri) == "spark" and not hadoop_path_exists(results.sparkSession,
-                                                                          (output / "errors").uri):
-        append_rows(errors.limit(0), output / "errors", file_prefix)   # planned empty: reads nothing
+    elif choose_writer(output.uri) == "spark" and not hadoop_path_exists(results.sparkSession, (output / "errors").uri):
+        append_rows(errors.limit(0), output / "errors", file_prefix)  # planned empty: reads nothing
     return counts
 
 
@@ -110,8 +132,9 @@ def arrow_schema_of(schema: StructType):
     return to_arrow_schema(schema, **tz)
 
 
-def read_table(spark: SparkSession, table: Location | str, files: list[str] | None = None,
-               schema: StructType | None = None) -> DataFrame | None:
+def read_table(
+    spark: SparkSession, table: Location | str, files: list[str] | None = None, schema: StructType | None = None
+) -> DataFrame | None:
     """detections/ or errors/ (a Location, or a URI with the environment's credentials) as a DataFrame, from either
     writer; None when nothing was written yet. `files`: only these Parquet files of the table (URIs as list_files
     gives them); `schema`: the files' schema (default: the job's, for detections/ and errors/)."""
@@ -120,7 +143,7 @@ def read_table(spark: SparkSession, table: Location | str, files: list[str] | No
     schema = schema or table_schema(spark, table_uri)  # files of runs before the frame columns lack them: read as null
     if choose_writer(table_uri) != "spark":
         return read_uploaded_table(spark, table, files, schema)
-    if files is None and not hadoop_path_exists(spark, table_uri):   # a new output: Spark would log a stack trace
+    if files is None and not hadoop_path_exists(spark, table_uri):  # a new output: Spark would log a stack trace
         return None
     try:
         reader = spark.read if schema is None else spark.read.schema(schema)
@@ -130,8 +153,9 @@ def read_table(spark: SparkSession, table: Location | str, files: list[str] | No
         return None
 
 
-def read_uploaded_table(spark: SparkSession, table: Location, files: list[str] | None,
-                        schema: StructType) -> DataFrame | None:
+def read_uploaded_table(
+    spark: SparkSession, table: Location, files: list[str] | None, schema: StructType
+) -> DataFrame | None:
     """The azure_sdk writer's Parquet files of `table` (or only `files`), read on the executors (a few files per
     task): the driver lists the file names and never holds the rows. Columns of `schema` a file lacks (files
     written before the frame columns) are read as nulls."""
@@ -139,7 +163,7 @@ def read_uploaded_table(spark: SparkSession, table: Location, files: list[str] |
     if not files:
         return None
     arrow_schema = arrow_schema_of(schema)
-    store = table.store   # pickles its credentials, resolved here on the driver (executors may lack them)
+    store = table.store  # pickles its credentials, resolved here on the driver (executors may lack them)
 
     def read_files(batches):
         import pyarrow as pa
@@ -148,12 +172,17 @@ def read_uploaded_table(spark: SparkSession, table: Location, files: list[str] |
         for batch in batches:
             for uri in batch.column(0).to_pylist():
                 data = pq.read_table(pa.BufferReader(store.read(uri)))
-                columns = [data.column(field.name).cast(field.type) if field.name in data.column_names
-                           else pa.nulls(data.num_rows, field.type) for field in arrow_schema]
+                columns = [
+                    data.column(field.name).cast(field.type)
+                    if field.name in data.column_names
+                    else pa.nulls(data.num_rows, field.type)
+                    for field in arrow_schema
+                ]
                 yield from pa.Table.from_arrays(columns, schema=arrow_schema).to_batches()
 
-    names = spark.sparkContext.parallelize([(uri,) for uri in files],
-                                           min(len(files), spark.sparkContext.defaultParallelism))
+    names = spark.sparkContext.parallelize(
+        [(uri,) for uri in files], min(len(files), spark.sparkContext.defaultParallelism)
+    )
     return spark.createDataFrame(names, "uri string").mapInArrow(read_files, schema)
 
 
@@ -201,7 +230,7 @@ def remove_uncommitted_writes(spark: SparkSession, output: Location) -> list[str
     (v1) moves every committed task under `_temporary/0/` into the table, the killed run's as well, and those rows
     would then be there twice once this run redoes their images. Call only under the output's lock: no other run
     writes there."""
-    if choose_writer(output.uri) != "spark":   # the Azure SDK writer uploads finished blobs only
+    if choose_writer(output.uri) != "spark":  # the Azure SDK writer uploads finished blobs only
         return []
     leftovers = [(output / name / "_temporary").uri for name in TABLES]
     return [uri for uri in leftovers if hadoop_delete(spark, uri)]
@@ -220,8 +249,10 @@ def failed_paths(spark: SparkSession, output: Location, run_id: str, limit: int 
     errors = read_table(spark, output / "errors")
     if errors is None:
         return []
-    return [row.path for row in errors.where(F.col("run_id") == run_id).select("path").orderBy("path")
-            .limit(limit).collect()]
+    return [
+        row.path
+        for row in errors.where(F.col("run_id") == run_id).select("path").orderBy("path").limit(limit).collect()
+    ]
 
 
 def failure_types(spark: SparkSession, output: Location, run_id: str) -> dict[str, int]:

@@ -14,6 +14,7 @@ its rows: nothing is opened (rows_before_run), and that total bounds the run's d
   (a semi-join on this run's paths, column-pruned), and a run with nothing new reads none.
 Runs on one output never overlap (the run lock) and run ids sort by start time, so this run's records are the newest.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,9 +24,9 @@ import logging
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.results.incremental import TABLES, ranked_keys, read_tables, record_keys, table_counts
 from pipelines.io.storage import Location
 from pipelines.results.done_index import table_file_names
+from pipelines.results.incremental import TABLES, ranked_keys, read_tables, record_keys, table_counts
 from pipelines.results.results_writer import read_table
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def read_index(output: Location) -> dict | None:
         if not index.exists():
             return None
         return json.loads(index.read_bytes())
-    except (OSError, ValueError) as err:   # unreadable: counted afresh, and rewritten
+    except (OSError, ValueError) as err:  # unreadable: counted afresh, and rewritten
         log.warning("%s: unreadable (%s); the table counts are computed afresh", index.uri, err)
         return None
 
@@ -74,14 +75,21 @@ def write_index(output: Location, counts: dict) -> None:
     index = output / INDEX_NAME
     try:
         index.write_bytes_atomic((json.dumps(counts, indent=1, sort_keys=True) + "\n").encode())
-    except OSError as err:   # the job's results stand; the next run rescans once
+    except OSError as err:  # the job's results stand; the next run rescans once
         log.warning("%s: not written (%s); the next run counts the tables afresh", index.uri, err)
 
 
-def counts_after_run(spark: SparkSession, output: Location, model_sha256: str, run_id: str,
-                     written: dict[str, int], one_record_per_key: bool = False, new_output: bool = False,
-                     rows_before: dict[str, int] | None = None,
-                     files_now: dict[str, dict[str, str]] | None = None) -> dict:
+def counts_after_run(
+    spark: SparkSession,
+    output: Location,
+    model_sha256: str,
+    run_id: str,
+    written: dict[str, int],
+    one_record_per_key: bool = False,
+    new_output: bool = False,
+    rows_before: dict[str, int] | None = None,
+    files_now: dict[str, dict[str, str]] | None = None,
+) -> dict:
     """incremental.table_counts(output, model) after run `run_id`, which appended `written` rows
     ({"detections": n, "errors": m}); updates the index. `one_record_per_key`: the run wrote at most one record per
     image or video frame (runs without videos: a video unit that fails writes one error row per segment).
@@ -107,14 +115,15 @@ def counts_after_run(spark: SparkSession, output: Location, model_sha256: str, r
     else:
         counts = table_counts(spark, output, model_sha256)
         if not all(rows[t] == int(known.get(t, -1)) + written.get(t, 0) for t in TABLES):
-            models = {}   # rows the index never saw (other models' too): those models are counted afresh later
+            models = {}  # rows the index never saw (other models' too): those models are counted afresh later
     models[model_sha256] = counts
     write_index(output, {"rows": rows, "files": table_files(output, files_now), "models": models})
     return counts
 
 
-def apply_run(spark: SparkSession, output: Location, model_sha256: str, run_id: str, counts: dict,
-              written: dict[str, int]) -> dict:
+def apply_run(
+    spark: SparkSession, output: Location, model_sha256: str, run_id: str, counts: dict, written: dict[str, int]
+) -> dict:
     """`counts` before run `run_id` -> after it: only the paths it wrote changed, so their current records are
     counted without its rows and with them; the difference moves the counts, and the rest of its rows supersede."""
     keys = record_keys(read_tables(spark, output, model_sha256))
@@ -122,10 +131,14 @@ def apply_run(spark: SparkSession, output: Location, model_sha256: str, run_id: 
     records = keys.join(touched, F.col("path") == F.col("touched_path"), "left_semi")
 
     def current(frame) -> dict[str, int]:
-        return {row.table: row["count"] for row in ranked_keys(frame).where("rank = 1").groupBy("table").count()
-                .collect()}
+        return {
+            row.table: row["count"] for row in ranked_keys(frame).where("rank = 1").groupBy("table").count().collect()
+        }
 
     before, after = current(records.where(F.col("run_id") != run_id)), current(records)
     gained = {table: after.get(table, 0) - before.get(table, 0) for table in TABLES}
-    return {"images": counts["images"] + gained["detections"], "errors": counts["errors"] + gained["errors"],
-            "superseded_rows": counts["superseded_rows"] + sum(written.values()) - sum(gained.values())}
+    return {
+        "images": counts["images"] + gained["detections"],
+        "errors": counts["errors"] + gained["errors"],
+        "superseded_rows": counts["superseded_rows"] + sum(written.values()) - sum(gained.values()),
+    }

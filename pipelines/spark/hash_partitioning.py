@@ -4,6 +4,7 @@ Spark's HashPartitioning puts a row in pmod(hash(key), n), where `hash` is Murmu
 function `hash`); a long is hashed as its low then its high 32-bit word (Murmur3_x86_32.hashLong). Knowing it here
 lets the job pick keys that land in given partitions without a Spark job to search for them.
 """
+
 from __future__ import annotations
 
 SPARK_HASH_SEED = 42
@@ -31,7 +32,7 @@ def spark_hash_long(value: int, seed: int = SPARK_HASH_SEED) -> int:
 
 def spark_partition_of(value: int, partitions: int) -> int:
     """The partition of `partitions` that `repartition(partitions, <long column>)` puts `value` in."""
-    return spark_hash_long(value) % partitions   # Python's % of a positive modulus is Spark's pmod
+    return spark_hash_long(value) % partitions  # Python's % of a positive modulus is Spark's pmod
 
 
 def partition_keys(partitions: int) -> list[int]:

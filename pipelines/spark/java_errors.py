@@ -1,4 +1,5 @@
 """Java exceptions that reach Python through py4j, read as what they mean to a user."""
+
 from __future__ import annotations
 
 from pipelines.errors import StorageError
@@ -18,6 +19,8 @@ def unreachable_storage(spark, uri: str, err: Exception) -> StorageError | None:
         throwable = throwable.getCause()
     if throwable is None:
         return None
-    reason = str(throwable.toString()).split(";")[0]   # Hadoop appends "; For more details see: <wiki URL>"
-    return StorageError(f"{uri}: cannot reach its file system ({reason}): check the URI's host and port, that this "
-                        "cluster reaches that file system, and its permissions")
+    reason = str(throwable.toString()).split(";")[0]  # Hadoop appends "; For more details see: <wiki URL>"
+    return StorageError(
+        f"{uri}: cannot reach its file system ({reason}): check the URI's host and port, that this "
+        "cluster reaches that file system, and its permissions"
+    )

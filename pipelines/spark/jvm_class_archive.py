@@ -14,6 +14,7 @@ an upgrade of either makes the job start without it (never with a stale one) unt
 process starts uses it (plain `python`, local mode, notebooks); under spark-submit pass
 `--driver-java-options -XX:SharedArchiveFile=<path>` yourself.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,7 @@ import shutil
 import sys
 from pathlib import Path
 
-
-ARCHIVE_DIR = Path(sys.prefix) / "share" / "sparkseg"   # inside the venv: one archive per environment
+ARCHIVE_DIR = Path(sys.prefix) / "share" / "sparkseg"  # inside the venv: one archive per environment
 # C1 only: for JVMs whose own work is short (a local job's driver, a test cluster's daemons), where C2's compiler
 # threads would compete with the job for a small machine's cores
 QUICK_START_JIT = "-XX:TieredStopAtLevel=1"
@@ -46,8 +46,13 @@ def archive_path() -> Path | None:
 
     jars = Path(pyspark.__file__).parent / "jars"
     key = hashlib.sha256()
-    for part in (str(java), str(java.stat().st_size), str(java.stat().st_mtime_ns), pyspark.__version__,
-                 *sorted(p.name for p in jars.glob("*.jar"))):
+    for part in (
+        str(java),
+        str(java.stat().st_size),
+        str(java.stat().st_mtime_ns),
+        pyspark.__version__,
+        *sorted(p.name for p in jars.glob("*.jar")),
+    ):
         key.update(part.encode() + b"\0")
     return ARCHIVE_DIR / f"spark-driver-{key.hexdigest()[:16]}.jsa"
 

@@ -1,8 +1,9 @@
 """Build this env's class-data-sharing archive of the Spark driver JVM (pipelines.spark.jvm_class_archive names it).
 
-    python -m pipelines.spark.jvm_class_archive_build [--if-missing]   # ~1 min; make demo, test, bench* run it
-    python -m pipelines.spark.jvm_class_archive_build --path           # print where the archive is (built or not)
+python -m pipelines.spark.jvm_class_archive_build [--if-missing]   # ~1 min; make demo, test, bench* run it
+python -m pipelines.spark.jvm_class_archive_build --path           # print where the archive is (built or not)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,12 @@ def build(timeout_s: float = 600) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sparkseg-cds-") as work, staged_in(work):
         dump = Path(work) / "classes.jsa"
-        spark = local_session("sparkseg-class-archive", "local[2]",
-                              {"spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={dump} -Xlog:cds=off"
-                                                                " -Xlog:cds+dynamic=off"}, log_level="ERROR")
+        spark = local_session(
+            "sparkseg-class-archive",
+            "local[2]",
+            {"spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={dump} -Xlog:cds=off -Xlog:cds+dynamic=off"},
+            log_level="ERROR",
+        )
         gateway = spark.sparkContext._gateway
         config = load_config(None)
         config["output"]["uri"] = str(Path(work) / "output")
@@ -38,7 +42,7 @@ def build(timeout_s: float = 600) -> Path:
         inference_job.run(spark, config, "yolact")
         spark.stop()
         gateway.shutdown()
-        gateway.proc.stdin.close()    # the JVM exits when its stdin closes, and writes the archive on the way out
+        gateway.proc.stdin.close()  # the JVM exits when its stdin closes, and writes the archive on the way out
         gateway.proc.wait(timeout=timeout_s)
         if not dump.is_file() or dump.stat().st_size == 0:
             raise RuntimeError(f"the JVM wrote no class archive to {dump} (exit status {gateway.proc.returncode})")
@@ -71,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.quiet and args.if_missing and not args.path and built_archive():
         return 0
     if not args.path and not (args.if_missing and built_archive()):
-        print("sparkseg: building the Spark driver JVM's class archive (once per env, ~1 min): a job over the "
-              "bundled images", flush=True)
+        print(
+            "sparkseg: building the Spark driver JVM's class archive (once per env, ~1 min): a job over the "
+            "bundled images",
+            flush=True,
+        )
         path = build()
     print(path if path is not None else "no java found")
     return 0

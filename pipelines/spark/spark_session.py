@@ -1,4 +1,5 @@
 """Building SparkSessions the way every job and test needs them."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +11,8 @@ import socket
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
@@ -22,10 +23,22 @@ from pipelines.io.storage import publish_once
 log = logging.getLogger(__name__)
 
 # Families of settings whose keys are open-ended (Spark registers no entry per key).
-OPEN_SETTING_PREFIXES = ("spark.hadoop.", "spark.executorEnv.", "spark.yarn.", "spark.kubernetes.",
-                         "spark.driver.resource.", "spark.executor.resource.", "spark.sql.catalog.",
-                         "spark.metrics.", "spark.databricks.", "spark.plugins.", "spark.eventLog.",
-                         "spark.history.", "spark.ssl.", "spark.jars.")
+OPEN_SETTING_PREFIXES = (
+    "spark.hadoop.",
+    "spark.executorEnv.",
+    "spark.yarn.",
+    "spark.kubernetes.",
+    "spark.driver.resource.",
+    "spark.executor.resource.",
+    "spark.sql.catalog.",
+    "spark.metrics.",
+    "spark.databricks.",
+    "spark.plugins.",
+    "spark.eventLog.",
+    "spark.history.",
+    "spark.ssl.",
+    "spark.jars.",
+)
 
 # Settings every sparkseg session gets unless the caller (or spark-submit: submitted_conf) set them.
 DEFAULT_CONF = {
@@ -45,7 +58,8 @@ LOG4J_CONFIG_NAME = "log4j2.properties"
 def log4j_config_path() -> Path:
     """conf/log4j2.properties (the installed package's pipelines/conf copy, else the checkout's): WARN and up, without
     Spark's start-up noise. Used by jobs that start their own JVM; under spark-submit pass it with
-    --driver-java-options "-Dlog4j2.configurationFile=file:<this path>" (python -m pipelines.spark.spark_session --log4j-config)."""
+    --driver-java-options "-Dlog4j2.configurationFile=file:<this path>" (python -m pipelines.spark.spark_session
+    --log4j-config)."""
     from pipelines.job_config import DEFAULT_CONFIG_CANDIDATES
 
     for candidate in DEFAULT_CONFIG_CANDIDATES:
@@ -70,7 +84,8 @@ def quiet_jvm_options(conf: dict) -> dict:
 
 def quick_start_options(conf: dict) -> dict:
     """`conf` with the driver JVM starting fast (only effective when this process starts the JVM):
-    - it maps this env's class archive (pipelines.spark.jvm_class_archive) when that is built, unless the caller chose CDS
+    - it maps this env's class archive (pipelines.spark.jvm_class_archive) when that is built, unless the caller chose
+    CDS
       flags of its own;
     - it compiles with C1 only (QUICK_START_JIT) unless the caller chose JIT flags: C2's compiler threads compete with
       a short job for the cores (a 200-image run with nothing new: 21 s -> 13 s on 2 cores); a JVM this process
@@ -88,9 +103,9 @@ def quick_start_options(conf: dict) -> dict:
     return {**conf, "spark.driver.extraJavaOptions": f"{options} {added}".strip()} if added else conf
 
 
-LOCAL_DAEMON_DIR = Path(__file__).resolve().parent / "local_daemon"   # holds only the daemon module (its docstring)
+LOCAL_DAEMON_DIR = Path(__file__).resolve().parent / "local_daemon"  # holds only the daemon module (its docstring)
 LOCAL_DAEMON_MODULE = "sparkseg_local_daemon"
-LIBRARY_DIR_VARIABLE = "SPARKSEG_LIBRARY_DIR"   # the driver's pipelines/, for the daemon to preload it from there
+LIBRARY_DIR_VARIABLE = "SPARKSEG_LIBRARY_DIR"  # the driver's pipelines/, for the daemon to preload it from there
 
 
 def local_daemon_settings(conf: dict, master: str) -> dict:
@@ -108,27 +123,40 @@ def local_daemon_settings(conf: dict, master: str) -> dict:
     installed = Path(pyspark.__file__).resolve().parent
     spark_home = os.environ.get("SPARK_HOME")
     python = os.environ.get("PYSPARK_PYTHON", sys.executable)
-    if (not (installed / "python" / "lib" / "pyspark.zip").is_file()
-            or (spark_home and Path(spark_home).resolve() != installed)
-            or os.path.abspath(shutil.which(python) or python) != os.path.abspath(sys.executable)
-            or not (LOCAL_DAEMON_DIR / f"{LOCAL_DAEMON_MODULE}.py").is_file()):
+    if (
+        not (installed / "python" / "lib" / "pyspark.zip").is_file()
+        or (spark_home and Path(spark_home).resolve() != installed)
+        or os.path.abspath(shutil.which(python) or python) != os.path.abspath(sys.executable)
+        or not (LOCAL_DAEMON_DIR / f"{LOCAL_DAEMON_MODULE}.py").is_file()
+    ):
         return conf
     key = "spark.executorEnv.PYTHONPATH"
     path = os.pathsep.join(entry for entry in (conf.get(key), str(LOCAL_DAEMON_DIR)) if entry)
     library = str(Path(__file__).resolve().parents[1])
-    return {**conf, "spark.python.daemon.module": LOCAL_DAEMON_MODULE, key: path,
-            f"spark.executorEnv.{LIBRARY_DIR_VARIABLE}": library}
+    return {
+        **conf,
+        "spark.python.daemon.module": LOCAL_DAEMON_MODULE,
+        key: path,
+        f"spark.executorEnv.{LIBRARY_DIR_VARIABLE}": library,
+    }
 
 
-def local_session(app_name: str = "sparkseg", master: str = "local[*]", conf: dict | None = None,
-                  log_level: str = "ERROR") -> SparkSession:
+def local_session(
+    app_name: str = "sparkseg", master: str = "local[*]", conf: dict | None = None, log_level: str = "ERROR"
+) -> SparkSession:
     """A local-mode session whose Python workers run this interpreter; Spark logs at `log_level` from the
     SparkContext's start (spark.log.level), and a JVM started here reads conf/log4j2.properties."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name).master(master)
-    merged = {**DEFAULT_CONF, "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-              "spark.sql.shuffle.partitions": "4", "spark.log.level": log_level.upper(), **(conf or {})}
+    merged = {
+        **DEFAULT_CONF,
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.log.level": log_level.upper(),
+        **(conf or {}),
+    }
     for key, value in quick_start_options(quiet_jvm_options(local_daemon_settings(merged, master))).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
@@ -136,8 +164,8 @@ def local_session(app_name: str = "sparkseg", master: str = "local[*]", conf: di
     return session
 
 
-DRIVER_ONLY_SUBPACKAGES = ("sweeps",)   # dev and benchmark tools: executors never import them
-_SHIPPED: dict[str, set[str]] = {}       # SparkContext applicationId -> names given with ship_once
+DRIVER_ONLY_SUBPACKAGES = ("sweeps",)  # dev and benchmark tools: executors never import them
+_SHIPPED: dict[str, set[str]] = {}  # SparkContext applicationId -> names given with ship_once
 
 
 def ship_once(context: SparkContext, name: str, add: Callable[[], None]) -> None:
@@ -162,15 +190,21 @@ def library_archive(package: Path, archive_path: Path) -> Path:
     this driver's Python's (unchecked-hash .pyc: staged_library_archive names the zip by its sources and this
     Python, so it cannot be stale); an executor on another Python version ignores it (other magic number) and
     compiles the sources."""
-    with tempfile.TemporaryDirectory(prefix="sparkseg-pyc-") as scratch, \
-            zipfile.ZipFile(archive_path, "w", zipfile.ZIP_DEFLATED) as archive:
+    with (
+        tempfile.TemporaryDirectory(prefix="sparkseg-pyc-") as scratch,
+        zipfile.ZipFile(archive_path, "w", zipfile.ZIP_DEFLATED) as archive,
+    ):
         for path in library_files(package):
             name = "/".join(path.relative_to(package.parent).parts)
             archive.write(path, name)
             if path.suffix == ".py":
-                compiled = py_compile.compile(str(path), cfile=str(Path(scratch) / (name + "c")), dfile=name,
-                                              doraise=True,
-                                              invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+                compiled = py_compile.compile(
+                    str(path),
+                    cfile=str(Path(scratch) / (name + "c")),
+                    dfile=name,
+                    doraise=True,
+                    invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+                )
                 archive.write(compiled, name + "c")
     return archive_path
 
@@ -186,15 +220,16 @@ def staged_library_archive(package: Path) -> Path:
         archive.parent.mkdir(exist_ok=True)
         staging = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
         library_archive(package, staging)
-        publish_once(staging, archive)   # a job starting meanwhile sees the whole zip or none, and only one
+        publish_once(staging, archive)  # a job starting meanwhile sees the whole zip or none, and only one
     return archive
 
 
 def ship_library(session: SparkSession) -> None:
     """Make `pipelines` importable on every executor (clusters whose Python env lacks sparkseg): zip the package
     this driver runs and add it with addPyFile, once per SparkContext."""
+
     def add() -> None:
-        package = Path(__file__).resolve().parents[1]   # pipelines/ (this module is pipelines/spark/spark_session.py)
+        package = Path(__file__).resolve().parents[1]  # pipelines/ (this module is pipelines/spark/spark_session.py)
         session.sparkContext.addPyFile(str(staged_library_archive(package)))
 
     ship_once(session.sparkContext, "pipelines", add)
@@ -209,10 +244,10 @@ def job_session(master: str, app_name: str, conf: dict, log_level: str = DEFAULT
         return active
     conf = {str(k): str(v) for k, v in conf.items()}
     level = log_level.upper()
-    if os.environ.get("PYSPARK_GATEWAY_PORT"):   # launched by spark-submit: its master and conf win
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: its master and conf win
         submitted = submitted_conf()
         level = submitted.get("spark.log.level", level).upper()
-        set_jvm_log_level(level)   # the JVM is up: quiet it before the SparkContext logs its start-up
+        set_jvm_log_level(level)  # the JVM is up: quiet it before the SparkContext logs its start-up
         builder = SparkSession.builder.appName(submitted_app_name(submitted, app_name))
         for key, value in {**DEFAULT_CONF, "spark.log.level": level, **conf}.items():
             if key not in submitted:
@@ -233,7 +268,7 @@ def submitted_conf() -> dict[str, str]:
     win over the job's config under spark-submit."""
     from pyspark import SparkConf
 
-    SparkContext._ensure_initialized()   # connects to spark-submit's JVM, whose system properties SparkConf reads
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM, whose system properties SparkConf reads
     return dict(SparkConf().getAll())
 
 
@@ -249,15 +284,17 @@ def check_standalone_master(master: str, timeout_s: float = 5.0) -> None:
     if not master.startswith("spark://"):
         return
     reasons = []
-    for address in master[len("spark://"):].split(","):
+    for address in master[len("spark://") :].split(","):
         host, _, port = address.rpartition(":")
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
             return
         except (OSError, ValueError) as err:
             reasons.append(f"{address}: {getattr(err, 'strerror', None) or err}")
-    raise ClusterUnreachable(f"{master}: no standalone master answers ({'; '.join(reasons)}): start it, or check "
-                             "--master and that this host reaches it")
+    raise ClusterUnreachable(
+        f"{master}: no standalone master answers ({'; '.join(reasons)}): start it, or check "
+        "--master and that this host reaches it"
+    )
 
 
 def session_not_started(err: Exception, master: str) -> Exception:
@@ -265,18 +302,24 @@ def session_not_started(err: Exception, master: str) -> Exception:
     Java), a setting the SparkContext refuses (UsageError, exit 2), a standalone master that did not answer
     (ClusterUnreachable, exit 1); anything else as it is."""
     if "JAVA_GATEWAY_EXITED" in str(err):
-        return UsageError("Spark did not start: its JVM exited (the reason is printed above, e.g. a setting it "
-                          "refuses); check --master (spark.master), the --conf and spark.conf settings and that a "
-                          "JDK 17 is installed")
+        return UsageError(
+            "Spark did not start: its JVM exited (the reason is printed above, e.g. a setting it "
+            "refuses); check --master (spark.master), the --conf and spark.conf settings and that a "
+            "JDK 17 is installed"
+        )
     java = getattr(err, "java_exception", None)
     if java is None:
         return err
     reason = (str(java.toString()).splitlines() or [""])[0]
     if "stopped SparkContext" in reason and master.startswith("spark://"):
-        return ClusterUnreachable(f"{master}: the standalone master did not answer (Spark gave up after its "
-                                  "retries): start it, or check --master and that this host reaches it")
-    return UsageError(f"Spark did not start with master {master!r}: {reason} (check --master and spark.master: "
-                      "local[*], local[N], spark://host:7077, yarn, k8s://..., and the --conf and spark.conf settings)")
+        return ClusterUnreachable(
+            f"{master}: the standalone master did not answer (Spark gave up after its "
+            "retries): start it, or check --master and that this host reaches it"
+        )
+    return UsageError(
+        f"Spark did not start with master {master!r}: {reason} (check --master and spark.master: "
+        "local[*], local[N], spark://host:7077, yarn, k8s://..., and the --conf and spark.conf settings)"
+    )
 
 
 def stop_session(session: SparkSession) -> None:
@@ -287,7 +330,7 @@ def stop_session(session: SparkSession) -> None:
     (a daemon) leaves its loop within a second or ends with the process. Sessions that outlive a job (a notebook's,
     the tests') are never stopped by sparkseg."""
     context = session.sparkContext
-    server = getattr(context, "_accumulatorServer", None)   # PySpark's; absent in other releases: a plain stop
+    server = getattr(context, "_accumulatorServer", None)  # PySpark's; absent in other releases: a plain stop
     if server is not None:
         context._accumulatorServer = None
     session.stop()
@@ -303,7 +346,9 @@ def set_jvm_log_level(level: str) -> None:
     try:
         SparkContext._ensure_initialized()
         jvm = SparkContext._jvm
-        jvm.org.apache.logging.log4j.core.config.Configurator.setRootLevel(jvm.org.apache.logging.log4j.Level.toLevel(level))
+        jvm.org.apache.logging.log4j.core.config.Configurator.setRootLevel(
+            jvm.org.apache.logging.log4j.Level.toLevel(level)
+        )
     except Exception as err:  # noqa: BLE001  (logging only; the SparkContext applies spark.log.level anyway)
         log.debug("could not set the JVM's log level early: %s", err)
 
@@ -313,11 +358,13 @@ def warn_unknown_spark_settings(session: SparkSession, settings: dict) -> list[s
     spark.executor.core is passed on silently by Spark and changes nothing); return those keys. Spark's registry
     of settings (ConfigEntry) knows the core and SQL ones; open-ended families (spark.hadoop.*, ...) are not checked."""
     registry = session.sparkContext._jvm.org.apache.spark.internal.config.ConfigEntry
-    unknown = [key for key in settings if not key.startswith(OPEN_SETTING_PREFIXES)
-               and registry.findEntry(key) is None]
+    unknown = [key for key in settings if not key.startswith(OPEN_SETTING_PREFIXES) and registry.findEntry(key) is None]
     for key in unknown:
-        log.warning("%s (--conf or spark.conf): Spark %s has no such setting (a typo?); passed on as given", key,
-                    session.version)
+        log.warning(
+            "%s (--conf or spark.conf): Spark %s has no such setting (a typo?); passed on as given",
+            key,
+            session.version,
+        )
     return unknown
 
 

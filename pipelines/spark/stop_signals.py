@@ -11,6 +11,7 @@ Kubernetes through the driver pod's init process): the JVM's own handler would r
 the stopped context making the run's code fail with ~250 lines of Java and Python tracebacks, and its last line lost
 with the JVM that copies this process's output. stop_on_signals has that JVM hand its first Ctrl-C or SIGTERM to the
 same clean stop (forward_jvm_signals); spark-submit then exits with the run's code."""
+
 from __future__ import annotations
 
 import _thread
@@ -28,8 +29,10 @@ from pipelines.errors import Interrupted, SparkSegError, Terminated, report_erro
 log = logging.getLogger(__name__)
 
 # what the first signal prints (on stderr, at once)
-_STOPPING = {signal.SIGINT: b"\nsparkseg: stopping (Ctrl-C again to quit at once)\n",
-             signal.SIGTERM: b"\nsparkseg: stopping on SIGTERM (send it again to quit at once)\n"}
+_STOPPING = {
+    signal.SIGINT: b"\nsparkseg: stopping (Ctrl-C again to quit at once)\n",
+    signal.SIGTERM: b"\nsparkseg: stopping on SIGTERM (send it again to quit at once)\n",
+}
 
 
 def stop_on_signals() -> None:
@@ -55,11 +58,11 @@ def stop_on_signals() -> None:
             logger.addFilter(_Py4JRecordsAfterStop())
 
 
-_stopped_by: list[int] = []      # the stop's signal number, once one began (empty before): see _begin_stop
+_stopped_by: list[int] = []  # the stop's signal number, once one began (empty before): see _begin_stop
 _signalled_here: list[int] = []  # the signals this process got (its handler ran): a second one quits at once
-_begin_lock = threading.Lock()   # this process's handler and spark-submit JVM's (a Py4J thread) may both begin a stop
-_interrupt_for_jvm = threading.Event()   # the JVM's signal asks the main thread to stop waiting on children
-_jvm_handlers: list[_JvmSignalHandler] = []   # forward_jvm_signals' handlers in spark-submit's JVM
+_begin_lock = threading.Lock()  # this process's handler and spark-submit JVM's (a Py4J thread) may both begin a stop
+_interrupt_for_jvm = threading.Event()  # the JVM's signal asks the main thread to stop waiting on children
+_jvm_handlers: list[_JvmSignalHandler] = []  # forward_jvm_signals' handlers in spark-submit's JVM
 
 
 def forward_jvm_signals() -> None:
@@ -73,14 +76,14 @@ def forward_jvm_signals() -> None:
         return
     jvm = context._jvm
     try:
-        parent_is_spark_submit = (jvm.java.lang.ProcessHandle.current().pid() == os.getppid()
-                                  and str(jvm.java.lang.System.getProperty("sun.java.command", "")).startswith(
-                                      "org.apache.spark.deploy.SparkSubmit"))
+        parent_is_spark_submit = jvm.java.lang.ProcessHandle.current().pid() == os.getppid() and str(
+            jvm.java.lang.System.getProperty("sun.java.command", "")
+        ).startswith("org.apache.spark.deploy.SparkSubmit")
         if not parent_is_spark_submit:
             return
         from pyspark.java_gateway import ensure_callback_server_started
 
-        ensure_callback_server_started(context._gateway)   # what lets the JVM's thread call this process
+        ensure_callback_server_started(context._gateway)  # what lets the JVM's thread call this process
         for signum, name in ((signal.SIGINT, "INT"), (signal.SIGTERM, "TERM")):
             handler = _JvmSignalHandler(jvm, signum, name)
             handler.previous = handler.install(handler)
@@ -104,7 +107,7 @@ class _JvmSignalHandler:
         self.install(self.previous)
         if _begin_stop(self._signum) and _waiting_on_children.is_set():
             _interrupt_for_jvm.set()
-            _thread.interrupt_main(self._signum)   # runs _on_stop_signal in the main thread, which sees the Event
+            _thread.interrupt_main(self._signum)  # runs _on_stop_signal in the main thread, which sees the Event
 
     def ignore(self) -> None:
         """The JVM ignores the signal from now on (this process would not answer the call once it exits)."""
@@ -179,14 +182,14 @@ def children_stop_on_signals(local: bool):
 
 
 def _on_stop_signal(signum, frame) -> None:
-    if _interrupt_for_jvm.is_set():   # not a signal: spark-submit's JVM got one while the main thread waits on children
+    if _interrupt_for_jvm.is_set():  # not a signal: spark-submit's JVM got one while the main thread waits on children
         _interrupt_for_jvm.clear()
         raise KeyboardInterrupt
     if _signalled_here:
         raise KeyboardInterrupt
     _signalled_here.append(signum)
     if _begin_stop(signum) and _waiting_on_children.is_set():
-        raise KeyboardInterrupt   # children_stop_on_signals: the main thread stops waiting, its clean-up ends them
+        raise KeyboardInterrupt  # children_stop_on_signals: the main thread stops waiting, its clean-up ends them
 
 
 def _begin_stop(signum: int) -> bool:
@@ -217,7 +220,7 @@ def _stop_spark() -> None:
         return
     try:
         context.setLogLevel("OFF")
-        context._jsc.sc().stop()   # the JVM's context only: PySpark's objects stay usable for the clean-up's calls
+        context._jsc.sc().stop()  # the JVM's context only: PySpark's objects stay usable for the clean-up's calls
     except Exception:  # noqa: BLE001 - the context is stopping anyway (or its JVM got the SIGTERM too); exit follows
         pass
 

@@ -5,6 +5,7 @@ Why a child process: the cluster's Spark version must match the driver's, and th
 pyspark (3.5) than the main one (4.x); StandaloneCluster uses the pyspark of the interpreter that runs it. The
 Master and Worker JVMs are descendants of this child, so memory sampling finds the executors under it.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,16 @@ class ClusterProcess:
     within `stop_timeout_s`, kills the process groups of the daemons it started (each daemon leads its own).
     """
 
-    def __init__(self, python: str, workers: int, cores: int, memory: str, base_dir: str | Path,
-                 start_timeout_s: float = 180.0, stop_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        python: str,
+        workers: int,
+        cores: int,
+        memory: str,
+        base_dir: str | Path,
+        start_timeout_s: float = 180.0,
+        stop_timeout_s: float = 60.0,
+    ) -> None:
         self.python = python
         self.workers, self.cores, self.memory = workers, cores, memory
         self.base_dir = Path(base_dir)
@@ -40,21 +49,38 @@ class ClusterProcess:
             raise RuntimeError("ClusterProcess is not started")
         return self._process.pid
 
-    def start(self) -> "ClusterProcess":
+    def start(self) -> ClusterProcess:
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                                         os.environ.get("PYTHONPATH")]))}
-        command = [self.python, "-m", "pipelines.sweeps.standalone_cluster", "--workers", str(self.workers),
-                   "--cores", str(self.cores), "--memory", self.memory, "--dir", str(self.base_dir),
-                   "--timeout", str(self.start_timeout_s)]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        command = [
+            self.python,
+            "-m",
+            "pipelines.sweeps.standalone_cluster",
+            "--workers",
+            str(self.workers),
+            "--cores",
+            str(self.cores),
+            "--memory",
+            self.memory,
+            "--dir",
+            str(self.base_dir),
+            "--timeout",
+            str(self.start_timeout_s),
+        ]
         with open(self._log, "ab") as log:
-            self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                             env=env, cwd=REPO_ROOT)
-        line = self._process.stdout.readline().decode("utf-8", "replace").strip()   # blocks until up or dead
+            self._process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT
+            )
+        line = self._process.stdout.readline().decode("utf-8", "replace").strip()  # blocks until up or dead
         if not line.startswith("spark://"):
             self._process.wait(timeout=30)
-            raise ClusterStartError(f"standalone cluster ({self.workers} workers x {self.cores} cores, {self.python})"
-                                    f" did not start; log tail ({self._log}):\n{log_tail(self._log)}")
+            raise ClusterStartError(
+                f"standalone cluster ({self.workers} workers x {self.cores} cores, {self.python})"
+                f" did not start; log tail ({self._log}):\n{log_tail(self._log)}"
+            )
         self.master_url = line
         return self
 
@@ -75,7 +101,7 @@ class ClusterProcess:
         try:
             self._process.wait(timeout=self.stop_timeout_s)
         except subprocess.TimeoutExpired:
-            for pid in daemons:   # only what this child started; daemons lead their own process groups
+            for pid in daemons:  # only what this child started; daemons lead their own process groups
                 try:
                     if os.getpgid(pid) == pid:
                         os.killpg(pid, signal.SIGKILL)
@@ -88,7 +114,7 @@ class ClusterProcess:
                 self._process.stdout.close()
         time.sleep(0.2)
 
-    def __enter__(self) -> "ClusterProcess":
+    def __enter__(self) -> ClusterProcess:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

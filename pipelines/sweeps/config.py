@@ -3,12 +3,12 @@
 A grid point fixes one value of every swept setting. Points are ordered so that those sharing a cluster shape
 (engine env, executors, executor cores) run one after another on one standalone cluster.
 """
+
 from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-
 
 from pipelines.job_config import REPO_ROOT, ConfigError, load_config, merge, read_yaml
 
@@ -16,8 +16,17 @@ MODES = ("local", "standalone")
 ENGINES = ("native", "bigdl")
 PRECISIONS = ("f32", "bf16", "auto")
 # every grid key takes a list of values; the sweep runs their cartesian product
-GRID_KEYS = ("partitions", "executors", "executor_cores", "task_cpus", "batch_size", "openvino_streams",
-             "openvino_threads", "precision", "engine")
+GRID_KEYS = (
+    "partitions",
+    "executors",
+    "executor_cores",
+    "task_cpus",
+    "batch_size",
+    "openvino_streams",
+    "openvino_threads",
+    "precision",
+    "engine",
+)
 
 
 @dataclass(frozen=True)
@@ -37,8 +46,10 @@ class GridPoint:
     @property
     def point_id(self) -> str:
         """A readable, file-name-safe name: p4-e2x1-t1-b8-s0-th0-auto-native."""
-        return (f"p{self.partitions}-e{self.executors}x{self.executor_cores}-t{self.task_cpus}-b{self.batch_size}"
-                f"-s{self.openvino_streams}-th{self.openvino_threads}-{self.precision}-{self.engine}")
+        return (
+            f"p{self.partitions}-e{self.executors}x{self.executor_cores}-t{self.task_cpus}-b{self.batch_size}"
+            f"-s{self.openvino_streams}-th{self.openvino_threads}-{self.precision}-{self.engine}"
+        )
 
     @property
     def total_cores(self) -> int:
@@ -47,8 +58,10 @@ class GridPoint:
     def unschedulable_reason(self) -> str | None:
         """Why Spark could never run a task of this point (it would wait forever), or None."""
         if self.task_cpus > self.executor_cores:
-            return (f"spark.task.cpus {self.task_cpus} > executor cores {self.executor_cores}: no executor could "
-                    "ever run a task")
+            return (
+                f"spark.task.cpus {self.task_cpus} > executor cores {self.executor_cores}: no executor could "
+                "ever run a task"
+            )
         return None
 
     def as_dict(self) -> dict:
@@ -80,7 +93,7 @@ class SweepConfig:
         unknown = sorted(set(self.grid) - set(GRID_KEYS))
         if unknown:
             raise ConfigError(f"sweep grid: unknown key(s) {unknown} (known: {', '.join(GRID_KEYS)})")
-        self.job = merge(load_config(), self.job or {}, "sweep job")   # unknown job keys fail here, not per point
+        self.job = merge(load_config(), self.job or {}, "sweep job")  # unknown job keys fail here, not per point
         self.grid = {key: self.grid[key] if key in self.grid else [self.unswept_value(key)] for key in GRID_KEYS}
         for key in GRID_KEYS:
             values = self.grid[key]
@@ -96,8 +109,10 @@ class SweepConfig:
             if bad:
                 raise ConfigError(f"sweep grid.{key}: bad value(s) {bad}")
         if self.mode == "local" and self.grid["executors"] != [1]:
-            raise ConfigError("sweep grid.executors: local mode has exactly one executor (the driver's JVM); set "
-                              "executors: [1] or use mode: standalone to vary the number of executors")
+            raise ConfigError(
+                "sweep grid.executors: local mode has exactly one executor (the driver's JVM); set "
+                "executors: [1] or use mode: standalone to vary the number of executors"
+            )
 
     def unswept_value(self, key: str):
         """The one value of a grid key the grid leaves out: the job config's inference.<key>, or 1 (executors,
@@ -106,8 +121,10 @@ class SweepConfig:
 
     def points(self) -> list[GridPoint]:
         """Every combination, grouped by cluster shape (engine, executors, executor cores), then in grid order."""
-        combos = [GridPoint(**dict(zip(GRID_KEYS, values)))
-                  for values in itertools.product(*(self.grid[key] for key in GRID_KEYS))]
+        combos = [
+            GridPoint(**dict(zip(GRID_KEYS, values)))
+            for values in itertools.product(*(self.grid[key] for key in GRID_KEYS))
+        ]
         return sorted(combos, key=lambda p: (p.engine, p.executors, p.executor_cores))
 
     def resolve(self, path: str) -> Path:

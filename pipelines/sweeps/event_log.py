@@ -18,6 +18,7 @@ Definitions (all from SparkListenerTaskEnd events):
   the records each successful task of those stages read from the shuffle that balanced the images (or from its
   input, when there was no shuffle).
 """
+
 from __future__ import annotations
 
 import json
@@ -67,12 +68,17 @@ class AppMetrics:
 def find_event_log(directory: str | Path) -> Path:
     """The one event log file Spark wrote under `directory` (fails clearly on compressed or rolled logs)."""
     directory = Path(directory)
-    files = [p for p in directory.iterdir() if p.is_file() and not p.name.endswith(".inprogress")] \
-        if directory.is_dir() else []
+    files = (
+        [p for p in directory.iterdir() if p.is_file() and not p.name.endswith(".inprogress")]
+        if directory.is_dir()
+        else []
+    )
     if len(files) != 1:
-        raise EventLogError(f"{directory}: expected one finished event log, found {[p.name for p in files]}; run "
-                            "with spark.eventLog.compress=false and spark.eventLog.rolling.enabled=false, and "
-                            "one application per directory")
+        raise EventLogError(
+            f"{directory}: expected one finished event log, found {[p.name for p in files]}; run "
+            "with spark.eventLog.compress=false and spark.eventLog.rolling.enabled=false, and "
+            "one application per directory"
+        )
     return files[0]
 
 
@@ -107,8 +113,8 @@ def parse_event_log(path: str | Path) -> AppMetrics:
     intervals: dict[str, list[tuple[int, int]]] = {}
     python_stages: set[int] = set()
     warm_up_stages: set[int] = set()
-    task_reads: list[tuple[int, bool, float, float]] = []   # (stage, success, shuffle records, input records)
-    ended_tasks: set[tuple[int, int]] = set()                # (stage, partition index)
+    task_reads: list[tuple[int, bool, float, float]] = []  # (stage, success, shuffle records, input records)
+    ended_tasks: set[tuple[int, int]] = set()  # (stage, partition index)
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -116,8 +122,9 @@ def parse_event_log(path: str | Path) -> AppMetrics:
             try:
                 event = json.loads(line)
             except json.JSONDecodeError as err:
-                raise EventLogError(f"{path}:{number}: not a JSON event ({err}); was the application killed "
-                                    "while writing it?") from None
+                raise EventLogError(
+                    f"{path}:{number}: not a JSON event ({err}); was the application killed while writing it?"
+                ) from None
             kind = event.get("Event")
             if kind == "SparkListenerApplicationStart":
                 metrics.app_id = event.get("App ID")
@@ -142,13 +149,20 @@ def parse_event_log(path: str | Path) -> AppMetrics:
                 accs = _accumulables(info)
                 if PYTHON_SQL_METRIC in accs:
                     python_stages.add(stage)
-                task_reads.append((stage, success, accs.get("internal.metrics.shuffle.read.recordsRead", 0.0),
-                                   accs.get("internal.metrics.input.recordsRead", 0.0)))
+                task_reads.append(
+                    (
+                        stage,
+                        success,
+                        accs.get("internal.metrics.shuffle.read.recordsRead", 0.0),
+                        accs.get("internal.metrics.input.recordsRead", 0.0),
+                    )
+                )
     for executor, spans in intervals.items():
         metrics.executor_busy_s[executor] = _union_length_ms(spans) / 1000.0
         metrics.executor_task_time_s[executor] = sum(end - start for start, end in spans) / 1000.0
     python_stages -= warm_up_stages
     metrics.inference_stages = sorted(python_stages)
-    metrics.partition_images = [int(shuffle or records) for stage, success, shuffle, records in task_reads
-                                if success and stage in python_stages]
+    metrics.partition_images = [
+        int(shuffle or records) for stage, success, shuffle, records in task_reads if success and stage in python_stages
+    ]
     return metrics

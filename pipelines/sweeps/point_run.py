@@ -6,6 +6,7 @@ images/s, per-stage seconds summed over images); from the event log: tasks, fail
 the longest executor busy time and one-frame time, partition sizes and skew; from /proc: peak RSS per role and
 the peak total PSS of the process tree; the driver process' own wall time (JVM start included).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,15 +27,47 @@ from pipelines.sweeps.process_memory import TreeMemorySampler
 
 JOB_SCRIPT = REPO_ROOT / "jobs" / "infer_yolact.py"
 STAGES = ("read", "preprocess", "infer", "postprocess", "write")
-SETTING_COLUMNS = ["point", "mode", "repeat", "engine", "precision", "partitions", "executors", "executor_cores",
-                   "total_cores", "task_cpus", "batch_size", "openvino_streams", "openvino_threads"]
+SETTING_COLUMNS = [
+    "point",
+    "mode",
+    "repeat",
+    "engine",
+    "precision",
+    "partitions",
+    "executors",
+    "executor_cores",
+    "total_cores",
+    "task_cpus",
+    "batch_size",
+    "openvino_streams",
+    "openvino_threads",
+]
 RESULT_COLUMNS = (
     ["status", "error", "images_in", "done", "failed_images", "wall_s", "images_per_s", "process_s"]
     + [f"stage_{stage}_s" for stage in STAGES]
-    + ["one_frame_s", "longest_executor_busy_s", "longest_executor_task_time_s", "executors_seen", "tasks",
-       "failed_tasks", "retried_tasks", "partition_images_min", "partition_images_max", "partition_skew",
-       "peak_rss_driver_mb", "peak_rss_driver_jvm_mb", "peak_rss_executor_jvm_mb", "peak_rss_python_worker_mb",
-       "python_workers", "peak_total_pss_mb", "runtime_threads", "runtime_streams", "app_id", "point_dir"])
+    + [
+        "one_frame_s",
+        "longest_executor_busy_s",
+        "longest_executor_task_time_s",
+        "executors_seen",
+        "tasks",
+        "failed_tasks",
+        "retried_tasks",
+        "partition_images_min",
+        "partition_images_max",
+        "partition_skew",
+        "peak_rss_driver_mb",
+        "peak_rss_driver_jvm_mb",
+        "peak_rss_executor_jvm_mb",
+        "peak_rss_python_worker_mb",
+        "python_workers",
+        "peak_total_pss_mb",
+        "runtime_threads",
+        "runtime_streams",
+        "app_id",
+        "point_dir",
+    ]
+)
 ROW_COLUMNS = SETTING_COLUMNS + RESULT_COLUMNS
 
 
@@ -63,33 +96,42 @@ def spark_conf(point: GridPoint, env: PointEnv, event_dir: Path) -> dict:
         "spark.eventLog.dir": event_dir.resolve().as_uri(),
         "spark.eventLog.compress": "false",
         "spark.eventLog.rolling.enabled": "false",
-        "spark.ui.enabled": "false",               # the event log has what we need; no port to collide on
+        "spark.ui.enabled": "false",  # the event log has what we need; no port to collide on
         "spark.python.worker.reuse": "true",
     }
     if env.mode == "standalone":
-        conf.update({
-            "spark.executor.cores": str(point.executor_cores),
-            "spark.cores.max": str(point.total_cores),
-            "spark.executor.memory": env.worker_memory,
-            # start only when every executor is there, else the first one takes every task
-            "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-            "spark.scheduler.maxRegisteredResourcesWaitingTime": "300s",
-        })
+        conf.update(
+            {
+                "spark.executor.cores": str(point.executor_cores),
+                "spark.cores.max": str(point.total_cores),
+                "spark.executor.memory": env.worker_memory,
+                # start only when every executor is there, else the first one takes every task
+                "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                "spark.scheduler.maxRegisteredResourcesWaitingTime": "300s",
+            }
+        )
     return conf
 
 
 def point_config(base_job: dict, point: GridPoint, env: PointEnv, point_dir: Path) -> dict:
     """The job config of a point: the sweep's `job` section with the point's settings applied."""
-    config = json.loads(json.dumps(base_job))   # deep copy of plain YAML data
+    config = json.loads(json.dumps(base_job))  # deep copy of plain YAML data
     config["spark"]["master"] = env.master
     config["spark"]["app_name"] = f"sparkseg-sweep-{point.point_id}"
-    config["spark"]["conf"] = {**{str(k): str(v) for k, v in (config["spark"].get("conf") or {}).items()},
-                               **spark_conf(point, env, point_dir / "eventlog")}
-    for key, value in {"inference.partitions": point.partitions, "inference.batch_size": point.batch_size,
-                       "inference.precision": point.precision, "inference.engine": point.engine,
-                       "inference.openvino_streams": point.openvino_streams,
-                       "inference.openvino_threads": point.openvino_threads,
-                       "output.uri": str((point_dir / "output").resolve()), "run.force": True}.items():
+    config["spark"]["conf"] = {
+        **{str(k): str(v) for k, v in (config["spark"].get("conf") or {}).items()},
+        **spark_conf(point, env, point_dir / "eventlog"),
+    }
+    for key, value in {
+        "inference.partitions": point.partitions,
+        "inference.batch_size": point.batch_size,
+        "inference.precision": point.precision,
+        "inference.engine": point.engine,
+        "inference.openvino_streams": point.openvino_streams,
+        "inference.openvino_threads": point.openvino_threads,
+        "output.uri": str((point_dir / "output").resolve()),
+        "run.force": True,
+    }.items():
         set_path(config, key, value)
     return config
 
@@ -97,10 +139,16 @@ def point_config(base_job: dict, point: GridPoint, env: PointEnv, point_dir: Pat
 def driver_env(env: PointEnv) -> dict:
     """The driver's environment: its Python workers run `env.python`; nothing inherited from an enclosing
     SparkContext (a gateway port would make the job attach to it instead of starting its own)."""
-    child = {k: v for k, v in os.environ.items()
-             if k not in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "PYSPARK_DRIVER_PYTHON")}
-    child.update(PYSPARK_PYTHON=env.python, SPARK_LOCAL_IP="127.0.0.1",
-                 PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    child = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "PYSPARK_DRIVER_PYTHON")
+    }
+    child.update(
+        PYSPARK_PYTHON=env.python,
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    )
     child.update(env.extra_env)
     return child
 
@@ -109,15 +157,24 @@ def run_point(point: GridPoint, base_job: dict, env: PointEnv, point_dir: Path, 
     """Run the job for `point` in a new driver process under `point_dir` (config.yaml, driver.log, eventlog/,
     output/) and return its row (ROW_COLUMNS). A failed run gives a row with status "failed" and the error."""
     row = {key: None for key in ROW_COLUMNS}
-    row.update(point=point.point_id, mode=env.mode, repeat=repeat, total_cores=point.total_cores,
-               **point.as_dict(), point_dir=str(point_dir))
+    row.update(
+        point=point.point_id,
+        mode=env.mode,
+        repeat=repeat,
+        total_cores=point.total_cores,
+        **point.as_dict(),
+        point_dir=str(point_dir),
+    )
     reason = point.unschedulable_reason()
     if reason:
         row.update(status="skipped", error=reason)
         return row
     if not Path(env.python).is_file():
-        row.update(status="not available", error=f"{env.python}: no such interpreter for engine {point.engine}"
-                   + (" (build it with make bigdl-env)" if point.engine == "bigdl" else ""))
+        row.update(
+            status="not available",
+            error=f"{env.python}: no such interpreter for engine {point.engine}"
+            + (" (build it with make bigdl-env)" if point.engine == "bigdl" else ""),
+        )
         return row
     if point_dir.exists():
         shutil.rmtree(point_dir)
@@ -129,8 +186,9 @@ def run_point(point: GridPoint, base_job: dict, env: PointEnv, point_dir: Path, 
     command = [env.python, str(JOB_SCRIPT), "--config", str(config_path), "--force"]
     started = time.perf_counter()
     with open(point_dir / "driver.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=driver_env(env), cwd=REPO_ROOT)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=driver_env(env), cwd=REPO_ROOT
+        )
         with TreeMemorySampler([process.pid], env.cluster_pids, env.memory_interval_s) as sampler:
             try:
                 code = process.wait(timeout=env.timeout_s)
@@ -158,10 +216,15 @@ def run_point(point: GridPoint, base_job: dict, env: PointEnv, point_dir: Path, 
 
 def summary_columns(summary: dict) -> dict:
     counts = summary["counts"]
-    row = {"images_in": counts["inputs"], "done": counts["done"], "failed_images": counts["failed"],
-           "wall_s": summary["wall_seconds"], "images_per_s": summary["images_per_second"],
-           "runtime_threads": summary.get("runtime", {}).get("threads"),
-           "runtime_streams": summary.get("runtime", {}).get("streams")}
+    row = {
+        "images_in": counts["inputs"],
+        "done": counts["done"],
+        "failed_images": counts["failed"],
+        "wall_s": summary["wall_seconds"],
+        "images_per_s": summary["images_per_second"],
+        "runtime_threads": summary.get("runtime", {}).get("threads"),
+        "runtime_streams": summary.get("runtime", {}).get("streams"),
+    }
     for stage in STAGES:
         row[f"stage_{stage}_s"] = summary["stage_seconds"].get(stage)
     return row
@@ -170,8 +233,11 @@ def summary_columns(summary: dict) -> dict:
 def event_log_columns(metrics: AppMetrics, images: int) -> dict:
     one_frame = metrics.one_frame_s(images)
     return {
-        "app_id": metrics.app_id, "executors_seen": metrics.executors, "tasks": metrics.tasks,
-        "failed_tasks": metrics.failed_tasks, "retried_tasks": metrics.retried_tasks,
+        "app_id": metrics.app_id,
+        "executors_seen": metrics.executors,
+        "tasks": metrics.tasks,
+        "failed_tasks": metrics.failed_tasks,
+        "retried_tasks": metrics.retried_tasks,
         "longest_executor_busy_s": metrics.longest_executor_busy_s,
         "longest_executor_task_time_s": max(metrics.executor_task_time_s.values(), default=None),
         "one_frame_s": round(one_frame, 4) if one_frame is not None else None,
@@ -188,13 +254,13 @@ def last_error_line(log_path: Path, lines: int = 200) -> str:
     except FileNotFoundError:
         return f"(no log at {log_path})"
     out_of_memory = [line.strip() for line in tail if "OutOfMemoryError" in line and not line.strip().startswith("at ")]
-    if out_of_memory:   # the root cause; what follows it (broken pipes, a cancelled job) is noise
+    if out_of_memory:  # the root cause; what follows it (broken pipes, a cancelled job) is noise
         return out_of_memory[0][:500]
     for index in range(len(tail) - 1, -1, -1):
         text = tail[index].strip()
         head = text.split(":")[0]
         if text.startswith("error:") or (head.endswith(("Error", "Exception")) and " " not in head):
-            if head.endswith("Py4JJavaError") and index + 1 < len(tail):   # the Java exception is on the next line
+            if head.endswith("Py4JJavaError") and index + 1 < len(tail):  # the Java exception is on the next line
                 text += " " + tail[index + 1].strip()
             return text[:500]
     return tail[-1].strip()[:500] if tail else "(empty log)"
@@ -208,6 +274,7 @@ def python_for(engine: str, main_python: str, bigdl_python: str) -> tuple[str, d
     python = str(bigdl_python)
     home = ""
     if Path(python).is_file():
-        home = subprocess.run([python, "-c", "import sys; print(sys.base_prefix)"], capture_output=True,
-                              text=True, check=False).stdout.strip()
+        home = subprocess.run(
+            [python, "-c", "import sys; print(sys.base_prefix)"], capture_output=True, text=True, check=False
+        ).stdout.strip()
     return python, ({"PYTHONHOME": home} if home else {})

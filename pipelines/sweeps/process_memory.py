@@ -10,6 +10,7 @@ Two numbers per role, because they answer different questions:
   pages between the processes that share them, so forked Python workers are not counted twice. This is "how much
   memory does the whole thing need", sampled every `interval_s`.
 """
+
 from __future__ import annotations
 
 import threading
@@ -45,8 +46,9 @@ def process_role(proc: psutil.Process, driver_pids: set[int]) -> str:
         return "cluster_daemon"
     if any(f"-m {module}" in cmdline for module in (*daemon_modules, "pyspark.worker")):
         # The daemon forks its workers without exec: they keep its command line; only the parent tells them apart.
-        return ("python_worker" if any(f"-m {module}" in parent_cmdline for module in daemon_modules)
-                else "python_daemon")
+        return (
+            "python_worker" if any(f"-m {module}" in parent_cmdline for module in daemon_modules) else "python_daemon"
+        )
     return "other"
 
 
@@ -85,8 +87,10 @@ class MemoryPeaks:
 
     def as_row(self, prefix: str = "") -> dict:
         """Flat columns for a CSV row: <prefix>peak_rss_<role>_mb, <prefix>python_workers, <prefix>peak_total_pss_mb."""
-        row = {f"{prefix}peak_rss_{role}_mb": self.peak(role)
-               for role in ("driver", "driver_jvm", "executor_jvm", "python_worker")}
+        row = {
+            f"{prefix}peak_rss_{role}_mb": self.peak(role)
+            for role in ("driver", "driver_jvm", "executor_jvm", "python_worker")
+        }
         row[f"{prefix}python_workers"] = self.roles["python_worker"].processes
         row[f"{prefix}peak_total_pss_mb"] = round(self.peak_total_pss_mb, 1)
         return row
@@ -155,7 +159,7 @@ class TreeMemorySampler:
             if self._stop.wait(self.interval_s):
                 return
 
-    def __enter__(self) -> "TreeMemorySampler":
+    def __enter__(self) -> TreeMemorySampler:
         self._thread = threading.Thread(target=self._loop, name="sparkseg-memory-sampler", daemon=True)
         self._thread.start()
         return self

@@ -7,6 +7,7 @@ Plots use the successful rows, averaged over repeats:
 - speedup and efficiency vs executors: speedup = images/s / images/s at the fewest executors of the same other
   settings; efficiency = speedup / (executors / fewest executors).
 """
+
 from __future__ import annotations
 
 import csv
@@ -18,13 +19,37 @@ from statistics import mean
 
 from pipelines.sweeps.point_run import ROW_COLUMNS, STAGES
 
-SWEPT = ("engine", "precision", "partitions", "executors", "executor_cores", "task_cpus", "batch_size",
-         "openvino_streams", "openvino_threads")
-PLOTS = {"partitions": "images_per_s_vs_partitions.png", "cores": "images_per_s_vs_cores.png",
-         "executors": "speedup_vs_executors.png"}
-TABLE_COLUMNS = ["point", "status", "images_per_s", "wall_s", "one_frame_s", "tasks", "failed_tasks",
-                 "retried_tasks", "partition_skew", "peak_rss_driver_mb", "peak_rss_executor_jvm_mb",
-                 "peak_rss_python_worker_mb", "peak_total_pss_mb"]
+SWEPT = (
+    "engine",
+    "precision",
+    "partitions",
+    "executors",
+    "executor_cores",
+    "task_cpus",
+    "batch_size",
+    "openvino_streams",
+    "openvino_threads",
+)
+PLOTS = {
+    "partitions": "images_per_s_vs_partitions.png",
+    "cores": "images_per_s_vs_cores.png",
+    "executors": "speedup_vs_executors.png",
+}
+TABLE_COLUMNS = [
+    "point",
+    "status",
+    "images_per_s",
+    "wall_s",
+    "one_frame_s",
+    "tasks",
+    "failed_tasks",
+    "retried_tasks",
+    "partition_skew",
+    "peak_rss_driver_mb",
+    "peak_rss_executor_jvm_mb",
+    "peak_rss_python_worker_mb",
+    "peak_total_pss_mb",
+]
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -43,8 +68,13 @@ def averaged(rows: list[dict]) -> list[dict]:
             by_point.setdefault(row["point"], []).append(row)
     merged = []
     for group in by_point.values():
-        merged.append({**group[0], "images_per_s": mean(float(r["images_per_s"]) for r in group),
-                       "total_cores": int(group[0]["executors"]) * int(group[0]["executor_cores"])})
+        merged.append(
+            {
+                **group[0],
+                "images_per_s": mean(float(r["images_per_s"]) for r in group),
+                "total_cores": int(group[0]["executors"]) * int(group[0]["executor_cores"]),
+            }
+        )
     return merged
 
 
@@ -105,8 +135,9 @@ def speedup_rows(rows: list[dict]) -> dict[str, list[tuple[float, float, float]]
     result = {}
     for label, points in lines(rows, "executors", ("executors",)).items():
         base_executors, base = points[0][0], points[0][1]["images_per_s"]
-        result[label] = [(x, r["images_per_s"] / base, (r["images_per_s"] / base) / (x / base_executors))
-                         for x, r in points]
+        result[label] = [
+            (x, r["images_per_s"] / base, (r["images_per_s"] / base) / (x / base_executors)) for x, r in points
+        ]
     return result
 
 
@@ -117,7 +148,7 @@ def plot_speedup(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, title, index in ((left, "speedup", 1), (right, "efficiency", 2)):
+    for ax, title, _index in ((left, "speedup", 1), (right, "efficiency", 2)):
         ax.set_title(f"{title} vs executors")
         ax.set_xlabel("executors")
         ax.set_ylabel(title)
@@ -150,8 +181,20 @@ def report_markdown(rows: list[dict], config, plots: dict[str, Path]) -> str:
     job = config.job
     ok = [row for row in rows if row["status"] == "ok"]
     best = max(ok, key=lambda row: float(row["images_per_s"]), default=None)
-    settings = [column for column in ("engine", "precision", "partitions", "executors", "executor_cores",
-                                      "task_cpus", "batch_size", "openvino_streams", "openvino_threads")]
+    settings = [
+        column
+        for column in (
+            "engine",
+            "precision",
+            "partitions",
+            "executors",
+            "executor_cores",
+            "task_cpus",
+            "batch_size",
+            "openvino_streams",
+            "openvino_threads",
+        )
+    ]
     stage_columns = ["point"] + [f"stage_{stage}_s" for stage in STAGES]
     text = [
         "# sparkseg sweep",
@@ -174,11 +217,23 @@ def report_markdown(rows: list[dict], config, plots: dict[str, Path]) -> str:
         "",
     ]
     if best:
-        text += [f"Best: **{best['point']}**, {best['images_per_s']} images/s "
-                 f"({', '.join(f'{k}={best[k]}' for k in settings)}).", ""]
-    text += ["## Points", "", markdown_table(rows, TABLE_COLUMNS), "",
-             "## Per-stage seconds (summed over images, across parallel tasks)", "",
-             markdown_table(ok, stage_columns), "", "## Plots", ""]
+        text += [
+            f"Best: **{best['point']}**, {best['images_per_s']} images/s "
+            f"({', '.join(f'{k}={best[k]}' for k in settings)}).",
+            "",
+        ]
+    text += [
+        "## Points",
+        "",
+        markdown_table(rows, TABLE_COLUMNS),
+        "",
+        "## Per-stage seconds (summed over images, across parallel tasks)",
+        "",
+        markdown_table(ok, stage_columns),
+        "",
+        "## Plots",
+        "",
+    ]
     text += [f"![{name}](plots/{path.name})" for name, path in plots.items()]
     not_ok = [row for row in rows if row["status"] != "ok"]
     if not_ok:

@@ -12,6 +12,7 @@ in the daemon's own process group) and runs on `with` exit and at interpreter ex
 CLI: `python -m pipelines.sweeps.standalone_cluster --workers 2 --cores 1 --memory 2g` prints the master URL and waits
 for Ctrl-C.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -182,7 +183,7 @@ class StandaloneCluster:
     def log_dir(self) -> Path:
         return self.base_dir / "logs"
 
-    def start(self) -> "StandaloneCluster":
+    def start(self) -> StandaloneCluster:
         """Start the Master, then the Workers; return once every Worker is registered ALIVE."""
         if self._master is not None or self._stopped:
             raise RuntimeError("StandaloneCluster.start() called twice; make a new StandaloneCluster")
@@ -234,7 +235,7 @@ class StandaloneCluster:
         for daemon in daemons:
             daemon.reap()
 
-    def __enter__(self) -> "StandaloneCluster":
+    def __enter__(self) -> StandaloneCluster:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -278,7 +279,10 @@ class StandaloneCluster:
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 [str(spark_home() / "bin" / "spark-class"), *args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
                 cwd=self.base_dir,
                 start_new_session=True,  # own process group: stop() can reap its executors too
             )
@@ -288,8 +292,7 @@ class StandaloneCluster:
         attempts = 3
         for attempt in range(attempts):
             self.master_port, self.webui_port = free_port(), free_port()
-            args = [MASTER_CLASS, "--host", HOST, "--port", str(self.master_port),
-                    "--webui-port", str(self.webui_port)]
+            args = [MASTER_CLASS, "--host", HOST, "--port", str(self.master_port), "--webui-port", str(self.webui_port)]
             master = self._spawn("master", args, self._daemon_env("SPARK_MASTER_OPTS"))
             self._master = master
             try:
@@ -305,8 +308,20 @@ class StandaloneCluster:
     def _start_worker(self, index: int) -> None:
         work_dir = self.worker_dir(index)
         work_dir.mkdir(parents=True, exist_ok=True)
-        args = [WORKER_CLASS, "--host", HOST, "--cores", str(self.config.cores), "--memory", self.config.memory,
-                "--webui-port", str(free_port()), "--work-dir", str(work_dir), self.master_url]
+        args = [
+            WORKER_CLASS,
+            "--host",
+            HOST,
+            "--cores",
+            str(self.config.cores),
+            "--memory",
+            self.config.memory,
+            "--webui-port",
+            str(free_port()),
+            "--work-dir",
+            str(work_dir),
+            self.master_url,
+        ]
         self._workers.append(self._spawn(f"worker-{index}", args, self._daemon_env("SPARK_WORKER_OPTS")))
 
     def _master_answers(self) -> bool:
@@ -319,16 +334,22 @@ class StandaloneCluster:
         def registered() -> bool:
             for worker in self._workers:
                 if worker.exit_code() is not None:
-                    raise ClusterStartError(f"{worker.name} exited with code {worker.exit_code()} "
-                                            f"before registering; log tail ({worker.log_path}):\n"
-                                            f"{log_tail(worker.log_path)}")
+                    raise ClusterStartError(
+                        f"{worker.name} exited with code {worker.exit_code()} "
+                        f"before registering; log tail ({worker.log_path}):\n"
+                        f"{log_tail(worker.log_path)}"
+                    )
             try:
                 return self.alive_workers() >= count
             except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
                 return False
 
-        self._wait_until(registered, what=f"{count} workers to register with the Master", daemon=self._master,
-                         extra_logs=[worker.log_path for worker in self._workers])
+        self._wait_until(
+            registered,
+            what=f"{count} workers to register with the Master",
+            daemon=self._master,
+            extra_logs=[worker.log_path for worker in self._workers],
+        )
 
     def _wait_until(self, condition, what: str, daemon: _Daemon, extra_logs: list[Path] = ()) -> None:
         deadline = time.monotonic() + self.config.start_timeout_s
@@ -336,12 +357,16 @@ class StandaloneCluster:
             if condition():
                 return
             if daemon.exit_code() is not None:
-                raise ClusterStartError(f"{daemon.name} exited with code {daemon.exit_code()} while waiting "
-                                        f"for {what}; log tail ({daemon.log_path}):\n{log_tail(daemon.log_path)}")
+                raise ClusterStartError(
+                    f"{daemon.name} exited with code {daemon.exit_code()} while waiting "
+                    f"for {what}; log tail ({daemon.log_path}):\n{log_tail(daemon.log_path)}"
+                )
             time.sleep(0.5)
         tails = "\n".join(f"--- {path}:\n{log_tail(path)}" for path in [daemon.log_path, *extra_logs])
-        raise ClusterStartError(f"timed out after {self.config.start_timeout_s:.0f}s waiting for {what}; "
-                                f"raise ClusterConfig.start_timeout_s on a slow machine. Log tails:\n{tails}")
+        raise ClusterStartError(
+            f"timed out after {self.config.start_timeout_s:.0f}s waiting for {what}; "
+            f"raise ClusterConfig.start_timeout_s on a slow machine. Log tails:\n{tails}"
+        )
 
 
 def process_running(pid: int) -> bool:
@@ -388,11 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     with StandaloneCluster(config, base_dir=args.dir) as cluster:
         if not stop_requested.is_set():
             print(cluster.master_url, flush=True)
-            print(f"web UI {cluster.webui_url}  logs {cluster.log_dir}  (Ctrl-C to stop)", file=sys.stderr,
-                  flush=True)
+            print(f"web UI {cluster.webui_url}  logs {cluster.log_dir}  (Ctrl-C to stop)", file=sys.stderr, flush=True)
         stop_requested.wait()
         print("stopping", file=sys.stderr, flush=True)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

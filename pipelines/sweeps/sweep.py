@@ -4,13 +4,14 @@ Standalone mode: one cluster per cluster shape (engine env, executors, executor 
 shape's first point and stopped after its last; each point is its own application (fresh SparkContext, fresh
 executors and Python workers) on it. Local mode: master local[executor_cores].
 """
+
 from __future__ import annotations
 
 import itertools
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pipelines.sweeps.cluster_process import ClusterProcess
 from pipelines.sweeps.config import GridPoint, SweepConfig
@@ -39,22 +40,39 @@ def run_sweep(config: SweepConfig, log: Callable[[str], None] | None = None) -> 
         cluster = None
         if config.mode == "standalone" and runnable:
             log(f"starting a standalone cluster: {executors} worker(s) x {cores} core(s), {config.worker_memory}")
-            cluster = ClusterProcess(python, executors, cores, config.worker_memory,
-                                     out_dir / "clusters" / f"{engine}-e{executors}x{cores}",
-                                     start_timeout_s=config.cluster_start_timeout_s).start()
+            cluster = ClusterProcess(
+                python,
+                executors,
+                cores,
+                config.worker_memory,
+                out_dir / "clusters" / f"{engine}-e{executors}x{cores}",
+                start_timeout_s=config.cluster_start_timeout_s,
+            ).start()
         try:
-            env = PointEnv(mode=config.mode, master=cluster.master_url if cluster else f"local[{cores}]",
-                           python=python, worker_memory=config.worker_memory, extra_env=extra_env,
-                           cluster_pids=[cluster.pid] if cluster else [], timeout_s=config.point_timeout_s,
-                           memory_interval_s=config.memory_interval_s, keep_outputs=config.keep_outputs)
+            env = PointEnv(
+                mode=config.mode,
+                master=cluster.master_url if cluster else f"local[{cores}]",
+                python=python,
+                worker_memory=config.worker_memory,
+                extra_env=extra_env,
+                cluster_pids=[cluster.pid] if cluster else [],
+                timeout_s=config.point_timeout_s,
+                memory_interval_s=config.memory_interval_s,
+                keep_outputs=config.keep_outputs,
+            )
             for point in group:
                 for repeat in range(int(config.repeats)):
                     point_dir = out_dir / "points" / (point.point_id + (f"-r{repeat}" if config.repeats > 1 else ""))
                     row = run_point(point, config.job, env, point_dir, repeat)
                     rows.append(row)
-                    log(f"{len(rows)}/{total} {point.point_id}: {row['status']}"
-                        + (f", {row['images_per_s']} images/s, wall {row['wall_s']} s" if row["status"] == "ok"
-                           else f" ({row['error']})"))
+                    log(
+                        f"{len(rows)}/{total} {point.point_id}: {row['status']}"
+                        + (
+                            f", {row['images_per_s']} images/s, wall {row['wall_s']} s"
+                            if row["status"] == "ok"
+                            else f" ({row['error']})"
+                        )
+                    )
         finally:
             if cluster is not None:
                 cluster.stop()

@@ -18,6 +18,7 @@ canvas, and without the masks of the objects the crop drops.
 Arrays: image [H, W, 3] uint8 (or float32) RGB 0-255; masks [G, H, W] float32 0/1; boxes [G, 4] float32 absolute pixel
 x1y1x2y2; labels [G] int64 0-based foreground classes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from pipelines.ops.image_ops import resized_twice_above
 from pipelines.training import photometric
 from pipelines.training.resize import resize_bilinear
 
-CROP_MODES = (None, 0.1, 0.3, 0.7, 0.9, -1.0)   # None: whole image; the min-IoU values are never enforced (the
+CROP_MODES = (None, 0.1, 0.3, 0.7, 0.9, -1.0)  # None: whole image; the min-IoU values are never enforced (the
 #                                                 reference's check is a known no-op, kept there on purpose)
 CROP_TRIES = 50
 CROP_MODE_DRAWS = 20
@@ -44,7 +45,7 @@ class AugmentConfig:
     expand_max_ratio: float = 4.0
     sample_crop: bool = True
     mirror: bool = True
-    min_box_px: float = 2.0   # objects narrower or lower than this at the network input are dropped
+    min_box_px: float = 2.0  # objects narrower or lower than this at the network input are dropped
 
 
 @dataclass
@@ -72,14 +73,13 @@ class Geometry:
     labels: np.ndarray
 
     @classmethod
-    def whole(cls, height: int, width: int, boxes: np.ndarray, labels: np.ndarray) -> "Geometry":
+    def whole(cls, height: int, width: int, boxes: np.ndarray, labels: np.ndarray) -> Geometry:
         """The source image as it is (no augmentation)."""
         return cls(0, 0, height, width, False, np.arange(len(labels)), boxes, labels)
 
     def within(self, height: int, width: int) -> bool:
         """Whether the window lies inside a source of height x width (no fill)."""
-        return (self.top >= 0 and self.left >= 0 and self.top + self.height <= height
-                and self.left + self.width <= width)
+        return self.top >= 0 and self.left >= 0 and self.top + self.height <= height and self.left + self.width <= width
 
     def overlap(self, height: int, width: int) -> tuple[tuple[slice, slice], tuple[slice, slice]] | None:
         """Where the window meets a source of height x width: ((source rows, source columns), (rows, columns) of
@@ -104,10 +104,18 @@ def augment(sample: Sample, rng: np.random.Generator, cfg: AugmentConfig, mean_r
     return Sample(image, crop_masks(sample.masks[geometry.objects], geometry), geometry.boxes, geometry.labels)
 
 
-def to_network_input(pixels: np.ndarray, boxes: np.ndarray, labels: np.ndarray, size: int,
-                     mean_rgb: np.ndarray | None, std_rgb: np.ndarray | None, min_box_px: float,
-                     rng: np.random.Generator | None = None, distort: bool = False, deferred: list | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
+def to_network_input(
+    pixels: np.ndarray,
+    boxes: np.ndarray,
+    labels: np.ndarray,
+    size: int,
+    mean_rgb: np.ndarray | None,
+    std_rgb: np.ndarray | None,
+    min_box_px: float,
+    rng: np.random.Generator | None = None,
+    distort: bool = False,
+    deferred: list | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
     """pixels [h, w, 3] uint8 (or [h, w, 4]: RGBX, the padding channel not used), boxes [G, 4] pixels, labels [G]
     -> resized to size x size (bilinear, align_corners=False, no antialias, like the inference preprocess), colours
     distorted (``distort``, draws from ``rng``) and normalized. Returns image [3, S, S] (possibly a strided view),
@@ -151,8 +159,10 @@ def resized_mask_bits(masks: np.ndarray, size: int, mask_sizes: list[tuple[int, 
     """[G, h, w] 0/1 -> {(mh, mw): [G, mh, mw] bool}: ``yolact_loss.downsample_bits(resize_masks(masks, size), (mh,
     mw))`` for each of mask_sizes (the values of torch's generic kernel, as ``image_ops.resized_twice_above`` makes
     them), without the [G, S, S] float masks: a third of their pixels are made, the ones the downsamples read."""
-    return {tuple(map(int, small)): torch.from_numpy(resized_twice_above(masks, (size, size), small, 0.5))
-            for small in mask_sizes}
+    return {
+        tuple(map(int, small)): torch.from_numpy(resized_twice_above(masks, (size, size), small, 0.5))
+        for small in mask_sizes
+    }
 
 
 # ------------------------------------------------------------------------------------------------ photometric
@@ -165,8 +175,9 @@ rgb_to_hsv, hsv_to_rgb = photometric.rgb_to_hsv, photometric.hsv_to_rgb
 
 
 # ------------------------------------------------------------------------------------------------- geometric
-def draw_geometry(height: int, width: int, boxes: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
-                  cfg: AugmentConfig) -> Geometry:
+def draw_geometry(
+    height: int, width: int, boxes: np.ndarray, labels: np.ndarray, rng: np.random.Generator, cfg: AugmentConfig
+) -> Geometry:
     """Expand, random crop and mirror of a height x width source with boxes [G, 4] pixels and labels [G], drawn
     from rng (the reference's draws, in its order); no pixel is touched."""
     boxes = np.asarray(boxes).astype(np.float32)
@@ -181,7 +192,7 @@ def draw_geometry(height: int, width: int, boxes: np.ndarray, labels: np.ndarray
         if found is not None:
             rect, inside = found
             boxes, objects, labels = crop_boxes(boxes, inside, rect), objects[inside], labels[inside]
-            rows, cols = range(height)[rect[1]:rect[3]], range(width)[rect[0]:rect[2]]
+            rows, cols = range(height)[rect[1] : rect[3]], range(width)[rect[0] : rect[2]]
             top, left, height, width = top + rows.start, left + cols.start, len(rows), len(cols)
     mirror = bool(cfg.mirror and rng.integers(2) == 1)
     if mirror:
@@ -190,8 +201,7 @@ def draw_geometry(height: int, width: int, boxes: np.ndarray, labels: np.ndarray
     return Geometry(top, left, height, width, mirror, objects, boxes, labels)
 
 
-def expand_placement(height: int, width: int, rng: np.random.Generator, max_ratio: float
-                     ) -> tuple[int, int, int, int]:
+def expand_placement(height: int, width: int, rng: np.random.Generator, max_ratio: float) -> tuple[int, int, int, int]:
     """The zoom-out canvas, ratio x larger (ratio in [1, max_ratio]): its height, width, and where the image's
     top-left corner goes in it (top, left)."""
     ratio = rng.uniform(1, max_ratio)
@@ -200,8 +210,9 @@ def expand_placement(height: int, width: int, rng: np.random.Generator, max_rati
     return int(height * ratio), int(width * ratio), top, left
 
 
-def random_crop(height: int, width: int, boxes: np.ndarray, rng: np.random.Generator
-                ) -> tuple[np.ndarray, np.ndarray] | None:
+def random_crop(
+    height: int, width: int, boxes: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray] | None:
     """A random window of a height x width image that keeps at least one object centre: (rect [4] int x1y1x2y2,
     inside [G] bool: the objects whose centre it holds); None: the whole image (a draw chose it, or no try
     found one)."""
@@ -218,8 +229,12 @@ def random_crop(height: int, width: int, boxes: np.ndarray, rng: np.random.Gener
             top = rng.uniform(0, height - h)
             rect = np.array([int(left), int(top), int(left + w), int(top + h)])
             centers = (boxes[:, :2] + boxes[:, 2:]) / 2.0
-            inside = ((rect[0] < centers[:, 0]) & (rect[1] < centers[:, 1])
-                      & (rect[2] > centers[:, 0]) & (rect[3] > centers[:, 1]))
+            inside = (
+                (rect[0] < centers[:, 0])
+                & (rect[1] < centers[:, 1])
+                & (rect[2] > centers[:, 0])
+                & (rect[3] > centers[:, 1])
+            )
             if inside.any():
                 return rect, inside
     return None
@@ -247,7 +262,7 @@ def crop_image(image: np.ndarray, geometry: Geometry, fill: np.ndarray) -> np.nd
     g = geometry
     height, width, channels = image.shape
     if g.within(height, width):
-        window = image[g.top:g.top + g.height, g.left:g.left + g.width]
+        window = image[g.top : g.top + g.height, g.left : g.left + g.width]
         return flip_columns(window) if g.mirror else np.array(window)
     out = np.empty((g.height, g.width, channels), image.dtype)
     row = np.empty((g.width, channels), image.dtype)
@@ -277,10 +292,10 @@ def crop_masks(masks: np.ndarray, geometry: Geometry) -> np.ndarray:
 
 def fill_outside(array: np.ndarray, rows: slice, cols: slice, row: np.ndarray) -> None:
     """Set array [h, w, ...] outside array[rows, cols] to row [w, ...] (each row of it: one pattern copied)."""
-    array[:rows.start] = row
-    array[rows.stop:] = row
-    array[rows, :cols.start] = row[:cols.start]
-    array[rows, cols.stop:] = row[cols.stop:]
+    array[: rows.start] = row
+    array[rows.stop :] = row
+    array[rows, : cols.start] = row[: cols.start]
+    array[rows, cols.stop :] = row[cols.stop :]
 
 
 def flip_columns(array: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 Boxes are relative to the network input: point form ``(x1, y1, x2, y2)`` or center-size ``(cx, cy, w, h)``.
 The numpy decode used at inference lives in ``pipelines.ops.yolact_postprocess`` (VARIANCES are shared from there).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,8 +61,9 @@ class Match:
         return self.conf > 0
 
 
-def match(truths: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, pos_thresh: float = 0.5,
-          neg_thresh: float = 0.4) -> Match:
+def match(
+    truths: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, pos_thresh: float = 0.5, neg_thresh: float = 0.4
+) -> Match:
     """Match priors to ground truth (SSD rule, YOLACT thresholds).
 
     truths: [G, 4] point form; labels: [G] 0-based foreground classes; priors: [N, 4] center-size.
@@ -72,9 +74,13 @@ def match(truths: torch.Tensor, labels: torch.Tensor, priors: torch.Tensor, pos_
     num_priors = priors.shape[0]
     if truths.shape[0] == 0:
         zeros = torch.zeros(num_priors, dtype=torch.long, device=priors.device)
-        return Match(conf=zeros, gt_index=zeros.clone(), loc=priors.new_zeros(num_priors, 4),
-                     gt_box=priors.new_zeros(num_priors, 4))
-    overlaps = jaccard(truths, point_form(priors))          # [G, N]
+        return Match(
+            conf=zeros,
+            gt_index=zeros.clone(),
+            loc=priors.new_zeros(num_priors, 4),
+            gt_box=priors.new_zeros(num_priors, 4),
+        )
+    overlaps = jaccard(truths, point_form(priors))  # [G, N]
     best_truth_overlap, best_truth_idx = overlaps.max(dim=0)
     for _ in range(truths.shape[0]):
         best_prior_overlap, best_prior_idx = overlaps.max(dim=1)
@@ -119,8 +125,8 @@ class BatchMatch:
     gt_index: torch.Tensor
     loc: torch.Tensor
     gt_box: torch.Tensor
-    slots: object = None        # yolact_loss.MaskSlots, set by YolactLoss.match
-    counts: list[int] | None = None     # positives of each image, as the host read them with the matching
+    slots: object = None  # yolact_loss.MaskSlots, set by YolactLoss.match
+    counts: list[int] | None = None  # positives of each image, as the host read them with the matching
 
     @property
     def positive(self) -> torch.Tensor:
@@ -143,8 +149,14 @@ def jaccard_batch(box_a: torch.Tensor, box_b: torch.Tensor) -> torch.Tensor:
     return inter / (area_a + area_b - inter)
 
 
-def match_batch(truths: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, priors: torch.Tensor,
-                pos_thresh: float = 0.5, neg_thresh: float = 0.4) -> BatchMatch:
+def match_batch(
+    truths: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    priors: torch.Tensor,
+    pos_thresh: float = 0.5,
+    neg_thresh: float = 0.4,
+) -> BatchMatch:
     """``match`` for a padded batch, on the data's device: truths [B, G, 4] point form, labels [B, G], valid
     [B, G] bool (real objects first, padding after), priors [N, 4] center-size. Same result as ``match`` per
     image. The forced best-prior rule: when the objects' best priors are distinct (the usual case) each object
@@ -156,17 +168,44 @@ def match_batch(truths: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
     num_priors = priors.shape[0]
     if slots == 0:
         zeros = torch.zeros(batch, num_priors, dtype=torch.long, device=priors.device)
-        return BatchMatch(zeros, zeros.clone(), priors.new_zeros(batch, num_priors, 4),
-                          priors.new_zeros(batch, num_priors, 4), counts=[0] * batch)
+        return BatchMatch(
+            zeros,
+            zeros.clone(),
+            priors.new_zeros(batch, num_priors, 4),
+            priors.new_zeros(batch, num_priors, 4),
+            counts=[0] * batch,
+        )
     overlaps, best_truth_overlap, best_truth_idx, claimed, repeated = best_overlaps(truths, valid, priors)
     objects = torch.arange(slots, device=labels.device).expand(batch, slots)
-    *targets, read = match_targets(truths, labels, valid, priors, best_truth_overlap, best_truth_idx, claimed,
-                                   objects, repeated, pos_thresh, neg_thresh)
-    read = read.tolist()       # the one read on the host: [repeated, positives of each image]
-    if read[0]:                # two objects of an image want the same best prior (rare): the greedy rule's targets
+    *targets, read = match_targets(
+        truths,
+        labels,
+        valid,
+        priors,
+        best_truth_overlap,
+        best_truth_idx,
+        claimed,
+        objects,
+        repeated,
+        pos_thresh,
+        neg_thresh,
+    )
+    read = read.tolist()  # the one read on the host: [repeated, positives of each image]
+    if read[0]:  # two objects of an image want the same best prior (rare): the greedy rule's targets
         objects, claimed = _greedy_forced(overlaps, valid)
-        *targets, read = match_targets(truths, labels, valid, priors, best_truth_overlap, best_truth_idx, claimed,
-                                       objects, torch.zeros_like(repeated), pos_thresh, neg_thresh)
+        *targets, read = match_targets(
+            truths,
+            labels,
+            valid,
+            priors,
+            best_truth_overlap,
+            best_truth_idx,
+            claimed,
+            objects,
+            torch.zeros_like(repeated),
+            pos_thresh,
+            neg_thresh,
+        )
         read = read.tolist()
     return BatchMatch(*targets, counts=read[1:])
 
@@ -177,18 +216,28 @@ def _best_overlaps(truths: torch.Tensor, valid: torch.Tensor, priors: torch.Tens
     objects with the same best prior ([] bool)."""
     batch, slots = valid.shape
     num_priors = priors.shape[0]
-    overlaps = jaccard_batch(truths, point_form(priors)).masked_fill(~valid[:, :, None], -1.0)   # [B, G, N]
-    best_truth_overlap, best_truth_idx = overlaps.max(dim=1)                                     # [B, N]
-    best_prior_idx = overlaps.max(dim=2)[1]                                                      # [B, G]
+    overlaps = jaccard_batch(truths, point_form(priors)).masked_fill(~valid[:, :, None], -1.0)  # [B, G, N]
+    best_truth_overlap, best_truth_idx = overlaps.max(dim=1)  # [B, N]
+    best_prior_idx = overlaps.max(dim=2)[1]  # [B, G]
     slot_ids = torch.arange(slots, device=valid.device).expand(batch, slots)
     claimed = torch.where(valid, best_prior_idx, num_priors + slot_ids)
     ordered = claimed.sort(dim=1)[0]
     return overlaps, best_truth_overlap, best_truth_idx, claimed, (ordered[:, 1:] == ordered[:, :-1]).any()
 
 
-def _match_targets(truths: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, priors: torch.Tensor,
-                   best_truth_overlap: torch.Tensor, best_truth_idx: torch.Tensor, claimed: torch.Tensor,
-                   objects: torch.Tensor, repeated: torch.Tensor, pos_thresh: float, neg_thresh: float):
+def _match_targets(
+    truths: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    priors: torch.Tensor,
+    best_truth_overlap: torch.Tensor,
+    best_truth_idx: torch.Tensor,
+    claimed: torch.Tensor,
+    objects: torch.Tensor,
+    repeated: torch.Tensor,
+    pos_thresh: float,
+    neg_thresh: float,
+):
     """match_batch's second part: the forced matches (object [B, G] claims prior [B, G]) written over each prior's
     best object, then the per-prior targets (conf, gt_index, loc, gt_box) and what the host reads of them in one
     copy: [1 + B] int64, repeated (the first part's [] bool) then the positives of each image."""
@@ -203,7 +252,7 @@ def _match_targets(truths: torch.Tensor, labels: torch.Tensor, valid: torch.Tens
     conf = labels.gather(1, best_truth_idx).long() + 1
     conf = torch.where(best_truth_overlap < pos_thresh, -1, conf)
     conf = torch.where(best_truth_overlap < neg_thresh, 0, conf)
-    matched = truths.gather(1, best_truth_idx[:, :, None].expand(batch, num_priors, 4))          # [B, N, 4]
+    matched = truths.gather(1, best_truth_idx[:, :, None].expand(batch, num_priors, 4))  # [B, N, 4]
     has_objects = valid.any(dim=1)[:, None]
     conf = torch.where(has_objects, conf, 0)
     loc = encode(matched.reshape(-1, 4), priors.repeat(batch, 1)).reshape(batch, num_priors, 4)
@@ -227,9 +276,9 @@ def _greedy_forced(overlaps: torch.Tensor, valid: torch.Tensor) -> tuple[torch.T
     rows = torch.arange(batch, device=overlaps.device)
     objects, priors_taken = [], []
     for t in range(slots):
-        best_prior_overlap, best_prior_idx = overlaps.max(dim=2)        # [B, G]
-        j = best_prior_overlap.argmax(dim=1)                            # [B]
-        i = best_prior_idx[rows, j]                                     # [B]
+        best_prior_overlap, best_prior_idx = overlaps.max(dim=2)  # [B, G]
+        j = best_prior_overlap.argmax(dim=1)  # [B]
+        i = best_prior_idx[rows, j]  # [B]
         active = counts > t
         overlaps[rows, :, i] = torch.where(active[:, None], -1.0, overlaps[rows, :, i])
         overlaps[rows, j, :] = torch.where(active[:, None], -1.0, overlaps[rows, j, :])
@@ -241,10 +290,14 @@ def _greedy_forced(overlaps: torch.Tensor, valid: torch.Tensor) -> tuple[torch.T
 def crop_batch(masks: torch.Tensor, boxes: torch.Tensor, padding: int = 1) -> torch.Tensor:
     """``crop`` for a batch: masks [B, h, w, K], boxes [B, K, 4] relative point form."""
     _, h, w, _ = masks.shape
-    x1, x2 = _sanitize(boxes[..., 0], boxes[..., 2], w, padding)        # [B, K]
+    x1, x2 = _sanitize(boxes[..., 0], boxes[..., 2], w, padding)  # [B, K]
     y1, y2 = _sanitize(boxes[..., 1], boxes[..., 3], h, padding)
     cols = torch.arange(w, dtype=x1.dtype, device=x1.device)[None, None, :, None]
     rows = torch.arange(h, dtype=y1.dtype, device=y1.device)[None, :, None, None]
-    keep = ((cols >= x1[:, None, None]) & (cols < x2[:, None, None]) & (rows >= y1[:, None, None])
-            & (rows < y2[:, None, None]))
+    keep = (
+        (cols >= x1[:, None, None])
+        & (cols < x2[:, None, None])
+        & (rows >= y1[:, None, None])
+        & (rows < y2[:, None, None])
+    )
     return masks * keep.to(masks.dtype)

@@ -5,6 +5,7 @@ Optimizer state is keyed by parameter *name*, so a run can resume with another s
 holds only its own parameters). Files: ``RUN/checkpoints/step_00001200.pt`` (the last ``keep_last`` kept) and
 ``RUN/checkpoints/best.pt`` (best val mask AP). Writes are atomic (temporary file, then rename).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,9 @@ def optimizer_state_by_name(optimizer: torch.optim.Optimizer, names: dict[int, s
     return out
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
-                         state: dict[str, dict]) -> int:
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter], state: dict[str, dict]
+) -> int:
     """Put name-keyed state back into the optimizer for the parameters it holds; returns how many were set."""
     loaded = 0
     fused = bool(optimizer.defaults.get("fused"))
@@ -39,8 +41,10 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, tor
         if name in state:
             # moments follow the parameter's device; scalar counters (Adam's step) stay where torch keeps them:
             # on the CPU, except for a fused optimizer, which reads them on the parameters' device
-            optimizer.state[param] = {k: (v.to(param.device, copy=True) if v.dim() or fused else v.clone())
-                                      if torch.is_tensor(v) else v for k, v in state[name].items()}
+            optimizer.state[param] = {
+                k: (v.to(param.device, copy=True) if v.dim() or fused else v.clone()) if torch.is_tensor(v) else v
+                for k, v in state[name].items()
+            }
             loaded += 1
     return loaded
 
@@ -56,7 +60,7 @@ def save_checkpoint(path: Path, payload: dict) -> Path:
 def save_step_checkpoint(run_dir: str | Path, payload: dict, keep_last: int) -> Path:
     directory = checkpoint_dir(run_dir)
     path = save_checkpoint(directory / f"step_{int(payload['state']['step']):08d}.pt", payload)
-    for old in step_checkpoints(run_dir)[:-max(keep_last, 1)]:
+    for old in step_checkpoints(run_dir)[: -max(keep_last, 1)]:
         old.unlink(missing_ok=True)
     return path
 
@@ -78,5 +82,7 @@ def load_checkpoint(path: str | Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ValueError(f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0][:200]}): "
-                         "delete it to resume from the one before, or start a new run directory") from None
+        raise ValueError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0][:200]}): "
+            "delete it to resume from the one before, or start a new run directory"
+        ) from None

@@ -4,6 +4,7 @@
 
 The config travels to every rank as a dict (``asdict``) and is rebuilt there with ``TrainConfig.from_dict``.
 """
+
 from __future__ import annotations
 
 import typing
@@ -41,8 +42,8 @@ class DataSection:
     val_fraction: float = 0.1
     split_seed: int = 0
     reprepare: bool = False
-    loader_workers: int = 0             # processes decoding + augmenting micro-batches (0: in the rank itself)
-    loader_prefetch: int = 2            # micro-batches each loader worker prepares ahead
+    loader_workers: int = 0  # processes decoding + augmenting micro-batches (0: in the rank itself)
+    loader_prefetch: int = 2  # micro-batches each loader worker prepares ahead
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ class ModelSection:
     config: str = "yolact_r18_small"
     max_size: int | None = None
     init: str | None = None
-    batch_norm: str = "train"          # train | frozen
-    class_names: list | None = None    # the classes to train (None: the config's); fine-tuning from model.init
+    batch_norm: str = "train"  # train | frozen
+    class_names: list | None = None  # the classes to train (None: the config's); fine-tuning from model.init
     #                                    re-initializes the class layers when their number differs
 
     def yolact_config(self):
@@ -75,8 +76,8 @@ class DistributedSection:
     local_mode: bool = True
     pipeline_stages: int = 2
     pipeline_split: list | None = None  # first block of each stage after the first; None: balance FLOPs
-    omp_wait_policy: str | None = "passive"   # OMP_WAIT_POLICY of the ranks (None: leave the environment's)
-    use_gpu: str | bool = "auto"        # auto | true | false: one GPU per rank, NCCL (pipelines.training.devices)
+    omp_wait_policy: str | None = "passive"  # OMP_WAIT_POLICY of the ranks (None: leave the environment's)
+    use_gpu: str | bool = "auto"  # auto | true | false: one GPU per rank, NCCL (pipelines.training.devices)
 
 
 @dataclass(frozen=True)
@@ -85,18 +86,18 @@ class TrainSection:
     max_steps: int = 0
     global_batch: int = 8
     micro_batch: int = 4
-    optimizer: str = "adamw"            # adamw | sgd
+    optimizer: str = "adamw"  # adamw | sgd
     lr: float = 1e-3
     momentum: float = 0.9
     weight_decay: float = 5e-4
     warmup_steps: int = 100
     warmup_init_lr: float = 1e-4
-    lr_milestones: list = field(default_factory=list)   # fractions of the total steps where lr *= lr_gamma
+    lr_milestones: list = field(default_factory=list)  # fractions of the total steps where lr *= lr_gamma
     lr_gamma: float = 0.1
     seed: int = 0
     channels_last: bool = True
-    precision: str = "f32"              # f32 | bf16 (torch.autocast for the forward pass; the loss in float32)
-    cuda_graphs: bool = True            # CUDA, strategy local: the model's forward/backward replayed as CUDA graphs
+    precision: str = "f32"  # f32 | bf16 (torch.autocast for the forward pass; the loss in float32)
+    cuda_graphs: bool = True  # CUDA, strategy local: the model's forward/backward replayed as CUDA graphs
 
 
 @dataclass(frozen=True)
@@ -110,18 +111,18 @@ class CheckpointSection:
 class EvalSection:
     every_epochs: int = 1
     max_images: int = 0
-    early_stopping_patience: int = 0    # evaluations without a better val mask AP before stopping; 0: never
+    early_stopping_patience: int = 0  # evaluations without a better val mask AP before stopping; 0: never
     min_delta: float = 0.001
     blob_classes: list = field(default_factory=lambda: ["pothole", "patch", "puddle"])
 
 
 @dataclass(frozen=True)
 class TrackingSection:
-    mlflow_uri: str | None = "mlruns"   # None (empty in the YAML): no MLflow
+    mlflow_uri: str | None = "mlruns"  # None (empty in the YAML): no MLflow
     experiment: str = "sparkseg-train-yolact"
     run_name: str | None = None
     plots: bool = True
-    baseline: str | None = None         # summary.json of a `local` run: speedup and efficiency against it
+    baseline: str | None = None  # summary.json of a `local` run: speedup and efficiency against it
     progress_bar: bool = True
 
 
@@ -152,7 +153,9 @@ class TrainConfig:
         if d.strategy == "pipeline" and d.num_processes != d.pipeline_stages:
             raise TrainConfigError(f"strategy pipeline needs num_processes == pipeline_stages ({d.pipeline_stages})")
         if d.strategy == "hybrid" and (d.num_processes % d.pipeline_stages or d.num_processes < 2 * d.pipeline_stages):
-            raise TrainConfigError("strategy hybrid needs num_processes = data-parallel groups (>= 2) x pipeline_stages")
+            raise TrainConfigError(
+                "strategy hybrid needs num_processes = data-parallel groups (>= 2) x pipeline_stages"
+            )
         try:
             parse_use_gpu(d.use_gpu)
         except ValueError as err:
@@ -166,12 +169,15 @@ class TrainConfig:
         if self.model.batch_norm not in ("train", "frozen"):
             raise TrainConfigError(f"model.batch_norm {self.model.batch_norm!r}: choose train or frozen")
         if t.global_batch % t.micro_batch:
-            raise TrainConfigError(f"train.global_batch {t.global_batch} must be a multiple of micro_batch "
-                                   f"{t.micro_batch}")
+            raise TrainConfigError(
+                f"train.global_batch {t.global_batch} must be a multiple of micro_batch {t.micro_batch}"
+            )
         micro_per_step = t.global_batch // t.micro_batch
         if micro_per_step % self.data_parallel_size:
-            raise TrainConfigError(f"{micro_per_step} micro-batches per step cannot be split over "
-                                   f"{self.data_parallel_size} data-parallel replicas: adjust global/micro batch")
+            raise TrainConfigError(
+                f"{micro_per_step} micro-batches per step cannot be split over "
+                f"{self.data_parallel_size} data-parallel replicas: adjust global/micro batch"
+            )
 
     @property
     def pipeline_stages(self) -> int:
@@ -185,7 +191,7 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TrainConfig":
+    def from_dict(cls, data: dict) -> TrainConfig:
         return _build(cls, data, "")
 
 
@@ -195,17 +201,19 @@ def _build(kind, data: dict, where: str, see: str = "conf/train_yolact.yaml"):
     known = {f.name: f for f in fields(kind)}
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise TrainConfigError(f"unknown key(s) {', '.join(where + k for k in unknown)} "
-                               f"(known under {where or 'top level'}: {', '.join(sorted(known))})")
+        raise TrainConfigError(
+            f"unknown key(s) {', '.join(where + k for k in unknown)} "
+            f"(known under {where or 'top level'}: {', '.join(sorted(known))})"
+        )
     values = {}
     defaults, hints = kind(), typing.get_type_hints(kind)
     for name, value in data.items():
         default = getattr(defaults, name)
-        if is_dataclass(default) and (value is None or isinstance(value, dict)):   # None: a section left empty
+        if is_dataclass(default) and (value is None or isinstance(value, dict)):  # None: a section left empty
             values[name] = _build(type(default), value or {}, f"{where}{name}.", see)
         elif is_dataclass(default):
             raise TrainConfigError(f"{where}{name} is {value!r}: it must be a section of keys (see {see})")
-        else:   # typed as the field declares: `--set train.lr=abc` is an error now, not a crash in a rank
+        else:  # typed as the field declares: `--set train.lr=abc` is an error now, not a crash in a rank
             values[name] = conform_value(value, hints[name], where + name, see, TrainConfigError)
     try:
         return kind(**values)
@@ -213,8 +221,9 @@ def _build(kind, data: dict, where: str, see: str = "conf/train_yolact.yaml"):
         raise TrainConfigError(f"{where or 'config'}: {err}") from None
 
 
-def read_config_data(path: str | Path | None, overrides: dict | None, default: Path,
-                     error: type[Exception] = TrainConfigError) -> dict:
+def read_config_data(
+    path: str | Path | None, overrides: dict | None, default: Path, error: type[Exception] = TrainConfigError
+) -> dict:
     """The YAML at `path` (default: `default`) as a dict with dotted `overrides` applied ({"train.epochs": 2});
     a missing file or bad YAML raises `error`."""
     data = read_yaml(path or default, f"training config (see conf/{default.name})", error)

@@ -12,6 +12,7 @@ batch, before the loader's threads run (nothing else may use the GPU during a ca
 accumulated into kept ``.grad`` tensors (``ensure_grads``), never taken over from the graph's own output buffer,
 which the next replay overwrites (gradient accumulation over micro-batches stays right).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,9 +25,14 @@ LOG = logging.getLogger(__name__)
 
 def input_signature(images: torch.Tensor) -> tuple:
     """What a replay needs to match: shape, dtype, device, memory format and the autocast the graph ran under."""
-    return (tuple(images.shape), images.dtype, images.device,
-            images.is_contiguous(memory_format=torch.channels_last),
-            torch.is_autocast_enabled(images.device.type), torch.get_autocast_dtype(images.device.type))
+    return (
+        tuple(images.shape),
+        images.dtype,
+        images.device,
+        images.is_contiguous(memory_format=torch.channels_last),
+        torch.is_autocast_enabled(images.device.type),
+        torch.get_autocast_dtype(images.device.type),
+    )
 
 
 class GraphedModel:
@@ -39,10 +45,14 @@ class GraphedModel:
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         kept = {name: buffer.clone() for name, buffer in model.named_buffers()}
         device_type = images.device.type
-        with torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type),
-                            enabled=torch.is_autocast_enabled(device_type), cache_enabled=False):
+        with torch.autocast(
+            device_type,
+            dtype=torch.get_autocast_dtype(device_type),
+            enabled=torch.is_autocast_enabled(device_type),
+            cache_enabled=False,
+        ):
             torch.cuda.make_graphed_callables(model, (images,))
-        self.replay = model.__dict__.pop("forward")     # make_graphed_callables patched the instance's forward
+        self.replay = model.__dict__.pop("forward")  # make_graphed_callables patched the instance's forward
         with torch.no_grad():
             for name, buffer in model.named_buffers():
                 buffer.copy_(kept[name])

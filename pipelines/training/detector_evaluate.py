@@ -1,6 +1,8 @@
-"""The detector's validation in PyTorch: COCO box AP (pycocotools, through `pipelines.results.evaluate`) of torchvision's
+"""The detector's validation in PyTorch: COCO box AP (pycocotools, through `pipelines.results.evaluate`) of
+torchvision's
 eval-mode detections on the prepared val split, at the original image size.
 """
+
 from __future__ import annotations
 
 import torch
@@ -10,12 +12,12 @@ from pipelines.results.evaluate import ap_report, load_ground_truth, subset_grou
 from pipelines.training.detector_step import make_detector_batch
 from pipelines.training.evaluate import EvalSpec
 
+DetectorEvalSpec = EvalSpec  # what to evaluate on: the same fields as YOLACT's validation
 
-DetectorEvalSpec = EvalSpec      # what to evaluate on: the same fields as YOLACT's validation
 
-
-def coco_box_results(detections: list[dict], rows: list[dict], input_size: tuple[int, int],
-                     category_ids: list[int]) -> list[dict]:
+def coco_box_results(
+    detections: list[dict], rows: list[dict], input_size: tuple[int, int], category_ids: list[int]
+) -> list[dict]:
     """torchvision detections (boxes in input pixels, labels 1-based) -> COCO bbox results at the original size."""
     results = []
     in_h, in_w = input_size
@@ -23,13 +25,20 @@ def coco_box_results(detections: list[dict], rows: list[dict], input_size: tuple
         sx, sy = float(row["width"]) / in_w, float(row["height"]) / in_h
         for box, score, label in zip(det["boxes"].tolist(), det["scores"].tolist(), det["labels"].tolist()):
             x1, y1, x2, y2 = box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
-            results.append({"image_id": int(row["image_id"]), "category_id": category_ids[int(label) - 1],
-                            "score": float(score), "bbox": [x1, y1, x2 - x1, y2 - y1]})
+            results.append(
+                {
+                    "image_id": int(row["image_id"]),
+                    "category_id": category_ids[int(label) - 1],
+                    "score": float(score),
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                }
+            )
     return results
 
 
-def evaluate_detector(model: torch.nn.Module, index, spec: DetectorEvalSpec, input_size: tuple[int, int],
-                      device: torch.device) -> dict:
+def evaluate_detector(
+    model: torch.nn.Module, index, spec: DetectorEvalSpec, input_size: tuple[int, int], device: torch.device
+) -> dict:
     """model: a FactorNetDetector (put in eval mode). Returns the box AP report (all classes, blobs, crack)."""
     ground_truth = load_ground_truth(storage.read_bytes(spec.annotations_uri))
     by_name = {c["name"]: c["id"] for c in ground_truth.dataset["categories"]}
@@ -43,8 +52,12 @@ def evaluate_detector(model: torch.nn.Module, index, spec: DetectorEvalSpec, inp
         batch = make_detector_batch(rows, indices, input_size, None, 0, 0).to(device)
         with torch.no_grad():
             detections = model(batch.images)
-        results += coco_box_results([{k: v.cpu() for k, v in d.items()} for d in detections],
-                                    [rows[i] for i in indices], input_size, category_ids)
+        results += coco_box_results(
+            [{k: v.cpu() for k, v in d.items()} for d in detections],
+            [rows[i] for i in indices],
+            input_size,
+            category_ids,
+        )
     if count < len(index):
         ground_truth = subset_ground_truth(ground_truth, {int(index.image_ids[i]) for i in range(count)})
     report = ap_report(ground_truth, results, {"blobs": spec.blob_classes, "crack": ("crack",)}, iou_types=("bbox",))

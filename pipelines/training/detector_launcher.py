@@ -4,6 +4,7 @@ RUN/summary.json.
 
     summary = run_detector_training(spark, load_detector_train_config("conf/train_detector.yaml"))
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,11 +29,17 @@ def launch_detector(spark: SparkSession, cfg: DetectorTrainConfig) -> dict:
 
 def run_detector_training(spark: SparkSession, cfg: DetectorTrainConfig) -> dict:
     """Prepare, train, report. Returns the summary also written to RUN/summary.json."""
-    return train_and_report(spark, cfg, lambda c: c.model.detector_config().class_names, launch_detector,
-                            _mlflow_params, LOSS_KEYS)
+    return train_and_report(
+        spark, cfg, lambda c: c.model.detector_config().class_names, launch_detector, _mlflow_params, LOSS_KEYS
+    )
 
 
 def _mlflow_params(cfg: DetectorTrainConfig) -> dict:
-    return {"strategy": cfg.distributed.strategy, "num_processes": cfg.distributed.num_processes,
-            "threads_per_process": cfg.distributed.threads_per_process, "model": cfg.model.config,
-            "use_gpu": cfg.distributed.use_gpu, **{f"train.{k}": v for k, v in dataclasses.asdict(cfg.train).items()}}
+    return {
+        "strategy": cfg.distributed.strategy,
+        "num_processes": cfg.distributed.num_processes,
+        "threads_per_process": cfg.distributed.threads_per_process,
+        "model": cfg.model.config,
+        "use_gpu": cfg.distributed.use_gpu,
+        **{f"train.{k}": v for k, v in dataclasses.asdict(cfg.train).items()},
+    }

@@ -3,6 +3,7 @@ without Spark, a COCO folder read directly (`CocoFolderIndex`: one machine, e.g.
 give the same rows (image_id, file_name, width, height, image bytes, labels 0-based, boxes x1y1x2y2 flattened),
 in ascending image_id order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,11 +25,13 @@ class CocoFolderIndex:
     image_ids: np.ndarray
 
     @classmethod
-    def open(cls, images: str | Path, annotations: str | Path, class_names: tuple[str, ...]) -> "CocoFolderIndex":
+    def open(cls, images: str | Path, annotations: str | Path, class_names: tuple[str, ...]) -> CocoFolderIndex:
         images, annotations = Path(images), Path(annotations)
         if not annotations.is_file() or not images.is_dir():
-            raise UsageError(f"{annotations} / {images}: need a COCO annotations file and its images folder "
-                             "(python -m pipelines.datasets.synthetic_roads --format coco makes one)")
+            raise UsageError(
+                f"{annotations} / {images}: need a COCO annotations file and its images folder "
+                "(python -m pipelines.datasets.synthetic_roads --format coco makes one)"
+            )
         dataset = coco_to_dataset(parse_coco_json(annotations.read_bytes(), str(annotations)), str(annotations))
         wanted = {name: i for i, name in enumerate(class_names)}
         unknown = sorted(c.name for c in dataset.categories if c.name not in wanted)
@@ -40,10 +43,17 @@ class CocoFolderIndex:
             objects = [a for a in image.annotations if not a.iscrowd]
             if not objects:
                 continue
-            rows.append({"image_id": int(image.id), "file_name": image.file_name, "width": int(image.width),
-                         "height": int(image.height), "path": str(images / image.file_name),
-                         "labels": [class_of[a.category_id] for a in objects],
-                         "boxes": [float(v) for a in objects for v in a.box]})
+            rows.append(
+                {
+                    "image_id": int(image.id),
+                    "file_name": image.file_name,
+                    "width": int(image.width),
+                    "height": int(image.height),
+                    "path": str(images / image.file_name),
+                    "labels": [class_of[a.category_id] for a in objects],
+                    "boxes": [float(v) for a in objects for v in a.box],
+                }
+            )
         if not rows:
             raise UsageError(f"{annotations}: no annotated images to train on")
         return cls(str(images), rows, np.asarray([r["image_id"] for r in rows], np.int64))
@@ -58,8 +68,10 @@ class CocoFolderIndex:
             try:
                 row["image"] = Path(row["path"]).read_bytes()
             except OSError as err:
-                raise UsageError(f"{row['path']}: listed in the annotations but cannot be read ({err.strerror}): "
-                                 "fix or remove it, or train with jobs/train_detector.py (its preparation skips "
-                                 "such images)") from None
+                raise UsageError(
+                    f"{row['path']}: listed in the annotations but cannot be read ({err.strerror}): "
+                    "fix or remove it, or train with jobs/train_detector.py (its preparation skips "
+                    "such images)"
+                ) from None
             out[index] = row
         return out

@@ -5,6 +5,7 @@ A sample's augmentation is drawn from ``np.random.default_rng([seed, epoch, inde
 torch generator that torchvision's RPN / RoI samplers draw from is reseeded per micro-batch from
 (seed, step, micro-batch): the same step computes the same losses after a resume.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -20,18 +21,21 @@ from pipelines.training.batches import sample_seed
 from pipelines.training.resize import resize_bilinear
 
 LOSS_KEYS = ("loss_classifier", "loss_box_reg", "loss_objectness", "loss_rpn_box_reg")
-EXPAND_FILL_RGB = np.float32(IMAGENET_MEAN) * 255.0     # the zoom-out canvas colour: the normalization's mean
+EXPAND_FILL_RGB = np.float32(IMAGENET_MEAN) * 255.0  # the zoom-out canvas colour: the normalization's mean
 
 
 @dataclass
 class DetectorBatch:
-    images: list[torch.Tensor]          # [3, H, W] RGB in 0-1 at the network input size
-    targets: list[dict]                 # {"boxes": [G, 4] x1y1x2y2 input pixels, "labels": [G] 1-based}
+    images: list[torch.Tensor]  # [3, H, W] RGB in 0-1 at the network input size
+    targets: list[dict]  # {"boxes": [G, 4] x1y1x2y2 input pixels, "labels": [G] 1-based}
     indices: list[int]
 
-    def to(self, device: torch.device) -> "DetectorBatch":
-        return DetectorBatch([image.to(device) for image in self.images],
-                             [{k: v.to(device) for k, v in t.items()} for t in self.targets], self.indices)
+    def to(self, device: torch.device) -> DetectorBatch:
+        return DetectorBatch(
+            [image.to(device) for image in self.images],
+            [{k: v.to(device) for k, v in t.items()} for t in self.targets],
+            self.indices,
+        )
 
 
 def row_to_detector_sample(row: dict) -> Sample:
@@ -50,8 +54,7 @@ def _geometric(sample: Sample, rng: np.random.Generator, cfg: AugmentConfig) -> 
     return Sample(image, sample.masks[: len(geometry.labels)], geometry.boxes, geometry.labels)
 
 
-def to_detector_input(sample: Sample, input_size: tuple[int, int], min_box_px: float
-                      ) -> tuple[torch.Tensor, dict]:
+def to_detector_input(sample: Sample, input_size: tuple[int, int], min_box_px: float) -> tuple[torch.Tensor, dict]:
     """Bilinear resize (align_corners=False, no antialias: the inference preprocess) to (height, width), 0-1
     RGB; boxes scaled to input pixels, those thinner than min_box_px dropped; labels 1-based (0: background)."""
     height, width = sample.image.shape[:2]
@@ -66,8 +69,14 @@ def to_detector_input(sample: Sample, input_size: tuple[int, int], min_box_px: f
     return image.clamp(0.0, 1.0).contiguous(), {"boxes": boxes[keep], "labels": labels}
 
 
-def make_detector_batch(rows: dict[int, dict], indices: list[int], input_size: tuple[int, int],
-                        augment_cfg: AugmentConfig | None, seed: int, epoch: int) -> DetectorBatch:
+def make_detector_batch(
+    rows: dict[int, dict],
+    indices: list[int],
+    input_size: tuple[int, int],
+    augment_cfg: AugmentConfig | None,
+    seed: int,
+    epoch: int,
+) -> DetectorBatch:
     """augment_cfg None: no augmentation (validation)."""
     images, targets = [], []
     for index in indices:
@@ -86,8 +95,15 @@ def micro_batch_seed(seed: int, step: int, micro_index: int) -> int:
     return int(np.random.default_rng([seed, step, micro_index, 7]).integers(2**62))
 
 
-def detector_step(model: torch.nn.Module, batches: list[DetectorBatch], micro_offset: int, micro_total: int,
-                  seed: int, step: int, device: torch.device) -> torch.Tensor:
+def detector_step(
+    model: torch.nn.Module,
+    batches: list[DetectorBatch],
+    micro_offset: int,
+    micro_total: int,
+    seed: int,
+    step: int,
+    device: torch.device,
+) -> torch.Tensor:
     """Forward/backward of this rank's micro-batches; gradients = the mean over the global batch's micro-batches
     (DDP averages over ranks: each rank scales by its own count). Returns the loss terms (LOSS_KEYS order) summed
     over this rank's micro-batches, divided by micro_total (sum them over ranks for the global mean)."""

@@ -10,6 +10,7 @@ Without Spark (one machine, e.g. a GPU box with no Java; data read straight from
     python -m pipelines.training.detector_trainer --config conf/train_detector.yaml --device cuda \
         --set data.images=DIR --set data.annotations=FILE --set run_dir=RUN
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,16 +74,19 @@ class DetectorTrainingSession(RankSessionBase):
         self.names = {id(p): n for n, p in self.params.items()}
         self.optimizer = make_optimizer(cfg, list(self.params.values()))
         self.train_index, self.val_index = train_index, val_index
-        self.sampler = GlobalBatchSampler(len(train_index), cfg.train.global_batch, cfg.train.micro_batch,
-                                          cfg.train.seed)
+        self.sampler = GlobalBatchSampler(
+            len(train_index), cfg.train.global_batch, cfg.train.micro_batch, cfg.train.seed
+        )
         self.sampler.check_data_parallel(self.world)
         steps = self.sampler.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(steps, cfg.train.max_steps) if cfg.train.max_steps else steps
         self.state = new_run_state()
 
     def optimizer_state_to_load(self, state: dict) -> dict:
-        return {n: {k: v.to(self.device) if torch.is_tensor(v) and v.dim() else v for k, v in s.items()}
-                for n, s in state.items()}
+        return {
+            n: {k: v.to(self.device) if torch.is_tensor(v) and v.dim() else v for k, v in s.items()}
+            for n, s in state.items()
+        }
 
     def payload(self) -> dict | None:
         """Rank 0's checkpoint dict (CPU tensors: loads anywhere); replicas' batch-norm statistics averaged."""
@@ -94,17 +98,27 @@ class DetectorTrainingSession(RankSessionBase):
         if self.rank != 0:
             return None
         model_state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        optimizer_state = {n: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()}
-                           for n, s in ckpt.optimizer_state_by_name(self.optimizer, self.names).items()}
-        return {"model": model_state, "optimizer": optimizer_state, "state": dict(self.state),
-                "config": self.cfg.to_dict(), "detector_config": self.model.cfg.name}
+        optimizer_state = {
+            n: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()}
+            for n, s in ckpt.optimizer_state_by_name(self.optimizer, self.names).items()
+        }
+        return {
+            "model": model_state,
+            "optimizer": optimizer_state,
+            "state": dict(self.state),
+            "config": self.cfg.to_dict(),
+            "detector_config": self.model.cfg.name,
+        }
 
     def val_report(self, payload: dict) -> dict | None:
         if self.val_index is None:
             return None
-        spec = DetectorEvalSpec(storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME),
-                                tuple(self.model.cfg.class_names), tuple(self.cfg.eval.blob_classes),
-                                self.cfg.eval.max_images)
+        spec = DetectorEvalSpec(
+            storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME),
+            tuple(self.model.cfg.class_names),
+            tuple(self.cfg.eval.blob_classes),
+            self.cfg.eval.max_images,
+        )
         started = time.time()
         report = evaluate_detector(self.model, self.val_index, spec, self.input_size, self.device)
         self.model.train()
@@ -113,13 +127,20 @@ class DetectorTrainingSession(RankSessionBase):
     def train_step(self, rows: dict, epoch: int, step_in_epoch: int) -> torch.Tensor:
         micro = self.sampler.micro_batches(epoch, step_in_epoch, self.rank, self.world)
         augment_cfg = self.cfg.augment.as_augment_config()
-        batches = [make_detector_batch(rows, idx, self.input_size, augment_cfg, self.cfg.train.seed, epoch)
-                   for idx in micro]
+        batches = [
+            make_detector_batch(rows, idx, self.input_size, augment_cfg, self.cfg.train.seed, epoch) for idx in micro
+        ]
         self.set_learning_rate()
         self.optimizer.zero_grad(set_to_none=True)
-        terms = detector_step(self.ddp or self.model, batches, self.rank * len(micro),
-                              self.sampler.micro_batches_per_step, self.cfg.train.seed, self.state["step"],
-                              self.device)
+        terms = detector_step(
+            self.ddp or self.model,
+            batches,
+            self.rank * len(micro),
+            self.sampler.micro_batches_per_step,
+            self.cfg.train.seed,
+            self.state["step"],
+            self.device,
+        )
         if self.world > 1:
             dist.all_reduce(terms, op=dist.ReduceOp.SUM)
         return self.step_optimizer(terms)
@@ -138,9 +159,16 @@ class DetectorTrainingSession(RankSessionBase):
                 terms = self.train_step(rows, epoch, step_in_epoch)
                 self.after_step(epoch, step_in_epoch, steps_per_epoch, terms, time.time() - started)
             self.after_epoch(epoch, steps_per_epoch, epoch_started)
-        return self.summary({"strategy": self.cfg.distributed.strategy, "world": self.world, "stages": 1,
-                             "device": str(self.device), "threads_per_process": torch.get_num_threads()},
-                            steps_per_epoch)
+        return self.summary(
+            {
+                "strategy": self.cfg.distributed.strategy,
+                "world": self.world,
+                "stages": 1,
+                "device": str(self.device),
+                "threads_per_process": torch.get_num_threads(),
+            },
+            steps_per_epoch,
+        )
 
 
 def detector_train_worker(config: dict) -> dict | None:
@@ -165,8 +193,9 @@ def train_from_folder(cfg: DetectorTrainConfig) -> dict:
     (evaluate the export with jobs/infer_detector.py and pipelines.results.evaluate)."""
     torch.set_num_threads(cfg.distributed.threads_per_process)
     if cfg.distributed.strategy != "local":
-        raise SystemExit("error: training from a folder runs strategy local (one process); use "
-                         "jobs/train_detector.py for ddp")
+        raise SystemExit(
+            "error: training from a folder runs strategy local (one process); use jobs/train_detector.py for ddp"
+        )
     class_names = get_detector_config(cfg.model.config).class_names
     index = CocoFolderIndex.open(cfg.data.images, cfg.data.annotations, tuple(class_names))
     device = rank_device(resolve_use_gpu(cfg.distributed.use_gpu, local_mode=True))

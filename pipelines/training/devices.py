@@ -5,6 +5,7 @@ in cluster mode), ``true`` (fail clearly without CUDA) or ``false``. In local mo
 the driver's GPUs (``spark.driver.resource.gpu.*``, set by ``local_gpu_conf``) and a rank takes ``cuda:LOCAL_RANK``;
 in cluster mode each Spark task sees the GPU Spark assigned it through CUDA_VISIBLE_DEVICES (``cuda:0``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,7 +17,7 @@ from pipelines.errors import UsageError
 LOG = logging.getLogger(__name__)
 GPU_DISCOVERY_SCRIPT = Path(__file__).resolve().parents[2] / "conf" / "gpu_discovery.sh"
 CPU_BACKEND = "gloo"
-GPU_BACKEND = "cpu:gloo,cuda:nccl"      # NCCL for CUDA tensors (gradients), gloo for CPU ones (counters, objects)
+GPU_BACKEND = "cpu:gloo,cuda:nccl"  # NCCL for CUDA tensors (gradients), gloo for CPU ones (counters, objects)
 
 
 class GpuUnavailableError(UsageError):
@@ -47,17 +48,21 @@ def resolve_use_gpu(setting, local_mode: bool, task_gpu_amount: str | None = Non
             return cuda_available()
         return float(task_gpu_amount or 0) > 0
     if setting and local_mode and not cuda_available():
-        raise GpuUnavailableError("distributed.use_gpu is true but this machine has no usable CUDA device "
-                                  "(torch.cuda.is_available() is False): train on CPU with use_gpu: false or auto, "
-                                  "or install a CUDA build of torch")
+        raise GpuUnavailableError(
+            "distributed.use_gpu is true but this machine has no usable CUDA device "
+            "(torch.cuda.is_available() is False): train on CPU with use_gpu: false or auto, "
+            "or install a CUDA build of torch"
+        )
     return bool(setting)
 
 
 def local_gpu_conf(num_processes: int) -> dict[str, str]:
     """Spark settings a local-mode session needs before TorchDistributor(use_gpu=True) can hand the driver's GPUs
     to its ranks: one GPU per rank, found by conf/gpu_discovery.sh (nvidia-smi)."""
-    return {"spark.driver.resource.gpu.amount": str(num_processes),
-            "spark.driver.resource.gpu.discoveryScript": str(GPU_DISCOVERY_SCRIPT)}
+    return {
+        "spark.driver.resource.gpu.amount": str(num_processes),
+        "spark.driver.resource.gpu.discoveryScript": str(GPU_DISCOVERY_SCRIPT),
+    }
 
 
 def rank_device(use_gpu: bool):
@@ -68,10 +73,12 @@ def rank_device(use_gpu: bool):
     if not use_gpu:
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise GpuUnavailableError(f"rank {os.environ.get('RANK', 0)}: distributed.use_gpu is set but this process "
-                                  f"sees no CUDA device (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}):"
-                                  " give the executors GPUs (spark.executor.resource.gpu.amount, "
-                                  "spark.task.resource.gpu.amount, a discovery script) or set use_gpu: false")
+        raise GpuUnavailableError(
+            f"rank {os.environ.get('RANK', 0)}: distributed.use_gpu is set but this process "
+            f"sees no CUDA device (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}):"
+            " give the executors GPUs (spark.executor.resource.gpu.amount, "
+            "spark.task.resource.gpu.amount, a discovery script) or set use_gpu: false"
+        )
     index = int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()
     return torch.device("cuda", index)
 

@@ -3,6 +3,7 @@ pycocotools. Detections come from ``pipelines.ops.yolact_postprocess`` (the nump
 Spark job uses), at the original image size; AP comes from ``pipelines.results.evaluate`` (the torch-free implementation
 that also evaluates a job's output).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, nu
 
 @dataclass(frozen=True)
 class EvalSpec:
-    annotations_uri: str            # COCO ground truth of the val images (prepare's val_annotations.json)
+    annotations_uri: str  # COCO ground truth of the val images (prepare's val_annotations.json)
     class_names: tuple[str, ...]
     blob_classes: tuple[str, ...] = ("pothole", "patch", "puddle")
     max_images: int = 0
@@ -37,8 +38,9 @@ def eval_outputs(model: torch.nn.Module, images: torch.Tensor) -> dict[str, torc
         return model(images)
 
 
-def coco_results(outputs: dict[str, torch.Tensor], priors: np.ndarray, rows: list[dict], category_ids: list[int],
-                 post: dict) -> list[dict]:
+def coco_results(
+    outputs: dict[str, torch.Tensor], priors: np.ndarray, rows: list[dict], category_ids: list[int], post: dict
+) -> list[dict]:
     """COCO result entries (bbox and RLE segmentation) of a batch, via the numpy Detect and mask assembly."""
     results = []
     conf = torch.softmax(outputs["conf"], dim=-1).numpy()
@@ -49,14 +51,21 @@ def coco_results(outputs: dict[str, torch.Tensor], priors: np.ndarray, rows: lis
         for k, mask in enumerate(yp.instance_masks(det, outputs["proto"][i].numpy(), width, height)):
             rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
             x1, y1, x2, y2 = (int(v) for v in boxes[k])
-            results.append({"image_id": int(row["image_id"]), "category_id": category_ids[int(det.classes[k])],
-                            "score": float(det.scores[k]), "bbox": [x1, y1, x2 - x1, y2 - y1],
-                            "segmentation": {"size": rle["size"], "counts": rle["counts"].decode("ascii")}})
+            results.append(
+                {
+                    "image_id": int(row["image_id"]),
+                    "category_id": category_ids[int(det.classes[k])],
+                    "score": float(det.scores[k]),
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "segmentation": {"size": rle["size"], "counts": rle["counts"].decode("ascii")},
+                }
+            )
     return results
 
 
-def evaluate(model: torch.nn.Module, index, spec: EvalSpec, input_spec: InputSpec, loss: YolactLoss,
-             post: dict) -> dict:
+def evaluate(
+    model: torch.nn.Module, index, spec: EvalSpec, input_spec: InputSpec, loss: YolactLoss, post: dict
+) -> dict:
     """model: a full Yolact on any device (its train/eval mode is changed); the loss and the postprocess run on
     the CPU. Returns val loss terms and the AP report."""
     ground_truth = load_ground_truth(storage.read_bytes(spec.annotations_uri))
@@ -80,7 +89,7 @@ def evaluate(model: torch.nn.Module, index, spec: EvalSpec, input_spec: InputSpe
         results += coco_results(outputs, priors, [rows[i] for i in indices], category_ids, post)
     terms = Normalizer(positives, count).apply(dict(zip(LOSS_KEYS, sums)))
     image_ids = {int(index.image_ids[i]) for i in range(count)}
-    if count < len(index):   # evaluate against the images we ran only
+    if count < len(index):  # evaluate against the images we ran only
         ground_truth = subset_ground_truth(ground_truth, image_ids)
     report = ap_report(ground_truth, results, {"blobs": spec.blob_classes, "crack": ("crack",)})
     report.update({f"val_{k}": float(v) for k, v in terms.items()})

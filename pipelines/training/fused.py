@@ -13,6 +13,7 @@ Sizes are compiled as dynamic (``dynamic=True``), so the varying numbers of obje
 once. A function that cannot be compiled on this machine (no Triton, an unsupported operation, forward or backward:
 each compilation compiles both, and the first call runs both) runs as it is, with one warning.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,12 @@ class FusedOnCuda:
         try:
             return self.run_compiled(*args)
         except Exception as err:  # noqa: BLE001  (any compiler failure: the plain function is always right)
-            LOG.warning("%s runs unfused on this machine: torch.compile failed (%s: %s)", self.fn.__name__,
-                        type(err).__name__, err)
+            LOG.warning(
+                "%s runs unfused on this machine: torch.compile failed (%s: %s)",
+                self.fn.__name__,
+                type(err).__name__,
+                err,
+            )
             self.failed = True
             return self.fallback(*args)
 
@@ -63,7 +68,7 @@ def backward_compiled_with_forward():
     size): a backward that cannot compile then fails in the forward call, where FusedOnCuda can still fall back,
     not in the step's backward pass. A torch without the setting: as torch does (the first call's _trial_run
     still checks)."""
-    config = torch._functorch.config   # noqa: SLF001  (AOTAutograd's setting, documented in that module)
+    config = torch._functorch.config  # noqa: SLF001  (AOTAutograd's setting, documented in that module)
     if not hasattr(config, "force_non_lazy_backward_lowering"):
         return contextlib.nullcontext()
     return config.patch(force_non_lazy_backward_lowering=True)
@@ -76,8 +81,9 @@ def _trial_run(compiled: Callable, args) -> None:
     buffers) and so runs once per forward: the step's own graph is left for the step's backward."""
     copies = [a.detach().clone().requires_grad_(a.requires_grad) if torch.is_tensor(a) else a for a in args]
     result = compiled(*copies)
-    outputs = [t for t in (result.values() if isinstance(result, dict) else [result])
-               if torch.is_tensor(t) and t.requires_grad]
+    outputs = [
+        t for t in (result.values() if isinstance(result, dict) else [result]) if torch.is_tensor(t) and t.requires_grad
+    ]
     inputs = [c for c in copies if torch.is_tensor(c) and c.requires_grad]
     if outputs and inputs:
         torch.autograd.grad(sum(t.float().sum() for t in outputs), inputs, allow_unused=True)

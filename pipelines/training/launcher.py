@@ -5,6 +5,7 @@ MLflow and RUN/summary.json.
 
     summary = run_training(spark, load_train_config("conf/train_yolact.yaml"))
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,8 +14,8 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pyspark.sql import SparkSession
 
@@ -22,8 +23,13 @@ from pipelines.job_config import resolve_local
 from pipelines.spark.stop_signals import children_stop_on_signals
 from pipelines.training import tracking
 from pipelines.training.config import TrainConfig, TrainConfigError
-from pipelines.training.devices import (GpuUnavailableError, cuda_available, local_gpu_conf, parse_use_gpu,
-                                        resolve_use_gpu)
+from pipelines.training.devices import (
+    GpuUnavailableError,
+    cuda_available,
+    local_gpu_conf,
+    parse_use_gpu,
+    resolve_use_gpu,
+)
 from pipelines.training.prepare import REPORT_NAME, PrepareSpec, prepare_training_data
 from pipelines.training.progress import DriverProgress
 
@@ -36,19 +42,34 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     """Relative paths -> absolute (ranks may run in another working directory): the working directory's, else the
     checkout's where only there it exists (job_config.resolve_local; the run and prepared data directories too, so
     that a run started from the checkout is found again from elsewhere)."""
-    data = dataclasses.replace(cfg.data, images=resolve_local(cfg.data.images),
-                               annotations=resolve_local(cfg.data.annotations),
-                               prepared=resolve_local(cfg.data.prepared))
+    data = dataclasses.replace(
+        cfg.data,
+        images=resolve_local(cfg.data.images),
+        annotations=resolve_local(cfg.data.annotations),
+        prepared=resolve_local(cfg.data.prepared),
+    )
     model = dataclasses.replace(cfg.model, init=resolve_local(cfg.model.init) if cfg.model.init else None)
-    tracking_cfg = dataclasses.replace(cfg.tracking, baseline=resolve_local(cfg.tracking.baseline)
-                                       if cfg.tracking.baseline else None)
+    tracking_cfg = dataclasses.replace(
+        cfg.tracking, baseline=resolve_local(cfg.tracking.baseline) if cfg.tracking.baseline else None
+    )
     return dataclasses.replace(cfg, run_dir=resolve_local(cfg.run_dir), data=data, model=model, tracking=tracking_cfg)
 
 
 def prepare(spark: SparkSession, cfg: TrainConfig, class_names: tuple[str, ...]):
     d = cfg.data
-    return prepare_training_data(spark, PrepareSpec(d.images, d.annotations, d.prepared, tuple(class_names),
-                                                    d.num_shards, d.val_fraction, d.split_seed, d.reprepare))
+    return prepare_training_data(
+        spark,
+        PrepareSpec(
+            d.images,
+            d.annotations,
+            d.prepared,
+            tuple(class_names),
+            d.num_shards,
+            d.val_fraction,
+            d.split_seed,
+            d.reprepare,
+        ),
+    )
 
 
 def launch(spark: SparkSession, cfg: TrainConfig) -> dict:
@@ -67,12 +88,21 @@ def run_ranks(spark: SparkSession, cfg, worker: Callable[[dict], dict | None], d
         ship_packages(spark)
     if decide_gpu:
         cfg = with_gpu_decision(spark, cfg)
-        LOG.info("training on %s (%d ranks)", "GPUs, NCCL" if cfg.distributed.use_gpu else "CPUs, gloo",
-                 cfg.distributed.num_processes)
-    distributor = TorchDistributor(num_processes=cfg.distributed.num_processes,
-                                   local_mode=cfg.distributed.local_mode, use_gpu=bool(cfg.distributed.use_gpu))
-    with rank_environment(cfg), children_stop_on_signals(local=cfg.distributed.local_mode), \
-            DriverProgress(cfg.run_dir, enabled=cfg.tracking.progress_bar and cfg.distributed.local_mode):
+        LOG.info(
+            "training on %s (%d ranks)",
+            "GPUs, NCCL" if cfg.distributed.use_gpu else "CPUs, gloo",
+            cfg.distributed.num_processes,
+        )
+    distributor = TorchDistributor(
+        num_processes=cfg.distributed.num_processes,
+        local_mode=cfg.distributed.local_mode,
+        use_gpu=bool(cfg.distributed.use_gpu),
+    )
+    with (
+        rank_environment(cfg),
+        children_stop_on_signals(local=cfg.distributed.local_mode),
+        DriverProgress(cfg.run_dir, enabled=cfg.tracking.progress_bar and cfg.distributed.local_mode),
+    ):
         return distributor.run(worker, cfg.to_dict())
 
 
@@ -82,7 +112,7 @@ def rank_environment(cfg):
     restored afterwards (a notebook or a test session goes on with what it had)."""
     saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "OMP_WAIT_POLICY")}
     paths = [str(REPO_ROOT)] + [p for p in (saved["PYTHONPATH"] or "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))   # ranks import pipelines, model_export
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))  # ranks import pipelines, model_export
     if cfg.distributed.omp_wait_policy:
         # OpenMP threads that spin at barriers stall each other when the cores are shared (measured here: 2 threads
         # 4-6x slower than 1 under load); passive waiting avoids that. Read when the ranks start (inherited env).
@@ -113,13 +143,16 @@ def gpu_decision(spark: SparkSession, cfg: TrainConfig) -> bool:
         gpus = spark.sparkContext.resources.get("gpu")
         if gpus is None or len(gpus.addresses) < d.num_processes:
             if parse_use_gpu(d.use_gpu) == "auto":
-                LOG.warning("CUDA is visible but the Spark session gives the driver no GPUs "
-                            "(spark.driver.resource.gpu.amount): training on CPUs")
+                LOG.warning(
+                    "CUDA is visible but the Spark session gives the driver no GPUs "
+                    "(spark.driver.resource.gpu.amount): training on CPUs"
+                )
                 return False
             raise GpuUnavailableError(
                 f"distributed.use_gpu with local_mode needs the session to own {d.num_processes} GPU(s): start it with "
                 + ", ".join(f"{k}={v}" for k, v in local_gpu_conf(d.num_processes).items())
-                + " (jobs/train_yolact.py does), or use_gpu: false")
+                + " (jobs/train_yolact.py does), or use_gpu: false"
+            )
     return use_gpu
 
 
@@ -147,15 +180,21 @@ def ship_packages(spark: SparkSession) -> None:
 
 def run_training(spark: SparkSession, cfg: TrainConfig) -> dict:
     """Prepare, train, report. Returns the summary also written to RUN/summary.json."""
-    return train_and_report(spark, cfg, lambda c: c.model.yolact_config().class_names, launch, _mlflow_params,
-                            tracking.YOLACT_LOSS_KEYS)
+    return train_and_report(
+        spark, cfg, lambda c: c.model.yolact_config().class_names, launch, _mlflow_params, tracking.YOLACT_LOSS_KEYS
+    )
 
 
 def _mlflow_params(cfg: TrainConfig) -> dict:
-    return {"strategy": cfg.distributed.strategy, "num_processes": cfg.distributed.num_processes,
-            "threads_per_process": cfg.distributed.threads_per_process,
-            "pipeline_stages": cfg.pipeline_stages, "model": cfg.model.config,
-            "max_size": cfg.model.max_size, **{f"train.{k}": v for k, v in dataclasses.asdict(cfg.train).items()}}
+    return {
+        "strategy": cfg.distributed.strategy,
+        "num_processes": cfg.distributed.num_processes,
+        "threads_per_process": cfg.distributed.threads_per_process,
+        "pipeline_stages": cfg.pipeline_stages,
+        "model": cfg.model.config,
+        "max_size": cfg.model.max_size,
+        **{f"train.{k}": v for k, v in dataclasses.asdict(cfg.train).items()},
+    }
 
 
 def check_splits(cfg, report) -> None:
@@ -163,16 +202,26 @@ def check_splits(cfg, report) -> None:
     saying what to change); the skipped images are named in the prepared data's prepare_report.json."""
     where = f"{cfg.data.prepared}/{REPORT_NAME} names the skipped images"
     if not report.usable("train"):
-        raise TrainConfigError(f"no usable training image (skipped {report.skipped('train')}; {where}): check "
-                               "data.images and data.annotations")
+        raise TrainConfigError(
+            f"no usable training image (skipped {report.skipped('train')}; {where}): check "
+            "data.images and data.annotations"
+        )
     if cfg.eval.every_epochs and not report.usable("val"):
-        raise TrainConfigError(f"the val split has no usable image to evaluate on (skipped {report.skipped('val')}; "
-                               f"{where}): raise data.val_fraction ({cfg.data.val_fraction}) or annotate more "
-                               "images, or set eval.every_epochs: 0 to train without evaluation")
+        raise TrainConfigError(
+            f"the val split has no usable image to evaluate on (skipped {report.skipped('val')}; "
+            f"{where}): raise data.val_fraction ({cfg.data.val_fraction}) or annotate more "
+            "images, or set eval.every_epochs: 0 to train without evaluation"
+        )
 
 
-def train_and_report(spark: SparkSession, cfg, class_names_of: Callable, launch_ranks: Callable,
-                     mlflow_params: Callable[..., dict], loss_keys: tuple[str, ...]) -> dict:
+def train_and_report(
+    spark: SparkSession,
+    cfg,
+    class_names_of: Callable,
+    launch_ranks: Callable,
+    mlflow_params: Callable[..., dict],
+    loss_keys: tuple[str, ...],
+) -> dict:
     """Prepare the data, launch_ranks(spark, cfg), then speed, plots (loss_keys), MLflow (mlflow_params(cfg)) and
     RUN/summary.json. cfg's paths and distributed.use_gpu are resolved first (a GPU that is not there fails before
     preparing); class_names_of(cfg): the model's classes. Returns the summary."""
@@ -182,12 +231,15 @@ def train_and_report(spark: SparkSession, cfg, class_names_of: Callable, launch_
     class_names = class_names_of(cfg)
     started = time.time()
     report = prepare(spark, cfg, class_names)
-    print(f"data: {report.usable('train')} train / {report.usable('val')} val images usable; skipped "
-          f"{report.skipped()} ({'reused' if report.reused else 'prepared'} {cfg.data.prepared})", flush=True)
+    print(
+        f"data: {report.usable('train')} train / {report.usable('val')} val images usable; skipped "
+        f"{report.skipped()} ({'reused' if report.reused else 'prepared'} {cfg.data.prepared})",
+        flush=True,
+    )
     check_splits(cfg, report)
     summary = launch_ranks(spark, cfg)
     summary_path = Path(cfg.run_dir) / SUMMARY_NAME
-    if not summary.get("steps_this_run") and summary_path.is_file():   # a finished run started again
+    if not summary.get("steps_this_run") and summary_path.is_file():  # a finished run started again
         print(f"nothing trained: {summary_path} and the MLflow run stay those of the run that trained", flush=True)
         return json.loads(summary_path.read_text())
     summary["prepare"] = {"counts": report.counts, "reused": report.reused}
@@ -200,11 +252,20 @@ def train_and_report(spark: SparkSession, cfg, class_names_of: Callable, launch_
     artifacts = tracking.plot_curves(metrics, cfg.run_dir, loss_keys) if cfg.tracking.plots else []
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.tracking.mlflow_uri:
-        summary["mlflow_run_id"] = tracking.log_to_mlflow(dataclasses.asdict(cfg.tracking), mlflow_params(cfg),
-                                                          metrics, summary, artifacts + [summary_path], loss_keys)
+        summary["mlflow_run_id"] = tracking.log_to_mlflow(
+            dataclasses.asdict(cfg.tracking),
+            mlflow_params(cfg),
+            metrics,
+            summary,
+            artifacts + [summary_path],
+            loss_keys,
+        )
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
         store = tracking._mlflow_uri(cfg.tracking.mlflow_uri)
-        print(f"MLflow: run {summary['mlflow_run_id']} in experiment '{cfg.tracking.experiment}' at {store} "
-              f"(mlflow ui --backend-store-uri {store})", flush=True)
+        print(
+            f"MLflow: run {summary['mlflow_run_id']} in experiment '{cfg.tracking.experiment}' at {store} "
+            f"(mlflow ui --backend-store-uri {store})",
+            flush=True,
+        )
     print(f"run directory: {cfg.run_dir}; summary {summary_path}", flush=True)
     return summary

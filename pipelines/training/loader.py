@@ -8,6 +8,7 @@ and resumes reproduce whatever the worker count. With 0 workers the micro-batche
     for mb in micro_batch_stream(rows, micro_batches, LoaderSpec(...)):
         ...
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -51,8 +52,7 @@ class MicroBatchDataset(Dataset):
         return make_micro_batch(self.rows, self.micro_batches[i], s.input_spec, s.augment, s.seed, s.epoch, sizes)
 
 
-def micro_batch_stream(rows: dict[int, dict], micro_batches: list[list[int]], spec: LoaderSpec
-                       ) -> Iterator[MicroBatch]:
+def micro_batch_stream(rows: dict[int, dict], micro_batches: list[list[int]], spec: LoaderSpec) -> Iterator[MicroBatch]:
     """The micro-batches in the given order; built by spec.workers processes (0: here, one at a time)."""
     dataset = MicroBatchDataset(rows, micro_batches, spec)
     if spec.workers == 0:
@@ -60,12 +60,19 @@ def micro_batch_stream(rows: dict[int, dict], micro_batches: list[list[int]], sp
             mb = dataset[i]
             yield mb.pin_memory() if spec.pin_memory else mb
         return
-    load_kernels()   # here, once: the forked workers inherit it
-    loader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=spec.workers,
-                        prefetch_factor=spec.prefetch, pin_memory=spec.pin_memory, persistent_workers=False,
-                        worker_init_fn=_one_thread)
+    load_kernels()  # here, once: the forked workers inherit it
+    loader = DataLoader(
+        dataset,
+        batch_size=None,
+        shuffle=False,
+        num_workers=spec.workers,
+        prefetch_factor=spec.prefetch,
+        pin_memory=spec.pin_memory,
+        persistent_workers=False,
+        worker_init_fn=_one_thread,
+    )
     yield from loader
 
 
 def _one_thread(_worker_id: int) -> None:
-    torch.set_num_threads(1)     # workers are the parallelism; intra-op threads would oversubscribe the cores
+    torch.set_num_threads(1)  # workers are the parallelism; intra-op threads would oversubscribe the cores

@@ -7,6 +7,7 @@ Brightness +-32 (p 0.5); then contrast x[0.5, 1.5] (p 0.5) either before or afte
 and hue +-18 degrees (p 0.5), as the reference. Values are clipped to 0..255 before HSV. An effect that is off is
 an identity (add 0, multiply by 1), so the batched form needs no branch per image.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -94,8 +95,9 @@ def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------------- torch
 def draws_tensor(draws: list[PhotometricDraw]) -> torch.Tensor:
     """[B, 5] float32: brightness, contrast, contrast_first, saturation, hue."""
-    return torch.tensor([[d.brightness, d.contrast, float(d.contrast_first), d.saturation, d.hue] for d in draws],
-                        dtype=torch.float32).reshape(-1, 5)
+    return torch.tensor(
+        [[d.brightness, d.contrast, float(d.contrast_first), d.saturation, d.hue] for d in draws], dtype=torch.float32
+    ).reshape(-1, 5)
 
 
 def apply_torch(images: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
@@ -105,22 +107,22 @@ def apply_torch(images: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
     value - chroma * clamp(min(k, 4 - k), 0, 1) with k = (hue + n) mod 6): rgb_to_hsv / hsv_to_rgb's values within
     float32 rounding (3e-4 of 255 at most), in ~30 element-wise passes over the planes instead of ~100 and no
     6-plane stacks, with the temporaries written in place where they can be."""
-    brightness, contrast, first, saturation, hue = (draws[:, i, None, None] for i in range(5))   # each [B, 1, 1]
+    brightness, contrast, first, saturation, hue = (draws[:, i, None, None] for i in range(5))  # each [B, 1, 1]
     before = torch.where(first > 0, contrast, 1.0)
     after = torch.where(first > 0, 1.0, contrast)
     rgb = images.add(brightness[:, None]).mul_(before[:, None]).clamp_(0, 255)
     r, g, b = rgb.unbind(dim=1)
     value = rgb.amax(dim=1)
     spread = value - rgb.amin(dim=1)
-    red, green = value == r, value == g          # the largest channel (red first, then green, as rgb_to_hsv)
+    red, green = value == r, value == g  # the largest channel (red first, then green, as rgb_to_hsv)
     sector = torch.where(red, g - b, torch.where(green, b - r, r - g))
     sector.div_(torch.where(spread > 0, spread, 1.0))
-    sector += torch.where(red, 0.0, torch.where(green, 2.0, 4.0))     # [-1, 5): the hue / 60 degrees
-    sector += hue / 60.0 + 6.0                   # rotated, kept positive: (4.7, 11.3)
+    sector += torch.where(red, 0.0, torch.where(green, 2.0, 4.0))  # [-1, 5): the hue / 60 degrees
+    sector += hue / 60.0 + 6.0  # rotated, kept positive: (4.7, 11.3)
     chroma = spread.div_(torch.where(value > 0, value, 1.0)).mul_(saturation).clamp_(0, 1).mul_(value)
-    out = rgb                                    # r, g, b are read before their plane is written
+    out = rgb  # r, g, b are read before their plane is written
     for channel, n in ((0, 5.0), (1, 3.0), (2, 1.0)):
         k = torch.remainder(sector + n, 6.0)
         torch.minimum(k, 4.0 - k, out=k).clamp_(0, 1)
-        out[:, channel] = torch.sub(value, k.mul_(chroma), out=k)   # (no out= into a plane: torch.compile)
+        out[:, channel] = torch.sub(value, k.mul_(chroma), out=k)  # (no out= into a plane: torch.compile)
     return out.mul_(after[:, None])

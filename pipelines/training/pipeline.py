@@ -5,6 +5,7 @@ blocks and sends the result to rank + 1; the last stage computes the loss. Backw
 reverse: the last stage backpropagates its loss, every stage sends the gradients of its inputs back. Gradients
 accumulate in the stage's parameters exactly as in the unsplit model run on the same micro-batches.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,7 +21,7 @@ def send_tensors(tensors: tuple[torch.Tensor, ...], dst: int) -> None:
     dist.send(torch.tensor([header_t.numel()], dtype=torch.int64), dst)
     dist.send(header_t, dst)
     for t in tensors:
-        dist.send(t.detach().float().cpu().contiguous(), dst)     # activations travel through gloo
+        dist.send(t.detach().float().cpu().contiguous(), dst)  # activations travel through gloo
 
 
 def recv_tensors(src: int) -> tuple[torch.Tensor, ...]:
@@ -32,7 +33,7 @@ def recv_tensors(src: int) -> tuple[torch.Tensor, ...]:
     count, pos, out = values[0], 1, []
     for _ in range(count):
         ndim = values[pos]
-        shape = values[pos + 1:pos + 1 + ndim]
+        shape = values[pos + 1 : pos + 1 + ndim]
         pos += 1 + ndim
         buffer = torch.empty(shape, dtype=torch.float32)
         dist.recv(buffer, src)
@@ -69,6 +70,5 @@ def gpipe_step(stage, micro_inputs, loss_of, topo) -> list:
             grads = tuple(g.to(device) for g in recv_tensors(topo.next_rank))
             torch.autograd.backward(outputs, grads)
         if not topo.first_stage:
-            send_tensors(tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs),
-                         topo.prev_rank)
+            send_tensors(tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs), topo.prev_rank)
     return results

@@ -17,47 +17,53 @@ Writes under ``out_uri``:
 Bad images never stop the job: each is counted and listed. Crowd annotations are left out (the loss has no crowd
 handling); an object without a segmentation gets its box as its mask.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.errors import UsageError
-from pipelines.io import storage
 from pipelines.datasets import coco_to_dataset, dataset_to_coco, split_train_val
 from pipelines.datasets.coco import parse_coco_json
-from pipelines.datasets.voc import read_voc_files
 from pipelines.datasets.schema import Dataset
+from pipelines.datasets.voc import read_voc_files
+from pipelines.errors import UsageError
+from pipelines.io import storage
 from pipelines.training.shard_rows import image_rows as _rows
 
 REPORT_NAME = "prepare_report.json"
 VAL_ANNOTATIONS_NAME = "val_annotations.json"
 SKIP_REASONS = ("no_annotations", "missing", "corrupt", "size_mismatch")
 ROW_GROUP_BYTES = 1 << 20
-ROW_SCHEMA = T.StructType([
-    T.StructField("image_id", T.LongType(), False),
-    T.StructField("file_name", T.StringType(), False),
-    T.StructField("split", T.StringType(), False),
-    T.StructField("shard", T.IntegerType(), False),
-    T.StructField("width", T.IntegerType(), False),
-    T.StructField("height", T.IntegerType(), False),
-    T.StructField("labels", T.ArrayType(T.IntegerType()), False),
-    T.StructField("boxes", T.ArrayType(T.FloatType()), False),
-    T.StructField("rles", T.ArrayType(T.StringType()), False),
-])
-CHECKED_SCHEMA = T.StructType(ROW_SCHEMA.fields + [
-    T.StructField("image", T.BinaryType(), True),
-    T.StructField("reason", T.StringType(), True),
-    T.StructField("message", T.StringType(), True),
-])
+ROW_SCHEMA = T.StructType(
+    [
+        T.StructField("image_id", T.LongType(), False),
+        T.StructField("file_name", T.StringType(), False),
+        T.StructField("split", T.StringType(), False),
+        T.StructField("shard", T.IntegerType(), False),
+        T.StructField("width", T.IntegerType(), False),
+        T.StructField("height", T.IntegerType(), False),
+        T.StructField("labels", T.ArrayType(T.IntegerType()), False),
+        T.StructField("boxes", T.ArrayType(T.FloatType()), False),
+        T.StructField("rles", T.ArrayType(T.StringType()), False),
+    ]
+)
+CHECKED_SCHEMA = T.StructType(
+    ROW_SCHEMA.fields
+    + [
+        T.StructField("image", T.BinaryType(), True),
+        T.StructField("reason", T.StringType(), True),
+        T.StructField("message", T.StringType(), True),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ class PrepareSpec:
 @dataclass
 class PrepareReport:
     signature: str
-    counts: dict            # {"train": {"ok": n, "no_annotations": n, ...}, "val": {...}}
+    counts: dict  # {"train": {"ok": n, "no_annotations": n, ...}, "val": {...}}
     out_uri: str
     reused: bool = False
 
@@ -95,12 +101,16 @@ def prepare_training_data(spark: SparkSession, spec: PrepareSpec) -> PrepareRepo
     """Validate and shard the data set (or reuse a previous preparation with the same signature)."""
     if spec.num_shards < 1:
         raise UsageError(f"data.num_shards={spec.num_shards} must be >= 1")
-    for uri, key, what in ((spec.annotations_uri, "data.annotations", "COCO instances JSON or folder of VOC XML"),
-                           (spec.images_uri, "data.images", "images folder")):
+    for uri, key, what in (
+        (spec.annotations_uri, "data.annotations", "COCO instances JSON or folder of VOC XML"),
+        (spec.images_uri, "data.images", "images folder"),
+    ):
         if not storage.exists(uri):
-            raise UsageError(f"{uri}: no such {what}: check {key} (a synthetic set to try the job with: python -m "
-                             "pipelines.datasets.synthetic_roads --out DIR --count 200 --seed 1, then data.images="
-                             "DIR/images data.annotations=DIR/annotations.json)")
+            raise UsageError(
+                f"{uri}: no such {what}: check {key} (a synthetic set to try the job with: python -m "
+                "pipelines.datasets.synthetic_roads --out DIR --count 200 --seed 1, then data.images="
+                "DIR/images data.annotations=DIR/annotations.json)"
+            )
     raw, read_dataset = annotations_source(spec)
     signature = _signature(spec, raw)
     report_uri = storage.join_uri(spec.out_uri, REPORT_NAME)
@@ -137,11 +147,14 @@ def annotations_source(spec: PrepareSpec) -> tuple[bytes, Callable[[], Dataset]]
         return raw, lambda: coco_to_dataset(parse_coco_json(raw, spec.annotations_uri), spec.annotations_uri)
     files = sorted(Path(local).rglob("*.xml"))
     if not files:
-        raise UsageError(f"{spec.annotations_uri}: a folder without *.xml files: point data.annotations at a COCO "
-                         "instances JSON or a folder of VOC XML files")
-    contents = [path.read_bytes() for path in files]   # read once: the signature's bytes are what is parsed
-    raw = b"".join(str(path.relative_to(local)).encode() + b"\0" + content + b"\0"
-                   for path, content in zip(files, contents))
+        raise UsageError(
+            f"{spec.annotations_uri}: a folder without *.xml files: point data.annotations at a COCO "
+            "instances JSON or a folder of VOC XML files"
+        )
+    contents = [path.read_bytes() for path in files]  # read once: the signature's bytes are what is parsed
+    raw = b"".join(
+        str(path.relative_to(local)).encode() + b"\0" + content + b"\0" for path, content in zip(files, contents)
+    )
     return raw, lambda: read_voc_files(files, spec.class_names, contents=contents)
 
 
@@ -156,16 +169,21 @@ def _class_index(dataset: Dataset, spec: PrepareSpec) -> dict[int, int]:
     wanted = {name: i for i, name in enumerate(spec.class_names)}
     unknown = [c.name for c in dataset.categories if c.name not in wanted]
     if unknown:
-        raise UsageError(f"{spec.annotations_uri}: categories {unknown} are not model classes {list(spec.class_names)}:"
-                         " list them in model.class_names (the classes to train; the config's by default)")
+        raise UsageError(
+            f"{spec.annotations_uri}: categories {unknown} are not model classes {list(spec.class_names)}:"
+            " list them in model.class_names (the classes to train; the config's by default)"
+        )
     return {c.id: wanted[c.name] for c in dataset.categories}
 
 
 def _check_images(spark: SparkSession, annotated: DataFrame, images_uri: str) -> DataFrame:
     """Join the image bytes and give each row a skip reason (NULL when usable)."""
     root = storage.to_spark_uri(images_uri).rstrip("/")
-    source = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
-              .load(storage.spark_read_path(images_uri).rstrip("/")))
+    source = (
+        spark.read.format("binaryFile")
+        .option("recursiveFileLookup", "true")
+        .load(storage.spark_read_path(images_uri).rstrip("/"))
+    )
     from pipelines.inference.image_sources import empty_files
     from pipelines.io.output_paths import qualify_root
 
@@ -173,8 +191,9 @@ def _check_images(spark: SparkSession, annotated: DataFrame, images_uri: str) ->
     empty = empty_files(spark, source, source.select("path")).select("path", F.unhex(F.lit("")).alias("content"))
     files = source.select("path", "content").unionByName(empty)
     qualified = qualify_root(spark, root).rstrip("/") + "/"
-    files = files.select(F.expr(f"substring(path, {len(qualified) + 1})").alias("file_name"),
-                         F.col("content").alias("image"))
+    files = files.select(
+        F.expr(f"substring(path, {len(qualified) + 1})").alias("file_name"), F.col("content").alias("image")
+    )
     joined = annotated.join(files, "file_name", "left")
     return joined.mapInPandas(_classify_batches, CHECKED_SCHEMA)
 
@@ -220,10 +239,21 @@ def _write(checked: DataFrame, out_uri: str) -> None:
     for split in ("train", "val"):
         part = ok.where(F.col("split") == split).drop("split")
         shards = max(1, part.select("shard").distinct().count())
-        (part.repartition(shards, "shard").sortWithinPartitions("image_id").write.mode("overwrite")
-         .option("parquet.block.size", ROW_GROUP_BYTES).partitionBy("shard").parquet(f"{base}/{split}"))
-    (checked.where("reason IS NOT NULL").select("file_name", "split", "reason", "message")
-     .coalesce(1).write.mode("overwrite").parquet(f"{base}/skipped"))
+        (
+            part.repartition(shards, "shard")
+            .sortWithinPartitions("image_id")
+            .write.mode("overwrite")
+            .option("parquet.block.size", ROW_GROUP_BYTES)
+            .partitionBy("shard")
+            .parquet(f"{base}/{split}")
+        )
+    (
+        checked.where("reason IS NOT NULL")
+        .select("file_name", "split", "reason", "message")
+        .coalesce(1)
+        .write.mode("overwrite")
+        .parquet(f"{base}/skipped")
+    )
 
 
 def read_skipped(spark: SparkSession, out_uri: str) -> pd.DataFrame:

@@ -3,6 +3,7 @@
 In local mode and with a run directory on shared storage this shows live progress; otherwise rank 0's log lines
 (streamed to the driver by TorchDistributor) are the progress.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,13 @@ class DriverProgress:
                 if bar is not None:
                     bar.close()
                 epoch = state["epoch"]
-                bar = tqdm(total=state["steps_per_epoch"], desc=f"epoch {epoch + 1}/{state['epochs']}", unit="step",
-                           dynamic_ncols=True, leave=True)
+                bar = tqdm(
+                    total=state["steps_per_epoch"],
+                    desc=f"epoch {epoch + 1}/{state['epochs']}",
+                    unit="step",
+                    dynamic_ncols=True,
+                    leave=True,
+                )
             bar.n = state["step_in_epoch"]
             bar.set_postfix(loss=f"{state['loss']:.3f}", img_s=f"{state['images_per_second']:.2f}", refresh=False)
             bar.refresh()

@@ -8,6 +8,7 @@ thread counts' in the last bits (a thresholded mask now and then by a pixel), an
 mask stacks. Resizing every channel as a plane of its own ([N*C, 1, H, W]) always runs the generic kernel, whose
 values are those of any other thread count. uint8 inputs go to torch's uint8 kernel, which has no such switch.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,6 +24,6 @@ def resize_bilinear(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     batch, channels = x.shape[:2]
     if batch * channels == 0:
         return x.new_zeros((batch, channels, height, width))
-    planes = x.reshape(batch * channels, 1, *x.shape[2:]).contiguous()   # a copy only of a channels-last input
+    planes = x.reshape(batch * channels, 1, *x.shape[2:]).contiguous()  # a copy only of a channels-last input
     out = F.interpolate(planes, size=(height, width), mode="bilinear", align_corners=False)
     return out.reshape(batch, channels, height, width)

@@ -11,6 +11,7 @@ ends with its torchrun (end_with_parent).
 
 Torch only (no pyspark): the detector trains without Spark too.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -20,9 +21,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -32,14 +33,22 @@ from pipelines.training.devices import backend_for, configure_device, rank_devic
 
 METRICS_NAME = "metrics.jsonl"
 PROGRESS_NAME = "progress.json"
-WARMUP_STEPS_EXCLUDED = 2      # steps left out of the images/s average (first-touch allocations, thread spin-up)
+WARMUP_STEPS_EXCLUDED = 2  # steps left out of the images/s average (first-touch allocations, thread spin-up)
 SHARED_EVAL_KEYS = ("best_ap", "best_epoch", "bad_evals", "stopped_early")
 
 
 def new_run_state() -> dict:
     """The resumable state of a run before its first step."""
-    return {"step": 0, "epoch": 0, "step_in_epoch": 0, "best_ap": -1.0, "best_epoch": -1, "bad_evals": 0,
-            "stopped_early": False, "skipped_steps": 0}
+    return {
+        "step": 0,
+        "epoch": 0,
+        "step_in_epoch": 0,
+        "best_ap": -1.0,
+        "best_epoch": -1,
+        "bad_evals": 0,
+        "stopped_early": False,
+        "skipped_steps": 0,
+    }
 
 
 def learning_rate(cfg, step: int, total_steps: int) -> float:
@@ -48,7 +57,7 @@ def learning_rate(cfg, step: int, total_steps: int) -> float:
     if step < t.warmup_steps:
         return t.warmup_init_lr + (t.lr - t.warmup_init_lr) * step / max(t.warmup_steps, 1)
     passed = sum(1 for m in t.lr_milestones if step >= float(m) * total_steps)
-    return t.lr * t.lr_gamma ** passed
+    return t.lr * t.lr_gamma**passed
 
 
 def make_optimizer(cfg, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -77,7 +86,7 @@ def rank_process(threads: int, use_gpu) -> Iterator[torch.device]:
             dist.destroy_process_group()
 
 
-PR_SET_PDEATHSIG = 1   # linux/prctl.h
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def end_with_parent() -> None:
@@ -90,12 +99,19 @@ def end_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:   # the parent ended before prctl took effect
+    if os.getppid() != parent:  # the parent ended before prctl took effect
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-SCHEDULE_SETTINGS = (("train", "epochs"), ("train", "max_steps"), ("train", "global_batch"), ("train", "lr"),
-                     ("train", "lr_milestones"), ("train", "warmup_steps"), ("model", "max_size"))
+SCHEDULE_SETTINGS = (
+    ("train", "epochs"),
+    ("train", "max_steps"),
+    ("train", "global_batch"),
+    ("train", "lr"),
+    ("train", "lr_milestones"),
+    ("train", "warmup_steps"),
+    ("model", "max_size"),
+)
 
 
 def schedule_changes(before: dict, now: dict) -> list[str]:
@@ -111,7 +127,7 @@ def schedule_changes(before: dict, now: dict) -> list[str]:
 
 class RankSessionBase:
     LOSS_KEYS: tuple = ()
-    AP_KEY = ""                 # the eval report's AP that decides best.pt and early stopping
+    AP_KEY = ""  # the eval report's AP that decides best.pt and early stopping
 
     cfg: object
     run_dir: Path
@@ -162,12 +178,18 @@ class RankSessionBase:
             print(f"resumed from {path} at step {self.state['step']} (epoch {self.state['epoch']})", flush=True)
             changed = schedule_changes(payload.get("config") or {}, self.cfg.to_dict())
             if changed:
-                print(f"warning: this run goes on with other settings than the checkpoint's ({', '.join(changed)}): "
-                      "the learning rate's milestones are fractions of the whole run, so its schedule changes from "
-                      "here; a new run_dir starts afresh", flush=True)
+                print(
+                    f"warning: this run goes on with other settings than the checkpoint's ({', '.join(changed)}): "
+                    "the learning rate's milestones are fractions of the whole run, so its schedule changes from "
+                    "here; a new run_dir starts afresh",
+                    flush=True,
+                )
             if not self.training():
-                print(f"the run in {self.run_dir} is finished (step {self.state['step']} of {self.total_steps}): "
-                      "nothing to train; give it more train.epochs, or a new run_dir", flush=True)
+                print(
+                    f"the run in {self.run_dir} is finished (step {self.state['step']} of {self.total_steps}): "
+                    "nothing to train; give it more train.epochs, or a new run_dir",
+                    flush=True,
+                )
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def payload(self) -> dict | None:
@@ -186,8 +208,14 @@ class RankSessionBase:
         raise NotImplementedError
 
     def eval_record(self, report: dict, started: float) -> dict:
-        report.update({"kind": "eval", "epoch": self.state["epoch"], "step": self.state["step"],
-                       "eval_seconds": round(time.time() - started, 2)})
+        report.update(
+            {
+                "kind": "eval",
+                "epoch": self.state["epoch"],
+                "step": self.state["step"],
+                "eval_seconds": round(time.time() - started, 2),
+            }
+        )
         return report
 
     def evaluate(self, payload: dict | None) -> dict | None:
@@ -197,8 +225,10 @@ class RankSessionBase:
         if report is not None:
             if report[self.AP_KEY] > self.state["best_ap"] + self.cfg.eval.min_delta:
                 self.state.update(best_ap=report[self.AP_KEY], best_epoch=self.state["epoch"], bad_evals=0)
-                ckpt.save_checkpoint(ckpt.checkpoint_dir(self.run_dir) / ckpt.BEST_NAME,
-                                     {**payload, "state": dict(self.state), "eval": report})
+                ckpt.save_checkpoint(
+                    ckpt.checkpoint_dir(self.run_dir) / ckpt.BEST_NAME,
+                    {**payload, "state": dict(self.state), "eval": report},
+                )
             else:
                 self.state["bad_evals"] += 1
             patience = self.cfg.eval.early_stopping_patience
@@ -235,11 +265,15 @@ class RankSessionBase:
 
     def training(self) -> bool:
         """Whether another epoch runs: epochs left, no early stop, steps left."""
-        return self.state["epoch"] < self.cfg.train.epochs and not self.state["stopped_early"] \
+        return (
+            self.state["epoch"] < self.cfg.train.epochs
+            and not self.state["stopped_early"]
             and self.state["step"] < self.total_steps
+        )
 
-    def after_step(self, epoch: int, step_in_epoch: int, steps_per_epoch: int, terms: torch.Tensor,
-                   seconds: float) -> None:
+    def after_step(
+        self, epoch: int, step_in_epoch: int, steps_per_epoch: int, terms: torch.Tensor, seconds: float
+    ) -> None:
         """Count the step, write its metrics and progress (rank 0), checkpoint every checkpoint.every_steps."""
         self.state["step"] += 1
         self.state["step_in_epoch"] = step_in_epoch + 1
@@ -247,16 +281,29 @@ class RankSessionBase:
             self.timed_images += self.cfg.train.global_batch
             self.timed_seconds += seconds
         if self.rank == 0:
-            record = {"kind": "step", "step": self.state["step"], "epoch": epoch,
-                      "lr": (learning_rate(self.cfg, self.state["step"] - 1, self.total_steps)
-                             if self.optimizer.param_groups else 0.0),
-                      "loss": float(terms.sum()), **{k: float(v) for k, v in zip(self.LOSS_KEYS, terms)},
-                      "step_seconds": round(seconds, 4),
-                      "images_per_second": round(self.cfg.train.global_batch / seconds, 3)}
+            record = {
+                "kind": "step",
+                "step": self.state["step"],
+                "epoch": epoch,
+                "lr": (
+                    learning_rate(self.cfg, self.state["step"] - 1, self.total_steps)
+                    if self.optimizer.param_groups
+                    else 0.0
+                ),
+                "loss": float(terms.sum()),
+                **{k: float(v) for k, v in zip(self.LOSS_KEYS, terms)},
+                "step_seconds": round(seconds, 4),
+                "images_per_second": round(self.cfg.train.global_batch / seconds, 3),
+            }
             self._log(record)
-            self._progress(epoch=epoch, epochs=self.cfg.train.epochs, step_in_epoch=step_in_epoch + 1,
-                           steps_per_epoch=steps_per_epoch, loss=record["loss"],
-                           images_per_second=record["images_per_second"])
+            self._progress(
+                epoch=epoch,
+                epochs=self.cfg.train.epochs,
+                step_in_epoch=step_in_epoch + 1,
+                steps_per_epoch=steps_per_epoch,
+                loss=record["loss"],
+                images_per_second=record["images_per_second"],
+            )
         if self.checkpoint_after(self.state["step"]) and self.state["step_in_epoch"] < steps_per_epoch:
             self.checkpoint()
 
@@ -273,15 +320,16 @@ class RankSessionBase:
         if epoch_done:
             self.state.update(epoch=epoch + 1, step_in_epoch=0)
         last = self.state["epoch"] >= self.cfg.train.epochs or self.state["step"] >= self.total_steps
-        every = self.cfg.eval.every_epochs       # 0: never evaluate
+        every = self.cfg.eval.every_epochs  # 0: never evaluate
         evaluate_now = every > 0 and (last or (epoch_done and self.state["epoch"] % every == 0))
         if self.rank == 0:
-            self._log({"kind": "epoch", "epoch": epoch, "step": self.state["step"],
-                       "epoch_seconds": self.epoch_seconds[-1]})
+            self._log(
+                {"kind": "epoch", "epoch": epoch, "step": self.state["step"], "epoch_seconds": self.epoch_seconds[-1]}
+            )
         payload = self.checkpoint()
         if evaluate_now:
             self.evaluate(payload)
-            if payload is not None:     # the best/patience counters belong in the resumable state too
+            if payload is not None:  # the best/patience counters belong in the resumable state too
                 payload["state"] = dict(self.state)
                 ckpt.save_step_checkpoint(self.run_dir, payload, self.cfg.checkpoint.keep_last)
 
@@ -289,10 +337,15 @@ class RankSessionBase:
         """Rank 0: the run summary, head's entries first; None elsewhere."""
         if self.rank != 0:
             return None
-        return {**head, "state": dict(self.state), "total_steps": self.total_steps,
-                "steps_per_epoch": steps_per_epoch, "steps_this_run": self.state["step"] - self.first_step,
-                "images_per_second": round(self.timed_images / self.timed_seconds, 3) if self.timed_seconds else None,
-                "epoch_seconds": self.epoch_seconds}
+        return {
+            **head,
+            "state": dict(self.state),
+            "total_steps": self.total_steps,
+            "steps_per_epoch": steps_per_epoch,
+            "steps_this_run": self.state["step"] - self.first_step,
+            "images_per_second": round(self.timed_images / self.timed_seconds, 3) if self.timed_seconds else None,
+            "epoch_seconds": self.epoch_seconds,
+        }
 
 
 def _step_of(metrics_line: str) -> float:

@@ -4,6 +4,7 @@ order, whatever the file layout), and the rows a rank needs, read row group by r
     index = ShardIndex.open("/data/prepared/train")
     rows = index.read([3, 17, 42])          # {global index: row dict}
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -42,14 +43,19 @@ class ShardIndex:
     filesystem: object = None
 
     @classmethod
-    def open(cls, root: str) -> "ShardIndex":
+    def open(cls, root: str) -> ShardIndex:
         fs, path = _filesystem(root)
-        if hasattr(fs, "get_file_info"):   # pyarrow LocalFileSystem
+        if hasattr(fs, "get_file_info"):  # pyarrow LocalFileSystem
             from pyarrow.fs import FileSelector
 
             infos = fs.get_file_info(FileSelector(path, recursive=True))
-            files = sorted(i.path for i in infos if i.is_file and i.path.endswith(".parquet")
-                           and not any(p.startswith(("_", ".")) for p in i.path[len(path):].split("/") if p))
+            files = sorted(
+                i.path
+                for i in infos
+                if i.is_file
+                and i.path.endswith(".parquet")
+                and not any(p.startswith(("_", ".")) for p in i.path[len(path) :].split("/") if p)
+            )
         else:
             files = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
         if not files:
@@ -66,8 +72,9 @@ class ShardIndex:
                     parts["id"].append(ids)
         merged = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in parts.items()}
         order = np.argsort(merged["id"], kind="stable")
-        return cls(root, files, merged["file"][order], merged["group"][order], merged["row"][order],
-                   merged["id"][order], fs)
+        return cls(
+            root, files, merged["file"][order], merged["group"][order], merged["row"][order], merged["id"][order], fs
+        )
 
     def __len__(self) -> int:
         return int(self.image_ids.shape[0])

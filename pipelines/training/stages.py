@@ -6,20 +6,21 @@ FPN will use, then the latest stage output. Blocks call the model's own submodul
 the model's parameters (same state_dict names); ``head_forward`` mirrors the tail of ``Yolact.forward``
 (the gradient test checks the chain equals the unsplit model).
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.errors import UsageError
 from model_export.models.yolact import Yolact
+from pipelines.errors import UsageError
 
 
 def head_forward(model: Yolact, feats: list[torch.Tensor], input_hw: tuple[int, int]) -> dict[str, torch.Tensor]:
     """feats: the selected backbone outputs (C3, C4, C5) -> Yolact's train-mode output dict."""
     level_sizes = model.feature_map_sizes(input_hw)
-    pyramid = model.fpn(feats, level_sizes[:len(feats)])
+    pyramid = model.fpn(feats, level_sizes[: len(feats)])
     proto = F.relu(model.proto_net(pyramid[0])).permute(0, 2, 3, 1).contiguous()
     head = model.prediction_layers[0]
     per_level = [head(p) for p in pyramid]
@@ -33,23 +34,27 @@ class BackboneBlock(nn.Module):
 
     def __init__(self, model: Yolact, index: int):
         super().__init__()
-        self.model = [model]            # a list: not registered as a submodule (no duplicate parameters)
+        self.model = [model]  # a list: not registered as a submodule (no duplicate parameters)
         self.index = index
         self.layer = model.backbone.layers[index]
         self.prefixes = [f"backbone.layers.{index}."]
         if index == 0:
             self.prefixes += ["backbone.conv1.", "backbone.bn1.", "backbone._preconv."]
             backbone = model.backbone
-            self.stem = nn.ModuleList([backbone._preconv] if hasattr(backbone, "_preconv")
-                                      else [backbone.conv1, backbone.bn1])
+            self.stem = nn.ModuleList(
+                [backbone._preconv] if hasattr(backbone, "_preconv") else [backbone.conv1, backbone.bn1]
+            )
 
     def forward(self, carry: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         model = self.model[0]
         if self.index == 0:
             (x,) = carry
             backbone = model.backbone
-            x = backbone._preconv(x) if hasattr(backbone, "_preconv") else \
-                backbone.maxpool(backbone.relu(backbone.bn1(backbone.conv1(x))))
+            x = (
+                backbone._preconv(x)
+                if hasattr(backbone, "_preconv")
+                else backbone.maxpool(backbone.relu(backbone.bn1(backbone.conv1(x))))
+            )
             return (self.layer(x),)
         kept = carry[:-1] + ((carry[-1],) if self.index - 1 in model.cfg.selected_layers else ())
         return kept + (self.layer(carry[-1]),)
@@ -141,7 +146,9 @@ def make_stages(model: Yolact, input_size: int, stages: int, split: list[int] | 
         split = balanced_split(block_flops(model, input_size), stages)
     split = [int(s) for s in split]
     if len(split) != stages - 1 or split != sorted(set(split)) or split[0] < 1 or split[-1] >= len(blocks):
-        raise UsageError(f"distributed.pipeline_split {split}: give {stages - 1} increasing block indices in "
-                         f"1..{len(blocks) - 1} ({len(blocks)} blocks: backbone stages then the head)")
+        raise UsageError(
+            f"distributed.pipeline_split {split}: give {stages - 1} increasing block indices in "
+            f"1..{len(blocks) - 1} ({len(blocks)} blocks: backbone stages then the head)"
+        )
     bounds = [0] + split + [len(blocks)]
     return [Stage(blocks[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]

@@ -10,6 +10,7 @@
 
 Every rank returns the global loss terms of the step (summed over ranks), the same numbers for every strategy.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -62,8 +63,9 @@ class DataParallelRunner:
             from torch.nn.parallel import DistributedDataParallel
 
             device = next(model.parameters()).device
-            self.module = DistributedDataParallel(model, broadcast_buffers=False,
-                                                  device_ids=[device] if device.type == "cuda" else None)
+            self.module = DistributedDataParallel(
+                model, broadcast_buffers=False, device_ids=[device] if device.type == "cuda" else None
+            )
         else:
             self.module = model
 
@@ -118,8 +120,15 @@ class PipelineRunner:
 
     keeps_grads = False
 
-    def __init__(self, model: nn.Module, topo: Topology, loss: YolactLoss, channels_last: bool, input_size: int,
-                 split: list[int] | None):
+    def __init__(
+        self,
+        model: nn.Module,
+        topo: Topology,
+        loss: YolactLoss,
+        channels_last: bool,
+        input_size: int,
+        split: list[int] | None,
+    ):
         self.model, self.topo, self.loss, self.channels_last = model, topo, loss, channels_last
         self.stage: Stage = make_stages(model, input_size, topo.stages, split)[topo.stage]
 
@@ -148,15 +157,16 @@ class PipelineRunner:
         return [(n, p) for n, p in self.model.named_parameters() if self.stage.owns(n)]
 
     def reduce(self, terms: TermsInFlight) -> torch.Tensor:
-        return terms.read()         # run already summed them over the ranks
+        return terms.read()  # run already summed them over the ranks
 
 
 def _images(mb, channels_last: bool) -> torch.Tensor:
     return mb.images.contiguous(memory_format=torch.channels_last) if channels_last else mb.images
 
 
-def make_runner(model: nn.Module, topo: Topology, loss: YolactLoss, channels_last: bool, input_size: int,
-                split: list[int] | None):
+def make_runner(
+    model: nn.Module, topo: Topology, loss: YolactLoss, channels_last: bool, input_size: int, split: list[int] | None
+):
     if topo.strategy in ("local", "ddp"):
         return DataParallelRunner(model, topo, loss, channels_last)
     return PipelineRunner(model, topo, loss, channels_last, input_size, split)

@@ -3,6 +3,7 @@
 Ranks are laid out replica by replica: rank = dp_rank * stages + stage. local and ddp have one stage; pipeline
 has one replica; hybrid has several replicas of a pipeline (data-parallel groups of pipelines).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ class Topology:
     rank: int
     world: int
     stages: int
-    stage_group: object = None      # ranks holding the same stage (all replicas), for gradient all-reduce
+    stage_group: object = None  # ranks holding the same stage (all replicas), for gradient all-reduce
 
     @property
     def stage(self) -> int:

@@ -1,6 +1,7 @@
 """After a run: speed figures (images/s, epoch time, speedup T1/Tp and efficiency against a `local` baseline),
 loss and AP curves as PNG (matplotlib), everything logged to MLflow (a local file store by default).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,11 @@ def speed_report(summary: dict, baseline: dict | None) -> dict:
     """images/s and mean epoch seconds; with a baseline (a local run's summary): speedup = T1 / Tp (time per image,
     i.e. throughput ratio) and efficiency = speedup / processes."""
     epochs = summary.get("epoch_seconds") or []
-    report = {"images_per_second": summary.get("images_per_second"),
-              "epoch_seconds_mean": round(sum(epochs) / len(epochs), 3) if epochs else None,
-              "processes": summary.get("world", 1)}
+    report = {
+        "images_per_second": summary.get("images_per_second"),
+        "epoch_seconds_mean": round(sum(epochs) / len(epochs), 3) if epochs else None,
+        "processes": summary.get("world", 1),
+    }
     base = None
     if baseline:
         base = baseline.get("speed", {}).get("images_per_second") or baseline.get("images_per_second")
@@ -92,8 +95,14 @@ def _mlflow_uri(uri: str) -> str:
     return uri
 
 
-def log_to_mlflow(tracking: dict, params: dict, metrics: list[dict], summary: dict, artifacts: list[Path],
-                  loss_keys: tuple[str, ...] = YOLACT_LOSS_KEYS) -> str:
+def log_to_mlflow(
+    tracking: dict,
+    params: dict,
+    metrics: list[dict],
+    summary: dict,
+    artifacts: list[Path],
+    loss_keys: tuple[str, ...] = YOLACT_LOSS_KEYS,
+) -> str:
     """One MLflow run: params, step metrics, eval metrics, speed, artifacts. Returns the run id."""
     import mlflow
 
@@ -103,11 +112,14 @@ def log_to_mlflow(tracking: dict, params: dict, metrics: list[dict], summary: di
         mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
         for m in metrics:
             if m.get("kind") == "step":
-                mlflow.log_metrics({f"train_{k}": m[k] for k in ("loss", *loss_keys, "lr", "images_per_second")},
-                                   step=m["step"])
+                mlflow.log_metrics(
+                    {f"train_{k}": m[k] for k in ("loss", *loss_keys, "lr", "images_per_second")}, step=m["step"]
+                )
             elif m.get("kind") == "eval":
-                mlflow.log_metrics({k: v for k, v in m.items() if isinstance(v, (int, float))
-                                    and k not in ("step", "epoch", "kind")}, step=m["step"])
+                mlflow.log_metrics(
+                    {k: v for k, v in m.items() if isinstance(v, (int, float)) and k not in ("step", "epoch", "kind")},
+                    step=m["step"],
+                )
             elif m.get("kind") == "epoch":
                 mlflow.log_metric("epoch_seconds", m["epoch_seconds"], step=m["step"])
         mlflow.log_metrics({k: v for k, v in summary.get("speed", {}).items() if isinstance(v, (int, float))})

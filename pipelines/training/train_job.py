@@ -1,22 +1,29 @@
 """The command line the Spark training jobs share (jobs/train_yolact.py, jobs/train_detector.py): the same flags,
-``--set KEY=VALUE`` overrides, errors mapped to exit codes by class (pipelines.errors), a Spark session for the run, a short JSON summary.
+``--set KEY=VALUE`` overrides, errors mapped to exit codes by class (pipelines.errors), a Spark session for the run, a
+short JSON summary.
 
     args = parse_train_args(__doc__, "conf/train_yolact.yaml", argv, choices=[...])
     return run_train_job(args, load_train_config, run_training, SUMMARY_KEYS)
 """
+
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+
+FLAGS = {
+    "strategy": "distributed.strategy",
+    "num_processes": "distributed.num_processes",
+    "threads": "distributed.threads_per_process",
+    "run_dir": "run_dir",
+    "epochs": "train.epochs",
+}
 
 
-FLAGS = {"strategy": "distributed.strategy", "num_processes": "distributed.num_processes",
-         "threads": "distributed.threads_per_process", "run_dir": "run_dir", "epochs": "train.epochs"}
-
-
-def parse_train_args(description: str, default_config: str, argv: list[str] | None = None,
-                     **strategy_option) -> argparse.Namespace:
+def parse_train_args(
+    description: str, default_config: str, argv: list[str] | None = None, **strategy_option
+) -> argparse.Namespace:
     """The jobs' flags; strategy_option: argparse keywords of --strategy (choices or help)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help=f"YAML (default {default_config})")
@@ -25,8 +32,13 @@ def parse_train_args(description: str, default_config: str, argv: list[str] | No
     parser.add_argument("--threads", type=int, help="torch threads per rank")
     parser.add_argument("--run-dir", help="output / resume directory")
     parser.add_argument("--epochs", type=int)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any config key (YAML value), e.g. --set train.lr=0.002")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key (YAML value), e.g. --set train.lr=0.002",
+    )
     return parser.parse_args(argv)
 
 
@@ -50,8 +62,9 @@ def overrides_from(args: argparse.Namespace) -> dict:
     return overrides
 
 
-def run_train_job(args: argparse.Namespace, load_config: Callable, run_training: Callable,
-                  summary_keys: Sequence[str]) -> int:
+def run_train_job(
+    args: argparse.Namespace, load_config: Callable, run_training: Callable, summary_keys: Sequence[str]
+) -> int:
     """Load the config, run_training(spark, cfg) in a job session, print the summary's summary_keys. Returns the exit
     code: a SparkSegError prints one line and exits with its code; Ctrl-C or SIGTERM stops the run (stop_on_signals)
     and exits 130 or 143 with one line; anything else is a bug (traceback, exit 1)."""
@@ -59,17 +72,18 @@ def run_train_job(args: argparse.Namespace, load_config: Callable, run_training:
 
     try:
         summary = train(args, load_config, run_training)
-    except BaseException as error:   # an expected error, a bug, or after a stop what the stopped run raised
-        return outcome_decided(exit_code_of(error, "the run keeps its checkpoints; run the same command again to "
-                                                   "resume from the newest"))
+    except BaseException as error:  # an expected error, a bug, or after a stop what the stopped run raised
+        return outcome_decided(
+            exit_code_of(error, "the run keeps its checkpoints; run the same command again to resume from the newest")
+        )
     print(json.dumps({k: summary.get(k) for k in summary_keys}, indent=2))
     return outcome_decided(0)
 
 
 def train(args: argparse.Namespace, load_config: Callable, run_training: Callable) -> dict:
     """run_train_job's work: the run's summary."""
-    from pipelines.spark.stop_signals import stop_on_signals
     from pipelines.spark.spark_session import job_session, stop_session
+    from pipelines.spark.stop_signals import stop_on_signals
     from pipelines.training.launcher import session_conf
 
     cfg = load_config(args.config, overrides_from(args))

@@ -10,6 +10,7 @@ Device: one GPU per rank when ``distributed.use_gpu`` says so (``devices``: NCCL
 ones), else the CPU. Micro-batches are built in ``data.loader_workers`` processes (``loader``) and copied to the
 device; the forward pass runs under ``train.precision`` (bf16 autocast or f32), the loss in float32.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 from model_export.models.checkpoint import load_for_finetune
 from model_export.models.yolact import Yolact
+from pipelines.io import storage
 from pipelines.training import checkpoints as ckpt
 from pipelines.training.batches import InputSpec
 from pipelines.training.config import TrainConfig
@@ -36,10 +38,9 @@ from pipelines.training.shards import ShardIndex
 from pipelines.training.strategies import DataParallelRunner, TermsInFlight, make_runner
 from pipelines.training.topology import Topology, all_reduce_sum, make_topology
 from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, num_positives
-from pipelines.io import storage
 
 LOG = logging.getLogger(__name__)
-HIGHEST_STREAM_PRIORITY = -100   # torch maps a priority beyond the device's range to its nearest end: the highest
+HIGHEST_STREAM_PRIORITY = -100  # torch maps a priority beyond the device's range to its nearest end: the highest
 
 
 def build_model(cfg: TrainConfig) -> Yolact:
@@ -83,21 +84,23 @@ class TrainingSession(RankSessionBase):
         self.loss = YolactLoss(cfg.loss, torch.from_numpy(self.model.priors()))
         # the sizes the loss compares masks at: prototypes and the semantic head (P3)
         self.mask_sizes = (tuple(self.model.proto_size()), tuple(self.model.feature_map_sizes()[0]))
-        self.copy_stream = None         # CUDA: the side stream micro-batches are copied on
+        self.copy_stream = None  # CUDA: the side stream micro-batches are copied on
         self.model = self.model.to(self.device)
         if cfg.train.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         set_train_mode(self.model, cfg.model.batch_norm)
-        self.runner = make_runner(self.model, topo, self.loss, cfg.train.channels_last, ycfg.max_size,
-                                  cfg.distributed.pipeline_split)
+        self.runner = make_runner(
+            self.model, topo, self.loss, cfg.train.channels_last, ycfg.max_size, cfg.distributed.pipeline_split
+        )
         if cfg.train.cuda_graphs and self.device.type == "cuda" and topo.strategy == "local":
             self.capture_cuda_graphs()
         self.params = {n: p for n, p in self.model.named_parameters() if self.runner.owns(n) and p.requires_grad}
         self.names = {id(p): n for n, p in self.params.items()}
         self.optimizer = make_optimizer(cfg, list(self.params.values()))
         self.train_index = ShardIndex.open(storage.join_uri(cfg.data.prepared, "train"))
-        self.sampler = GlobalBatchSampler(len(self.train_index), cfg.train.global_batch, cfg.train.micro_batch,
-                                          cfg.train.seed)
+        self.sampler = GlobalBatchSampler(
+            len(self.train_index), cfg.train.global_batch, cfg.train.micro_batch, cfg.train.seed
+        )
         self.sampler.check_data_parallel(topo.dp_size)
         steps = self.sampler.steps_per_epoch * cfg.train.epochs
         self.total_steps = min(steps, cfg.train.max_steps) if cfg.train.max_steps else steps
@@ -130,8 +133,14 @@ class TrainingSession(RankSessionBase):
         mine = ({}, {})
         if self.topo.dp_rank == 0:
             # checkpoints hold CPU tensors whatever the device: they load and export anywhere
-            mine = ({k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()
-                     if self.runner.owns(k)}, _to_cpu(ckpt.optimizer_state_by_name(self.optimizer, self.names)))
+            mine = (
+                {
+                    k: v.detach().to("cpu", copy=True).contiguous()
+                    for k, v in self.model.state_dict().items()
+                    if self.runner.owns(k)
+                },
+                _to_cpu(ckpt.optimizer_state_by_name(self.optimizer, self.names)),
+            )
         parts = [mine]
         if self.topo.distributed:
             parts = [None] * self.topo.world if self.topo.rank == 0 else None
@@ -143,9 +152,15 @@ class TrainingSession(RankSessionBase):
             model_state.update(model_part)
             optimizer_state.update(optimizer_part)
         ordered = {k: model_state[k] for k in self.model.state_dict()}
-        return {"model": ordered, "optimizer": optimizer_state, "state": dict(self.state),
-                "config": self.cfg.to_dict(), "yolact_config": self.model.cfg.name,
-                "max_size": int(self.model.cfg.max_size), "class_names": list(self.model.cfg.class_names)}
+        return {
+            "model": ordered,
+            "optimizer": optimizer_state,
+            "state": dict(self.state),
+            "config": self.cfg.to_dict(),
+            "yolact_config": self.model.cfg.name,
+            "max_size": int(self.model.cfg.max_size),
+            "class_names": list(self.model.cfg.class_names),
+        }
 
     # ------------------------------------------------------------------------------------------------- eval
     def val_report(self, payload: dict) -> dict:
@@ -153,27 +168,50 @@ class TrainingSession(RankSessionBase):
         model = Yolact(self.model.cfg)
         model.load_state_dict(payload["model"])
         ycfg = self.model.cfg
-        post = {"conf_thresh": ycfg.conf_thresh, "nms_thresh": ycfg.nms_thresh, "top_k": ycfg.top_k,
-                "max_num_detections": ycfg.max_num_detections}
-        from pipelines.training.prepare import VAL_ANNOTATIONS_NAME   # prepare imports pyspark: only here
+        post = {
+            "conf_thresh": ycfg.conf_thresh,
+            "nms_thresh": ycfg.nms_thresh,
+            "top_k": ycfg.top_k,
+            "max_num_detections": ycfg.max_num_detections,
+        }
+        from pipelines.training.prepare import VAL_ANNOTATIONS_NAME  # prepare imports pyspark: only here
 
-        spec = EvalSpec(storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME), ycfg.class_names,
-                        tuple(self.cfg.eval.blob_classes), self.cfg.eval.max_images)
+        spec = EvalSpec(
+            storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME),
+            ycfg.class_names,
+            tuple(self.cfg.eval.blob_classes),
+            self.cfg.eval.max_images,
+        )
         started = time.time()
-        report = evaluate(model.to(self.device), ShardIndex.open(storage.join_uri(self.cfg.data.prepared, "val")),
-                          spec, self.input_spec, self.loss, post)
+        report = evaluate(
+            model.to(self.device),
+            ShardIndex.open(storage.join_uri(self.cfg.data.prepared, "val")),
+            spec,
+            self.input_spec,
+            self.loss,
+            post,
+        )
         return self.eval_record(report, started)
 
     # ------------------------------------------------------------------------------------------------- train
     def loader_spec(self, epoch: int) -> LoaderSpec:
         d = self.cfg.data
-        return LoaderSpec(self.input_spec, self.cfg.augment, self.cfg.train.seed, epoch, self.mask_sizes,
-                          d.loader_workers, d.loader_prefetch, pin_memory=self.device.type == "cuda")
+        return LoaderSpec(
+            self.input_spec,
+            self.cfg.augment,
+            self.cfg.train.seed,
+            epoch,
+            self.mask_sizes,
+            d.loader_workers,
+            d.loader_prefetch,
+            pin_memory=self.device.type == "cuda",
+        )
 
     def epoch_micro_batches(self, epoch: int, first: int, last: int) -> list[list[list[int]]]:
         """Per step from first to last (excluded): this rank's micro-batches (global sample indices)."""
-        return [self.sampler.micro_batches(epoch, step, self.topo.dp_rank, self.topo.dp_size)
-                for step in range(first, last)]
+        return [
+            self.sampler.micro_batches(epoch, step, self.topo.dp_rank, self.topo.dp_size) for step in range(first, last)
+        ]
 
     def to_device(self, batches: list) -> list:
         """Micro-batches (on the CPU, pinned on a GPU rank) -> on this rank's device, matched to the priors where
@@ -189,8 +227,12 @@ class TrainingSession(RankSessionBase):
         with torch.cuda.stream(self.copy_stream) if cuda else nullcontext():
             moved = [mb.targets_to(self.device) for mb in batches]
             self.match(moved)
-            moved = [dataclasses.replace(mb, images=mb.images.to(self.device, non_blocking=True))
-                     .finish_images(self.input_spec) for mb in moved]
+            moved = [
+                dataclasses.replace(mb, images=mb.images.to(self.device, non_blocking=True)).finish_images(
+                    self.input_spec
+                )
+                for mb in moved
+            ]
         if cuda:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_stream(self.copy_stream)
@@ -231,8 +273,11 @@ class TrainingSession(RankSessionBase):
         without waiting for the host's check. Data-parallel runners only (the pipeline's terms come reduced on the
         host), and not before the optimizer has state: a fused SGD whose first update is skipped keeps momentum
         buffers it never initialized."""
-        return bool(self.optimizer.defaults.get("fused")) and bool(self.optimizer.state) \
+        return (
+            bool(self.optimizer.defaults.get("fused"))
+            and bool(self.optimizer.state)
             and isinstance(self.runner, DataParallelRunner)
+        )
 
     def finish_step(self, launched: LaunchedStep) -> torch.Tensor:
         """Wait for the step, sum its loss terms over the ranks, step the optimizer unless they are not finite (or
@@ -257,15 +302,14 @@ class TrainingSession(RankSessionBase):
         first = self.state["step"]
         count = len(micro_per_step)
         clock = GeneratorClock()
-        start = clock.now()   # where this step's time begins: step 0 with its micro-batches' fetch
+        start = clock.now()  # where this step's time begins: step 0 with its micro-batches' fetch
         pending = self.to_device([next(stream) for _ in range(micro_per_step[0])]) if count else None
-        unread = None       # the launched step whose terms are read after the next one is launched
+        unread = None  # the launched step whose terms are read after the next one is launched
         for k in range(count):
             if k:
                 previous_start, start = start, clock.now()
             launched = self.launch_step(pending, self.normalizer(pending), first + k)
-            following = (self.to_device([next(stream) for _ in range(micro_per_step[k + 1])])
-                         if k + 1 < count else None)
+            following = self.to_device([next(stream) for _ in range(micro_per_step[k + 1])]) if k + 1 < count else None
             if unread is not None:
                 yield from clock.paused((self.finish_step(unread), start - previous_start))
             unread = launched if launched.stepped_on_device and k + 1 < count and not settle(k) else None
@@ -284,15 +328,26 @@ class TrainingSession(RankSessionBase):
             epoch_started = time.time()
             rows = self.train_index.read([i for step in per_step for mb in step for i in mb])
             stream = micro_batch_stream(rows, [mb for step in per_step for mb in step], self.loader_spec(epoch))
-            steps = self.steps(stream, [len(m) for m in per_step],
-                               settle=lambda k, done=self.state["step"]: self.checkpoint_after(done + k + 1))
+            steps = self.steps(
+                stream,
+                [len(m) for m in per_step],
+                settle=lambda k, done=self.state["step"]: self.checkpoint_after(done + k + 1),
+            )
             for step_in_epoch, (terms, seconds) in zip(range(first, last), steps):
                 self.after_step(epoch, step_in_epoch, steps_per_epoch, terms, seconds)
-            stream.close()                  # stops the loader's workers
+            stream.close()  # stops the loader's workers
             self.after_epoch(epoch, steps_per_epoch, epoch_started)
-        return self.summary({"strategy": self.topo.strategy, "world": self.topo.world, "stages": self.topo.stages,
-                             "threads_per_process": torch.get_num_threads(), "device": str(self.device),
-                             "precision": self.cfg.train.precision}, steps_per_epoch)
+        return self.summary(
+            {
+                "strategy": self.topo.strategy,
+                "world": self.topo.world,
+                "stages": self.topo.stages,
+                "threads_per_process": torch.get_num_threads(),
+                "device": str(self.device),
+                "precision": self.cfg.train.precision,
+            },
+            steps_per_epoch,
+        )
 
 
 class GeneratorClock:
@@ -312,8 +367,10 @@ class GeneratorClock:
 
 
 def _to_cpu(state: dict) -> dict:
-    return {name: {k: v.to("cpu", copy=True) if torch.is_tensor(v) else v for k, v in values.items()}
-            for name, values in state.items()}
+    return {
+        name: {k: v.to("cpu", copy=True) if torch.is_tensor(v) else v for k, v in values.items()}
+        for name, values in state.items()
+    }
 
 
 @dataclass(frozen=True)

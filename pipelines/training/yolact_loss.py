@@ -23,6 +23,7 @@ images at once (padded to the largest kept count); no Python loop per image or o
 ``masks_to_train`` draw, per image with more positives than that, is made on the CPU so that it is the same on
 every device). The loss is computed in float32 whatever autocast the forward pass ran under.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ class PackedTargets:
     small_masks: dict | None = None
 
     @classmethod
-    def pack(cls, targets: list[Targets], mask_sizes: list[tuple[int, int]] | None = None) -> "PackedTargets":
+    def pack(cls, targets: list[Targets], mask_sizes: list[tuple[int, int]] | None = None) -> PackedTargets:
         """mask_sizes None: keep full masks; else downsample each image's masks to each size now (CPU side), or take
         them as they are where targets come with masks at those sizes already."""
         batch, slots = len(targets), max((int(t.labels.shape[0]) for t in targets), default=0)
@@ -93,7 +94,7 @@ class PackedTargets:
         if mask_sizes is None:
             full = first.new_zeros((batch, slots, *first.shape[-2:]))
             for b, t in enumerate(targets):
-                full[b, :t.masks.shape[0]] = t.masks
+                full[b, : t.masks.shape[0]] = t.masks
             packed.full_masks = full
         else:
             packed.small_masks = {}
@@ -101,28 +102,30 @@ class PackedTargets:
                 small = torch.zeros(batch, slots, *size, dtype=torch.uint8, device=device)
                 for b, t in enumerate(targets):
                     bits = t.masks[tuple(size)] if isinstance(t.masks, dict) else downsample_bits(t.masks, size)
-                    small[b, :bits.shape[0]] = bits
+                    small[b, : bits.shape[0]] = bits
                 packed.small_masks[tuple(size)] = small
         return packed
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> "PackedTargets":
+    def to(self, device: torch.device, non_blocking: bool = False) -> PackedTargets:
         def move(t):
             return None if t is None else t.to(device, non_blocking=non_blocking)
 
         small = {k: move(v) for k, v in self.small_masks.items()} if self.small_masks is not None else None
-        return PackedTargets(move(self.boxes), move(self.labels), move(self.valid), list(self.seeds),
-                             move(self.full_masks), small)
+        return PackedTargets(
+            move(self.boxes), move(self.labels), move(self.valid), list(self.seeds), move(self.full_masks), small
+        )
 
-    def pin_memory(self) -> "PackedTargets":
+    def pin_memory(self) -> PackedTargets:
         def pin(t):
             return None if t is None else t.pin_memory()
 
         small = {k: pin(v) for k, v in self.small_masks.items()} if self.small_masks is not None else None
-        return PackedTargets(pin(self.boxes), pin(self.labels), pin(self.valid), list(self.seeds),
-                             pin(self.full_masks), small)
+        return PackedTargets(
+            pin(self.boxes), pin(self.labels), pin(self.valid), list(self.seeds), pin(self.full_masks), small
+        )
 
     def masks_at(self, size: tuple[int, int]) -> torch.Tensor:
         """[B, G, h, w] 0/1: the ground-truth masks downsampled to size (bilinear, > 0.5); uint8 where they were
@@ -146,8 +149,8 @@ class MaskSlots:
     slot_idx: torch.Tensor
     count: int
     scale: torch.Tensor
-    limit: int                  # the masks_to_train it was drawn for
-    positives: int              # every positive of the batch, kept or not (read with the draw's counts)
+    limit: int  # the masks_to_train it was drawn for
+    positives: int  # every positive of the batch, kept or not (read with the draw's counts)
 
 
 @dataclass(frozen=True)
@@ -189,12 +192,18 @@ class YolactLoss:
         the host (counts, the masks_to_train draw) happens here, before the forward pass, so ``sums`` never waits
         for the device."""
         packed = as_packed(targets)
-        matches = match_batch(packed.boxes, packed.labels, packed.valid, self.priors_on(packed.boxes.device),
-                              self.cfg.pos_iou, self.cfg.neg_iou)
+        matches = match_batch(
+            packed.boxes,
+            packed.labels,
+            packed.valid,
+            self.priors_on(packed.boxes.device),
+            self.cfg.pos_iou,
+            self.cfg.neg_iou,
+        )
         matches.slots = self.mask_slots(matches, packed.seeds)
         return matches
 
-    def mask_slots(self, matches: BatchMatch, seeds: list[int]) -> "MaskSlots":
+    def mask_slots(self, matches: BatchMatch, seeds: list[int]) -> MaskSlots:
         # the positives per image: read with the matching (match_batch), else here (the one read on the host)
         counts = matches.counts if matches.counts is not None else matches.positive.sum(dim=1).tolist()
         kept, scale = self.kept_positives(matches.positive, seeds, counts)
@@ -202,8 +211,9 @@ class YolactLoss:
         # sized from the counts, so that finding the kept positives does not wait for the device
         image_idx, prior_idx = torch.nonzero_static(kept, size=sum(kept_counts)).unbind(1)
         slot_idx = (kept.long().cumsum(dim=1) - 1)[image_idx, prior_idx]
-        return MaskSlots(image_idx, prior_idx, slot_idx, max(kept_counts, default=0), scale,
-                         self.cfg.masks_to_train, sum(counts))
+        return MaskSlots(
+            image_idx, prior_idx, slot_idx, max(kept_counts, default=0), scale, self.cfg.masks_to_train, sum(counts)
+        )
 
     def sums(self, outputs: dict[str, torch.Tensor], targets, matches: BatchMatch) -> dict[str, torch.Tensor]:
         """outputs: Yolact train-mode dict (loc [B, N, 4], conf [B, N, C] logits, mask [B, N, k], proto
@@ -213,10 +223,27 @@ class YolactLoss:
         layout = self.layout(matches, packed)
         proto, segm = outputs["proto"], outputs["segm"]
         with torch.autocast("cuda" if proto.is_cuda else "cpu", enabled=False):
-            return loss_sums(outputs["loc"], outputs["conf"], outputs["mask"], proto, segm, matches.conf, matches.loc,
-                             matches.gt_box, matches.gt_index, layout.image_idx, layout.prior_idx, layout.slot_idx,
-                             layout.scale, layout.count, packed.masks_at(proto.shape[1:3]),
-                             packed.masks_at(segm.shape[2:]), packed.labels, packed.valid, self.cfg)
+            return loss_sums(
+                outputs["loc"],
+                outputs["conf"],
+                outputs["mask"],
+                proto,
+                segm,
+                matches.conf,
+                matches.loc,
+                matches.gt_box,
+                matches.gt_index,
+                layout.image_idx,
+                layout.prior_idx,
+                layout.slot_idx,
+                layout.scale,
+                layout.count,
+                packed.masks_at(proto.shape[1:3]),
+                packed.masks_at(segm.shape[2:]),
+                packed.labels,
+                packed.valid,
+                self.cfg,
+            )
 
     def layout(self, matches: BatchMatch, targets) -> MaskSlots:
         """The kept positives' slots: the ones ``match`` made (drawn for this config's masks_to_train), else new."""
@@ -228,8 +255,9 @@ class YolactLoss:
         """conf [B, N, C] logits, conf_t [B, N] -> cross entropy summed over positives and mined negatives."""
         return conf_sum(conf, conf_t, self.cfg.negpos_ratio)
 
-    def kept_positives(self, positive: torch.Tensor, seeds: list[int], counts: list[int] | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    def kept_positives(
+        self, positive: torch.Tensor, seeds: list[int], counts: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """positive [B, N] -> (kept [B, N] bool: at most masks_to_train per image, a seeded draw; scale [B]
         positives / kept). The draw is made on the CPU (the same positives on every device and rank). counts: the
         positives per image, when the caller has read them already."""
@@ -239,7 +267,7 @@ class YolactLoss:
         over = [(b, c) for b, c in enumerate(counts) if c > limit]
         kept = positive
         if over:
-            rank = positive.long().cumsum(dim=1) - 1                                   # [B, N] order among positives
+            rank = positive.long().cumsum(dim=1) - 1  # [B, N] order among positives
             selected = torch.ones(positive.shape[0], max(counts), dtype=torch.bool, device="cpu")
             for b, count in over:
                 generator = torch.Generator(device="cpu").manual_seed(int(seeds[b]))
@@ -257,8 +285,18 @@ class YolactLoss:
         positives."""
         packed = as_packed(targets)
         layout = self.layout(matches, packed)
-        return mask_sum(proto, coeffs, matches.gt_box, matches.gt_index, layout.image_idx, layout.prior_idx,
-                        layout.slot_idx, layout.scale, layout.count, packed.masks_at(proto.shape[1:3]))
+        return mask_sum(
+            proto,
+            coeffs,
+            matches.gt_box,
+            matches.gt_index,
+            layout.image_idx,
+            layout.prior_idx,
+            layout.slot_idx,
+            layout.scale,
+            layout.count,
+            packed.masks_at(proto.shape[1:3]),
+        )
 
     @staticmethod
     def semantic_sum(segm: torch.Tensor, targets) -> torch.Tensor:
@@ -267,11 +305,28 @@ class YolactLoss:
         return semantic_sum(segm, packed.masks_at(segm.shape[2:]), packed.labels, packed.valid)
 
 
-def _loss_sums(loc: torch.Tensor, conf: torch.Tensor, coeffs: torch.Tensor, proto: torch.Tensor, segm: torch.Tensor,
-               conf_t: torch.Tensor, loc_t: torch.Tensor, gt_box: torch.Tensor, gt_index: torch.Tensor,
-               image_idx: torch.Tensor, prior_idx: torch.Tensor, slot_idx: torch.Tensor, scale: torch.Tensor,
-               slots: int, gt_proto: torch.Tensor, gt_segm: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
-               cfg: LossConfig, mask_bce=None) -> dict[str, torch.Tensor]:
+def _loss_sums(
+    loc: torch.Tensor,
+    conf: torch.Tensor,
+    coeffs: torch.Tensor,
+    proto: torch.Tensor,
+    segm: torch.Tensor,
+    conf_t: torch.Tensor,
+    loc_t: torch.Tensor,
+    gt_box: torch.Tensor,
+    gt_index: torch.Tensor,
+    image_idx: torch.Tensor,
+    prior_idx: torch.Tensor,
+    slot_idx: torch.Tensor,
+    scale: torch.Tensor,
+    slots: int,
+    gt_proto: torch.Tensor,
+    gt_segm: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    cfg: LossConfig,
+    mask_bce=None,
+) -> dict[str, torch.Tensor]:
     """``YolactLoss.sums`` from tensors only: the model's outputs (any float dtype; computed in float32), the
     matches (conf_t, loc_t, gt_box, gt_index), the MaskSlots (image_idx, prior_idx, slot_idx, scale, slots), the
     ground-truth masks at proto and segm size, labels and valid [B, G]. mask_bce: the cropped BCE's implementation
@@ -279,10 +334,25 @@ def _loss_sums(loc: torch.Tensor, conf: torch.Tensor, coeffs: torch.Tensor, prot
     loc, conf, coeffs, proto, segm = loc.float(), conf.float(), coeffs.float(), proto.float(), segm.float()
     box_each = F.smooth_l1_loss(loc, loc_t, reduction="none").sum(dim=2)
     box = torch.where(conf_t > 0, box_each, 0.0).sum() * cfg.bbox_alpha
-    mask = mask_sum(proto, coeffs, gt_box, gt_index, image_idx, prior_idx, slot_idx, scale, slots, gt_proto,
-                    mask_bce or _cropped_mask_bce)
-    return {"box": box, "conf": conf_sum(conf, conf_t, cfg.negpos_ratio) * cfg.conf_alpha,
-            "mask": mask * cfg.mask_alpha, "semantic": semantic_sum(segm, gt_segm, labels, valid) * cfg.semantic_alpha}
+    mask = mask_sum(
+        proto,
+        coeffs,
+        gt_box,
+        gt_index,
+        image_idx,
+        prior_idx,
+        slot_idx,
+        scale,
+        slots,
+        gt_proto,
+        mask_bce or _cropped_mask_bce,
+    )
+    return {
+        "box": box,
+        "conf": conf_sum(conf, conf_t, cfg.negpos_ratio) * cfg.conf_alpha,
+        "mask": mask * cfg.mask_alpha,
+        "semantic": semantic_sum(segm, gt_segm, labels, valid) * cfg.semantic_alpha,
+    }
 
 
 def conf_sum(conf: torch.Tensor, conf_t: torch.Tensor, negpos_ratio: int) -> torch.Tensor:
@@ -292,9 +362,19 @@ def conf_sum(conf: torch.Tensor, conf_t: torch.Tensor, negpos_ratio: int) -> tor
     return torch.where(chosen.flatten(), each, 0.0).sum()
 
 
-def mask_sum(proto: torch.Tensor, coeffs: torch.Tensor, gt_box: torch.Tensor, gt_index: torch.Tensor,
-             image_idx: torch.Tensor, prior_idx: torch.Tensor, slot_idx: torch.Tensor, scale: torch.Tensor, slots: int,
-             gt_masks: torch.Tensor, mask_bce=None) -> torch.Tensor:
+def mask_sum(
+    proto: torch.Tensor,
+    coeffs: torch.Tensor,
+    gt_box: torch.Tensor,
+    gt_index: torch.Tensor,
+    image_idx: torch.Tensor,
+    prior_idx: torch.Tensor,
+    slot_idx: torch.Tensor,
+    scale: torch.Tensor,
+    slots: int,
+    gt_masks: torch.Tensor,
+    mask_bce=None,
+) -> torch.Tensor:
     """proto [B, Ph, Pw, k], coeffs [B, N, k], the matches' gt_box [B, N, 4] and gt_index [B, N], the MaskSlots of
     the kept positives (image_idx, prior_idx, slot_idx [P], scale [B], slots K), gt_masks [B, G, Ph, Pw] 0/1 -> the
     sum over the kept positives of the cropped BCE divided by the matched box's area in proto pixels, each image's
@@ -307,16 +387,16 @@ def mask_sum(proto: torch.Tensor, coeffs: torch.Tensor, gt_box: torch.Tensor, gt
     used[image_idx, slot_idx] = True
     chosen = coeffs.new_zeros(batch, slots, mask_dim)
     chosen[image_idx, slot_idx] = coeffs[image_idx, prior_idx]
-    boxes = proto.new_zeros(batch, slots, 4)                                        # unused slots: whole image
-    boxes[..., 2:] = 1.0     # (filled on the device: a tensor from a host list would wait for the step queued)
+    boxes = proto.new_zeros(batch, slots, 4)  # unused slots: whole image
+    boxes[..., 2:] = 1.0  # (filled on the device: a tensor from a host list would wait for the step queued)
     boxes[image_idx, slot_idx] = gt_box[image_idx, prior_idx]
     gt_slot = torch.zeros(batch, slots, dtype=torch.long, device=proto.device)
     gt_slot[image_idx, slot_idx] = gt_index[image_idx, prior_idx]
     with torch.no_grad():
         rows = torch.arange(batch, device=proto.device)[:, None]
-        mask_t = gt_masks[rows, gt_slot].permute(0, 2, 3, 1).float()                # [B, Ph, Pw, K]
+        mask_t = gt_masks[rows, gt_slot].permute(0, 2, 3, 1).float()  # [B, Ph, Pw, K]
     logits = torch.bmm(proto.reshape(batch, mask_h * mask_w, mask_dim), chosen.transpose(1, 2))
-    bce = (mask_bce or cropped_mask_bce)(logits.reshape(batch, mask_h, mask_w, slots), boxes, mask_t)   # [B, K]
+    bce = (mask_bce or cropped_mask_bce)(logits.reshape(batch, mask_h, mask_w, slots), boxes, mask_t)  # [B, K]
     size = center_size(boxes.reshape(-1, 4)).reshape(batch, slots, 4)
     per_mask = bce / (size[..., 2] * mask_w) / (size[..., 3] * mask_h)
     return (torch.where(used, per_mask, 0.0).sum(dim=1) * scale).sum()
@@ -327,7 +407,7 @@ def semantic_sum(segm: torch.Tensor, gt_masks: torch.Tensor, labels: torch.Tenso
     pixels / (h * w), summed over images; the target of class c is the union of that class's masks."""
     batch, classes, h, w = segm.shape
     with torch.no_grad():
-        segment_t = segm.new_zeros(batch, classes + 1, h * w)       # channel C-1 collects the padding
+        segment_t = segm.new_zeros(batch, classes + 1, h * w)  # channel C-1 collects the padding
         if labels.shape[1]:
             small = gt_masks.reshape(batch, -1, h * w).to(segm.dtype)
             channel = torch.where(valid, labels, classes)
@@ -343,11 +423,13 @@ def _cropped_mask_bce(logits: torch.Tensor, boxes: torch.Tensor, mask_t: torch.T
     on a GPU): BCE gets 0 there, and the mask's sum is made NaN by its sum of predictions (times 0, without a
     gradient), so that the step is skipped as not finite."""
     pred = crop_batch(torch.sigmoid(logits), boxes)
-    return (F.binary_cross_entropy(torch.nan_to_num(pred, nan=0.0), mask_t, reduction="none").sum(dim=(1, 2))
-            + pred.detach().sum(dim=(1, 2)) * 0)
+    return (
+        F.binary_cross_entropy(torch.nan_to_num(pred, nan=0.0), mask_t, reduction="none").sum(dim=(1, 2))
+        + pred.detach().sum(dim=(1, 2)) * 0
+    )
 
 
-cropped_mask_bce = FusedOnCuda(_cropped_mask_bce)   # ~10 passes each way over [B, Ph, Pw, K] floats unfused
+cropped_mask_bce = FusedOnCuda(_cropped_mask_bce)  # ~10 passes each way over [B, Ph, Pw, K] floats unfused
 # On a GPU the whole loss is one compiled graph, forward and backward (eager, ~200 small operations that the host
 # launches one by one); where it cannot compile, the eager terms with the fused mask BCE run.
 loss_sums = FusedOnCuda(_loss_sums, fallback=partial(_loss_sums, mask_bce=cropped_mask_bce))
@@ -357,8 +439,8 @@ def hard_negatives(conf: torch.Tensor, conf_t: torch.Tensor, negpos_ratio: int) 
     """[B, N] bool: per image the negpos_ratio * positives background priors with the largest
     ``logsumexp(conf) - conf[:, 0]`` (never positives or neutrals; at most N - 1)."""
     with torch.no_grad():
-        score = torch.logsumexp(conf, dim=2) - conf[:, :, 0]      # [B, N]
-        score = torch.where(conf_t != 0, 0.0, score)              # positives and neutrals are never negatives
+        score = torch.logsumexp(conf, dim=2) - conf[:, :, 0]  # [B, N]
+        score = torch.where(conf_t != 0, 0.0, score)  # positives and neutrals are never negatives
         _, order = score.sort(dim=1, descending=True, stable=True)
         _, rank = order.sort(dim=1, stable=True)
         num_pos = (conf_t > 0).sum(dim=1, keepdim=True)

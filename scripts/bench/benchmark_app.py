@@ -1,4 +1,5 @@
 """OpenVINO's benchmark_app on one IR: the model-only ceiling every bench compares the project's code with."""
+
 from __future__ import annotations
 
 import re
@@ -31,10 +32,13 @@ def run_benchmark_app(xml: Path, precision: str, streams: int, seconds: int) -> 
     count = re.search(r"Count:\s+(\d+)\s*iterations", done.stdout)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     cpu_per_image = cpu / int(count.group(1)) if count else None
-    return {"images_per_s": throughput, "median_ms": float(median.group(1)) if median else None,
-            "cpu_s_per_image": round(cpu_per_image, 5) if cpu_per_image else None,
-            "cpu_ms_per_image": round(1000 * cpu_per_image, 2) if cpu_per_image else None,
-            "command": _shown(command)}
+    return {
+        "images_per_s": throughput,
+        "median_ms": float(median.group(1)) if median else None,
+        "cpu_s_per_image": round(cpu_per_image, 5) if cpu_per_image else None,
+        "cpu_ms_per_image": round(1000 * cpu_per_image, 2) if cpu_per_image else None,
+        "command": _shown(command),
+    }
 
 
 def run_benchmark_app_processes(xml: Path, precision: str, processes: int, seconds: int) -> dict:
@@ -45,20 +49,36 @@ def run_benchmark_app_processes(xml: Path, precision: str, processes: int, secon
     images_per_s: the sum of the processes' throughputs (their runs overlap but for the compile's skew, a second or
     two against `seconds`); per_process: each one's."""
     command = _command(xml, precision, 1, seconds, ("-pin", "NO"))
-    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(processes)]
+    runs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(processes)
+    ]
     rates = []
     for run in runs:
         out, err = run.communicate(timeout=seconds + 300)
         rates.append(_throughput(run.returncode, out, err))
-    return {"images_per_s": round(sum(rates), 2), "per_process": rates,
-            "command": f"{processes} x {_shown(command)}"}
+    return {"images_per_s": round(sum(rates), 2), "per_process": rates, "command": f"{processes} x {_shown(command)}"}
 
 
 def _command(xml: Path, precision: str, streams: int, seconds: int, extra: tuple[str, ...] = ()) -> list[str]:
     """benchmark_app on the CPU: `streams` streams x 1 thread each, `-hint none`, `precision`, for `seconds`."""
-    return [str(benchmark_app_path()), "-m", str(xml), "-d", "CPU", "-hint", "none", "-nstreams", str(streams),
-            "-nthreads", str(streams), *extra, "-infer_precision", precision, "-t", str(seconds)]
+    return [
+        str(benchmark_app_path()),
+        "-m",
+        str(xml),
+        "-d",
+        "CPU",
+        "-hint",
+        "none",
+        "-nstreams",
+        str(streams),
+        "-nthreads",
+        str(streams),
+        *extra,
+        "-infer_precision",
+        precision,
+        "-t",
+        str(seconds),
+    ]
 
 
 def _throughput(returncode: int, out: str, err: str) -> float:

@@ -1,6 +1,7 @@
 """Bench images: deterministic crops of the bundled samples (samples/images), resized to a few camera-like sizes
 and saved as JPEG, so every row of the bench reads the same bytes. Cached: a directory that holds a matching
 `.complete` stamp is reused as it is."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "samples" / "images"
-BENCH_SIZES = ((640, 480), (800, 600), (512, 512), (480, 640))   # (width, height), cycled
+BENCH_SIZES = ((640, 480), (800, 600), (512, 512), (480, 640))  # (width, height), cycled
 LOAD_SIZES = ((160, 120),)
 VERSION = 1
 
@@ -43,8 +44,7 @@ def make_images(out_dir: str | Path, count: int, sizes=BENCH_SIZES, seed: int = 
         width, height = source.size
         crop_w, crop_h = (int(side * rng.uniform(0.5, 1.0)) for side in (width, height))
         left, top = int(rng.integers(0, width - crop_w + 1)), int(rng.integers(0, height - crop_h + 1))
-        image = source.crop((left, top, left + crop_w, top + crop_h)).resize(sizes[index % len(sizes)],
-                                                                              Image.BILINEAR)
+        image = source.crop((left, top, left + crop_w, top + crop_h)).resize(sizes[index % len(sizes)], Image.BILINEAR)
         if rng.random() < 0.5:
             image = image.transpose(Image.FLIP_LEFT_RIGHT)
         image.save(out_dir / f"img_{index:05d}.jpg", quality=quality)
@@ -56,7 +56,7 @@ def image_paths(directory: str | Path) -> list[Path]:
     return sorted(Path(directory).glob("img_*.jpg"))
 
 
-if __name__ == "__main__":   # python scripts/bench/images.py OUT_DIR COUNT
+if __name__ == "__main__":  # python scripts/bench/images.py OUT_DIR COUNT
     import sys
 
     print(make_images(sys.argv[1], int(sys.argv[2])))

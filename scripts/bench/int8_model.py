@@ -5,6 +5,7 @@ FP16 IR, calibration images decoded and preprocessed as the job does; no gate: b
 
 The copy runs anywhere the job runs (the bench on a machine without NNCF takes it with --model DIR).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,11 +20,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 BUNDLED = REPO / "samples" / "models" / "yolact_default"
-CALIBRATION_SEED = 777   # synthetic roads: neither training (seed 1) nor the val split (20261122) uses it
+CALIBRATION_SEED = 777  # synthetic roads: neither training (seed 1) nor the val split (20261122) uses it
 
 
-def make_int8_model(source: Path, out: Path, calibration: list, calibration_note: str,
-                    ignored_patterns: tuple[str, ...] = ()) -> tuple[Path, dict]:
+def make_int8_model(
+    source: Path, out: Path, calibration: list, calibration_note: str, ignored_patterns: tuple[str, ...] = ()
+) -> tuple[Path, dict]:
     """Copy `source` to `out`, add model.int8.xml/.bin quantized on `calibration` ((name, size, rgb) as
     quantize.decode_all gives; `ignored_patterns`: the family's ignored scope, e.g. the detector's) and the manifest
     `--precision int8` writes."""
@@ -36,13 +38,17 @@ def make_int8_model(source: Path, out: Path, calibration: list, calibration_note
     manifest = load_manifest(source)
     tensors = [quantize.preprocess_rgb(rgb, manifest.input) for _, _, rgb in calibration]
     start = time.perf_counter()
-    record = quantize.quantize_ir(out / "model.xml", out / quantize.INT8_FILES["ir_xml"], tensors,
-                                  manifest.input["name"], list(ignored_patterns))
+    record = quantize.quantize_ir(
+        out / "model.xml", out / quantize.INT8_FILES["ir_xml"], tensors, manifest.input["name"], list(ignored_patterns)
+    )
     record["seconds"] = round(time.perf_counter() - start, 1)
-    record["calibration"] = {"count": len(tensors), "sha256": quantize.image_set_sha256(calibration),
-                             "directory": calibration_note}
+    record["calibration"] = {
+        "count": len(tensors),
+        "sha256": quantize.image_set_sha256(calibration),
+        "directory": calibration_note,
+    }
     data = {k: v for k, v in manifest.data.items() if k not in ("format_version", "sha256")}
-    files = {role: rel for role, rel in data["files"].items() if (out / rel).is_file()}   # no ONNX bundled
+    files = {role: rel for role, rel in data["files"].items() if (out / rel).is_file()}  # no ONNX bundled
     files["ir_xml_fp16"], files["ir_bin_fp16"] = files["ir_xml"], files["ir_bin"]
     files["ir_xml"], files["ir_bin"] = quantize.INT8_FILES["ir_xml"], quantize.INT8_FILES["ir_bin"]
     data.update(files=files, weights_precision="int8", quantization=record)
@@ -70,10 +76,11 @@ def main(argv=None) -> int:
     from model_export.detector_export import INT8_IGNORED_SCOPE
     from pipelines.inference.model_manifest import load_manifest
 
-    ignored = INT8_IGNORED_SCOPE if load_manifest(args.source).model == "detector" else ()   # as the export does
+    ignored = INT8_IGNORED_SCOPE if load_manifest(args.source).model == "detector" else ()  # as the export does
     calibration = synthetic_calibration(args.calibration_count)
-    out, record = make_int8_model(Path(args.source), Path(args.out), calibration,
-                                  f"synthetic roads, seed {CALIBRATION_SEED}", ignored)
+    out, record = make_int8_model(
+        Path(args.source), Path(args.out), calibration, f"synthetic roads, seed {CALIBRATION_SEED}", ignored
+    )
     print(f"{out}: {record['fake_quantize_nodes']} FakeQuantize nodes, {record['seconds']} s")
     return 0
 

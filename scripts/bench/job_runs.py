@@ -1,4 +1,5 @@
 """The inference job as a subprocess, timed from the command (bench_startup, bench_executor)."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 PROGRESS = re.compile(r"\[sparkseg\] \d+/\d+ images")
 # The lines (stderr, unbuffered) that end the job's first phases (pipelines.inference.inference_job.run_plan):
 # `listing` when the session is up and the listing starts, `planned` when the to-do is counted
-PHASE_LINES = {"listing": re.compile(r"\[sparkseg\] run \S+: listing "),
-               "planned": re.compile(r"\[sparkseg\] \d+ (images, |files \()")}
+PHASE_LINES = {
+    "listing": re.compile(r"\[sparkseg\] run \S+: listing "),
+    "planned": re.compile(r"\[sparkseg\] \d+ (images, |files \()"),
+}
 
 
 def run_job(args: list[str], timeout_s: float = 900) -> dict:
@@ -47,16 +50,24 @@ def run_job(args: list[str], timeout_s: float = 900) -> dict:
         reader.start()
         code = proc.wait(timeout=timeout_s)
         wall = time.monotonic() - started
-        reader.join(timeout=60)   # the JVM's shutdown is short; a stuck one must not hang the bench
+        reader.join(timeout=60)  # the JVM's shutdown is short; a stuck one must not hang the bench
     if code != 0:
         raise SystemExit(f"error: {' '.join(command)} exited {code}:\n" + "\n".join(lines[-30:]))
     output = Path(args[args.index("--output") + 1])
     summary = json.loads((output / "summary.json").read_text())
     if summary["counts"]["failed"]:
-        raise SystemExit(f"error: {summary['counts']['failed']} bench images failed in {' '.join(command)} (their "
-                         f"errors: {output / 'errors'}): a rate over failed images measures nothing")
-    return {"wall_s": wall, "first_progress_s": marks.get("first_progress_s"),
-            "output_closed_s": marks.get("output_closed_s"), "lines": len(lines), "summary": summary, "marks": phases}
+        raise SystemExit(
+            f"error: {summary['counts']['failed']} bench images failed in {' '.join(command)} (their "
+            f"errors: {output / 'errors'}): a rate over failed images measures nothing"
+        )
+    return {
+        "wall_s": wall,
+        "first_progress_s": marks.get("first_progress_s"),
+        "output_closed_s": marks.get("output_closed_s"),
+        "lines": len(lines),
+        "summary": summary,
+        "marks": phases,
+    }
 
 
 def marginal_throughput(small_dir: Path, large_dir: Path, scratch: Path, job_args: list[str]) -> dict:
@@ -69,15 +80,24 @@ def marginal_throughput(small_dir: Path, large_dir: Path, scratch: Path, job_arg
         shutil.rmtree(output, ignore_errors=True)
         result = run_job(["--input", str(images), "--output", str(output), *job_args])
         counts = result["summary"]["counts"]
-        runs[name] = {"images": len(list(Path(images).glob("*.jpg"))), "wall_s": round(result["wall_s"], 2),
-                      "done": counts["done"], "instances": counts["instances"]}
+        runs[name] = {
+            "images": len(list(Path(images).glob("*.jpg"))),
+            "wall_s": round(result["wall_s"], 2),
+            "done": counts["done"],
+            "instances": counts["instances"],
+        }
         shutil.rmtree(output, ignore_errors=True)
     extra = runs["large"]["images"] - runs["small"]["images"]
     seconds = runs["large"]["wall_s"] - runs["small"]["wall_s"]
-    return {**runs, "jvm_class_archive": jvm_class_archive_built(),
-            "images_per_s": round(extra / seconds, 3) if seconds > 0 else None,
-            "fixed_s": round(runs["small"]["wall_s"] - runs["small"]["images"] * seconds / extra, 2)
-            if seconds > 0 else None, "args": job_args}
+    return {
+        **runs,
+        "jvm_class_archive": jvm_class_archive_built(),
+        "images_per_s": round(extra / seconds, 3) if seconds > 0 else None,
+        "fixed_s": round(runs["small"]["wall_s"] - runs["small"]["images"] * seconds / extra, 2)
+        if seconds > 0
+        else None,
+        "args": job_args,
+    }
 
 
 def jvm_class_archive_built() -> bool:

@@ -2,17 +2,18 @@
 code (full image-size masks, full-size RLE and label map, PNG at zlib's default level, whole-image float32 copy
 before the resize), from tests/reference_postprocess.py, the reference the tests compare the new code against.
 Bench only: the job never uses it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.ops import yolact_postprocess as yp
 from pipelines.inference.detector_inference import DetectorInference
-from pipelines.ops.image_decode import decode_image
 from pipelines.inference.image_inference import ExecutorModel, timed
 from pipelines.inference.yolact_inference import YolactInference
+from pipelines.ops import yolact_postprocess as yp
+from pipelines.ops.image_decode import decode_image
 from tests import reference_postprocess as ref
 
 
@@ -29,11 +30,18 @@ class LegacyYolactInference(_LegacyPreprocess, YolactInference):
     def postprocess_one(self, row: dict, raw: dict, model: ExecutorModel) -> None:
         with timed(row, "postprocess"):
             post = {k: self.postprocess[k] for k in ("conf_thresh", "nms_thresh", "top_k", "max_num_detections")}
-            det = yp.detect(raw["loc"], raw["conf"], raw["mask"], model.arrays["priors"],
-                            nms=self.postprocess.get("nms", "fast"), **post)
+            det = yp.detect(
+                raw["loc"],
+                raw["conf"],
+                raw["mask"],
+                model.arrays["priors"],
+                nms=self.postprocess.get("nms", "fast"),
+                **post,
+            )
             det = det.take(det.scores > np.float32(self.written_score_threshold("conf_thresh")))
-            instances, labels = ref.postprocess_image(det, raw["proto"], row["width"], row["height"],
-                                                      self.class_names, labels=self.masks == "rle_and_png")
+            instances, labels = ref.postprocess_image(
+                det, raw["proto"], row["width"], row["height"], self.class_names, labels=self.masks == "rle_and_png"
+            )
             row["instances"] = instances
         if labels is not None:
             self.write_label_map(row, labels)
@@ -52,7 +60,7 @@ class _InThreadInference:
 
     def model(self) -> ExecutorModel:
         model = super().model()
-        if not hasattr(model.ir, "_in_thread"):   # once per process: LazyModel keeps the model
+        if not hasattr(model.ir, "_in_thread"):  # once per process: LazyModel keeps the model
             model.ir._in_thread = _RequestInThisThread(model.ir)
             model.ir.infer = model.ir._in_thread.infer
         return model

@@ -1,5 +1,6 @@
 """Bench results -> reports/bench.csv (one line per row and precision) and reports/bench.md (side-by-side table,
 the issue 3 per-stage split and memory of the Spark job, the issue 9 load figure)."""
+
 from __future__ import annotations
 
 import csv
@@ -7,8 +8,13 @@ from pathlib import Path
 
 from pipelines.sweeps.report import markdown_table
 
-STAGE_LABELS = {"read": "read", "preprocess": "decode+preprocess", "infer": "infer", "postprocess": "postprocess",
-                "write": "write"}
+STAGE_LABELS = {
+    "read": "read",
+    "preprocess": "decode+preprocess",
+    "infer": "infer",
+    "postprocess": "postprocess",
+    "write": "write",
+}
 
 
 def write_csv(results, path: Path) -> None:
@@ -56,8 +62,9 @@ def main_table(results, precisions: list[str], row_names: dict[str, str]) -> str
                 line[f"{precision} images/s"] = result.status
                 notes.append(f"{precision}: {result.status}: {result.note}")
             line[f"{precision} peak MB"] = _mb(result.memory.get("peak_total_pss_mb"))
-        first = next((by_key[(row, p)] for p in precisions if (row, p) in by_key and by_key[(row, p)].status == "ok"),
-                     None)
+        first = next(
+            (by_key[(row, p)] for p in precisions if (row, p) in by_key and by_key[(row, p)].status == "ok"), None
+        )
         if first is not None:
             notes.insert(0, first.note)
             if first.settings:
@@ -90,12 +97,22 @@ def stage_table(results) -> str:
 
 
 def load_table(point_row: dict, model: str) -> str:
-    columns = {"images": "images_in", "failed": "failed_images", "images/s": "images_per_s", "wall s": "wall_s",
-               "peak RSS driver (Python) MB": "peak_rss_driver_mb", "peak RSS driver JVM MB": "peak_rss_driver_jvm_mb",
-               "peak RSS executor JVM MB": "peak_rss_executor_jvm_mb",
-               "peak RSS Python worker MB": "peak_rss_python_worker_mb", "Python workers": "python_workers",
-               "peak total PSS MB": "peak_total_pss_mb", "tasks": "tasks", "failed tasks": "failed_tasks",
-               "retried tasks": "retried_tasks", "partition skew": "partition_skew"}
+    columns = {
+        "images": "images_in",
+        "failed": "failed_images",
+        "images/s": "images_per_s",
+        "wall s": "wall_s",
+        "peak RSS driver (Python) MB": "peak_rss_driver_mb",
+        "peak RSS driver JVM MB": "peak_rss_driver_jvm_mb",
+        "peak RSS executor JVM MB": "peak_rss_executor_jvm_mb",
+        "peak RSS Python worker MB": "peak_rss_python_worker_mb",
+        "Python workers": "python_workers",
+        "peak total PSS MB": "peak_total_pss_mb",
+        "tasks": "tasks",
+        "failed tasks": "failed_tasks",
+        "retried tasks": "retried_tasks",
+        "partition skew": "partition_skew",
+    }
     line = {label: point_row.get(key) for label, key in columns.items()}
     for label in line:
         if label.endswith("MB"):
@@ -106,17 +123,31 @@ def load_table(point_row: dict, model: str) -> str:
     return text + f"\n\nModel: `{model}`."
 
 
-def write_markdown(path: Path, header: list[str], results, precisions: list[str], row_names: dict[str, str],
-                   load: tuple[dict, str, str] | None) -> None:
-    text = header + ["", "## Throughput, ratio to the ceiling, peak memory", "",
-                     main_table(results, precisions, row_names), "",
-                     "- images/s: images / seconds of the row's timed part (see notes); ratio: to benchmark_app in "
-                     "the same precision.",
-                     "- peak MB: the largest total PSS of the row's whole process tree (Python, JVMs, Python "
-                     "workers) at one sample (every 0.5 s); per-process VmHWM peaks are in bench.csv.",
-                     "", "## Issue 3: where the Spark job's time goes (native engine, local[2])", "",
-                     "Seconds summed over images (two tasks run at once, so the sum exceeds wall time).", "",
-                     stage_table(results)]
+def write_markdown(
+    path: Path,
+    header: list[str],
+    results,
+    precisions: list[str],
+    row_names: dict[str, str],
+    load: tuple[dict, str, str] | None,
+) -> None:
+    text = header + [
+        "",
+        "## Throughput, ratio to the ceiling, peak memory",
+        "",
+        main_table(results, precisions, row_names),
+        "",
+        "- images/s: images / seconds of the row's timed part (see notes); ratio: to benchmark_app in "
+        "the same precision.",
+        "- peak MB: the largest total PSS of the row's whole process tree (Python, JVMs, Python "
+        "workers) at one sample (every 0.5 s); per-process VmHWM peaks are in bench.csv.",
+        "",
+        "## Issue 3: where the Spark job's time goes (native engine, local[2])",
+        "",
+        "Seconds summed over images (two tasks run at once, so the sum exceeds wall time).",
+        "",
+        stage_table(results),
+    ]
     if load is not None:
         point_row, model, shape = load
         text += ["", f"## Issue 9: load ({shape})", "", load_table(point_row, model)]

@@ -1,5 +1,6 @@
 """One-process bench rows: the job's per-image code (read, decode + preprocess, infer, YOLACT postprocess with RLE
-masks; pipelines.inference.yolact_inference) without Spark, with the inference done by PyTorch eager (the paper's "YOLACT
+masks; pipelines.inference.yolact_inference) without Spark, with the inference done by PyTorch eager (the paper's
+"YOLACT
 Original": the model module run one image at a time), ONNX Runtime, or OpenVINO (pipelines/inference/single_process.py).
 
     python scripts/bench/single_process.py --engine torch|onnxruntime|openvino --precision f32|bf16 \
@@ -8,6 +9,7 @@ Original": the model module run one image at a time), ONNX Runtime, or OpenVINO 
 Prints one JSON line: images, seconds (the image loop after loading and one warm-up image), images_per_s,
 load_s, stage_seconds (summed over images), settings.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,11 +28,10 @@ from pipelines.inference.image_inference import ExecutorModel  # noqa: E402
 from pipelines.inference.model_manifest import load_manifest  # noqa: E402
 from pipelines.inference.openvino_runtime import RuntimeSettings  # noqa: E402
 from pipelines.inference.single_process import infer_files, local_file_records  # noqa: E402
-from pipelines.io.storage import Location  # noqa: E402
 from pipelines.inference.yolact_inference import YolactInference  # noqa: E402
+from pipelines.io.storage import Location  # noqa: E402
 
-
-NO_OUTPUT = "/nonexistent-sparkseg-bench-output"   # masks="rle": nothing is written
+NO_OUTPUT = "/nonexistent-sparkseg-bench-output"  # masks="rle": nothing is written
 
 
 class TorchRunner:
@@ -44,13 +45,24 @@ class TorchRunner:
         torch.set_num_threads(threads)
         weights = manifest.data["weights"]
         if not weights.get("random_init"):
-            raise SystemExit(f"{manifest.root}: the torch row rebuilds the model from its random-init seed; this "
-                             "export was made from a checkpoint")
+            raise SystemExit(
+                f"{manifest.root}: the torch row rebuilds the model from its random-init seed; this "
+                "export was made from a checkpoint"
+            )
         # the export's own arguments (defaults from its parser), so the rebuilt module equals the exported one
         parser = argparse.ArgumentParser()
         add_arguments(parser)
-        args = parser.parse_args(["--config", manifest.data["config"], "--random-init", "--out", "unused",
-                                  "--seed", str(int(weights["seed"]))])
+        args = parser.parse_args(
+            [
+                "--config",
+                manifest.data["config"],
+                "--random-init",
+                "--out",
+                "unused",
+                "--seed",
+                str(int(weights["seed"])),
+            ]
+        )
         self.model, _ = build_model(args)
         self.torch, self.precision = torch, precision
         self.names = ["loc", "conf", "mask", "proto"]
@@ -73,8 +85,9 @@ class OrtRunner:
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(manifest.path("onnx_simplified")), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            str(manifest.path("onnx_simplified")), options, providers=["CPUExecutionProvider"]
+        )
         self.input_name = self.session.get_inputs()[0].name
         self.names = [out.name for out in self.session.get_outputs()]
 
@@ -113,15 +126,22 @@ def build_runner(engine: str, model_dir: str, precision: str, threads: int, stre
     else:
         raise SystemExit(f"--engine {engine}: choose torch, onnxruntime or openvino")
     task = FixedModelInference(
-        model_dir=str(manifest.root), model_sha256=manifest.model_sha256, class_names=tuple(manifest.class_names),
-        input_spec=manifest.input, postprocess=manifest.postprocess, settings=RuntimeSettings(precision=precision),
-        output=Location(NO_OUTPUT), input_root=input_root, masks="rle",
-        fixed_model=ExecutorModel(manifest, runner, {"priors": np.load(manifest.path("priors"))}))
+        model_dir=str(manifest.root),
+        model_sha256=manifest.model_sha256,
+        class_names=tuple(manifest.class_names),
+        input_spec=manifest.input,
+        postprocess=manifest.postprocess,
+        settings=RuntimeSettings(precision=precision),
+        output=Location(NO_OUTPUT),
+        input_root=input_root,
+        masks="rle",
+        fixed_model=ExecutorModel(manifest, runner, {"priors": np.load(manifest.path("priors"))}),
+    )
 
     def run_fixed(paths: list[Path], batch_size: int) -> list[dict]:
         rows = []
         for first in range(0, len(paths), batch_size):
-            rows.extend(task.process_batch(local_file_records(paths[first:first + batch_size])))
+            rows.extend(task.process_batch(local_file_records(paths[first : first + batch_size])))
         return rows
 
     return run_fixed, {"threads": threads, "precision": precision, "images_per_call": 1}
@@ -142,9 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         raise SystemExit(f"{args.images}: no img_*.jpg bench images")
     started = time.perf_counter()
-    run, settings = build_runner(args.engine, args.model, args.precision, args.threads, args.streams,
-                                 input_root=str(Path(args.images)))
-    run(paths[:1], 1)   # warm-up: compilation, first-call allocations, lazy initialisation
+    run, settings = build_runner(
+        args.engine, args.model, args.precision, args.threads, args.streams, input_root=str(Path(args.images))
+    )
+    run(paths[:1], 1)  # warm-up: compilation, first-call allocations, lazy initialisation
     load_s = time.perf_counter() - started
     started = time.perf_counter()
     rows = run(paths, args.batch_size)
@@ -154,10 +175,20 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in row["timings"].items():
             stages[name.removesuffix("_s")] = stages.get(name.removesuffix("_s"), 0.0) + value
     errors = [row["error_message"] for row in rows if row["status"] != "ok"]
-    print(json.dumps({"images": len(paths), "failed": len(errors), "first_error": errors[0] if errors else None,
-                      "seconds": round(seconds, 3),
-                      "images_per_s": round(len(paths) / seconds, 3), "load_s": round(load_s, 3),
-                      "stage_seconds": {k: round(v, 3) for k, v in stages.items()}, "settings": settings}))
+    print(
+        json.dumps(
+            {
+                "images": len(paths),
+                "failed": len(errors),
+                "first_error": errors[0] if errors else None,
+                "seconds": round(seconds, 3),
+                "images_per_s": round(len(paths) / seconds, 3),
+                "load_s": round(load_s, 3),
+                "stage_seconds": {k: round(v, 3) for k, v in stages.items()},
+                "settings": settings,
+            }
+        )
+    )
     return 0
 
 

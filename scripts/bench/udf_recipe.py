@@ -10,6 +10,7 @@ thread settings; the bench row that shows what those are worth.
 Prints one JSON line: images, seconds (from the first action to the written Parquet; session start excluded),
 images_per_s, partitions.
 """
+
 import argparse
 import json
 import sys
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd   # module level: pandas_udf reads the type hints in this module's globals
+import pandas as pd  # module level: pandas_udf reads the type hints in this module's globals
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -40,12 +41,20 @@ def run(model_dir, images, out, master, precision, batch_size):
     from pipelines.inference.openvino_runtime import openvino_core
 
     # each output's shape without its batch axis, to undo the flattening predict_batch_udf's arrays need
-    shapes = {out.get_any_name(): tuple(out.get_partial_shape().to_shape())[1:]
-              for out in openvino_core().read_model(xml).outputs}
+    shapes = {
+        out.get_any_name(): tuple(out.get_partial_shape().to_shape())[1:]
+        for out in openvino_core().read_model(xml).outputs
+    }
 
-    spark = (SparkSession.builder.master(master).appName("sparkseg-bench-predict-batch-udf")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("sparkseg-bench-predict-batch-udf")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
 
     @F.pandas_udf("struct<width:int, height:int, tensor:array<float>>")
@@ -74,26 +83,42 @@ def run(model_dir, images, out, master, precision, batch_size):
         return predict
 
     outputs_type = T.StructType([T.StructField(name, T.ArrayType(T.FloatType())) for name in names])
-    infer = predict_batch_udf(make_predict_fn, return_type=outputs_type, batch_size=batch_size,
-                              input_tensor_shapes=[[channels, height, width]])
+    infer = predict_batch_udf(
+        make_predict_fn,
+        return_type=outputs_type,
+        batch_size=batch_size,
+        input_tensor_shapes=[[channels, height, width]],
+    )
 
     @F.pandas_udf("string")
     def postprocess(outputs: pd.DataFrame, widths: pd.Series, heights: pd.Series) -> pd.Series:
         from pipelines.inference.image_inference import ExecutorModel
         from pipelines.inference.openvino_runtime import RuntimeSettings
-        from pipelines.io.storage import Location
         from pipelines.inference.yolact_inference import YolactInference
+        from pipelines.io.storage import Location
 
-        task = YolactInference(model_dir=model_dir, model_sha256="", class_names=classes, input_spec=spec,
-                               postprocess=post, settings=RuntimeSettings(), output=Location(""), input_root="",
-                               masks="rle")
+        task = YolactInference(
+            model_dir=model_dir,
+            model_sha256="",
+            class_names=classes,
+            input_spec=spec,
+            postprocess=post,
+            settings=RuntimeSettings(),
+            output=Location(""),
+            input_root="",
+            masks="rle",
+        )
         model = ExecutorModel(None, None, {"priors": np.load(priors_path)})
         results = []
         for index in range(len(outputs)):
-            raw = {name: np.asarray(outputs[name].iloc[index], dtype=np.float32).reshape(shapes[name])
-                   for name in names}
-            row = {"width": int(widths.iloc[index]), "height": int(heights.iloc[index]),
-                   "timings": {"postprocess_s": 0.0}}
+            raw = {
+                name: np.asarray(outputs[name].iloc[index], dtype=np.float32).reshape(shapes[name]) for name in names
+            }
+            row = {
+                "width": int(widths.iloc[index]),
+                "height": int(heights.iloc[index]),
+                "timings": {"postprocess_s": 0.0},
+            }
             task.postprocess_one(row, raw, model)
             results.append(json.dumps(row["instances"]))
         return pd.Series(results)
@@ -108,10 +133,18 @@ def run(model_dir, images, out, master, precision, batch_size):
     seconds = time.perf_counter() - started
     written = spark.read.parquet(out).count()
     spark.stop()
-    return {"images": written, "seconds": round(seconds, 3), "images_per_s": round(written / seconds, 3),
-            "partitions": partitions,
-            "settings": {"master": master, "precision": precision, "batch_size": batch_size,
-                         "openvino": "compile_model defaults + INFERENCE_PRECISION_HINT"}}
+    return {
+        "images": written,
+        "seconds": round(seconds, 3),
+        "images_per_s": round(written / seconds, 3),
+        "partitions": partitions,
+        "settings": {
+            "master": master,
+            "precision": precision,
+            "batch_size": batch_size,
+            "openvino": "compile_model defaults + INFERENCE_PRECISION_HINT",
+        },
+    }
 
 
 def main(argv=None):
@@ -123,8 +156,11 @@ def main(argv=None):
     parser.add_argument("--precision", default="f32", choices=["f32", "bf16"])
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.model, str(Path(args.images).resolve()), args.out, args.master, args.precision,
-                         args.batch_size)))
+    print(
+        json.dumps(
+            run(args.model, str(Path(args.images).resolve()), args.out, args.master, args.precision, args.batch_size)
+        )
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ The clip: synthetic road scenes rendered at 1920x1080 and panned, encoded by lib
 segments of SEGMENT_FRAMES frames, so a short clip still spreads over both tasks) with the bundled default model;
 frames/s counts the job's wall time from the summary (planning, scan, decode, inference, writing).
 """
+
 from __future__ import annotations
 
 import json
@@ -72,28 +73,54 @@ def run_video(work: Path, seconds: float, timeout_s: float = 1800) -> dict:
     config = work / "runs" / "video.yaml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(f"input:\n  video:\n    segment_frames: {SEGMENT_FRAMES}\nrun:\n  progress_interval_s: 0\n")
-    command = [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), "--config", str(config), "--input",
-               str(clip.parent), "--output",
-               str(output), "--model", str(MODEL), "--precision", "f32", "--partitions", "2", "--master",
-               "local[2]", "--force"]
+    command = [
+        sys.executable,
+        str(REPO / "jobs" / "infer_yolact.py"),
+        "--config",
+        str(config),
+        "--input",
+        str(clip.parent),
+        "--output",
+        str(output),
+        "--model",
+        str(MODEL),
+        "--precision",
+        "f32",
+        "--partitions",
+        "2",
+        "--master",
+        "local[2]",
+        "--force",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"video bench job failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")
     summary = json.loads((output / "summary.json").read_text(encoding="utf-8"))
-    return {"clip": f"{seconds:g} s, {WIDTH}x{HEIGHT}, {FPS} frames/s, H.264 with B-frames",
-            "frames": summary["counts"]["frames"], "job_frames_per_s": summary["frames_per_second"],
-            "job_wall_s": summary["wall_seconds"], "decode_frames_per_s": round(decode_rate(clip), 1),
-            "stage_seconds": summary["stage_seconds"]}
+    return {
+        "clip": f"{seconds:g} s, {WIDTH}x{HEIGHT}, {FPS} frames/s, H.264 with B-frames",
+        "frames": summary["counts"]["frames"],
+        "job_frames_per_s": summary["frames_per_second"],
+        "job_wall_s": summary["wall_seconds"],
+        "decode_frames_per_s": round(decode_rate(clip), 1),
+        "stage_seconds": summary["stage_seconds"],
+    }
 
 
 def markdown(row: dict) -> list[str]:
-    return ["", "## Video", "",
-            f"One clip ({row['clip']}) through the job, local[2], 2 partitions, f32, the bundled default model "
-            f"(`samples/models/yolact_default`, 256 px input), segments of {SEGMENT_FRAMES} frames:", "",
-            "| row | frames | frames/s | wall s | PyAV decode-only frames/s (1 process) |", "|---|---|---|---|---|",
-            f"| spark job, video | {row['frames']} | {row['job_frames_per_s']} | {row['job_wall_s']} | "
-            f"{row['decode_frames_per_s']} |", "",
-            f"Stage seconds (summed over tasks): {json.dumps(row['stage_seconds'])}; `read` is decoding."]
+    return [
+        "",
+        "## Video",
+        "",
+        f"One clip ({row['clip']}) through the job, local[2], 2 partitions, f32, the bundled default model "
+        f"(`samples/models/yolact_default`, 256 px input), segments of {SEGMENT_FRAMES} frames:",
+        "",
+        "| row | frames | frames/s | wall s | PyAV decode-only frames/s (1 process) |",
+        "|---|---|---|---|---|",
+        f"| spark job, video | {row['frames']} | {row['job_frames_per_s']} | {row['job_wall_s']} | "
+        f"{row['decode_frames_per_s']} |",
+        "",
+        f"Stage seconds (summed over tasks): {json.dumps(row['stage_seconds'])}; `read` is decoding.",
+    ]
 
 
 if __name__ == "__main__":
@@ -107,8 +134,18 @@ if __name__ == "__main__":
     args = parser.parse_args()
     load = os.getloadavg()[0]
     row = run_video(Path(args.work_dir), args.seconds)
-    text = "\n".join(["# sparkseg bench: video", "", f"{time.strftime('%Y-%m-%d %H:%M')}; {os.cpu_count()} cores; "
-                      f"load average (1 min) {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (a "
-                      "shared machine: a load above the core count slows the row)."] + markdown(row)) + "\n"
+    text = (
+        "\n".join(
+            [
+                "# sparkseg bench: video",
+                "",
+                f"{time.strftime('%Y-%m-%d %H:%M')}; {os.cpu_count()} cores; "
+                f"load average (1 min) {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (a "
+                "shared machine: a load above the core count slows the row).",
+            ]
+            + markdown(row)
+        )
+        + "\n"
+    )
     Path(args.out).write_text(text, encoding="utf-8")
     print(text)

@@ -3,6 +3,7 @@
 tests/conftest.py's `spark` fixture builds a pyspark 4 session without BigDL's jars; BigDL needs its jars on the
 classpath when the JVM starts, so these tests use `bigdl_spark` instead (never both in one run: `-m bigdl`).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -42,13 +43,32 @@ def yolact_ir(tmp_path_factory):
     repo = Path(__file__).resolve().parents[2]
     main_python = Path(os.environ.get("SPARKSEG_MAIN_PYTHON", repo / ".venv" / "bin" / "python"))
     if not main_python.exists():
-        pytest.fail(f"the YOLACT export needs the main venv ({main_python} not found): run `make test-main` "
-                    "first, or set SPARKSEG_MAIN_PYTHON to a Python with sparkseg[export]")
+        pytest.fail(
+            f"the YOLACT export needs the main venv ({main_python} not found): run `make test-main` "
+            "first, or set SPARKSEG_MAIN_PYTHON to a Python with sparkseg[export]"
+        )
     out = tmp_path_factory.mktemp("yolact-ir") / "yolact_r18_small"
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONHOME", "PYSPARK_PYTHON")}
-    done = subprocess.run([str(main_python), "-m", "model_export", "yolact", "--config", "yolact_r18_small",
-                           "--random-init", "--parity-count", "1", "--out", str(out)],
-                          cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            str(main_python),
+            "-m",
+            "model_export",
+            "yolact",
+            "--config",
+            "yolact_r18_small",
+            "--random-init",
+            "--parity-count",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode != 0:
         pytest.fail(f"python -m model_export yolact failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return out

@@ -7,6 +7,7 @@ input `image` [1, 3, 64, 64] -> conv 3x3/2 (4 ch) -> relu ->
 The layer names are chosen so that the legacy API's names ("split_heads.1", "to_nhwc", sorted) come in another
 order than the IR's (proto, conf), and one of them has a dot.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,11 +34,25 @@ def build_tiny_ir(out_dir: str | Path, seed: int = 0) -> Path:
     ops = _opset()
     rng = np.random.default_rng(seed)
     image = ops.parameter(list(INPUT_SHAPE), np.float32, name="image")
-    conv_a = ops.convolution(image, ops.constant(rng.normal(0, 0.05, (4, 3, 3, 3)).astype(np.float32)),
-                             [2, 2], [1, 1], [1, 1], [1, 1], name="conv_a")
+    conv_a = ops.convolution(
+        image,
+        ops.constant(rng.normal(0, 0.05, (4, 3, 3, 3)).astype(np.float32)),
+        [2, 2],
+        [1, 1],
+        [1, 1],
+        [1, 1],
+        name="conv_a",
+    )
     relu_a = ops.relu(conv_a, name="relu_a")
-    conv_b = ops.convolution(relu_a, ops.constant(rng.normal(0, 0.5, (2, 4, 1, 1)).astype(np.float32)),
-                             [1, 1], [0, 0], [0, 0], [1, 1], name="conv_b")
+    conv_b = ops.convolution(
+        relu_a,
+        ops.constant(rng.normal(0, 0.5, (2, 4, 1, 1)).astype(np.float32)),
+        [1, 1],
+        [0, 0],
+        [0, 0],
+        [1, 1],
+        name="conv_b",
+    )
     to_nhwc = ops.transpose(conv_b, ops.constant(np.array([0, 2, 3, 1], dtype=np.int64)), name="to_nhwc")
     split = ops.split(relu_a, ops.constant(np.int64(1)), 2, name="split_heads")
     model = ov.Model([to_nhwc.output(0), split.output(1)], [image], "tiny_two_output")

@@ -6,6 +6,7 @@ Python workers inherit PYTHONPATH and the environment from the job process, so t
 unchanged up to the decoder. (Python imports `sitecustomize` at start-up, after the venv's .pth files, so the
 patch is in place before anything imports the decoder by name.)
 """
+
 import os
 
 _NEEDLE = os.environ.get("SPARKSEG_CRASH_ON")

@@ -16,19 +16,24 @@ cache (it compiles from a zip in every process, ~2 s). Otherwise the workers imp
 This directory is put on the workers' PYTHONPATH (spark.executorEnv.PYTHONPATH) only for local masters: it is a
 top-level module, not part of the `pipelines` package.
 """
+
 import importlib.util
 import os
 import sys
 
 # Spark's own zips (pyspark.zip, py4j-<version>-src.zip) go last; any other path entry keeps its place
-sparks = [entry for entry in sys.path if os.path.basename(entry) == "pyspark.zip"
-          or (os.path.basename(entry).startswith("py4j-") and entry.endswith("-src.zip"))]
+sparks = [
+    entry
+    for entry in sys.path
+    if os.path.basename(entry) == "pyspark.zip"
+    or (os.path.basename(entry).startswith("py4j-") and entry.endswith("-src.zip"))
+]
 sys.path[:] = [entry for entry in sys.path if entry not in sparks] + sparks
 
 try:
     import pandas  # noqa: F401  (forked workers inherit the imported modules)
     import pyarrow  # noqa: F401
-except ImportError:   # the task reports it with its own traceback
+except ImportError:  # the task reports it with its own traceback
     pass
 
 
