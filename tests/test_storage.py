@@ -8,17 +8,9 @@ import uuid
 import fsspec
 import pytest
 
-from pipelines.io import storage
-from pipelines.io.storage import (
-    exists,
-    is_local,
-    join_uri,
-    list_files,
-    read_bytes,
-    to_local_path,
-    to_spark_uri,
-    write_bytes_atomic,
-)
+from pipelines.io import storage, uris
+from pipelines.io.storage import exists, list_files, read_bytes, to_spark_uri, write_bytes_atomic
+from pipelines.io.uris import is_local, join_uri, to_local_path
 
 
 @pytest.mark.parametrize(
@@ -244,9 +236,9 @@ def test_remove_tree_removes_a_directory_and_its_hidden_files_and_nothing_beside
 
 
 def test_normalize_extensions():
-    assert storage.normalize_extensions(["JPG", ".Png"]) == (".jpg", ".png")
-    assert storage.normalize_extensions(".jpg") == (".jpg",)
-    assert storage.normalize_extensions(None) is None
+    assert uris.normalize_extensions(["JPG", ".Png"]) == (".jpg", ".png")
+    assert uris.normalize_extensions(".jpg") == (".jpg",)
+    assert uris.normalize_extensions(None) is None
 
 
 def test_one_routing_rule_for_every_store():

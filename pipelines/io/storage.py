@@ -25,7 +25,7 @@ from pipelines.io.uris import (
     has_extension,
     is_azure,
     is_hidden,
-    join_uri,  # noqa: F401
+    join_uri,
     normalize_extensions,
     scheme_of,
     store_of,

@@ -8,7 +8,8 @@ import tempfile
 
 from pyspark.sql import SparkSession
 
-from pipelines.io.storage import Location, is_local, to_local_path
+from pipelines.io.storage import Location
+from pipelines.io.uris import is_local, to_local_path
 from pipelines.results.incremental import current_detections  # the newest row per path (replaced images)
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from model_export.models.factornet_detector import FactorNetDetector, get_detector_config
-from pipelines.io import storage
+from pipelines.io import uris
 from pipelines.training import checkpoints as ckpt
 from pipelines.training.detector_config import DetectorTrainConfig, load_detector_train_config
 from pipelines.training.detector_evaluate import DetectorEvalSpec, evaluate_detector
@@ -114,7 +114,7 @@ class DetectorTrainingSession(RankSessionBase):
         if self.val_index is None:
             return None
         spec = DetectorEvalSpec(
-            storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME),
+            uris.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME),
             tuple(self.model.cfg.class_names),
             tuple(self.cfg.eval.blob_classes),
             self.cfg.eval.max_images,
@@ -176,8 +176,8 @@ def detector_train_worker(config: dict) -> dict | None:
     cfg = DetectorTrainConfig.from_dict(config)
     # distributed.use_gpu: resolved to True / False by the launcher
     with rank_process(cfg.distributed.threads_per_process, cfg.distributed.use_gpu) as device:
-        train = ShardIndex.open(storage.join_uri(cfg.data.prepared, "train"))
-        val = ShardIndex.open(storage.join_uri(cfg.data.prepared, "val"))
+        train = ShardIndex.open(uris.join_uri(cfg.data.prepared, "train"))
+        val = ShardIndex.open(uris.join_uri(cfg.data.prepared, "val"))
         summary = DetectorTrainingSession(cfg, device, train, val).run()
         if dist.is_initialized():
             # TorchDistributor's local mode keeps the return value of whichever rank writes it last: give every

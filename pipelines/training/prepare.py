@@ -36,7 +36,7 @@ from pipelines.datasets.coco import parse_coco_json
 from pipelines.datasets.schema import Dataset
 from pipelines.datasets.voc import read_voc_files
 from pipelines.errors import UsageError
-from pipelines.io import storage
+from pipelines.io import storage, uris
 from pipelines.training.shard_rows import image_rows as _rows
 
 REPORT_NAME = "prepare_report.json"
@@ -113,7 +113,7 @@ def prepare_training_data(spark: SparkSession, spec: PrepareSpec) -> PrepareRepo
             )
     raw, read_dataset = annotations_source(spec)
     signature = _signature(spec, raw)
-    report_uri = storage.join_uri(spec.out_uri, REPORT_NAME)
+    report_uri = uris.join_uri(spec.out_uri, REPORT_NAME)
     if not spec.reprepare and storage.exists(report_uri):
         previous = json.loads(storage.read_bytes(report_uri))
         if previous.get("signature") == signature:
@@ -131,7 +131,7 @@ def prepare_training_data(spark: SparkSession, spec: PrepareSpec) -> PrepareRepo
     finally:
         checked.unpersist()
     val_coco = dataset_to_coco(val.with_images([im for im in val.images if im.id in ok_val]))
-    storage.write_bytes_atomic(storage.join_uri(spec.out_uri, VAL_ANNOTATIONS_NAME), json.dumps(val_coco).encode())
+    storage.write_bytes_atomic(uris.join_uri(spec.out_uri, VAL_ANNOTATIONS_NAME), json.dumps(val_coco).encode())
     report = PrepareReport(signature, counts, spec.out_uri)
     storage.write_bytes_atomic(report_uri, json.dumps({**asdict(report), "spec": asdict(spec)}, indent=2).encode())
     return report
@@ -141,7 +141,7 @@ def annotations_source(spec: PrepareSpec) -> tuple[bytes, Callable[[], Dataset]]
     """(the annotations' bytes, for the preparation's signature; a reader of them as a Dataset): a COCO instances
     JSON (any store), or a local folder of Pascal VOC XML files (labelImg's; boxes, `<filename>` relative to
     data.images; `<name>` one of the model's classes)."""
-    local = storage.to_local_path(spec.annotations_uri) if storage.is_local(spec.annotations_uri) else None
+    local = uris.to_local_path(spec.annotations_uri) if uris.is_local(spec.annotations_uri) else None
     if local is None or not Path(local).is_dir():
         raw = storage.read_bytes(spec.annotations_uri)
         return raw, lambda: coco_to_dataset(parse_coco_json(raw, spec.annotations_uri), spec.annotations_uri)

@@ -14,16 +14,16 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipelines.errors import UsageError
-from pipelines.io import storage
+from pipelines.io import uris
 
 ROW_COLUMNS = ("image_id", "file_name", "width", "height", "image", "labels", "boxes", "rles")
 
 
 def _filesystem(uri: str):
-    if storage.is_local(uri):
+    if uris.is_local(uri):
         from pyarrow import fs
 
-        return fs.LocalFileSystem(), storage.to_local_path(uri)
+        return fs.LocalFileSystem(), uris.to_local_path(uri)
     import fsspec
 
     return fsspec.core.url_to_fs(uri)

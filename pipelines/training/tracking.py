@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from pipelines.io import storage
+from pipelines.io import uris
 
 CURVES_PNG = "loss_curves.png"
 AP_PNG = "val_ap.png"
@@ -89,9 +89,9 @@ def _save_plot(fig, ax, xlabel: str, ylabel: str, path: Path) -> Path:
 
 def _mlflow_uri(uri: str) -> str:
     """Plain paths become file: stores (MLflow 3 needs MLFLOW_ALLOW_FILE_STORE for them: set for this process)."""
-    if storage.scheme_of(uri) in ("", "file"):
+    if uris.scheme_of(uri) in ("", "file"):
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        return Path(storage.to_local_path(uri)).resolve().as_uri()
+        return Path(uris.to_local_path(uri)).resolve().as_uri()
     return uri
 
 

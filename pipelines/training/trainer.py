@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from model_export.models.checkpoint import load_for_finetune
 from model_export.models.yolact import Yolact
-from pipelines.io import storage
+from pipelines.io import uris
 from pipelines.training import checkpoints as ckpt
 from pipelines.training.batches import InputSpec
 from pipelines.training.config import TrainConfig
@@ -97,7 +97,7 @@ class TrainingSession(RankSessionBase):
         self.params = {n: p for n, p in self.model.named_parameters() if self.runner.owns(n) and p.requires_grad}
         self.names = {id(p): n for n, p in self.params.items()}
         self.optimizer = make_optimizer(cfg, list(self.params.values()))
-        self.train_index = ShardIndex.open(storage.join_uri(cfg.data.prepared, "train"))
+        self.train_index = ShardIndex.open(uris.join_uri(cfg.data.prepared, "train"))
         self.sampler = GlobalBatchSampler(
             len(self.train_index), cfg.train.global_batch, cfg.train.micro_batch, cfg.train.seed
         )
@@ -177,7 +177,7 @@ class TrainingSession(RankSessionBase):
         from pipelines.training.prepare import VAL_ANNOTATIONS_NAME  # prepare imports pyspark: only here
 
         spec = EvalSpec(
-            storage.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME),
+            uris.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME),
             ycfg.class_names,
             tuple(self.cfg.eval.blob_classes),
             self.cfg.eval.max_images,
@@ -185,7 +185,7 @@ class TrainingSession(RankSessionBase):
         started = time.time()
         report = evaluate(
             model.to(self.device),
-            ShardIndex.open(storage.join_uri(self.cfg.data.prepared, "val")),
+            ShardIndex.open(uris.join_uri(self.cfg.data.prepared, "val")),
             spec,
             self.input_spec,
             self.loss,
