@@ -199,7 +199,7 @@ def records(paths: list[Path], contents: list[bytes]):
 
 def peak_rss_mib() -> float:
     """This process's peak RSS: its VmHWM (this program's own; ru_maxrss also counts the parent's pages a spawned
-    child had between fork and exec: the bench's parent holds NNCF and torch with --int8, ~880 MiB)."""
+    child had between fork and exec: the bench's parent holds NNCF and torch with --int8)."""
     from pipelines.sweeps.process_memory import high_water_mark_bytes
 
     peak = high_water_mark_bytes(os.getpid())
@@ -364,7 +364,7 @@ def run_executor(
     wall = max(r["ended"] for r in got) - min(r["started"] for r in got)
     # the throughput of P slots kept busy (a job's slots are, while tasks remain): each process's images over its
     # own time, summed. images / wall also counts the bench's own tail, the cores of the processes that ended first
-    # idle until the last ends: up to a batch, 2 s of R50 bf16 at 16 cores (the job row measures a job's tail).
+    # idle until the last ends: up to a batch (the job row measures a job's tail).
     steady = sum(r["images"] / (r["ended"] - r["started"]) for r in got)
     return {
         "images": images,

@@ -19,7 +19,7 @@
 #
 # What is in the fresh env: this package (not editable) and setup.py's CORE deps plus the extras, at the versions of
 # constraints.txt; NOT torch (executors never need it) and NOT pyspark/py4j (the cluster's Spark puts its own
-# pyspark.zip on the workers' PYTHONPATH; a second copy would only add ~450 MB and a version to keep in step).
+# pyspark.zip on the workers' PYTHONPATH; a second copy would only add its size and a version to keep in step).
 # venv-pack keeps bin/python as a link to the base interpreter: every node needs that Python at that path (or at
 # --python-prefix). Idempotent: the archive is rebuilt only when its inputs (sources, setup.py, constraints, options)
 # changed; `<archive>.inputs` records them.
@@ -82,7 +82,7 @@ start=$SECONDS
 BUILD="$REPO/build/env-archive/$(basename "$OUTPUT" .tar.gz)"
 rm -rf "$BUILD"
 mkdir -p "$BUILD" "$(dirname "$OUTPUT")"
-# The build env (~0.9 GB) is only the archive's source: gone when the script ends, however it ends.
+# The build env is only the archive's source: gone when the script ends, however it ends.
 trap 'rm -rf "$BUILD"' EXIT
 source "$REPO/scripts/env_lib.sh"   # quiet_pip, env_pip
 
@@ -113,7 +113,7 @@ for line in requires:
 EOF
 )"
     # shellcheck disable=SC2086  (one requirement per line, no spaces inside)
-    # No bytecode compiled at install (~45% of its time: every module of every package); the smoke test below
+    # No bytecode compiled at install (much of its time: every module of every package); the smoke test below
     # writes it for what executors import.
     env_pip "$PREFIX" --no-compile -c "$REPO/constraints.txt" $(echo "$REQUIREMENTS" | tr '\n' ' ')
     env_pip "$PREFIX" --no-compile --no-deps "$WHEEL"

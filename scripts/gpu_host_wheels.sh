@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python packages scripts/bench_gpu_host.sh needs on a GPU host that has python3 with torch (CUDA), numpy,
 # Pillow, pyarrow, pandas, numba, onnx and onnxruntime but no network and no project env: OpenVINO (pruned to its
-# CPU plugin and its IR, ONNX and PyTorch front ends: 33 MB instead of 59), openvino-telemetry, pycocotools, onnxslim,
+# CPU plugin and its IR, ONNX and PyTorch front ends), openvino-telemetry, pycocotools, onnxslim,
 # zlib-ng, at constraints.txt's versions, for that host's Python.
 #
 #   scripts/gpu_host_wheels.sh .whl            # then copy .whl and this checkout to the host

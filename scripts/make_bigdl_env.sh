@@ -6,7 +6,7 @@
 # legacy `openvino.inference_engine` API (openvino <= 2023.3); the main venv has pyspark 4, numpy 2 and
 # openvino 2026. The BigDL wheels pin pyspark==3.1.3, which does not run on Java 17 / Python 3.11, so they are
 # installed with --no-deps on top of the pins below; `pip check` then reports that pin conflict, on purpose.
-# Not installed: torch (executors never need it), bigdl-math / bigdl-tf (+361 MB, not used by DLlib image
+# Not installed: torch (executors never need it), bigdl-math / bigdl-tf (large, and not used by DLlib image
 # preprocessing nor by the Orca OpenVINO Estimator).
 #
 # Idempotent: a stamp file in ENV_DIR records the pins it was built with; same pins -> nothing to do,
@@ -18,7 +18,7 @@ ENV_DIR="${1:-$REPO/.venv-bigdl}"
 PYTHON="${PYTHON:-python3}"
 STAMP="$ENV_DIR/.sparkseg-bigdl-env"
 
-# The engine's runtime: exact versions seen working together (see ../shared/notes/platform.md).
+# The engine's runtime: exact versions seen working together (docs/engines.md, BigDL).
 RUNTIME_PINS=(
     "pyspark==3.5.8"          # 3.1/3.3: cloudpickle too old for py3.11; 4.x: Scala 2.13 (scala/Serializable)
     "numpy==1.26.4"           # BigDL calls ndarray.tostring (removed in numpy 2)
@@ -58,7 +58,7 @@ else
     "$ENV_DIR/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/sparkseg-repo.pth", "w").write(sys.argv[1] + "\n")' "$REPO"
 fi
 
-# MKL and OpenCV out of BigDL's jar into the env, once: the JVMs load them from there instead of extracting ~50 MB
+# MKL and OpenCV out of BigDL's jar into the env, once: the JVMs load them from there instead of extracting them
 # under /tmp each time they start (pipelines/engines/bigdl_natives.py says why).
 "$ENV_DIR/bin/python" -m pipelines.engines.bigdl_natives
 

@@ -2,10 +2,9 @@
 
 Spark runs one Python worker per concurrent task, each with its own compiled model and OpenVINO threads. Unpinned,
 the kernel moves them between cores (a worker's Python thread wakes on a core where another worker's inference
-runs), and a large model loses what it had in the core's caches: YOLACT-R50 550 in bf16, 16 processes x 1 thread,
-model only, on a 16-core Xeon with AMX: 61 img/s unpinned, 111 img/s with each process on a core of its own
-(benchmark_app's 16 pinned streams: 87-126). Off by default: on a host shared with other work, pinned workers cannot
-move away from a busy core.
+runs), and a large model loses what it had in the core's caches (`make bench-executor` measures both ways;
+docs/performance.md). Off by default: on a host shared with other work, pinned workers cannot move away from a busy
+core.
 
 A worker claims `count` of the cores it may run on (its affinity mask, which a cgroup cpuset or taskset narrows) by
 holding an exclusive, non-blocking lock on one file per core in a host-wide directory, so the workers of every

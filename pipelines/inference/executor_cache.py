@@ -3,7 +3,7 @@ hash and settings, reused by every task the worker runs (Spark reuses Python wor
 
 Bounded: at most `CAPACITY` models per worker, least recently used evicted first (as pyspark's predict_batch_udf
 caches one model per worker). A long-lived worker that sees several models (a notebook trying exports, a sweep over
-precisions) keeps only the last few compiled: a YOLACT-R50 compiled by OpenVINO holds ~0.5 GB.
+precisions) keeps only the last few compiled: a large model compiled by OpenVINO holds a lot of memory.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class LazyModel:
                     _ENTRIES.popitem(last=False)
                 # The model and the modules its load imported (OpenVINO, numba's compiled loops, pandas) live as long
                 # as the worker: out of the cyclic collector's sight, the full collection pyspark runs after every
-                # task (and each automatic one) no longer walks their ~10^5 objects (0.05-0.1 s each time).
+                # task (and each automatic one) no longer walks their many objects each time.
                 # Reference counting still frees them when evicted.
                 gc.freeze()
             return _ENTRIES[self.key]

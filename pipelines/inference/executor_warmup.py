@@ -1,13 +1,13 @@
 """Executors' Python workers started, and the model loaded in them, while the driver plans the first wave.
 
 The first task on each core pays for starting a Python worker (fork and imports), for verifying and compiling
-the model (executor_cache) and for loading the compiled pixel loops (~0.6 s): ~1.8 s per first-round task on 2
-cores for the bundled model, after the driver has planned the wave (index, balancing shuffle, the wave's plan).
+the model (executor_cache) and for loading the compiled pixel loops, after the driver has planned the wave (index,
+balancing shuffle, the wave's plan).
 `ExecutorWarmUp` runs that start-up as a job of its own, one tiny task per core, from a driver thread while the
 main thread plans: the workers go back to Spark's idle pool with the model in their cache, and the inference tasks
 find them there. Earlier still, while the driver lists the input of a run that will infer all it lists (a new
 output, or `run.force`), a job of one task starts the first worker (in local mode the job's daemon too, which loads
-numba's compiled loops once before it forks the workers): a 200-image run on 2 cores 0.36 s less wall.
+numba's compiled loops once before it forks the workers; `make bench-startup` measures the gain).
 
 Best effort: the warm-up has its own job group; a failure is logged at debug level (an inference task that loads
 the model reports any error as its own), and the job is cancelled if it is still running when the run ends.

@@ -86,7 +86,7 @@ class ImageInference:
     masks: str = "rle_and_png"  # one of job_config.MASK_OUTPUTS (families without masks ignore it)
     score_threshold: float | None = None  # instances scoring above it are written; None: the manifest's threshold
     jpeg_draft: bool = False  # decode JPEGs at a reduced DCT scale when the network input is much smaller
-    # (faster; changes the model's input pixels, so off by default: see README)
+    # (faster; changes the model's input pixels, so off by default: see docs/engines.md)
     max_image_pixels: int = 100_000_000
     fetch_bytes: object = None  # callable(path) -> bytes for readers that don't ship `content` (Azure SDK)
     progress: object = None  # a Spark accumulator of images processed, read by the driver's progress line

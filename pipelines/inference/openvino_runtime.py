@@ -147,8 +147,7 @@ class CompiledIR:
         """[count, ...] arrays for the static-shape outputs: the previous call's where nothing but this object holds
         them any more (no result, no view of one: a reference count of 2 is this dict's and the call's), else new
         ones. New arrays of a large model's outputs are new pages each time (glibc maps large blocks afresh and
-        unmaps them when freed), which the copies fault in: YOLACT-R50 550 in bf16, 8 images a call, 7 ms of 112 per
-        image."""
+        unmaps them when freed), which the copies fault in, a visible share of a large model's time per image."""
         last = self._last_outputs
         if not (
             last and len(next(iter(last.values()))) == count and all(sys.getrefcount(last[name]) == 2 for name in last)

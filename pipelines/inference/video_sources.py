@@ -39,7 +39,7 @@ SEGMENT_COLUMNS = [f.name for f in SEGMENT_FIELDS]
 def is_video(path_column, extensions: tuple[str, ...]):
     """Column expression: the path ends with one of the video extensions (case-insensitive). A Java regex with
     Unicode case folding, not lower(): Spark's lower() maps case with ICU, whose first use in a JVM loads ICU's break
-    iterators and dictionaries (1.3-2 s in the cold first job of every run on 2 cores)."""
+    iterators and dictionaries, seconds of the cold first job of every run."""
     if not extensions:
         return F.lit(False)
     quoted = "|".join("\\Q" + ext.replace("\\E", "\\E\\\\E\\Q") + "\\E" for ext in extensions)

@@ -1,8 +1,8 @@
 """A class-data-sharing (CDS) archive of the Spark driver JVM: the classes a job loads, stored once, mapped at start-up.
 
-On a 2-core machine a plain `python jobs/infer_yolact.py` spent ~8 s starting the JVM and ~4 s in its first Spark job,
-most of it loading and verifying ~15,000 classes (Spark, Hadoop, Parquet, Arrow). With the archive those are mapped
-from one file (reports/startup.md: `make bench-startup`).
+Without it a plain `python jobs/infer_yolact.py` spends most of the JVM's start and of its first Spark job loading
+and verifying the classes of Spark, Hadoop, Parquet and Arrow. With the archive those are mapped from one file
+(`make bench-startup` measures the difference: reports/startup.md).
 
     python -m pipelines.spark.jvm_class_archive_build    # what `make demo` and `make test` run once per env
     python -m pipelines.spark.jvm_class_archive_build --path     # the archive of this Python env's pyspark and java

@@ -140,7 +140,7 @@ def exit_code_of(error: BaseException, interrupted: str) -> int:
 
 def outcome_decided(code: int) -> int:
     """code, the command line's exit code, once its outcome is printed (the summary, or the error's line): from here
-    to the process's exit a Ctrl-C or SIGTERM is ignored. Python's own teardown (~0.2 s with Py4J's and Spark's)
+    to the process's exit a Ctrl-C or SIGTERM is ignored. Python's own teardown (with Py4J's and Spark's)
     would restore the default handlers, and a signal then would end a finished run with no line, exit 130 or 143.
     Spark-submit's JVM ignores them too (forward_jvm_signals): it exits with code once this process has. Only where
     stop_on_signals set its handlers."""

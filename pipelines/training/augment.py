@@ -4,7 +4,7 @@ Geometric part: zoom out (expand onto a mean-filled canvas up to ``expand_max_ra
 each side, aspect 0.5-2, keeps the objects whose box centre is inside; 1 in 6 draws keeps the whole image),
 horizontal mirror. Then (``to_network_input``) a bilinear resize to the square network input (aspect ratio not
 kept), the photometric distortion (brightness; contrast before or after saturation/hue in HSV) and
-(x - mean) / std. The reference distorts colours first, at full resolution; here it runs after the resize (5-20x
+(x - mean) / std. The reference distorts colours first, at full resolution; here it runs after the resize (far
 fewer pixels; the colour operations are per pixel, so crop and mirror commute with them, and only the expand fill
 colour and the interpolation order differ). Every random draw comes from the
 ``np.random.Generator`` passed in, so a sample's augmentation depends only on its seed (same on every rank, same
@@ -123,7 +123,7 @@ def to_network_input(
     box is thinner than min_box_px are dropped (their masks go through ``resize_masks``). deferred (a list): the
     colour draws are appended to it instead of applied, and the image is returned resized but neither distorted nor
     normalized, as uint8 (``batches.finish_images`` does both later, batched, on the device): torch's uint8 resize
-    is 3-4x faster than the float one, a quarter of the bytes go between processes and to a GPU, and it differs
+    is faster than the float one, a quarter of the bytes go between processes and to a GPU, and it differs
     from the rounded float resize by at most one level (its fixed-point weights). RGBX pixels go to it as they are
     (it works on 4-byte pixels: no unpacking of 3-byte ones and packing back; each channel is resized on its own,
     so R, G and B are those of an RGB image) and the padding channel is dropped from its output."""

@@ -1,6 +1,6 @@
 """The model's forward and backward replayed as CUDA graphs (``train.cuda_graphs``, one-GPU ``local`` runs).
 
-A YOLACT step launches ~1,400 kernels; with bf16 on an H100/H200 the GPU runs them faster than one host thread
+A YOLACT step launches ~1,400 kernels; with bf16 on a fast GPU the GPU runs them faster than one host thread
 can launch them, so the step waits on the host. ``torch.cuda.make_graphed_callables`` captures the model's
 forward and backward once, for one input shape, and every later step replays each with one launch; the loss,
 matching and optimizer stay eager (their shapes follow the objects of each batch).

@@ -102,7 +102,7 @@ def marginal_throughput(small_dir: Path, large_dir: Path, scratch: Path, job_arg
 
 def jvm_class_archive_built() -> bool:
     """Whether the jobs' driver JVMs map this env's class archive (`make jvm-archive`; every bench target builds it):
-    without it a job's fixed cost on 2 cores is ~2x (reports/startup.md, `JVM defaults`)."""
+    without it a job's fixed cost is higher (`make bench-startup`: reports/startup.md, `JVM defaults`)."""
     from pipelines.spark.jvm_class_archive import built_archive
 
     return built_archive() is not None

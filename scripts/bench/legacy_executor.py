@@ -56,7 +56,7 @@ class _InThreadInference:
     """The current code with each image's inference run by `InferRequest.infer` in the worker's own thread (the CPU
     plugin runs a synchronous request there) instead of OpenVINO's stream thread behind the async queue: the bench's
     "after_thread" row, one busy thread per process where the queue makes two take turns. Bench only: in the job it
-    crashed a long-lived process (the test suite's pytest worker, 3 runs of 3: session 44), cause not found."""
+    crashed a long-lived process (the test suite's pytest worker)."""
 
     def model(self) -> ExecutorModel:
         model = super().model()

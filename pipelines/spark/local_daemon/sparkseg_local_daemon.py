@@ -2,16 +2,16 @@
 
 Spark starts its Python workers with `python -m <spark.python.daemon.module>` and puts $SPARK_HOME/python/lib/
 pyspark.zip first on their path. That zip holds no bytecode, so the daemon compiled pyspark's modules from source
-at every session's first Python task (~1 s of CPU on a 2-core machine). In local mode the workers run the driver's
+at every session's first Python task. In local mode the workers run the driver's
 interpreter, whose pip-installed pyspark is the same release as that zip, with bytecode: this daemon puts the zips
 behind the installed packages, imports what every sparkseg task needs (pandas, pyarrow) once, before it forks the
 workers, then runs Spark's own daemon.
 
-It also loads the compiled pixel loops (pipelines.ops.compiled_loops: numba's start-up and the machine code, ~0.6 s
+It also loads the compiled pixel loops (pipelines.ops.compiled_loops: numba's start-up and the machine code, paid
 per process) once for all workers, but only when the interpreter's own `pipelines` is the driver's (the directory in
 SPARKSEG_LIBRARY_DIR, set by spark_session.local_daemon_settings): the workers then use those files, the same the
 driver runs, and not the copy in the library archive the job ships (spark_session.ship_library), which numba cannot
-cache (it compiles from a zip in every process, ~2 s). Otherwise the workers import `pipelines` from that archive.
+cache (it compiles from a zip in every process). Otherwise the workers import `pipelines` from that archive.
 
 This directory is put on the workers' PYTHONPATH (spark.executorEnv.PYTHONPATH) only for local masters: it is a
 top-level module, not part of the `pipelines` package.
