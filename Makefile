@@ -56,7 +56,7 @@ $(VENV)/.stamp-test: setup.py constraints.txt | $(PY)
 DEMO_DATA := work/demo/roads
 demo: $(VENV)/.stamp-infer jvm-archive $(DEMO_DATA)/annotations.json
 	$(PY) jobs/infer_yolact.py --config conf/demo.yaml
-	$(PY) -m pipelines.results.evaluate --output output/demo --annotations $(DEMO_DATA)/annotations.json \
+	$(PY) -m pipelines.report.evaluate --output output/demo --annotations $(DEMO_DATA)/annotations.json \
 	    --group blobs=pothole,patch,puddle
 
 $(DEMO_DATA)/annotations.json: | $(VENV)/.stamp-infer

@@ -194,7 +194,7 @@ def split_images(args: argparse.Namespace) -> dict:
 def gate_annotations(path: str, gate: list[tuple[Path, bytes, np.ndarray]]) -> dict:
     """The COCO annotations of the gate images (parsed, only those images): every gate image must have an entry
     (by file name), else CalibrationError."""
-    from pipelines.results.evaluate import load_ground_truth, subset_ground_truth
+    from pipelines.report.evaluate import load_ground_truth, subset_ground_truth
 
     try:
         ground_truth = load_ground_truth(path)
@@ -218,7 +218,7 @@ def ap_comparison(out: Path, manifest_data: dict, images: dict, iou_types: tuple
     from pipelines.inference.model_manifest import write_manifest
     from pipelines.inference.openvino_runtime import RuntimeSettings
     from pipelines.inference.single_process import infer_files
-    from pipelines.results.evaluate import ap_report, load_ground_truth, results_from_rows
+    from pipelines.report.evaluate import ap_report, load_ground_truth, results_from_rows
 
     ground_truth = load_ground_truth(images["annotations"])
     image_ids = {Path(image["file_name"]).name: image["id"] for image in ground_truth.dataset["images"]}

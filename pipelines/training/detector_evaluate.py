@@ -1,4 +1,4 @@
-"""The detector's validation in PyTorch: COCO box AP (pycocotools, through `pipelines.results.evaluate`) of
+"""The detector's validation in PyTorch: COCO box AP (pycocotools, through `pipelines.report.evaluate`) of
 torchvision's
 eval-mode detections on the prepared val split, at the original image size.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from pipelines.io import storage
-from pipelines.results.evaluate import ap_report, load_ground_truth, subset_ground_truth
+from pipelines.report.evaluate import ap_report, load_ground_truth, subset_ground_truth
 from pipelines.training.detector_step import make_detector_batch
 from pipelines.training.evaluate import EvalSpec
 

@@ -190,7 +190,7 @@ def detector_train_worker(config: dict) -> dict | None:
 
 def train_from_folder(cfg: DetectorTrainConfig) -> dict:
     """One process, no Spark: every annotated image of data.images / data.annotations trains; no val split
-    (evaluate the export with jobs/infer_detector.py and pipelines.results.evaluate)."""
+    (evaluate the export with jobs/infer_detector.py and pipelines.report.evaluate)."""
     torch.set_num_threads(cfg.distributed.threads_per_process)
     if cfg.distributed.strategy != "local":
         raise SystemExit(
