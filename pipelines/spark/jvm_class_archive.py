@@ -4,8 +4,8 @@ On a 2-core machine a plain `python jobs/infer_yolact.py` spent ~8 s starting th
 most of it loading and verifying ~15,000 classes (Spark, Hadoop, Parquet, Arrow). With the archive those are mapped
 from one file (reports/startup.md: `make bench-startup`).
 
-    python -m pipelines.spark.jvm_class_archive_build    # what `make demo` and `make test` run once per env
-    python -m pipelines.spark.jvm_class_archive_build --path     # the archive of this Python env's pyspark and java
+    python -m pipelines.tools.jvm_class_archive_build    # what `make demo` and `make test` run once per env
+    python -m pipelines.tools.jvm_class_archive_build --path     # the archive of this Python env's pyspark and java
 
 This module only names the archive (spark_session imports it for every session); jvm_class_archive_build builds it.
 
