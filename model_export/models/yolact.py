@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model_export.models.backbones import DarkNetBackbone, ResNetBackbone, stride2_size
-from pipelines.datasets.synthetic_roads import ROAD_DISTRESS_CLASSES
+from pipelines.datasets.classes import ROAD_DISTRESS_CLASSES
 from pipelines.ops.yolact_postprocess import make_priors
 
 COCO_CLASSES = (
