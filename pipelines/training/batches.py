@@ -32,7 +32,7 @@ from pipelines.training.augment import (
     to_network_input,
 )
 from pipelines.training.fused import FusedOnCuda
-from pipelines.training.yolact_loss import PackedTargets, Targets
+from pipelines.training.loss_targets import PackedTargets, Targets
 
 CPU_ROWS = 4  # images per colour pass on a CPU (MicroBatch.finish_images): its temporaries stay in cache
 
