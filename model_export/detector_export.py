@@ -29,6 +29,7 @@ from model_export.models.factornet_detector import (
     get_detector_config,
 )
 from model_export.parity import match_detections, raw_differences, runtime_outputs
+from pipelines.datasets.synthetic_roads import RoadSceneConfig, render_scene
 from pipelines.inference.model_manifest import write_manifest
 from pipelines.ops.image_decode import decode_image
 from pipelines.ops.preprocess import preprocess_rgb
@@ -189,8 +190,6 @@ def input_spec(cfg) -> dict:
 
 def synthetic_road_images(count: int, seed: int, size: tuple[int, int]) -> list[tuple[str, np.ndarray]]:
     """`count` synthetic road-distress images ([H, W, 3] uint8 RGB, size = (height, width)), generated in memory."""
-    from pipelines.datasets.synthetic_roads import RoadSceneConfig, render_scene
-
     config = RoadSceneConfig(width=size[1], height=size[0], min_instances=2, max_instances=5)
     return [
         (f"synthetic_road_{seed}_{i}", render_scene(np.random.default_rng([seed, i]), config).image)
