@@ -60,10 +60,8 @@ class Int8Gate:
     `min_matched`: matched / max(f32 detections, INT8 detections). YOLACT also: median mask IoU of matched pairs;
     the detector: median box IoU of matched pairs."""
 
-    # Measured (detections scoring >= the gate score): the trained bundled YOLACT 1.00; random-init models, whose
-    # biased logits give 100 near-tied detections per image so that INT8 reorders the top-100 cut, 0.72-0.87
-    # (yolact_r18_small at 160-352 px) and 0.89-0.90 (factornet_small with its RPN and RoI heads in float); a broken
-    # quantization matches next to nothing.
+    # Set between what a sound quantization matches (a trained model nearly all; random-init models less, their
+    # biased logits giving near-tied detections whose top-100 cut INT8 reorders) and a broken one (next to nothing).
     min_matched: float = 0.75
     min_median_iou: float = 0.9
     max_ap_drop: float = 1.0  # AP points (0-100) INT8 may lose against f32, with --eval-annotations

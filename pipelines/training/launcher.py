@@ -114,8 +114,8 @@ def rank_environment(cfg):
     paths = [str(REPO_ROOT)] + [p for p in (saved["PYTHONPATH"] or "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))  # ranks import pipelines, model_export
     if cfg.distributed.omp_wait_policy:
-        # OpenMP threads that spin at barriers stall each other when the cores are shared (measured here: 2 threads
-        # 4-6x slower than 1 under load); passive waiting avoids that. Read when the ranks start (inherited env).
+        # OpenMP threads that spin at barriers stall each other when the cores are shared; passive waiting avoids
+        # that. Read when the ranks start (inherited env).
         os.environ["OMP_WAIT_POLICY"] = cfg.distributed.omp_wait_policy.upper()
     try:
         yield
