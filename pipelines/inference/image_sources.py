@@ -301,8 +301,8 @@ def local_files_listing(
     skip: str | None = None,
 ) -> DataFrame:
     """DataFrame[path, size, modification_time] of the files under a local `file:` input (pipelines.io.local_listing,
-    Spark's rows). Up to `driver_max_files` files the driver walks them itself (no Spark job, no Python task: the
-    executors' walk made a 200-image job on 2 cores ~1.3 s slower than Spark's index); beyond that the executors
+    Spark's rows). Up to `driver_max_files` files the driver walks them itself (no Spark job, no Python task: for a
+    small input the executors' walk costs more than it saves); beyond that the executors
     list the input as blobs_listed_by_executors lists a container: one task walks the top level, the directories
     under it are dealt over the cluster and each task walks its own, streaming. The driver never holds more than
     `driver_max_files` names. `skip`: a directory under the input not walked (local_listing.walk_top)."""
@@ -324,8 +324,8 @@ def local_files_listing(
 
 def small_listing_frame(spark: SparkSession, files: list[tuple]) -> DataFrame:
     """A listing the driver holds (path, size, modification time in UTC) as a local relation, through Arrow: a
-    DataFrame of Python rows would be re-pickled by a Python task before its first use (~1 s on a job's 2 cores,
-    where the first Python worker is still starting)."""
+    DataFrame of Python rows would be re-pickled by a Python task before its first use, while the first Python
+    worker is still starting."""
     import pandas as pd
 
     frame = pd.DataFrame(files, columns=LISTING_SCHEMA.fieldNames()).astype(

@@ -123,7 +123,7 @@ def to_network_input(
     box is thinner than min_box_px are dropped (their masks go through ``resize_masks``). deferred (a list): the
     colour draws are appended to it instead of applied, and the image is returned resized but neither distorted nor
     normalized, as uint8 (``batches.finish_images`` does both later, batched, on the device): torch's uint8 resize
-    is 3-4x faster than the float one, a quarter of the bytes go between processes and to a GPU, and it differs
+    is faster than the float one, a quarter of the bytes go between processes and to a GPU, and it differs
     from the rounded float resize by at most one level (its fixed-point weights). RGBX pixels go to it as they are
     (it works on 4-byte pixels: no unpacking of 3-byte ones and packing back; each channel is resized on its own,
     so R, G and B are those of an RGB image) and the padding channel is dropped from its output."""

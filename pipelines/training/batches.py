@@ -88,7 +88,7 @@ class MicroBatch:
     def finish_images(self, spec: InputSpec) -> MicroBatch:
         """Apply the deferred colour distortion and normalization (batched, on the images' device: on a GPU the whole
         micro-batch in one fused kernel (fused.FusedOnCuda), on a CPU CPU_ROWS images at a time, where a whole
-        batch's temporaries would be fresh memory for every operation, 1.5x slower)."""
+        batch's temporaries would be fresh memory for every operation, which is slower)."""
         if self.colour is None:
             return self
         device = self.images.device
@@ -229,9 +229,8 @@ def window_masks(rles: list[str], objects: np.ndarray, height: int, width: int, 
 
 
 def load_kernels() -> None:
-    """Compile, or load from numba's disk cache, window_masks' kernel in this process (~0.5 s the first time, for
-    numba): the DataLoader workers forked from it start with it instead of each loading it on its first image, every
-    epoch."""
+    """Compile, or load from numba's disk cache, window_masks' kernel in this process (slow the first time): the
+    DataLoader workers forked from it start with it instead of each loading it on its first image, every epoch."""
     window_masks(
         [], np.zeros(0, np.int64), 1, 1, Geometry.whole(1, 1, np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
     )

@@ -4,7 +4,7 @@ threads) and a CPU loss does not depend on ``distributed.threads_per_process``.
 
 torch's CPU kernel for float inputs switches to its channels-last kernel when it runs on one thread and the input
 has exactly 3 channels (a tuning for RGB images): images and 3-object mask stacks then differ from the other
-thread counts' in the last bits (a thresholded mask now and then by a pixel), and that kernel is ~2.5x slower on
+thread counts' in the last bits (a thresholded mask now and then by a pixel), and that kernel is slower on
 mask stacks. Resizing every channel as a plane of its own ([N*C, 1, H, W]) always runs the generic kernel, whose
 values are those of any other thread count. uint8 inputs go to torch's uint8 kernel, which has no such switch.
 """
