@@ -22,11 +22,11 @@ SUITE_TMP := $(or $(TMPDIR),/tmp)/sparkseg-tests-$(shell printf %s "$(CURDIR)" |
 SUITE_ENV := TMPDIR="$(SUITE_TMP)" SPARK_LOCAL_DIRS="$(SUITE_TMP)" SPARK_SUBMIT_OPTS="-Djava.io.tmpdir='$(SUITE_TMP)'"
 
 # The Spark driver JVM's class-data-sharing archive, once per env (~1 min;
-# pipelines/spark/jvm_class_archive_build.py): every JVM
+# pipelines/tools/jvm_class_archive_build.py): every JVM
 # a job starts maps it (~2x faster start-up on 2 cores, reports/startup.md).
 .PHONY: jvm-archive
 jvm-archive: $(VENV)/.stamp-infer
-	@$(PY) -m pipelines.spark.jvm_class_archive_build --if-missing --quiet 2> $(VENV)/jvm-archive.log \
+	@$(PY) -m pipelines.tools.jvm_class_archive_build --if-missing --quiet 2> $(VENV)/jvm-archive.log \
 	    || { cat $(VENV)/jvm-archive.log; exit 1; }   # its job's own lines: in the log (shown if it fails)
 
 .PHONY: demo test test-main test-bigdl test-databricks bench sweep bigdl-env databricks-env azurite browser clean-venv \
@@ -56,7 +56,7 @@ $(VENV)/.stamp-test: setup.py constraints.txt | $(PY)
 DEMO_DATA := work/demo/roads
 demo: $(VENV)/.stamp-infer jvm-archive $(DEMO_DATA)/annotations.json
 	$(PY) jobs/infer_yolact.py --config conf/demo.yaml
-	$(PY) -m pipelines.results.evaluate --output output/demo --annotations $(DEMO_DATA)/annotations.json \
+	$(PY) -m pipelines.report.evaluate --output output/demo --annotations $(DEMO_DATA)/annotations.json \
 	    --group blobs=pothole,patch,puddle
 
 $(DEMO_DATA)/annotations.json: | $(VENV)/.stamp-infer

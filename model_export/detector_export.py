@@ -29,6 +29,7 @@ from model_export.models.factornet_detector import (
     get_detector_config,
 )
 from model_export.parity import match_detections, raw_differences, runtime_outputs
+from pipelines.datasets.synthetic_roads import RoadSceneConfig, render_scene
 from pipelines.inference.model_manifest import write_manifest
 from pipelines.ops.image_decode import decode_image
 from pipelines.ops.preprocess import preprocess_rgb
@@ -40,9 +41,8 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 PARITY_BIASED_LABELS = (1, 2)  # random weights: these labels get detected (pothole, crack)
 SYNTHETIC_PARITY_SIZE = (300, 400)  # (height, width) of the default parity images: not the input size, on purpose
 F32_RUNTIMES = ("onnxruntime", "openvino_fp32ir_f32")
-# INT8: the RPN and RoI heads stay in float. Measured on factornet_small (random-init, 3 held-out road images):
-# everything quantized matched f32 on 0.63 of detections (RoI scores moved by up to 0.29); RoI heads float 0.85;
-# RPN + RoI heads float 0.90 with median box IoU 1.000. They are a small part of the compute (the backbone is most).
+# INT8: the RPN and RoI heads stay in float: quantized, they move the RoI scores enough that far fewer detections
+# match f32's. They are a small part of the compute (the backbone is most).
 INT8_IGNORED_SCOPE = (".*/rpn/.*", ".*/roi_heads/.*")
 
 
@@ -189,8 +189,6 @@ def input_spec(cfg) -> dict:
 
 def synthetic_road_images(count: int, seed: int, size: tuple[int, int]) -> list[tuple[str, np.ndarray]]:
     """`count` synthetic road-distress images ([H, W, 3] uint8 RGB, size = (height, width)), generated in memory."""
-    from pipelines.datasets.synthetic_roads import RoadSceneConfig, render_scene
-
     config = RoadSceneConfig(width=size[1], height=size[0], min_instances=2, max_instances=5)
     return [
         (f"synthetic_road_{seed}_{i}", render_scene(np.random.default_rng([seed, i]), config).image)

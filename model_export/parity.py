@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings, openvino_core
 from pipelines.ops import yolact_postprocess as yp
 
 
@@ -149,8 +150,6 @@ def runtime_outputs(
     import onnxruntime as ort
     import openvino as ov
     import torch
-
-    from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings, openvino_core
 
     outputs: dict[str, list[dict]] = {"torch": []}
     with torch.no_grad():

@@ -34,8 +34,12 @@ import numpy as np
 
 from model_export.onnx_openvino import ParityFailed
 from pipelines.errors import UsageError
+from pipelines.inference.model_manifest import write_manifest
+from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings, openvino_core
+from pipelines.inference.single_process import infer_files
 from pipelines.ops.image_decode import decode_image
 from pipelines.ops.preprocess import preprocess_rgb
+from pipelines.report.evaluate import ap_report, load_ground_truth, results_from_rows, subset_ground_truth
 
 INT8_FILES = {"ir_xml": "model.int8.xml", "ir_bin": "model.int8.bin", "int8_report": "int8.json"}
 DEFAULT_CALIBRATION_COUNT = 300
@@ -56,10 +60,8 @@ class Int8Gate:
     `min_matched`: matched / max(f32 detections, INT8 detections). YOLACT also: median mask IoU of matched pairs;
     the detector: median box IoU of matched pairs."""
 
-    # Measured (detections scoring >= the gate score): the trained bundled YOLACT 1.00; random-init models, whose
-    # biased logits give 100 near-tied detections per image so that INT8 reorders the top-100 cut, 0.72-0.87
-    # (yolact_r18_small at 160-352 px) and 0.89-0.90 (factornet_small with its RPN and RoI heads in float); a broken
-    # quantization matches next to nothing.
+    # Set between what a sound quantization matches (a trained model nearly all; random-init models less, their
+    # biased logits giving near-tied detections whose top-100 cut INT8 reorders) and a broken one (next to nothing).
     min_matched: float = 0.75
     min_median_iou: float = 0.9
     max_ap_drop: float = 1.0  # AP points (0-100) INT8 may lose against f32, with --eval-annotations
@@ -194,8 +196,6 @@ def split_images(args: argparse.Namespace) -> dict:
 def gate_annotations(path: str, gate: list[tuple[Path, bytes, np.ndarray]]) -> dict:
     """The COCO annotations of the gate images (parsed, only those images): every gate image must have an entry
     (by file name), else CalibrationError."""
-    from pipelines.results.evaluate import load_ground_truth, subset_ground_truth
-
     try:
         ground_truth = load_ground_truth(path)
     except Exception as err:  # missing file, not JSON, not COCO: say which file
@@ -215,11 +215,6 @@ def ap_comparison(out: Path, manifest_data: dict, images: dict, iou_types: tuple
     """{"f32": AP report, "int8": AP report} of the FP16-weights IR and the INT8 IR on the gate images against their
     annotations: each IR run by the job's own per-image code (single_process.infer_files, the f32 hint) from a
     temporary model directory whose manifest points at it (links to `out`'s files)."""
-    from pipelines.inference.model_manifest import write_manifest
-    from pipelines.inference.openvino_runtime import RuntimeSettings
-    from pipelines.inference.single_process import infer_files
-    from pipelines.results.evaluate import ap_report, load_ground_truth, results_from_rows
-
     ground_truth = load_ground_truth(images["annotations"])
     image_ids = {Path(image["file_name"]).name: image["id"] for image in ground_truth.dataset["images"]}
     category_ids = {c["name"]: c["id"] for c in ground_truth.dataset["categories"]}
@@ -260,8 +255,6 @@ def quantize_ir(
     import nncf
     import openvino as ov
 
-    from pipelines.inference.openvino_runtime import openvino_core
-
     model = openvino_core().read_model(str(source_xml))
     dataset = nncf.Dataset(tensors, lambda x: {input_name: x[None]})
     ignored = nncf.IgnoredScope(patterns=ignored_patterns, validate=True) if ignored_patterns else None
@@ -299,8 +292,6 @@ def run_int8(
     detection comparison, model_export.parity's matcher); `ap_types`: the family's COCO iou types ("bbox",
     "segm"), compared when the gate images are annotated. Returns the manifest fields to add (and updates
     manifest_data["files"]); raises Int8GateFailed when the gate fails."""
-    from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
-
     files, spec = manifest_data["files"], manifest_data["input"]
     gate = Int8Gate(
         min_matched=args.int8_min_matched, min_median_iou=args.int8_min_median_iou, max_ap_drop=args.int8_max_ap_drop

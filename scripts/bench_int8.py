@@ -6,7 +6,7 @@ calibration images decoded and preprocessed as the job does) on synthetic road i
 nor the val split uses. Then, on a fresh synthetic val split (the one tests/fixtures_evaluation.py uses):
 - benchmark_app throughput (model only): FP16-weights IR with f32 (and bf16) inference precision, INT8 IR;
 - detection agreement INT8 vs f32 (the export gate's matcher, model_export.parity), at the gate's score and all;
-- mask and box AP of both against the generator's masks (pipelines.results.evaluate, the one AP implementation).
+- mask and box AP of both against the generator's masks (pipelines.report.evaluate, the one AP implementation).
 The bundled detector (samples/models/detector_default) the same way, with the detector export's ignored scope:
 benchmark_app f32 vs INT8, detection agreement at its score threshold, box AP on the same val split.
 
@@ -101,7 +101,7 @@ def detector_agreement(f32_dir: Path, int8_dir: Path, images: list) -> dict:
 
 def mask_ap(model_dir: Path, val: Path, iou_types: tuple[str, ...] = ("bbox", "segm")) -> dict:
     from pipelines.inference.single_process import infer_files
-    from pipelines.results.evaluate import ap_report, load_ground_truth, results_from_rows
+    from pipelines.report.evaluate import ap_report, load_ground_truth, results_from_rows
 
     ground_truth = load_ground_truth(val / "annotations.json")
     image_ids = {Path(im["file_name"]).name: im["id"] for im in ground_truth.dataset["images"]}
@@ -275,7 +275,7 @@ def write_report(path: Path, cpu: dict, record: dict, agree: dict, ap: dict, ben
         )
     lines += [
         "",
-        "## AP against the generator's masks (pipelines.results.evaluate, all detections the job writes)",
+        "## AP against the generator's masks (pipelines.report.evaluate, all detections the job writes)",
         "",
         "| metric | f32 | INT8 | delta (points) |",
         "|---|---|---|---|",

@@ -241,7 +241,7 @@ def main() -> int:
     if unknown:
         parser.error(f"--configs: unknown {unknown}; choose from {list(CONFIGS)}")
     subprocess.run(
-        [sys.executable, "-m", "pipelines.spark.jvm_class_archive_build", "--if-missing"],
+        [sys.executable, "-m", "pipelines.tools.jvm_class_archive_build", "--if-missing"],
         cwd=REPO,
         check=True,
         stdout=subprocess.DEVNULL,

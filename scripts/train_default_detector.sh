@@ -58,6 +58,6 @@ if [ ! -f "$OUT/val/annotations.json" ]; then
 fi
 rm -rf "$OUT/val_output"
 $PY jobs/infer_detector.py --model "$BUNDLE" --input "$OUT/val/images" --output "$OUT/val_output"
-$PY -m pipelines.results.evaluate --output "$OUT/val_output" --annotations "$OUT/val/annotations.json" \
+$PY -m pipelines.report.evaluate --output "$OUT/val_output" --annotations "$OUT/val/annotations.json" \
   --score-threshold 0.05 --group blobs=pothole,patch,puddle
 echo "bundled $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE; evaluation: $OUT/val_output/evaluation.json"

@@ -15,7 +15,7 @@ from pipelines.ops.image_decode import decode_image
 from pipelines.training import photometric
 from pipelines.training.augment import AugmentConfig, Sample
 from pipelines.training.batches import InputSpec, MicroBatch
-from pipelines.training.yolact_loss import PackedTargets, Targets
+from pipelines.training.loss_targets import PackedTargets, Targets
 
 CROP_MODES = (None, 0.1, 0.3, 0.7, 0.9, -1.0)
 CROP_TRIES = 50

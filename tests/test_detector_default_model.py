@@ -1,6 +1,6 @@
 """The bundled detector (samples/models/detector_default, scripts/train_default_detector.sh) is trained: through
 jobs/infer_detector.py on a few fresh synthetic road images (a seed training never used) it finds the blobs
-(pothole, patch, puddle) with well placed boxes (pycocotools, through pipelines.results.evaluate)."""
+(pothole, patch, puddle) with well placed boxes (pycocotools, through pipelines.report.evaluate)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 
 from pipelines.datasets.synthetic_roads import RoadSceneConfig, generate_road_dataset
 from pipelines.inference.model_manifest import load_manifest
-from pipelines.results.evaluate import evaluate_output
+from pipelines.report.evaluate import evaluate_output
 from tests.conftest import REPO, SAMPLES
 
 MODEL_DIR = SAMPLES / "models" / "detector_default"

@@ -1,4 +1,4 @@
-"""python -m pipelines.results.evaluate: COCO AP of what the job wrote, torch-free, the same numbers as the in-process
+"""python -m pipelines.report.evaluate: COCO AP of what the job wrote, torch-free, the same numbers as the in-process
 evaluation tests/test_training_default_model.py gates on (one implementation); per-class counts above 0.5 match the
 generator's ground truth within the bundled model's known recall."""
 
@@ -11,17 +11,17 @@ import sys
 
 import pytest
 
-from pipelines.results.evaluate import EvaluationError, evaluate_output
+from pipelines.report.evaluate import EvaluationError, evaluate_output
 from tests.conftest import REPO
 from tests.fixtures_evaluation import ROAD_GROUPS
 
 # Run the CLI in a fresh interpreter and prove inference users need neither torch nor Spark to evaluate.
 CLI = (
-    "import runpy, sys; sys.argv = ['pipelines.results.evaluate'] + sys.argv[1:]\n"
-    "try:\n    runpy.run_module('pipelines.results.evaluate', run_name='__main__')\n"
+    "import runpy, sys; sys.argv = ['pipelines.report.evaluate'] + sys.argv[1:]\n"
+    "try:\n    runpy.run_module('pipelines.report.evaluate', run_name='__main__')\n"
     "except SystemExit as done:\n    code = done.code\n"
     "heavy = sorted(m for m in ('torch', 'pyspark') if m in sys.modules)\n"
-    "assert not heavy, f'pipelines.results.evaluate imported {heavy}'\nsys.exit(code)\n"
+    "assert not heavy, f'pipelines.report.evaluate imported {heavy}'\nsys.exit(code)\n"
 )
 
 

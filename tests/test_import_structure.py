@@ -1,5 +1,6 @@
-"""The package's import structure: no import cycle among the project's modules (function-level imports included),
-and the routing of a URI to a store decided in one function."""
+"""The package's import structure: the project's packages in a declared order that no import runs against, no
+import cycle among its modules (function-level imports included in both), and the routing of a URI to a store
+decided in one function."""
 
 from __future__ import annotations
 
@@ -9,14 +10,42 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipelines", "model_export")
 
+# The declared order of the project's packages, bottom to top: a module may import modules of its own package and of
+# the packages before it, never of one after it (function-level imports too). A module belongs to the longest
+# package here its name starts with (model_export.models.yolact to model_export.models, model_export.cli to
+# model_export); a package missing from the list fails test_every_package_has_a_place_in_the_order.
+PACKAGE_ORDER = (
+    "pipelines.errors",
+    "pipelines.io",
+    "pipelines.job_config",
+    "pipelines.datasets",
+    "pipelines.ops",
+    "pipelines.spark",
+    "pipelines.results",
+    "pipelines.report",  # evaluation and the report: read what results/ wrote
+    "pipelines.inference",
+    "pipelines.engines",  # backends other than the native one, behind inference's Engine protocol
+    "pipelines.job_cli",  # builds the run: the one place an engine is chosen
+    "pipelines.tools",  # build tools (the JVM class archive): run the job, never run by it
+    "pipelines.sweeps",
+    "model_export.models",
+    "model_export",
+    "pipelines.training",
+)
+ROOTS = ("pipelines",)  # the top-level package itself (an empty __init__.py): placed nowhere, importing nothing of ours
 
-def project_modules() -> dict[str, Path]:
+
+def project_modules(root: Path = REPO) -> dict[str, Path]:
     modules = {}
     for package in PACKAGES:
-        for path in sorted((REPO / package).rglob("*.py")):
-            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        for path in sorted((root / package).rglob("*.py")):
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
             modules[name.removesuffix(".__init__")] = path
     return modules
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
 
 
 def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -80,11 +109,73 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+def package_of(module: str, order: tuple[str, ...] = PACKAGE_ORDER) -> str | None:
+    """The declared package `module` belongs to: the longest one its name starts with; None where none fits."""
+    fits = [package for package in order if module == package or module.startswith(package + ".")]
+    return max(fits, key=len, default=None)
+
+
+def upward_imports(graph: dict[str, set[str]], order: tuple[str, ...] = PACKAGE_ORDER) -> list[tuple[str, str]]:
+    """(importer, imported) for every import from a package to one declared after it, sorted."""
+    rank = {package: position for position, package in enumerate(order)}
+    found = []
+    for module, imported in graph.items():
+        mine = package_of(module, order)
+        for other in imported:
+            theirs = package_of(other, order)
+            if mine is not None and theirs is not None and rank[theirs] > rank[mine]:
+                found.append((module, other))
+    return sorted(found)
+
+
 def test_no_import_cycle_among_project_modules():
-    modules = project_modules()
-    graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
+    graph = import_graph(project_modules())
     assert len(graph) > 50, "the walk found too few modules"
     assert import_cycles(graph) == []
+
+
+def test_every_package_has_a_place_in_the_order():
+    """A new package (or a module at the top of pipelines/) is placed in PACKAGE_ORDER before it is used."""
+    modules = project_modules()
+    assert [name for name in modules if name not in ROOTS and package_of(name) is None] == []
+    assert all(imported_modules(name, modules[name], modules) == set() for name in ROOTS)
+
+
+def test_no_import_runs_against_the_package_order():
+    """No module imports, at its top or in a function, a module of a package declared after its own."""
+    upward = upward_imports(import_graph(project_modules()))
+    assert upward == [], "imports against PACKAGE_ORDER (importer -> imported):\n" + "\n".join(
+        f"  {importer} -> {imported}" for importer, imported in upward
+    )
+
+
+def test_the_order_check_finds_an_upward_import(tmp_path):
+    """A module tree with one upward import in a function (results -> report) and one at the top (models -> the
+    export stage above them): both are reported, the imports down the order are not."""
+    files = {
+        "pipelines/__init__.py": "",
+        "pipelines/errors.py": "",
+        "pipelines/results/__init__.py": "",
+        "pipelines/results/evaluate.py": (
+            "from pipelines.errors import UsageError\n\n\ndef main():\n    from pipelines.report import render\n"
+        ),
+        "pipelines/report/__init__.py": "",
+        "pipelines/report/render.py": "from ..results import evaluate\n",
+        "model_export/__init__.py": "",
+        "model_export/parity.py": "import model_export.models.yolact\n",
+        "model_export/models/__init__.py": "",
+        "model_export/models/yolact.py": "from model_export import parity\nfrom pipelines.report.render import x\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    graph = import_graph(project_modules(tmp_path))
+    assert graph["pipelines.report.render"] == {"pipelines.results.evaluate"}  # a relative import, resolved
+    assert upward_imports(graph) == [
+        ("model_export.models.yolact", "model_export.parity"),
+        ("pipelines.results.evaluate", "pipelines.report.render"),
+    ]
+    assert package_of("pipelines.sparkseg_new.module") is None  # unplaced: test_every_package_... fails on it
 
 
 def test_cycle_finder_finds_a_cycle():

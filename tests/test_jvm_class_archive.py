@@ -28,7 +28,7 @@ print(json.dumps(sorted({line.split()[-1] for line in maps if len(line.split()) 
 
 def test_a_jvm_the_job_starts_maps_this_envs_class_archive():
     build = subprocess.run(
-        [sys.executable, "-m", "pipelines.spark.jvm_class_archive_build", "--if-missing"],
+        [sys.executable, "-m", "pipelines.tools.jvm_class_archive_build", "--if-missing"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,13 +1,13 @@
 """The bundled default YOLACT is trained: on a fresh synthetic val split (a seed training never used), run through
 the Spark inference job, its mask AP@[.5:.95] on the blob-like classes (pothole, patch, puddle) is >= 0.5
-(pycocotools, through pipelines.results.evaluate: the one AP implementation). Cracks are reported, not gated."""
+(pycocotools, through pipelines.report.evaluate: the one AP implementation). Cracks are reported, not gated."""
 
 from __future__ import annotations
 
 import json
 
 from pipelines.inference.model_manifest import load_manifest
-from pipelines.results.evaluate import evaluate_output
+from pipelines.report.evaluate import evaluate_output
 from tests.conftest import SAMPLES
 from tests.fixtures_evaluation import BROKEN, ROAD_GROUPS, VAL_IMAGES
 

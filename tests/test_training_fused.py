@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.training import batches, photometric, yolact_loss
+from pipelines.training import batches, loss_targets, photometric, yolact_loss
 from pipelines.training.fused import FusedOnCuda
 
 MEAN = torch.tensor([123.68, 116.78, 103.94])[None, :, None, None]
@@ -99,7 +99,7 @@ def loss_arguments(counts: list[int], masks_to_train: int, seed: int):
     generator = torch.Generator().manual_seed(seed)
     priors = random_priors(generator)
     targets = [random_targets(generator, count, seed=seed + i, duplicate=True) for i, count in enumerate(counts)]
-    packed = yolact_loss.PackedTargets.pack(targets, [(PROTO, PROTO), (SEGM, SEGM)])
+    packed = loss_targets.PackedTargets.pack(targets, [(PROTO, PROTO), (SEGM, SEGM)])
     loss = yolact_loss.YolactLoss(yolact_loss.LossConfig(masks_to_train=masks_to_train), priors)
     matches = loss.match(packed)
     slots = matches.slots
@@ -174,7 +174,7 @@ def test_the_matching_compiles_whole_in_two_parts_and_gives_the_plain_matches(
     for counts, duplicate, seed in (([12, 0, 20, 5], True, 5), ([3, 1], False, 6), ([7, 2, 9], False, 7)):
         generator = torch.Generator().manual_seed(seed)
         priors = random_priors(generator)
-        packed = yolact_loss.PackedTargets.pack(
+        packed = loss_targets.PackedTargets.pack(
             [random_targets(generator, count, seed + i, duplicate) for i, count in enumerate(counts)], [(4, 4)]
         )
         arguments = (packed.boxes, packed.labels, packed.valid, priors)
@@ -274,7 +274,7 @@ def test_a_run_of_varying_batches_compiles_a_few_graphs_not_one_per_step(monkeyp
             random_targets(generator, count, seed=step * 10 + i, duplicate=step % 3 == 0)
             for i, count in enumerate(counts)
         ]
-        packed = yolact_loss.PackedTargets.pack(targets, [(PROTO, PROTO), (SEGM, SEGM)])
+        packed = loss_targets.PackedTargets.pack(targets, [(PROTO, PROTO), (SEGM, SEGM)])
         matches, outputs = loss.match(packed), random_outputs(generator, len(counts), priors.shape[0])
         slots = matches.slots
         loss_sums(

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 
 from pipelines.ops.yolact_postprocess import decode_boxes
 from pipelines.training.boxes import encode, jaccard, match, point_form
+from pipelines.training.loss_targets import Targets
 from pipelines.training.sampler import GlobalBatchSampler
-from pipelines.training.yolact_loss import LossConfig, Normalizer, Targets, YolactLoss, hard_negatives
+from pipelines.training.yolact_loss import LossConfig, Normalizer, YolactLoss, hard_negatives
 
 
 def square_prior(cx: float, cy: float, side: float) -> list[float]:

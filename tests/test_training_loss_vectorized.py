@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipelines.training.yolact_loss import LOSS_KEYS, LossConfig, PackedTargets, Targets, YolactLoss, num_positives
+from pipelines.training.loss_targets import PackedTargets, Targets
+from pipelines.training.yolact_loss import LOSS_KEYS, LossConfig, YolactLoss, num_positives
 from tests import reference_yolact_loss as reference
 
 SIZE, PROTO, SEGM, MASK_DIM, CLASSES = 64, 16, 8, 4, 5  # CLASSES includes the background

@@ -104,7 +104,7 @@ def test_rgbx_windows_crop_and_mirror_as_rgb_ones():
 )
 def test_masks_resized_twice_equal_torchs_but_for_ties_at_the_threshold(size, small):
     """augment.resized_mask_bits (the input workers' masks at the loss's sizes, without the S x S ones) against
-    torch's two resizes and threshold (augment.resize_masks, then yolact_loss.downsample_bits): random 0/1 masks of
+    torch's two resizes and threshold (augment.resize_masks, then loss_targets.downsample_bits): random 0/1 masks of
     window sizes, empty and full ones, 1 and 2 threads. A pixel may differ only where torch's value is 0.5 within 2
     float32 ulps (the same bilinear sums, rounded in another order); at most 1 in 500 pixels."""
     from pipelines.training.augment import resize_masks, resized_mask_bits

@@ -97,9 +97,10 @@ def pipeline_gradient_check(split):
     import torch.distributed as dist
 
     from model_export.models.yolact import Yolact, get_config
+    from pipelines.training.loss_targets import Targets
     from pipelines.training.strategies import PipelineRunner
     from pipelines.training.topology import make_topology
-    from pipelines.training.yolact_loss import LossConfig, Normalizer, Targets, YolactLoss, num_positives
+    from pipelines.training.yolact_loss import LossConfig, Normalizer, YolactLoss, num_positives
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

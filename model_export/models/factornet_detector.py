@@ -34,7 +34,7 @@ from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import FeaturePyramidNetwork, MultiScaleRoIAlign
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 
-from pipelines.datasets.synthetic_roads import ROAD_DISTRESS_CLASSES
+from pipelines.datasets.classes import ROAD_DISTRESS_CLASSES
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # RGB, on 0-1 pixels (torchvision's GeneralizedRCNNTransform)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -1,4 +1,5 @@
-"""Read: list images from any storage into a DataFrame and spread them evenly over partitions.
+"""List: the images of any storage as a DataFrame (spreading them over partitions: `partitions`; reading their
+bytes: `image_content`).
 
 Two readers share one contract, a DataFrame with `path`, `size`, `modification_time` (listing) and later `content`:
 - `spark`: Spark's own binaryFile source, for every Hadoop URI the cluster can read (hdfs://, abfss:// and
@@ -26,16 +27,26 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.errors import UsageError
+from pipelines.inference.image_content import extension_glob
+
+# The job and the tests reach balancing and reading through this module (image_sources.balanced, .with_content, ...)
+from pipelines.inference.image_content import local_file_path as local_file_path
+from pipelines.inference.image_content import read_local_file as read_local_file
+from pipelines.inference.image_content import reads_on_executors as reads_on_executors
+from pipelines.inference.image_content import with_content as with_content
+from pipelines.inference.partitions import assign_partitions as assign_partitions
+from pipelines.inference.partitions import balanced as balanced
+from pipelines.io.azure_storage import blob_exists, listing_part, listing_top, parse_blob_uri
+from pipelines.io.local_listing import listing_root, underscored_files, walk, walk_entry, walk_top
+from pipelines.io.output_paths import qualify_root
 from pipelines.io.storage import spark_read_path, to_spark_uri
 from pipelines.io.uris import (
     is_azure,
-    is_local,  # noqa: F401 (re-exported)
+    is_local,
     normalize_extensions,
     store_of,
     to_local_path,
 )
-from pipelines.ops.image_decode import NAME_NOT_UTF8, ImageDecodeError
-from pipelines.spark.hash_partitioning import partition_keys
 from pipelines.spark.java_errors import unreachable_storage
 
 LISTING_SCHEMA = T.StructType(
@@ -45,7 +56,6 @@ LISTING_SCHEMA = T.StructType(
         T.StructField("modification_time", T.TimestampType(), True),
     ]
 )
-BROADCAST_LISTING_MAX_ROWS = 1_000_000
 DRIVER_LISTING_MAX_FILES = 10_000  # a local listing's names the driver may hold (local_files_listing)
 
 
@@ -84,7 +94,6 @@ def nothing_listed(
     )
     if not is_local(uri):  # not to_spark_uri: an az:// URI's account may come from the job's credentials only
         return message
-    from pipelines.io.local_listing import listing_root, walk
 
     root, skip = listing_root(to_spark_uri(uri)), walk_skip(output_prefix_)
     try:
@@ -112,7 +121,6 @@ def underscored_note(
     (a camera's `_DSC0001.JPG`), what to do about them; None for none (or another store: not looked at)."""
     if not is_local(uri):
         return None
-    from pipelines.io.local_listing import listing_root, underscored_files
 
     root = listing_root(to_spark_uri(uri))
     try:
@@ -145,15 +153,6 @@ def choose_reader(uri: str, reader: str = "auto") -> str:
     if reader != "auto":
         return reader
     return "azure_sdk" if store_of(uri) == "azure_sdk" else "spark"
-
-
-def extension_glob(extensions: list[str]) -> str:
-    """A case-insensitive Hadoop glob for file names: ['.jpg'] -> '*.{[jJ][pP][gG]}'."""
-
-    def caseless(ext: str) -> str:
-        return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in ext.lstrip("."))
-
-    return "*.{" + ",".join(caseless(e) for e in extensions) + "}"
 
 
 @dataclass(frozen=True)
@@ -204,12 +203,8 @@ def output_prefix(spark: SparkSession, input_uri: str, output_uri: str) -> str |
     if store != store_of(output_uri):
         return None
     if store == "local":
-        from pipelines.io.local_listing import listing_root
-
         root, output = listing_root(to_spark_uri(input_uri)), listing_root(to_spark_uri(output_uri))
     elif store == "azure_sdk":  # az://c/p and abfs://c@account.dfs.../p are one place: compare in the input's spelling
-        from pipelines.io.azure_storage import parse_blob_uri
-
         source, target = parse_blob_uri(input_uri), parse_blob_uri(output_uri)
         if (
             source.container != target.container
@@ -219,8 +214,6 @@ def output_prefix(spark: SparkSession, input_uri: str, output_uri: str) -> str |
             return None
         root, output = source.uri, source.uri_for(target.path)
     else:
-        from pipelines.io.output_paths import qualify_root
-
         try:
             root, output = qualify_root(spark, to_spark_uri(input_uri)), qualify_root(spark, to_spark_uri(output_uri))
         except Exception:  # noqa: BLE001 - py4j: a scheme without a file system here; the listing will say so
@@ -290,7 +283,6 @@ def blobs_listed_by_executors(spark: SparkSession, uri: str, extensions: list[st
     walks the top level (the blobs directly under it and its virtual directories), the entries are spread over the
     cluster and each task lists its directories, streaming. The driver checks the path and holds no name (a Python
     list of 10^7 blobs would be gigabytes there). Always recursive, as the Azure listing is."""
-    from pipelines.io.azure_storage import blob_exists, listing_part, listing_top
 
     if not blob_exists(uri, credentials):
         raise missing_input(uri)
@@ -309,12 +301,11 @@ def local_files_listing(
     skip: str | None = None,
 ) -> DataFrame:
     """DataFrame[path, size, modification_time] of the files under a local `file:` input (pipelines.io.local_listing,
-    Spark's rows). Up to `driver_max_files` files the driver walks them itself (no Spark job, no Python task: the
-    executors' walk made a 200-image job on 2 cores ~1.3 s slower than Spark's index); beyond that the executors
+    Spark's rows). Up to `driver_max_files` files the driver walks them itself (no Spark job, no Python task: for a
+    small input the executors' walk costs more than it saves); beyond that the executors
     list the input as blobs_listed_by_executors lists a container: one task walks the top level, the directories
     under it are dealt over the cluster and each task walks its own, streaming. The driver never holds more than
     `driver_max_files` names. `skip`: a directory under the input not walked (local_listing.walk_top)."""
-    from pipelines.io.local_listing import listing_root, walk, walk_entry, walk_top
 
     root = listing_root(to_spark_uri(uri))
     if not os.path.exists(root):
@@ -333,8 +324,8 @@ def local_files_listing(
 
 def small_listing_frame(spark: SparkSession, files: list[tuple]) -> DataFrame:
     """A listing the driver holds (path, size, modification time in UTC) as a local relation, through Arrow: a
-    DataFrame of Python rows would be re-pickled by a Python task before its first use (~1 s on a job's 2 cores,
-    where the first Python worker is still starting)."""
+    DataFrame of Python rows would be re-pickled by a Python task before its first use, while the first Python
+    worker is still starting."""
     import pandas as pd
 
     frame = pd.DataFrame(files, columns=LISTING_SCHEMA.fieldNames()).astype(
@@ -411,115 +402,3 @@ def hadoop_path_column(uri):
     turn '+' into a space, which a URI path keeps as '+': protect it first)."""
     fixed = F.regexp_replace(uri, "^file:///", "file:/")
     return F.url_decode(F.regexp_replace(fixed, "[+]", "%2B"))
-
-
-def assign_partitions(
-    listing: DataFrame,
-    partitions: int,
-    order: tuple[str, ...] = ("path",),
-    rows_per_partition: dict[int, int] | None = None,
-) -> DataFrame:
-    """Add `idx` (dense, 0..n-1), `part` (idx mod partitions) and `part_key`, a value whose Spark hash lands in
-    partition `part`, so that `balanced(df, partitions)` gives every partition the same number of images (+-1)
-    whatever the directory layout and file sizes (Spark's own file splitting packs by bytes, and the paper's
-    NNImageReader left everything in one task).
-
-    idx follows `listing`'s partitions, and `order` within each (video segments: path, then segment_start; a video's
-    segments are listed in one partition, so they get consecutive idx and land on consecutive partitions). All in the
-    JVM, in two passes (the rows per partition, then the index): no Python serialization of the listing, and only one
-    number per partition reaches the driver. Both passes must see the same partitions: persist an expensive
-    `listing` first (run_waves does). `rows_per_partition` ({partition id: rows}, counted by the caller over the
-    same partitions) saves the first pass."""
-    local = listing.sortWithinPartitions(*order).select(
-        "*",
-        F.spark_partition_id().alias("_partition"),
-        (F.monotonically_increasing_id() - F.shiftleft(F.spark_partition_id().cast("long"), 33)).alias("_row"),
-    )
-    counts = rows_per_partition if rows_per_partition is not None else row_counts(local.select("_partition"))
-    offsets, total = [], 0
-    for partition in range(max(counts, default=-1) + 1):
-        offsets.append(total)
-        total += counts.get(partition, 0)
-    offset = F.element_at(
-        F.array(*[F.lit(value) for value in offsets or [0]]).cast("array<bigint>"), F.col("_partition") + 1
-    )
-    with_idx = local.withColumn("idx", offset + F.col("_row")).drop("_partition", "_row")
-    with_part = with_idx.withColumn("part", F.col("idx") % F.lit(partitions))
-    # the key of each partition, found on the driver (hash_partitioning): no Spark job, no join
-    keys = F.array(*[F.lit(key) for key in partition_keys(partitions)]).cast("array<bigint>")  # a long's hash
-    return with_part.withColumn("part_key", F.element_at(keys, F.col("part").cast("int") + 1))
-
-
-def row_counts(partition_ids: DataFrame) -> dict[int, int]:
-    """{partition id: rows} of a one-column frame of spark_partition_id() values, in one task and no shuffle (the ids
-    are evaluated below the coalesce, in the frame's own partitions)."""
-    return dict(partition_ids.coalesce(1).groupBy(partition_ids.columns[0]).count().collect())
-
-
-def balanced(df: DataFrame, partitions: int) -> DataFrame:
-    """Repartition rows that carry `part_key` (from assign_partitions) into exactly `partitions` even partitions."""
-    return df.repartition(partitions, "part_key")
-
-
-def reads_on_executors(uri: str) -> bool:
-    """Whether the executors read this input's bytes themselves, by path (read_local_file): local `file:` inputs.
-    Other Hadoop schemes get a `content` column from Spark's binaryFile source (with_content)."""
-    return to_spark_uri(uri).startswith("file:")
-
-
-def local_file_path(path: str) -> str:
-    """The local file a listed `file:` path names. `path` is Hadoop's unescaped spelling, the listing's
-    (`file:/a b/c%.jpg` is the file "/a b/c%.jpg"), so it is not URL-decoded."""
-    local = path[len("file:") :] if path.startswith("file:") else path
-    if local.startswith("//"):  # file:///a (an authority-less URI) is /a
-        local = local[2:]
-    return local
-
-
-def read_local_file(path: str) -> bytes:
-    """The bytes of a listed `file:` path, read where the task runs (see local_file_path). A name the listing could
-    not spell (not UTF-8: its bytes show as U+FFFD) is the file's own error, not a read failure to retry."""
-    try:
-        with open(local_file_path(path), "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        if "\ufffd" not in path:
-            raise
-        raise ImageDecodeError(
-            path,
-            NAME_NOT_UTF8,
-            "its name is not valid UTF-8 (the bytes shown as U+FFFD), so no path names it",
-            "rename it with a UTF-8 name (e.g. convmv -f latin1 -t utf-8 --notest)",
-        ) from None
-
-
-def with_content(
-    spark: SparkSession,
-    todo: DataFrame,
-    todo_count: int,
-    uri: str,
-    extensions: list[str],
-    recursive: bool,
-    all_listed: bool,
-) -> DataFrame:
-    """Join the image bytes (`content`) read by Spark's binaryFile source onto `todo` (a subset of the listing),
-    for inputs the executors cannot open by path themselves (hdfs://, abfss://, wasbs://: see reads_on_executors).
-
-    Python workers have no handle on the JVM's Hadoop FileSystem, and pyarrow's HadoopFileSystem needs libhdfs and
-    the Hadoop CLASSPATH on every executor, which clusters do not promise; a binaryFile scan of the whole input root
-    joined on path would read every image's bytes once per wave. So a partial to-do (resume, waves) is read by
-    binaryFile.load(<its paths>): the driver holds the paths of ONE wave (at most run.commit_every), never the
-    whole input. Local `file:` inputs never come here: their bytes are read on the executors by path."""
-    reader = spark.read.format("binaryFile")
-    if all_listed:
-        source = (
-            reader.option("recursiveFileLookup", str(bool(recursive)).lower())
-            .option("pathGlobFilter", extension_glob(extensions))
-            .load(spark_read_path(uri))
-        )
-    else:
-        source = reader.load([spark_read_path(row.path) for row in todo.select("path").toLocalIterator()])
-    small = F.broadcast(todo) if todo_count <= BROADCAST_LISTING_MAX_ROWS else todo
-    read = source.select("path", "content").join(small, "path")
-    # zero-byte files are not in Spark's scan: they go on without content (and become "empty" error rows)
-    return read.unionByName(todo.where("size = 0").withColumn("content", F.unhex(F.lit(""))))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from pipelines.ops.image_decode import decode_image
 from pipelines.ops.mask_outputs import decode_rle
 
 # Distinct, saturated colours (instance k gets PALETTE[k % len]); tinted at ALPHA over the image.
@@ -112,8 +113,6 @@ def draw_overlay(
 def load_rgb(path) -> np.ndarray:
     """The image as the job decoded it (pipelines.ops.image_decode: EXIF orientation applied, any mode -> RGB):
     uint8 RGB [H, W, 3], the pixels its masks refer to."""
-    from pipelines.ops.image_decode import decode_image
-
     with open(path, "rb") as handle:
         return decode_image(handle.read(), str(path), max_pixels=1 << 31)
 

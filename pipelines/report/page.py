@@ -138,7 +138,7 @@ def evaluation_section(evaluation: dict | None) -> str:
     if not evaluation:
         return (
             "<p class=muted>Not evaluated. With COCO annotations of (some of) the input images: "
-            "<code>python -m pipelines.results.evaluate --output OUT --annotations COCO.json</code></p>"
+            "<code>python -m pipelines.report.evaluate --output OUT --annotations COCO.json</code></p>"
         )
     overall = evaluation.get("overall", {})
     parts = [

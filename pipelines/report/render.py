@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pipelines.errors import report_error
 from pipelines.io.output_paths import parse_location, relative_key
+from pipelines.io.storage import Location
 from pipelines.ops.mask_outputs import PNG_COMPRESS_LEVEL
 from pipelines.ops.video_decode import VideoDecodeError, frames_at
 from pipelines.report import overlays as ov
@@ -195,8 +196,7 @@ def render(
         raise OutputError(f"--input-root {input_root}: no such directory; pass where the input images are now")
     if spark is None:
         return draw(gather(output, limit, score_threshold), input_root)
-    from pipelines.io.storage import Location
-    from pipelines.report.spark_rows import gather_with_spark
+    from pipelines.report.spark_rows import gather_with_spark  # pyspark: optional here (the report needs no Spark)
 
     return draw(gather_with_spark(spark, Location(str(local_output(output))), limit, score_threshold), input_root)
 
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 def local_spark():
     """A local[*] SparkSession for --spark (quiet), or OutputError where pyspark is not installed."""
     try:
-        from pipelines.spark.spark_session import local_session
+        from pipelines.spark.spark_session import local_session  # pyspark: optional here, see the except
     except ImportError as err:
         raise OutputError(
             f"--spark needs pyspark and Java ({err}): install the job's dependencies (pip install "

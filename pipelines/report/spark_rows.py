@@ -15,8 +15,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.io.storage import Location
 from pipelines.report.report_rows import DEFAULT_LIMIT, DEFAULT_THRESHOLD, ReportRows, added_spark_row
-from pipelines.report.tables import DETECTION_COLUMNS, ERROR_COLUMNS, local_output, read_summary, summary_model_records
+from pipelines.report.tables import DETECTION_COLUMNS, ERROR_COLUMNS, local_output, summary_model_records
 from pipelines.results.incremental import current_records, read_tables
+from pipelines.results.summary_file import read_summary
 
 
 def gather_with_spark(
@@ -25,7 +26,7 @@ def gather_with_spark(
     """render.gather's rows of a local `output`, gathered by Spark (OutputError for an output that is not local:
     the report's files are written there)."""
     root = local_output(output.uri)
-    summary = read_summary(root)
+    summary = read_summary(output)
 
     def current(model: str | None) -> dict[str, DataFrame]:
         has_rows = any(not frame.isEmpty() for frame in read_tables(spark, output, model).values())

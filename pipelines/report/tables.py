@@ -14,7 +14,6 @@ report, pipelines.report.render, keeps only what it draws and counts).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,7 +22,9 @@ from pathlib import Path
 import pyarrow.dataset as ds
 
 from pipelines.errors import UsageError
+from pipelines.io.storage import Location
 from pipelines.report.report_rows import row_order
+from pipelines.results.summary_file import read_summary
 
 log = logging.getLogger(__name__)
 KEY_COLUMNS = ["path", "frame_index", "run_id", "size", "modification_time", "model_sha256"]
@@ -54,16 +55,6 @@ def local_output(output: str | Path) -> Path:
     if not root.is_dir():
         raise OutputError(f"{root}: no such output directory; pass the job's --output")
     return root
-
-
-def read_summary(root: Path) -> dict | None:
-    path = root / "summary.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise OutputError(f"{path}: not valid JSON ({err}); re-run the job to rewrite it") from None
 
 
 def _dataset(root: Path, name: str):
@@ -152,7 +143,7 @@ def output_keys(output: str | Path, all_models: bool = False) -> tuple[Path, dic
     """(root, summary, model sha256 or None, current_keys) of a local output: the summary's model's records, unless
     `all_models`, no summary, or none of that model's rows are there."""
     root = local_output(output)
-    summary = read_summary(root)
+    summary = read_summary(Location(str(root)))
     model, keys = summary_model_records(root, summary, lambda model: current_keys(root, model), all_models)
     return root, summary, model, keys
 

@@ -11,7 +11,6 @@ Two writers, one layout:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -22,6 +21,8 @@ from pipelines.io.storage import Location, spark_read_path
 from pipelines.io.uris import store_of
 from pipelines.results.result_rows import STAGES
 from pipelines.results.result_schema import FRAME_COLUMNS, RESULT_SCHEMA
+from pipelines.results.summary_file import read_summary as read_summary  # re-exported: inference_job imports them here
+from pipelines.results.summary_file import write_summary as write_summary
 from pipelines.spark.java_errors import unreachable_storage
 
 # The tables' columns, from result_schema.RESULT_SCHEMA. The video frame columns are null for images; tables written
@@ -79,7 +80,7 @@ def write_results(results: DataFrame, output: Location, file_prefix: str = "part
     errors = results.where("status = 'error'").selectExpr(*ERROR_COLUMNS)
     append_rows(detections, output / "detections", file_prefix)
     counts = {key: (value or 0) for key, value in totals.get.items()}
-    # A wave without failures scans nothing for them (the scan of the persisted results cost ~2 ms per image); a
+    # A wave without failures scans nothing for them (a scan of the persisted results costs time per image); a
     # Hadoop output still gets its errors/ table, empty, so that it can always be read.
     if counts["failed"]:
         append_rows(errors, output / "errors", file_prefix)
@@ -262,16 +263,3 @@ def failure_types(spark: SparkSession, output: Location, run_id: str) -> dict[st
         return {}
     counts = errors.where(F.col("run_id") == run_id).groupBy("error_type").count().collect()
     return {row.error_type: row["count"] for row in sorted(counts, key=lambda row: (-row["count"], row.error_type))}
-
-
-def write_summary(output: Location, summary: dict) -> None:
-    (output / "summary.json").write_bytes_atomic((json.dumps(summary, indent=2, default=str) + "\n").encode())
-
-
-def read_summary(output: Location) -> dict | None:
-    """The summary.json the last run left at `output` (any store); None where there is none or it is unreadable."""
-    location = output / "summary.json"
-    try:
-        return json.loads(location.read_bytes()) if location.exists() else None
-    except (OSError, ValueError):
-        return None

@@ -4,8 +4,8 @@ Without it a plain `python jobs/infer_yolact.py` spends most of the JVM's start 
 and verifying the classes of Spark, Hadoop, Parquet and Arrow. With the archive those are mapped from one file
 (`make bench-startup` measures the difference: reports/startup.md).
 
-    python -m pipelines.spark.jvm_class_archive_build    # what `make demo` and `make test` run once per env
-    python -m pipelines.spark.jvm_class_archive_build --path     # the archive of this Python env's pyspark and java
+    python -m pipelines.tools.jvm_class_archive_build    # what `make demo` and `make test` run once per env
+    python -m pipelines.tools.jvm_class_archive_build --path     # the archive of this Python env's pyspark and java
 
 This module only names the archive (spark_session imports it for every session); jvm_class_archive_build builds it.
 

@@ -267,7 +267,7 @@ class StandaloneCluster:
         env[java_opts_key] = (env.get(java_opts_key, "") + extra).strip()
         # Every JVM of this cluster starts like a local job's driver: this env's class archive (the same jars) and C1
         # only. JDK_JAVA_OPTIONS reaches the daemons and the executors a Worker starts (they inherit its environment):
-        # an executor of a short job took ~10 CPU-s instead of ~30 on 2 cores. An application's own
+        # an executor of a short job then spends far less CPU starting. An application's own
         # spark.executor.extraJavaOptions come later on the executor's command line, and win.
         quick_start = f"{driver_java_options()} {QUICK_START_JIT}".strip()
         env["JDK_JAVA_OPTIONS"] = f"{env.get('JDK_JAVA_OPTIONS', '')} {quick_start}".strip()

@@ -156,7 +156,7 @@ def resize_masks(masks: np.ndarray, size: int) -> torch.Tensor:
 
 
 def resized_mask_bits(masks: np.ndarray, size: int, mask_sizes: list[tuple[int, int]]) -> dict:
-    """[G, h, w] 0/1 -> {(mh, mw): [G, mh, mw] bool}: ``yolact_loss.downsample_bits(resize_masks(masks, size), (mh,
+    """[G, h, w] 0/1 -> {(mh, mw): [G, mh, mw] bool}: ``loss_targets.downsample_bits(resize_masks(masks, size), (mh,
     mw))`` for each of mask_sizes (the values of torch's generic kernel, as ``image_ops.resized_twice_above`` makes
     them), without the [G, S, S] float masks: a third of their pixels are made, the ones the downsamples read."""
     return {

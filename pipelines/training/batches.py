@@ -32,7 +32,7 @@ from pipelines.training.augment import (
     to_network_input,
 )
 from pipelines.training.fused import FusedOnCuda
-from pipelines.training.yolact_loss import PackedTargets, Targets
+from pipelines.training.loss_targets import PackedTargets, Targets
 
 CPU_ROWS = 4  # images per colour pass on a CPU (MicroBatch.finish_images): its temporaries stay in cache
 
@@ -229,9 +229,8 @@ def window_masks(rles: list[str], objects: np.ndarray, height: int, width: int, 
 
 
 def load_kernels() -> None:
-    """Compile, or load from numba's disk cache, window_masks' kernel in this process (numba's start-up, paid
-    once): the DataLoader workers forked from it start with it instead of each loading it on its first image, every
-    epoch."""
+    """Compile, or load from numba's disk cache, window_masks' kernel in this process (slow the first time): the
+    DataLoader workers forked from it start with it instead of each loading it on its first image, every epoch."""
     window_masks(
         [], np.zeros(0, np.int64), 1, 1, Geometry.whole(1, 1, np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
     )

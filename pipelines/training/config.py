@@ -11,6 +11,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
+from model_export.models.yolact import get_config
 from pipelines.errors import UsageError
 from pipelines.job_config import conform_value, read_yaml, set_path
 from pipelines.training.augment import AugmentConfig
@@ -57,8 +58,6 @@ class ModelSection:
 
     def yolact_config(self):
         """The model_export YolactConfig this section names, with its input side and classes."""
-        from model_export.models.yolact import get_config
-
         overrides = {"max_size": int(self.max_size)} if self.max_size else {}
         if self.class_names:
             overrides["class_names"] = tuple(str(name) for name in self.class_names)

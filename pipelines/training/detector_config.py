@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from model_export.models.factornet_detector import get_detector_config
 from pipelines.errors import UsageError
 from pipelines.training.augment import AugmentConfig
 from pipelines.training.config import (
@@ -47,8 +48,6 @@ class DetectorModelSection:
 
     def detector_config(self):
         """The model_export DetectorConfig this section names (with its input size override)."""
-        from model_export.models.factornet_detector import get_detector_config
-
         overrides = {"input_size": tuple(int(v) for v in self.input_size)} if self.input_size else {}
         try:
             return get_detector_config(self.config, **overrides)

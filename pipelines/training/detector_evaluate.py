@@ -1,14 +1,20 @@
-"""The detector's validation in PyTorch: COCO box AP (pycocotools, through `pipelines.results.evaluate`) of
+"""The detector's validation in PyTorch: COCO box AP (pycocotools, through `pipelines.report.evaluate`) of
 torchvision's
 eval-mode detections on the prepared val split, at the original image size.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+
 import torch
 
+from model_export.models.checkpoint import read_state_dict
+from model_export.models.factornet_detector import FactorNetDetector, get_detector_config
 from pipelines.io import storage
-from pipelines.results.evaluate import ap_report, load_ground_truth, subset_ground_truth
+from pipelines.report.evaluate import ap_report, load_ground_truth, subset_ground_truth
+from pipelines.training.detector_sources import CocoFolderIndex
 from pipelines.training.detector_step import make_detector_batch
 from pipelines.training.evaluate import EvalSpec
 
@@ -68,13 +74,6 @@ def evaluate_detector(
 def main(argv: list[str] | None = None) -> int:
     """python -m pipelines.training.detector_evaluate --checkpoint CKPT --images DIR --annotations FILE
     [--config factornet_small] [--device cpu|cuda]: box AP of a training checkpoint in PyTorch (no Spark)."""
-    import argparse
-    import json
-
-    from model_export.models.checkpoint import read_state_dict
-    from model_export.models.factornet_detector import FactorNetDetector, get_detector_config
-    from pipelines.training.detector_sources import CocoFolderIndex
-
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--images", required=True)

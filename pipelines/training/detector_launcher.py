@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.training.detector_config import DetectorTrainConfig
 from pipelines.training.detector_step import LOSS_KEYS
+from pipelines.training.detector_trainer import detector_train_worker
 from pipelines.training.launcher import run_ranks, train_and_report
 
 log = logging.getLogger(__name__)
@@ -22,8 +23,6 @@ log = logging.getLogger(__name__)
 def launch_detector(spark: SparkSession, cfg: DetectorTrainConfig) -> dict:
     """Run `detector_train_worker` on cfg.distributed.num_processes ranks (cfg.distributed.use_gpu resolved by
     `with_gpu_decision`: one GPU per rank, NCCL); returns rank 0's summary."""
-    from pipelines.training.detector_trainer import detector_train_worker
-
     return run_ranks(spark, cfg, detector_train_worker)
 
 

@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from model_export.detector_export import load_detector_checkpoint
 from model_export.models.factornet_detector import FactorNetDetector, get_detector_config
+from pipelines.errors import UsageError, report_error
 from pipelines.io import uris
 from pipelines.training import checkpoints as ckpt
 from pipelines.training.detector_config import DetectorTrainConfig, load_detector_train_config
@@ -33,13 +35,10 @@ from pipelines.training.detector_step import LOSS_KEYS, detector_step, make_dete
 from pipelines.training.devices import configure_device, rank_device, resolve_use_gpu
 from pipelines.training.run_state import RankSessionBase, make_optimizer, new_run_state, rank_process
 from pipelines.training.sampler import GlobalBatchSampler
-from pipelines.training.shards import ShardIndex
+from pipelines.training.shards import VAL_ANNOTATIONS_NAME, ShardIndex
 from pipelines.training.train_job import set_overrides
 
 log = logging.getLogger(__name__)
-# Same name and meaning as pipelines.training.prepare (not imported: it imports pyspark, and this module also runs
-# without Spark).
-VAL_ANNOTATIONS_NAME = "val_annotations.json"
 
 
 def build_detector(cfg: DetectorTrainConfig) -> FactorNetDetector:
@@ -47,8 +46,6 @@ def build_detector(cfg: DetectorTrainConfig) -> FactorNetDetector:
     torch.manual_seed(cfg.train.seed)
     model = FactorNetDetector(cfg.model.detector_config())
     if cfg.model.init:
-        from model_export.detector_export import load_detector_checkpoint
-
         load_detector_checkpoint(model, cfg.model.init)
     return model
 
@@ -190,7 +187,7 @@ def detector_train_worker(config: dict) -> dict | None:
 
 def train_from_folder(cfg: DetectorTrainConfig) -> dict:
     """One process, no Spark: every annotated image of data.images / data.annotations trains; no val split
-    (evaluate the export with jobs/infer_detector.py and pipelines.results.evaluate)."""
+    (evaluate the export with jobs/infer_detector.py and pipelines.report.evaluate)."""
     torch.set_num_threads(cfg.distributed.threads_per_process)
     if cfg.distributed.strategy != "local":
         raise SystemExit(
@@ -213,7 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.device:
         overrides["distributed.use_gpu"] = {"auto": "auto", "cpu": False, "cuda": True}[args.device]
     overrides["eval.every_epochs"] = 0
-    from pipelines.errors import UsageError, report_error
 
     started = time.time()
     try:

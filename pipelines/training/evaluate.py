@@ -1,6 +1,6 @@
 """Validation in PyTorch: val loss (no augmentation, batch norm on running statistics) and COCO box / mask AP with
 pycocotools. Detections come from ``pipelines.ops.yolact_postprocess`` (the numpy Detect and mask assembly the
-Spark job uses), at the original image size; AP comes from ``pipelines.results.evaluate`` (the torch-free implementation
+Spark job uses), at the original image size; AP comes from ``pipelines.report.evaluate`` (the torch-free implementation
 that also evaluates a job's output).
 """
 
@@ -14,7 +14,7 @@ from pycocotools import mask as mask_utils
 
 from pipelines.io import storage
 from pipelines.ops import yolact_postprocess as yp
-from pipelines.results.evaluate import ap_report, load_ground_truth, subset_ground_truth
+from pipelines.report.evaluate import ap_report, load_ground_truth, subset_ground_truth
 from pipelines.training.batches import InputSpec, make_micro_batch
 from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, num_positives
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from pipelines.job_config import resolve_local
+from pipelines.spark.spark_session import ship_library, ship_once, staged_library_archive
 from pipelines.spark.stop_signals import children_stop_on_signals
 from pipelines.training import tracking
 from pipelines.training.config import TrainConfig, TrainConfigError
@@ -32,6 +33,7 @@ from pipelines.training.devices import (
 )
 from pipelines.training.prepare import REPORT_NAME, PrepareSpec, prepare_training_data
 from pipelines.training.progress import DriverProgress
+from pipelines.training.trainer import train_worker
 
 LOG = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -74,8 +76,6 @@ def prepare(spark: SparkSession, cfg: TrainConfig, class_names: tuple[str, ...])
 
 def launch(spark: SparkSession, cfg: TrainConfig) -> dict:
     """Run `train_worker` on cfg.distributed.num_processes ranks; returns rank 0's summary."""
-    from pipelines.training.trainer import train_worker
-
     return run_ranks(spark, cfg, train_worker, decide_gpu=True)
 
 
@@ -114,8 +114,8 @@ def rank_environment(cfg):
     paths = [str(REPO_ROOT)] + [p for p in (saved["PYTHONPATH"] or "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))  # ranks import pipelines, model_export
     if cfg.distributed.omp_wait_policy:
-        # OpenMP threads that spin at barriers stall each other when the cores are shared (2 threads much slower than
-        # 1 under load); passive waiting avoids that. Read when the ranks start (inherited env).
+        # OpenMP threads that spin at barriers stall each other when the cores are shared; passive waiting avoids
+        # that. Read when the ranks start (inherited env).
         os.environ["OMP_WAIT_POLICY"] = cfg.distributed.omp_wait_policy.upper()
     try:
         yield
@@ -169,7 +169,6 @@ def session_conf(cfg: TrainConfig) -> dict[str, str]:
 
 def ship_packages(spark: SparkSession) -> None:
     """Executors need `pipelines` and `model_export` (and torch in their Python environment)."""
-    from pipelines.spark.spark_session import ship_library, ship_once, staged_library_archive
 
     def add() -> None:
         spark.sparkContext.addPyFile(str(staged_library_archive(REPO_ROOT / "model_export")))

@@ -36,11 +36,14 @@ from pipelines.datasets.coco import parse_coco_json
 from pipelines.datasets.schema import Dataset
 from pipelines.datasets.voc import read_voc_files
 from pipelines.errors import UsageError
+from pipelines.inference.image_sources import empty_files
 from pipelines.io import storage, uris
+from pipelines.io.output_paths import qualify_root
+from pipelines.ops.image_decode import ImageDecodeError, decode_image
 from pipelines.training.shard_rows import image_rows as _rows
+from pipelines.training.shards import VAL_ANNOTATIONS_NAME
 
 REPORT_NAME = "prepare_report.json"
-VAL_ANNOTATIONS_NAME = "val_annotations.json"
 SKIP_REASONS = ("no_annotations", "missing", "corrupt", "size_mismatch")
 ROW_GROUP_BYTES = 1 << 20
 ROW_SCHEMA = T.StructType(
@@ -184,8 +187,6 @@ def _check_images(spark: SparkSession, annotated: DataFrame, images_uri: str) ->
         .option("recursiveFileLookup", "true")
         .load(storage.spark_read_path(images_uri).rstrip("/"))
     )
-    from pipelines.inference.image_sources import empty_files
-    from pipelines.io.output_paths import qualify_root
 
     # zero-byte files are not in Spark's scan: added back without bytes, they are "corrupt (empty)", not "missing"
     empty = empty_files(spark, source, source.select("path")).select("path", F.unhex(F.lit("")).alias("content"))
@@ -199,8 +200,6 @@ def _check_images(spark: SparkSession, annotated: DataFrame, images_uri: str) ->
 
 
 def _classify_batches(batches):
-    from pipelines.ops.image_decode import ImageDecodeError, decode_image
-
     for frame in batches:
         reasons, messages = [], []
         for row in frame.itertuples(index=False):

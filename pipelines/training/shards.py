@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from pipelines.errors import UsageError
 from pipelines.io import uris
 
+VAL_ANNOTATIONS_NAME = "val_annotations.json"  # prepare writes it beside the shards; validation reads it
 ROW_COLUMNS = ("image_id", "file_name", "width", "height", "image", "labels", "boxes", "rles")
 
 

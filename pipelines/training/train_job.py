@@ -12,6 +12,10 @@ import argparse
 import json
 from collections.abc import Callable, Sequence
 
+from pipelines.spark.spark_session import job_session, stop_session
+from pipelines.spark.stop_signals import exit_code_of, outcome_decided, stop_on_signals
+from pipelines.training.launcher import session_conf
+
 FLAGS = {
     "strategy": "distributed.strategy",
     "num_processes": "distributed.num_processes",
@@ -68,8 +72,6 @@ def run_train_job(
     """Load the config, run_training(spark, cfg) in a job session, print the summary's summary_keys. Returns the exit
     code: a SparkSegError prints one line and exits with its code; Ctrl-C or SIGTERM stops the run (stop_on_signals)
     and exits 130 or 143 with one line; anything else is a bug (traceback, exit 1)."""
-    from pipelines.spark.stop_signals import exit_code_of, outcome_decided
-
     try:
         summary = train(args, load_config, run_training)
     except BaseException as error:  # an expected error, a bug, or after a stop what the stopped run raised
@@ -82,10 +84,6 @@ def run_train_job(
 
 def train(args: argparse.Namespace, load_config: Callable, run_training: Callable) -> dict:
     """run_train_job's work: the run's summary."""
-    from pipelines.spark.spark_session import job_session, stop_session
-    from pipelines.spark.stop_signals import stop_on_signals
-    from pipelines.training.launcher import session_conf
-
     cfg = load_config(args.config, overrides_from(args))
     spark = job_session(cfg.spark.master, cfg.spark.app_name, session_conf(cfg))
     try:

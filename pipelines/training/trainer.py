@@ -34,7 +34,7 @@ from pipelines.training.evaluate import EvalSpec, evaluate
 from pipelines.training.loader import LoaderSpec, micro_batch_stream
 from pipelines.training.run_state import RankSessionBase, make_optimizer, new_run_state, rank_process
 from pipelines.training.sampler import GlobalBatchSampler
-from pipelines.training.shards import ShardIndex
+from pipelines.training.shards import VAL_ANNOTATIONS_NAME, ShardIndex
 from pipelines.training.strategies import DataParallelRunner, TermsInFlight, make_runner
 from pipelines.training.topology import Topology, all_reduce_sum, make_topology
 from pipelines.training.yolact_loss import LOSS_KEYS, Normalizer, YolactLoss, num_positives
@@ -174,8 +174,6 @@ class TrainingSession(RankSessionBase):
             "top_k": ycfg.top_k,
             "max_num_detections": ycfg.max_num_detections,
         }
-        from pipelines.training.prepare import VAL_ANNOTATIONS_NAME  # prepare imports pyspark: only here
-
         spec = EvalSpec(
             uris.join_uri(self.cfg.data.prepared, VAL_ANNOTATIONS_NAME),
             ycfg.class_names,

@@ -1,7 +1,7 @@
 """COCO box and mask AP (pycocotools) of what a job wrote, against COCO annotations; the one AP implementation
 that training's validation (`pipelines.training.evaluate`) uses too. No torch, no Spark.
 
-    python -m pipelines.results.evaluate --output OUT --annotations val/annotations.json [--score-threshold 0.5] \
+    python -m pipelines.report.evaluate --output OUT --annotations val/annotations.json [--score-threshold 0.5] \
         [--group blobs=pothole,patch,puddle]
 
 Detections rows are matched to annotated images by the end of their path: a COCO `file_name` (`road_00001.jpg`,
@@ -30,6 +30,9 @@ from pycocotools.cocoeval import COCOeval
 
 from pipelines.datasets.coco import parse_coco_json
 from pipelines.errors import SparkSegError, UsageError, report_error
+from pipelines.report.render import write_report
+from pipelines.report.report_rows import row_order
+from pipelines.report.tables import DETECTION_COLUMNS, iter_current_rows, local_output, output_keys
 
 log = logging.getLogger(__name__)
 EVALUATION_NAME = "evaluation.json"
@@ -192,9 +195,6 @@ def evaluate_output(
     """COCO AP of the job's current detections in `output` against `annotations`; the evaluation.json content.
     Holds the rows of the annotated images only (and a key per image of the output), so that a labelled sample
     can be evaluated in a large output."""
-    from pipelines.report.report_rows import row_order
-    from pipelines.report.tables import DETECTION_COLUMNS, iter_current_rows, output_keys
-
     root, _, _, keys = output_keys(output)
     ground_truth = load_ground_truth(annotations)
     annotated = AnnotatedImages(ground_truth.dataset["images"])
@@ -266,8 +266,6 @@ def evaluate_output(
 
 
 def write_evaluation(output: str | Path, report: dict) -> Path:
-    from pipelines.report.tables import local_output
-
     path = local_output(output) / EVALUATION_NAME
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -318,8 +316,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     report_page = Path(report["output"]) / "report.html"
     if report_page.is_file():
-        from pipelines.report.render import write_report
-
         print(f"report: {write_report(args.output)}  (open it in a browser)")
     return 0
 

@@ -1,7 +1,7 @@
 """Build this env's class-data-sharing archive of the Spark driver JVM (pipelines.spark.jvm_class_archive names it).
 
-python -m pipelines.spark.jvm_class_archive_build [--if-missing]   # ~1 min; make demo, test, bench* run it
-python -m pipelines.spark.jvm_class_archive_build --path           # print where the archive is (built or not)
+python -m pipelines.tools.jvm_class_archive_build [--if-missing]   # make demo, test, bench* run it
+python -m pipelines.tools.jvm_class_archive_build --path           # print where the archive is (built or not)
 """
 
 from __future__ import annotations
