@@ -18,6 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from pipelines.errors import report_error  # noqa: E402
 from pipelines.job_config import REPO_ROOT, ConfigError  # noqa: E402
+from pipelines.sweeps.config import load_sweep_config  # noqa: E402
+from pipelines.sweeps.sweep import run_sweep  # noqa: E402
 
 DEFAULT_CONFIG = REPO_ROOT / "conf" / "sweep.yaml"
 
@@ -33,9 +35,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from pipelines.sweeps.config import load_sweep_config
-    from pipelines.sweeps.sweep import run_sweep
-
     try:
         config = load_sweep_config(args.config, {"out_dir": args.out_dir, "mode": args.mode, "repeats": args.repeats})
     except ConfigError as err:

@@ -28,6 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_training(spark, cfg) -> dict:
+    # the training modules import torch (an optional dependency): loaded once a run starts, not for --help
     from pipelines.training.detector_launcher import run_detector_training
 
     return run_detector_training(spark, cfg)
@@ -35,7 +36,7 @@ def run_training(spark, cfg) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from pipelines.training.detector_config import load_detector_train_config
+    from pipelines.training.detector_config import load_detector_train_config  # torch too, once parsed
 
     return run_train_job(args, load_detector_train_config, run_training, SUMMARY_KEYS)
 

@@ -26,6 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_training(spark, cfg) -> dict:
+    # the training modules import torch (an optional dependency): loaded once a run starts, not for --help
     from pipelines.training.launcher import run_training as run_yolact_training
 
     return run_yolact_training(spark, cfg)
@@ -33,7 +34,7 @@ def run_training(spark, cfg) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from pipelines.training.config import load_train_config
+    from pipelines.training.config import load_train_config  # torch too, once the arguments are parsed
 
     return run_train_job(args, load_train_config, run_training, SUMMARY_KEYS)
 

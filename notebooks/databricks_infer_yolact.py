@@ -55,7 +55,8 @@ if str(REPO_ROOT) not in sys.path:
 
 from pipelines.inference.inference_job import run  # noqa: E402
 from pipelines.io.azure_storage import AzureCredentials  # noqa: E402
-from pipelines.job_config import ConfigError, load_config, set_path  # noqa: E402
+from pipelines.job_cli import choose_engine  # noqa: E402
+from pipelines.job_config import ConfigError, JobConfig, load_config, set_path  # noqa: E402
 
 # COMMAND ----------
 
@@ -100,7 +101,8 @@ print(
 
 # COMMAND ----------
 
-summary = run(spark, config, "yolact", azure_credentials=credentials)
+engine = choose_engine(JobConfig.of(config).inference.engine)  # the engine widget's backend
+summary = run(spark, config, "yolact", azure_credentials=credentials, engine=engine)
 counts = summary["counts"]
 print(
     f"done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "

@@ -14,11 +14,18 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from pipelines.job_config import ConfigError, load_config, set_path  # noqa: E402
+from pipelines.engines.bigdl_inference import BigDLEngine  # noqa: E402
+from pipelines.inference.engine import Engine  # noqa: E402
+from pipelines.inference.inference_job import plan_job, run_plan  # noqa: E402
+from pipelines.inference.native_engine import NativeEngine  # noqa: E402
+from pipelines.job_config import ConfigError, JobConfig, load_config, set_path  # noqa: E402
+from pipelines.spark.spark_session import stop_session, warn_unknown_spark_settings  # noqa: E402
+from pipelines.spark.stop_signals import exit_code_of, outcome_decided, stop_on_signals  # noqa: E402
 
 OVERRIDES = {  # command-line flag -> config key
     "input": "input.uri",
@@ -37,6 +44,15 @@ OVERRIDES = {  # command-line flag -> config key
     "pin_cores": "inference.pin_cores",
     "max_error_fraction": "run.max_error_fraction",
 }
+
+# inference.engine's values -> their backends
+ENGINES: dict[str, Callable[[], Engine]] = {"native": NativeEngine, "bigdl": BigDLEngine}
+
+
+def choose_engine(name: str) -> Engine:
+    """The backend the config's inference.engine names (job_config checked it is one of ENGINES): the one place an
+    engine's name picks code; the object goes down with the plan."""
+    return ENGINES[name]()
 
 
 def parse_args(
@@ -80,7 +96,7 @@ def parse_args(
         help="each executor Python worker on spark.task.cpus cores of its own (inference.pin_cores; "
         "for hosts that run nothing else)",
     )
-    parser.add_argument("--engine", choices=["native", "bigdl"], help=f"inference engine [{inference['engine']}]")
+    parser.add_argument("--engine", choices=list(ENGINES), help=f"inference engine [{inference['engine']}]")
     parser.add_argument(
         "--reader", choices=["auto", "spark", "azure_sdk"], help=f"how images are read [{packaged['input']['reader']}]"
     )
@@ -167,8 +183,6 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
     logging.basicConfig(level=logging.WARNING, format="sparkseg: %(levelname)s: %(message)s")
     if args.verbose:
         logging.getLogger("pipelines").setLevel(logging.INFO if args.verbose == 1 else logging.DEBUG)
-    from pipelines.spark.stop_signals import exit_code_of, outcome_decided
-
     try:
         code = run_job(args, family)
     except BaseException as error:  # an expected error, a bug, or after a stop whatever the stopped context raised
@@ -181,19 +195,11 @@ def main(argv: list[str] | None = None, family: str = "yolact", description: str
 
 def run_job(args: argparse.Namespace, family: str) -> int:
     """main's work once the arguments are parsed: 0, or the error main maps to an exit code."""
-    from pipelines.inference.inference_job import plan_job, run_plan
-    from pipelines.spark.spark_session import job_session, stop_session, warn_unknown_spark_settings
-    from pipelines.spark.stop_signals import stop_on_signals
-
-    config = build_config(args, family)
-    plan = plan_job(config, family)
+    config = JobConfig.of(build_config(args, family))
+    engine = choose_engine(config.inference.engine)
+    plan = plan_job(config, family, engine=engine)
     settings = plan.config.spark
-    if plan.engine == "bigdl":
-        from pipelines.engines.bigdl_engine import bigdl_job_session
-
-        spark = bigdl_job_session(settings)
-    else:
-        spark = job_session(settings.master, settings.app_name, settings.conf, settings.log_level)
+    spark = engine.session(settings)
     try:
         stop_on_signals()
         warn_unknown_spark_settings(spark, settings.conf)

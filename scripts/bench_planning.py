@@ -77,16 +77,11 @@ def child(size: int, scenario: str, driver_memory: str, work: Path) -> dict:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from pipelines.inference.inference_job import (
-        count_inputs,
-        index_todo,
-        planning_settings,
-        session_settings_for,
-        set_session_settings,
-        todo_listing,
-    )
+    from pipelines.inference.resume import count_inputs, todo_listing
     from pipelines.inference.video_sources import image_units
+    from pipelines.inference.waves import index_todo
     from pipelines.job_config import JobConfig, load_config
+    from pipelines.spark.session_settings import planning_settings, session_settings_for, set_session_settings
     from pipelines.spark.spark_session import local_session
 
     spark = local_session("bench-planning", "local[2]", {"spark.driver.memory": driver_memory})

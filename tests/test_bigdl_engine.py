@@ -17,15 +17,17 @@ import pytest
 from PIL import Image
 
 from pipelines.engines.bigdl_engine import (
-    CV_8UC3,
     BigDLNotInstalled,
+    bigdl_python_env,
+    missing_bigdl_requirements,
+    require_bigdl,
+)
+from pipelines.engines.bigdl_stages import (
+    CV_8UC3,
     bigdl_predict,
     bigdl_preprocess,
-    bigdl_python_env,
     ir_outputs,
-    missing_bigdl_requirements,
     nnimage_reader_images,
-    require_bigdl,
     to_image_schema,
 )
 from tests.bigdl.fixtures import bigdl_log, bigdl_spark, tiny_ir, yolact_ir  # noqa: F401  (pytest fixtures)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from pipelines.engines.bigdl_inference import BigDLEngine
 from pipelines.inference.inference_job import run
 from pipelines.inference.model_manifest import load_manifest
 from pipelines.ops.mask_outputs import decode_rle
@@ -53,6 +54,7 @@ def test_bigdl_engine_equals_the_native_engine(bigdl_spark, tmp_path):
             **job_config(images, tmp_path / "bigdl"),
             "inference": {**job_config(images, tmp_path)["inference"], "engine": "bigdl"},
         },
+        engine=BigDLEngine(),
     )
     assert native["counts"]["done"] == bigdl["counts"]["done"] == 4
     assert bigdl["stage_seconds"]["infer"] > 0  # Orca's predict, timed as its rows are pulled
@@ -74,7 +76,7 @@ def test_bad_input_corpus_through_the_bigdl_engine(bigdl_spark, tmp_path):
     expected = build_bad_input_corpus(corpus, include_large=False)
     config = job_config(corpus, tmp_path / "out", partitions=3)
     config["inference"]["engine"] = "bigdl"
-    summary = run(bigdl_spark, config)
+    summary = run(bigdl_spark, config, engine=BigDLEngine())
     detections = set(rows_by_name(bigdl_spark, tmp_path / "out"))
     errors = {Path(r.path).name for r in bigdl_spark.read.parquet(str(tmp_path / "out" / "errors")).collect()}
     listed = {n for n in expected if Path(n).suffix.lower() in tuple(config["input"]["extensions"])}
@@ -112,7 +114,7 @@ def test_a_cluster_master_without_executor_cores_is_refused_before_spark_starts(
 def test_an_azure_input_under_the_bigdl_engine_is_refused_saying_what_to_use():
     """The bigdl engine's pinned env has no Azure SDK: an az:// input stops before Spark starts, one line."""
     from pipelines.inference import image_sources as src
-    from pipelines.inference.inference_job import plan_job
+    from pipelines.inference.job_plan import plan_job
     from pipelines.job_config import load_config
 
     config = load_config()
@@ -123,7 +125,7 @@ def test_an_azure_input_under_the_bigdl_engine_is_refused_saying_what_to_use():
         match=r"the bigdl engine's env \(make bigdl-env\) has no Azure SDK: run "
         r"this input or output with --engine native",
     ):
-        plan_job(config, "yolact")
+        plan_job(config, "yolact", engine=BigDLEngine())
 
 
 def three_images(directory: Path) -> Path:

@@ -217,7 +217,7 @@ def test_a_killed_runs_uncommitted_tasks_are_removed_not_committed_by_the_next_r
     (output / "errors" / "_temporary" / "0" / "_temporary").mkdir(parents=True)
     shutil.copy(SAMPLES / "images" / "chelsea.jpg", images / "new.jpg")
 
-    with caplog.at_level("WARNING", logger="pipelines.inference.inference_job"):
+    with caplog.at_level("WARNING", logger="pipelines.inference.resume"):
         summary = run(spark, job_config(images, output))
     assert summary["counts"]["done"] == 1
     assert_exactly_once(spark, output, names + ["new.jpg"])

@@ -96,7 +96,7 @@ def test_next_run_processes_exactly_the_new_and_replaced_images(spark, tmp_path,
     assert second["table"] == counts
     assert json.loads((output / "summary.json").read_text())["table"] == counts
 
-    with caplog.at_level("WARNING", logger="pipelines.inference.inference_job"):
+    with caplog.at_level("WARNING", logger="pipelines.inference.resume"):
         third = run(spark, job_config(images, output))
     assert third["counts"]["skipped"] == 5 and third["counts"]["done"] == third["counts"]["failed"] == 0
     assert not (output / LOCK_NAME).exists(), "a finished run must release the lock"
@@ -106,7 +106,7 @@ def test_next_run_processes_exactly_the_new_and_replaced_images(spark, tmp_path,
     write_image(images / "f.jpg", seed=6)
     config = job_config(images, output)
     config["output"].update({"masks": "none", "score_threshold": 0.5})
-    with caplog.at_level("WARNING", logger="pipelines.inference.inference_job"):
+    with caplog.at_level("WARNING", logger="pipelines.inference.resume"):
         assert run(spark, config)["counts"]["done"] == 1
     assert (
         "5 images already done keep the rows the last run wrote (output.masks (--masks) 'rle_and_png' -> "

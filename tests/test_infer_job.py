@@ -192,7 +192,7 @@ def test_bad_model_directory_fails_before_any_task(spark, sample_images, tmp_pat
 
 def test_executors_without_the_driver_filesystem_get_the_model_from_spark_files(spark, tmp_path):
     from pipelines.inference.image_inference import load_executor_model
-    from pipelines.inference.inference_job import ship_model
+    from pipelines.inference.waves import ship_model
 
     manifest = load_manifest(MODEL_DIR)
     staged = Path(ship_model(spark, manifest))

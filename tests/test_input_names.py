@@ -88,7 +88,7 @@ def test_a_run_names_the_underscored_photos_it_skipped(spark, tmp_path, caplog):
     other images too says how many it skipped and what to do (a camera's Adobe RGB photos are `_DSC0001.JPG`)."""
     images = tmp_path / "in"
     write_tree(images, ["DSC0002.JPG", "_DSC0001.JPG"])
-    with caplog.at_level("WARNING", logger="pipelines.inference.inference_job"):
+    with caplog.at_level("WARNING", logger="pipelines.inference.resume"):
         assert run(spark, job_config(images, tmp_path / "out"))["counts"]["inputs"] == 1
     assert "1 file with those endings is skipped for a name starting with '_' (e.g. _DSC0001.JPG;" in caplog.text
 

@@ -155,8 +155,8 @@ def test_an_input_host_that_does_not_resolve_is_a_clear_error(tmp_path):
 
 
 def test_local_paths_are_checked_in_hadoops_spelling(tmp_path):
-    from pipelines.inference.inference_job import check_local_paths
-    from pipelines.job_config import local_path
+    from pipelines.inference.job_plan import check_local_paths
+    from pipelines.io.local_paths import local_path
 
     literal = tmp_path / "lit%20dir#1"
     literal.mkdir()

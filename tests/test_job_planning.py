@@ -10,18 +10,12 @@ import itertools
 from pathlib import Path
 
 from pipelines.inference import image_sources as src
-from pipelines.inference.inference_job import (
-    bytes_fetcher,
-    count_inputs,
-    index_todo,
-    plan_job,
-    run,
-    tasks_per_wave,
-    todo_listing,
-    wave_images,
-)
+from pipelines.inference.inference_job import run
+from pipelines.inference.job_plan import bytes_fetcher, plan_job, tasks_per_wave
 from pipelines.inference.model_manifest import load_manifest
+from pipelines.inference.resume import count_inputs, todo_listing
 from pipelines.inference.video_sources import image_units
+from pipelines.inference.waves import index_todo, wave_images
 from pipelines.job_config import JobConfig, load_config
 from tests.job_helpers import DEFAULT_MODEL_DIR, job_config
 from tests.test_incremental import write_image

@@ -351,7 +351,7 @@ def two_runs_output(tmp_path):
 def test_the_job_gathers_the_report_rows_with_spark_as_the_local_reader_does(spark, tmp_path):
     """The job's report rows (spark_rows: partitions gathered on the executors, merged in a tree) equal render.gather's
     on two_runs_output; the job draws with them beyond LOCAL_REPORT_MAX_RECORDS, and the CLI with --spark."""
-    from pipelines.inference.inference_job import LOCAL_REPORT_MAX_RECORDS, render_report
+    from pipelines.inference.job_summary import LOCAL_REPORT_MAX_RECORDS, render_report
     from pipelines.io.storage import Location
     from pipelines.report.spark_rows import gather_with_spark
 

@@ -14,7 +14,9 @@ from PIL import Image
 
 from pipelines.datasets.synthetic_roads import RoadSceneConfig, render_scene
 from pipelines.inference import image_sources as src
-from pipelines.inference.inference_job import plan_job, run, work_units
+from pipelines.inference.inference_job import run
+from pipelines.inference.job_plan import plan_job
+from pipelines.inference.resume import work_units
 from pipelines.job_cli import build_config, parse_args
 from pipelines.results.done_index import done_keys
 from pipelines.results.incremental import current_detections

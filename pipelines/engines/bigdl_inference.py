@@ -1,7 +1,7 @@
-"""The bigdl engine as a transform with the native engine's contract: wave DataFrame in, RESULT_SCHEMA rows out,
-so the writers, resume and summary are shared.
+"""The bigdl engine as an Engine (pipelines.inference.engine), `BigDLEngine`: a wave DataFrame in, RESULT_SCHEMA rows
+out, as the native engine's, so the writers, resume and summary are shared.
 
-The paper's stages, with BigDL's own classes (pipelines.engines.bigdl_engine):
+The paper's stages, with BigDL's own classes (pipelines.engines.bigdl_stages):
   image bytes -> decode on executors (our decoder: EXIF, CMYK, 16-bit...; failures become error rows)
   -> Spark image struct (BGR) -> DLlib ChainedPreprocessing through NNModel (resize, channel normalize, to tensor)
   -> Orca Estimator.from_openvino predict (the IR broadcast to every worker)
@@ -10,17 +10,20 @@ The paper's stages, with BigDL's own classes (pipelines.engines.bigdl_engine):
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.engines.bigdl_engine import CV_8UC3, bigdl_predict, bigdl_preprocess, ir_outputs
+from pipelines.engines.bigdl_engine import bigdl_job_session, require_bigdl
+from pipelines.engines.bigdl_stages import CV_8UC3, bigdl_predict, bigdl_preprocess, ir_outputs
 from pipelines.inference.executor_cache import LazyModel
 from pipelines.inference.image_inference import (
     RESULT_COLUMNS,
@@ -30,6 +33,8 @@ from pipelines.inference.image_inference import (
     new_row,
     timed,
 )
+from pipelines.inference.model_manifest import ModelManifest
+from pipelines.job_config import SparkSettings
 from pipelines.ops.image_decode import decode_image
 from pipelines.results.result_schema import FRAME_COLUMNS, INSTANCES_TYPE, RESULT_SCHEMA
 
@@ -141,7 +146,9 @@ class PostprocessRaw:
             resumed = time.perf_counter()
 
 
-def bigdl_results(wave: DataFrame, task: ImageInference, manifest, precision: str) -> tuple[DataFrame, list[DataFrame]]:
+def bigdl_results(
+    wave: DataFrame, task: ImageInference, manifest: ModelManifest, precision: str
+) -> tuple[DataFrame, list[DataFrame]]:
     """The wave's images through BigDL preprocessing and Orca's OpenVINO Estimator: (RESULT_SCHEMA rows, the
     frames persisted for them: unpersist those once the rows are written). `decoded` feeds two branches (images,
     error rows): persisted, each image is decoded once; bigdl_predict persists its own input (see there)."""
@@ -171,3 +178,35 @@ def bigdl_results(wave: DataFrame, task: ImageInference, manifest, precision: st
     shapes = {name: shape[1:] for name, _, shape in ir_outputs(xml)}
     done = raw.mapInPandas(PostprocessRaw(task, shapes), RESULT_SCHEMA)
     return done.unionByName(failed), [decoded, nested_input]
+
+
+class BigDLEngine:
+    """The bigdl engine (pipelines.inference.engine.Engine): its own env, BigDL's jars in the session; its executors
+    run no Python model, so there is nothing to warm up; images only."""
+
+    name: str = "bigdl"
+    takes_videos: bool = False
+    azure_sdk_fix: str = (
+        "the bigdl engine's env (make bigdl-env) has no Azure SDK: run this input or output with --engine "
+        "native, or read it as abfss:// through Spark's hadoop-azure"
+    )
+    env_hint: str | None = "make bigdl-env"
+
+    def require(self) -> None:
+        require_bigdl()
+
+    def session(self, settings: SparkSettings) -> SparkSession:
+        return bigdl_job_session(settings)
+
+    def start_workers(self, spark: SparkSession, run_id: str) -> AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def warm_up(
+        self, spark: SparkSession, task: ImageInference, partitions: int, run_id: str
+    ) -> AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def results(
+        self, images: DataFrame, task: ImageInference, manifest: ModelManifest, precision: str
+    ) -> tuple[DataFrame, list[DataFrame]]:
+        return bigdl_results(images, task, manifest, precision)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from pipelines.job_cli import choose_engine
 from pipelines.job_config import REPO_ROOT, set_path
 from pipelines.sweeps.config import GridPoint
 from pipelines.sweeps.event_log import AppMetrics, EventLogError, parse_event_log
@@ -170,10 +171,11 @@ def run_point(point: GridPoint, base_job: dict, env: PointEnv, point_dir: Path, 
         row.update(status="skipped", error=reason)
         return row
     if not Path(env.python).is_file():
+        env_hint = choose_engine(point.engine).env_hint
         row.update(
             status="not available",
             error=f"{env.python}: no such interpreter for engine {point.engine}"
-            + (" (build it with make bigdl-env)" if point.engine == "bigdl" else ""),
+            + (f" (build it with {env_hint})" if env_hint else ""),
         )
         return row
     if point_dir.exists():
@@ -267,9 +269,10 @@ def last_error_line(log_path: Path, lines: int = 200) -> str:
 
 
 def python_for(engine: str, main_python: str, bigdl_python: str) -> tuple[str, dict]:
-    """The interpreter and extra environment for an engine. The BigDL env needs PYTHONHOME (else its Python
-    workers fail with "No module named 'encodings'", see the platform notes)."""
-    if engine != "bigdl":
+    """The interpreter and extra environment for an engine: the main one, or for an engine with an env of its own
+    (the bigdl engine's) `bigdl_python` with PYTHONHOME (else its Python workers fail with "No module named
+    'encodings'", see the platform notes)."""
+    if choose_engine(engine).env_hint is None:
         return main_python or sys.executable, {}
     python = str(bigdl_python)
     home = ""

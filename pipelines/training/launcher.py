@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pipelines.job_config import resolve_local
+from pipelines.io.local_paths import resolve_local
 from pipelines.spark.spark_session import ship_library, ship_once, staged_library_archive
 from pipelines.spark.stop_signals import children_stop_on_signals
 from pipelines.training import tracking
@@ -42,7 +42,7 @@ SUMMARY_NAME = "summary.json"
 
 def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     """Relative paths -> absolute (ranks may run in another working directory): the working directory's, else the
-    checkout's where only there it exists (job_config.resolve_local; the run and prepared data directories too, so
+    checkout's where only there it exists (local_paths.resolve_local; the run and prepared data directories too, so
     that a run started from the checkout is found again from elsewhere)."""
     data = dataclasses.replace(
         cfg.data,
