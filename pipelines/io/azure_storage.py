@@ -17,16 +17,21 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import enum
+import functools
 import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 from urllib.parse import quote, quote_plus, unquote
 
 from pipelines.errors import StorageError, UsageError
 from pipelines.io.uris import AZURE_SCHEMES, has_extension, is_hidden, normalize_extensions
+
+if TYPE_CHECKING:
+    from azure.storage.blob import BlobServiceClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -297,7 +302,7 @@ class AzureCredentials:
                 key, _, value = item.partition("=")
                 if key == "sig":
                     secrets.add(value)
-        variants = set()
+        variants: set[str] = set()
         for secret in secrets:
             if secret and len(secret) >= _MIN_SECRET_LENGTH:
                 variants.update((secret, unquote(secret), quote(secret, safe=""), quote_plus(secret), quote(secret)))
@@ -348,7 +353,7 @@ class AzureBlobStore:
 
     def __init__(self, credentials: AzureCredentials | None = None):
         self.credentials = credentials if credentials is not None else AzureCredentials.from_env()
-        self._clients: dict[str, object] = {}
+        self._clients: dict[str, BlobServiceClient] = {}
 
     def __getstate__(self):
         return {"credentials": self.credentials}
@@ -477,7 +482,7 @@ class AzureBlobStore:
         ]
         for name in sorted(names, reverse=True):
             with contextlib.suppress(FileNotFoundError):  # removed in between
-                self._call("delete", path.uri_for(name), lambda name=name: container.delete_blob(name))
+                self._call("delete", path.uri_for(name), functools.partial(container.delete_blob, name))
 
     def container_client(self, path: BlobPath):
         """The SDK's ContainerClient for `path`'s container (for conditional blob operations, e.g. the run lock)."""
@@ -532,6 +537,8 @@ class AzureBlobStore:
             return creds.sas_token
         from azure.identity import ClientSecretCredential
 
+        # __post_init__ let a service principal through only with all three set
+        assert creds.tenant_id and creds.client_id and creds.client_secret
         return ClientSecretCredential(
             tenant_id=creds.tenant_id, client_id=creds.client_id, client_secret=creds.client_secret
         )
@@ -539,7 +546,7 @@ class AzureBlobStore:
     def _each(self, action: str, uri: str, items: Callable[[], Iterable[T]]) -> Iterator[T]:
         """The items of an SDK iterable (pages fetched as it is read), each failure translated as in `_call`."""
         iterator = self._call(action, uri, lambda: iter(items()))
-        while (item := self._call(action, uri, lambda: next(iterator, _END))) is not _END:
+        while (item := self._call(action, uri, lambda: next(iterator, _End.END))) is not _End.END:
             yield item
 
     def _call(self, action: str, uri: str, operation: Callable[[], T]) -> T:
@@ -552,7 +559,10 @@ class AzureBlobStore:
         raise error
 
 
-_END = object()
+class _End(enum.Enum):
+    """The end of an iterator (next()'s default): a type of its own, so that the items keep theirs."""
+
+    END = enum.auto()
 
 
 def _directory_name(blob_path: str) -> str:

@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from pipelines.errors import OutputBusy, StorageError, UsageError
 from pipelines.io.storage import Location
@@ -110,30 +110,34 @@ class LockInfo:
         return f"run {self.run_id} (host {self.host}, pid {self.pid}, started {self.started}, {beat})"
 
 
-class LockStore(Protocol):
+Token = TypeVar("Token")
+
+
+class LockStore(Protocol[Token]):
     """Atomic operations on one lock location. A token identifies one version of the lock (its bytes, or an ETag):
     `replace` and `delete` act only if the lock is still that version."""
 
     uri: str
 
-    def create(self, data: bytes) -> object | None:
+    def create(self, data: bytes) -> Token | None:
         """Create the lock with `data` if absent; its token, or None when it exists."""
 
-    def read(self) -> tuple[bytes, object, float] | None:
+    def read(self) -> tuple[bytes, Token, float] | None:
         """(data, token, last-modified epoch seconds), or None when there is no lock."""
 
-    def replace(self, data: bytes, token: object) -> object | None:
+    def replace(self, data: bytes, token: Token) -> Token | None:
         """Rewrite the lock if it is still version `token`; the new token, or None when it is not."""
 
-    def delete(self, token: object) -> bool:
+    def delete(self, token: Token) -> bool:
         """Remove the lock if it is still version `token`; False when it is not (or is gone)."""
 
 
-class RunLock:
+class RunLock(Generic[Token]):
     """A held lock. `release()` (idempotent) stops the heartbeat and removes the lock if it is still ours."""
 
-    def __init__(self, store: LockStore, info: LockInfo, token: object, settings: LockSettings):
-        self.store, self.info, self._token, self.settings = store, info, token, settings
+    def __init__(self, store: LockStore[Token], info: LockInfo, token: Token, settings: LockSettings):
+        self.store, self.info, self.settings = store, info, settings
+        self._token: Token | None = token
         self.lost = False  # set when the heartbeat found the lock taken over (broken by another run)
         self.taken_by = ""  # then: the run holding it at that moment, described
         self._stop = threading.Event()
@@ -149,7 +153,7 @@ class RunLock:
         *,
         spark=None,
         attempts: int = 3,
-    ) -> RunLock:
+    ) -> RunLock[Any]:
         """Take the lock of `output` for `run_id` and start heartbeating; raise LockHeld if a live run has it.
         `spark` is needed for Hadoop URIs (hdfs://, ...); a URI without a Location's credentials uses the
         environment's for az://."""
@@ -239,7 +243,7 @@ class RunLock:
             except Exception as err:  # noqa: BLE001 - a storage hiccup must not kill the run; the next beat retries
                 log.warning("lock heartbeat failed (%s: %s); retrying", type(err).__name__, err)
 
-    def __enter__(self) -> RunLock:
+    def __enter__(self) -> RunLock[Token]:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -276,7 +280,7 @@ def process_alive(pid: int, started: int | None = None) -> bool:
     return True
 
 
-def lock_store(output: Location | str, *, spark=None) -> LockStore:
+def lock_store(output: Location | str, *, spark=None) -> LockStore[Any]:
     """The store for `<output>/_sparkseg.lock`, chosen like the results writer chooses how to write."""
     output = Location.of(output)
     uri = join_uri(output.uri, LOCK_NAME)

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pipelines.errors import UsageError
 from pipelines.io.uris import (
@@ -31,6 +31,9 @@ from pipelines.io.uris import (
     store_of,
     to_local_path,
 )
+
+if TYPE_CHECKING:  # the Azure SDK is an optional extra
+    from pipelines.io.azure_storage import AzureCredentials
 
 # fsspec schemes whose Hadoop (Spark) spelling differs.
 _SPARK_SCHEMES = {"s3": "s3a"}
@@ -117,7 +120,7 @@ class Location:
     """A file or directory URI and the credentials that open it (Azure; None: the environment's)."""
 
     uri: str
-    credentials: object = field(default=None, repr=False)  # pipelines.io.azure_storage.AzureCredentials
+    credentials: AzureCredentials | None = field(default=None, repr=False)
     _stores: _OpenStores = field(default_factory=_OpenStores, repr=False, compare=False)
 
     @classmethod

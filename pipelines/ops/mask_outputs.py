@@ -183,17 +183,17 @@ def label_map(masks: Iterable[np.ndarray], scores: Sequence[float], height: int,
     Label i is the i-th mask as given. Overlaps go to the higher score. If scores are already descending
     (the usual case) masks are consumed one at a time; otherwise they are held to be painted in score order.
     """
-    scores = np.asarray(list(scores), dtype=np.float64).reshape(-1)
+    score_values = np.asarray(list(scores), dtype=np.float64).reshape(-1)
     builder = LabelMapBuilder(height, width)
-    if np.all(scores[:-1] >= scores[1:]):
-        for mask in _exactly(masks, len(scores)):
+    if np.all(score_values[:-1] >= score_values[1:]):
+        for mask in _exactly(masks, len(score_values)):
             builder.add(mask)
         return builder.label_map()
-    held = list(_exactly(masks, len(scores)))
+    held = list(_exactly(masks, len(score_values)))
     if len(held) > MAX_INSTANCES:
         raise ValueError(f"more than {MAX_INSTANCES} instances cannot be stored in a 16-bit label map")
     labels = np.zeros((height, width), np.uint8 if len(held) < 256 else np.uint16)
-    for index in np.argsort(-scores, kind="stable"):
+    for index in np.argsort(-score_values, kind="stable"):
         mask = _as_binary_mask(held[index])
         if mask.shape != (height, width):
             raise ValueError(f"mask {index + 1} is {mask.shape} but the label map is {(height, width)}")

@@ -489,7 +489,7 @@ def _spans(keep: np.ndarray) -> np.ndarray:
         return np.zeros((keep.shape[0], 2), np.int64)
     start = keep.argmax(axis=1)
     stop = keep.shape[1] - keep[:, ::-1].argmax(axis=1)
-    return np.where(keep.any(axis=1)[:, None], np.stack([start, stop], 1), 0).astype(np.int64)
+    return np.where(keep.any(axis=1, keepdims=True), np.stack([start, stop], 1), 0).astype(np.int64)
 
 
 def _box_mask(probs: np.ndarray, row_axis: AxisTable, col_axis: AxisTable, origin: tuple[int, int] = (0, 0)) -> BoxMask:

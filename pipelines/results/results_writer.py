@@ -128,8 +128,9 @@ def arrow_schema_of(schema: StructType):
     from pyspark.sql.pandas.types import to_arrow_schema
 
     # pyspark 4 needs the session time zone for timestamps; pyspark 3.5 always used UTC and takes no argument
-    tz = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
-    return to_arrow_schema(schema, **tz)
+    if "timezone" in inspect.signature(to_arrow_schema).parameters:
+        return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema)
 
 
 def read_table(
@@ -217,7 +218,9 @@ def hadoop_delete(spark: SparkSession, uri: str) -> bool:
 
 
 def _on_hadoop_file_system(spark: SparkSession, uri: str, call: Callable) -> bool:
-    path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(uri)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # set while the SparkContext runs
+    path = jvm.org.apache.hadoop.fs.Path(uri)
     try:
         return bool(call(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path))
     except Exception as err:  # noqa: BLE001 - py4j wraps the Java exception

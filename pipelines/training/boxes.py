@@ -7,11 +7,15 @@ The numpy decode used at inference lives in ``pipelines.ops.yolact_postprocess``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipelines.ops.yolact_postprocess import VARIANCES
 from pipelines.training.fused import FusedOnCuda
+
+if TYPE_CHECKING:  # yolact_loss imports this module
+    from pipelines.training.yolact_loss import MaskSlots
 
 
 def point_form(boxes: torch.Tensor) -> torch.Tensor:
@@ -125,7 +129,7 @@ class BatchMatch:
     gt_index: torch.Tensor
     loc: torch.Tensor
     gt_box: torch.Tensor
-    slots: object = None  # yolact_loss.MaskSlots, set by YolactLoss.match
+    slots: MaskSlots | None = None  # set by YolactLoss.match
     counts: list[int] | None = None  # positives of each image, as the host read them with the matching
 
     @property
