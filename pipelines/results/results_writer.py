@@ -79,7 +79,7 @@ def write_results(results: DataFrame, output: Location, file_prefix: str = "part
     errors = results.where("status = 'error'").selectExpr(*ERROR_COLUMNS)
     append_rows(detections, output / "detections", file_prefix)
     counts = {key: (value or 0) for key, value in totals.get.items()}
-    # A wave without failures scans nothing for them (the scan of the persisted results cost ~2 ms per image); a
+    # A wave without failures scans nothing for them (a scan of the persisted results per wave); a
     # Hadoop output still gets its errors/ table, empty, so that it can always be read.
     if counts["failed"]:
         append_rows(errors, output / "errors", file_prefix)
