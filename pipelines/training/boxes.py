@@ -7,15 +7,11 @@ The numpy decode used at inference lives in ``pipelines.ops.yolact_postprocess``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from pipelines.ops.yolact_postprocess import VARIANCES
 from pipelines.training.fused import FusedOnCuda
-
-if TYPE_CHECKING:  # yolact_loss imports this module
-    from pipelines.training.yolact_loss import MaskSlots
 
 
 def point_form(boxes: torch.Tensor) -> torch.Tensor:
@@ -119,6 +115,21 @@ def _sanitize(a: torch.Tensor, b: torch.Tensor, size: int, padding: int) -> tupl
 
 
 # ------------------------------------------------------------------------------------------- batched (training)
+@dataclass
+class MaskSlots:
+    """Where the kept positives (at most masks_to_train per image) go in the mask term's [B, count] slots:
+    image_idx, prior_idx, slot_idx [P] (P kept positives in the batch), count (the most any image keeps), scale [B]
+    (positives / kept of each image); everything the host needs is counted once, when they are made."""
+
+    image_idx: torch.Tensor
+    prior_idx: torch.Tensor
+    slot_idx: torch.Tensor
+    count: int
+    scale: torch.Tensor
+    limit: int  # the masks_to_train it was drawn for
+    positives: int  # every positive of the batch, kept or not (read with the draw's counts)
+
+
 @dataclass
 class BatchMatch:
     """Per-prior targets of a batch of B images (N priors), on the priors' device: conf [B, N] long (0 background,

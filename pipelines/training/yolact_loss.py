@@ -32,7 +32,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from pipelines.training.boxes import BatchMatch, center_size, crop_batch, match_batch
+from pipelines.training.boxes import BatchMatch, MaskSlots, center_size, crop_batch, match_batch
 from pipelines.training.fused import FusedOnCuda
 from pipelines.training.resize import resize_bilinear
 
@@ -136,21 +136,6 @@ class PackedTargets:
         if self.full_masks is None:
             raise ValueError(f"targets packed without masks at {size}: pack them with that size")
         return downsample_masks_batch(self.full_masks, size)
-
-
-@dataclass
-class MaskSlots:
-    """Where the kept positives (at most masks_to_train per image) go in the mask term's [B, count] slots:
-    image_idx, prior_idx, slot_idx [P] (P kept positives in the batch), count (the most any image keeps), scale [B]
-    (positives / kept of each image); everything the host needs is counted once, when they are made."""
-
-    image_idx: torch.Tensor
-    prior_idx: torch.Tensor
-    slot_idx: torch.Tensor
-    count: int
-    scale: torch.Tensor
-    limit: int  # the masks_to_train it was drawn for
-    positives: int  # every positive of the batch, kept or not (read with the draw's counts)
 
 
 @dataclass(frozen=True)
