@@ -18,7 +18,8 @@ import uuid
 from typing import Protocol, TypeVar
 
 from pipelines.errors import StorageError
-from pipelines.io.azure_storage import AzureBlobStore, AzureCredentials, parse_blob_uri, translate_error
+from pipelines.io.azure_credentials import AzureCredentials, parse_blob_uri
+from pipelines.io.azure_storage import AzureBlobStore, translate_error
 
 log = logging.getLogger(__name__)
 
