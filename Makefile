@@ -165,6 +165,24 @@ test-databricks: databricks-env azurite
 	$(SUITE_ENV) PYSPARK_PYTHON=$(abspath $(DATABRICKS_VENV))/bin/python $(DATABRICKS_VENV)/bin/python -m pytest -m "not bigdl" \
 		--durations=10 --basetemp="$(PYTEST_TMP)/databricks" $(DATABRICKS_SUITE)
 
+# Lint, format and types, configured in pyproject.toml: ruff over the checkout, mypy over the packages it declares.
+# All three run; make fails at the end if any did.
+.PHONY: check test-fast
+check: $(VENV)/.stamp-test
+	@status=0; \
+	$(PY) -m ruff check . || status=1; \
+	$(PY) -m ruff format --check . || status=1; \
+	$(PY) -m mypy || status=1; \
+	exit $$status
+
+# The loop to run while editing: the main venv's tests without the `slow` ones (tests/conftest.py's SLOW_FILES:
+# standalone clusters, packed envs, Azurite, whole jobs and trainings in subprocesses, the browser) nor the BigDL
+# and Databricks suites. New test files are in it unless added there.
+test-fast: $(VENV)/.stamp-test jvm-archive
+	mkdir -p "$(PYTEST_TMP)" "$(SUITE_TMP)"
+	$(SUITE_ENV) $(PY) -m pytest -m "not slow and not cluster and not bigdl" -n $(TEST_WORKERS) --dist loadfile \
+		--max-worker-restart=0 --durations=10 --basetemp="$(PYTEST_TMP)/fast" tests
+
 bench: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench.py
 

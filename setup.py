@@ -55,6 +55,10 @@ EXTRAS = {
         "venv-pack>=0.2",
         "psutil>=5.9",
         "selenium>=4.20,<5",
+        # make check: ruff's formatting changes between minor versions, so the range stays within one
+        "ruff>=0.17.6,<0.18",
+        "mypy>=2.4,<3",
+        "types-PyYAML>=6",
     ],  # selenium drives Debian's chromium (make browser) in the report page test
 }
 

@@ -70,6 +70,38 @@ LONG_FILES_FIRST = (
 )
 
 
+# Marked `slow`, so left out of `make test-fast` (the loop to run while editing, at most 3 minutes on 2 cores): the
+# long files above, the BigDL suite's, and those that need Azurite or a browser, run whole jobs, trainings or packed
+# envs in subprocesses, or compile every kernel from nothing (each took half a minute or more of a test-fast
+# candidate run). Every other file, a new one included, is in the fast loop: add a file here only with its reason.
+SLOW_FILES = frozenset(
+    LONG_FILES_FIRST
+    + (
+        "test_bigdl_engine.py",  # the BigDL env
+        "test_bigdl_job.py",
+        "test_render_browser.py",  # Chromium
+        "test_azure_storage.py",  # Azurite, and credentials through a Spark job
+        "test_infer_azure.py",
+        "test_done_index.py",
+        "test_deploy_notebooks.py",
+        "test_input_names.py",  # whole jobs
+        "test_job_planning.py",
+        "test_detector_job.py",
+        "test_job_output.py",
+        "test_render.py",
+        "test_evaluate.py",
+        "test_detector_default_model.py",
+        "test_training_loader.py",  # training input workers and steps in subprocesses
+        "test_training_data.py",
+        "test_training_augment_speed_equal.py",
+        "test_compiled_loops_zip.py",  # compiles every kernel twice, from a zip
+    )
+)
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: index for index, name in enumerate(LONG_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)

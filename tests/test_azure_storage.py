@@ -13,13 +13,11 @@ import pytest
 from PIL import Image
 
 from pipelines.io import storage
+from pipelines.io.azure_credentials import AzureCredentials, BlobPath, parse_blob_uri
 from pipelines.io.azure_storage import (
     AzureBlobStore,
-    AzureCredentials,
-    BlobPath,
     blob_exists,
     list_blobs,
-    parse_blob_uri,
     read_blob,
     write_blob,
 )

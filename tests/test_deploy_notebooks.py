@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from pipelines.inference.inference_job import run
-from pipelines.io.azure_storage import AzureCredentials
+from pipelines.io.azure_credentials import AzureCredentials
 from pipelines.io.run_lock import LOCK_NAME, LockHeld, RunLock
 from pipelines.io.storage import Location
 from pipelines.ops.image_decode import decode_image

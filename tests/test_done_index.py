@@ -128,7 +128,7 @@ def test_deleted_table_files_or_a_killed_rewrite_leave_the_keys_those_of_the_tab
 
 
 def test_the_index_of_a_blob_output(spark, azurite):
-    from pipelines.io.azure_storage import AzureCredentials
+    from pipelines.io.azure_credentials import AzureCredentials
 
     output = Location(
         f"az://{azurite.create_container()}/out", AzureCredentials(connection_string=azurite.connection_string)

@@ -21,11 +21,9 @@ import pytest
 from PIL import Image
 
 from pipelines.inference.inference_job import run
+from pipelines.io.lock_stores import AzureLockStore, HadoopLockStore, LocalLockStore
 from pipelines.io.run_lock import (
     LOCK_NAME,
-    AzureLockStore,
-    HadoopLockStore,
-    LocalLockStore,
     LockHeld,
     LockInfo,
     LockSettings,
@@ -297,7 +295,7 @@ def test_a_rewrite_during_a_take_over_waits_and_then_finds_the_lock_taken(tmp_pa
 
 
 def test_azure_lock_blob_is_created_only_when_absent_and_changed_only_by_etag(azurite):
-    from pipelines.io.azure_storage import AzureCredentials
+    from pipelines.io.azure_credentials import AzureCredentials
 
     credentials = AzureCredentials(connection_string=azurite.connection_string)
     output = f"az://{azurite.create_container()}/out"

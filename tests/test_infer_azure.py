@@ -75,7 +75,7 @@ def test_a_blob_table_is_read_on_the_executors_with_old_files_given_null_frame_c
     """The azure_sdk writer's tables are read by the executors, the driver holding only the file names (a 10^7-row
     history must not pass through it), with the credentials the driver resolved; a file from before the video
     frame columns reads them as nulls, as Spark's reader does for the Hadoop writer's files."""
-    from pipelines.io.azure_storage import AzureCredentials
+    from pipelines.io.azure_credentials import AzureCredentials
     from pipelines.io.storage import Location
     from pipelines.results.result_schema import FRAME_COLUMNS
     from pipelines.results.results_writer import arrow_schema_of, read_table, table_schema

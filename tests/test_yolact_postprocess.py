@@ -10,9 +10,9 @@ import torchvision
 
 from pipelines.ops import compiled_loops
 from pipelines.ops.image_ops import resize_bilinear
+from pipelines.ops.yolact_detect import _fast_nms_prefixes
 from pipelines.ops.yolact_postprocess import (
     Detections,
-    _fast_nms_prefixes,
     assemble_masks,
     box_pixels,
     crop_masks,

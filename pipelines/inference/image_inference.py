@@ -14,8 +14,9 @@ import collections
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -37,13 +38,20 @@ from pipelines.results.result_rows import (
     timed,
 )  # (re-exported: the families and tests use them)
 
+if TYPE_CHECKING:
+    from pyspark import Accumulator
+
+    from pipelines.inference.crash_guard import CrashGuard
+    from pipelines.inference.model_manifest import ModelManifest
+    from pipelines.job_config import VideoSettings
+
 
 @dataclass
 class ExecutorModel:
     """What an executor loads once per model hash: the verified manifest, the compiled IR and the model's extra
     arrays (YOLACT's priors)."""
 
-    manifest: object
+    manifest: ModelManifest
     ir: CompiledIR | None  # None where another runtime runs the IR (the bigdl engine)
     arrays: dict
 
@@ -88,12 +96,10 @@ class ImageInference:
     jpeg_draft: bool = False  # decode JPEGs at a reduced DCT scale when the network input is much smaller
     # (faster; changes the model's input pixels, so off by default: see docs/engines.md)
     max_image_pixels: int = 100_000_000
-    fetch_bytes: object = None  # callable(path) -> bytes for readers that don't ship `content` (Azure SDK)
-    progress: object = None  # a Spark accumulator of images processed, read by the driver's progress line
-    # pipelines.inference.crash_guard.CrashGuard: poison images become errors, not job failures
-    crash_guard: object = None
-    # pipelines.inference.video_sources.VideoSettings: frame sampling of video segment units
-    video: object = None
+    fetch_bytes: Callable[[str], bytes] | None = None  # for readers that don't ship `content` (Azure SDK)
+    progress: Accumulator[int] | None = None  # images processed, read by the driver's progress line
+    crash_guard: CrashGuard | None = None  # poison images become errors, not job failures
+    video: VideoSettings | None = None  # frame sampling of video segment units
     frames_per_batch: int = 8  # video frames per inference batch (inference.batch_size)
 
     def __post_init__(self) -> None:

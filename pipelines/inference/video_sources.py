@@ -10,7 +10,7 @@ unreadable tail of a truncated one, are units with `segment_error` set: they bec
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -79,7 +79,7 @@ class VideoScan:
     """The mapInPandas function: videos -> segment units (picklable; PyAV imported on the executor)."""
 
     settings: VideoSettings
-    fetch_bytes: object = None
+    fetch_bytes: Callable[[str], bytes] | None = None
 
     def __call__(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for batch in batches:

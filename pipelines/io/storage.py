@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pipelines.errors import UsageError
+from pipelines.io.azure_credentials import AzureCredentials, account_name_from_env, parse_blob_uri
+from pipelines.io.azure_storage import AzureBlobStore
 from pipelines.io.uris import (
     has_extension,
     is_azure,
@@ -53,8 +55,6 @@ def to_spark_uri(uri: str | os.PathLike, account: str | None = None) -> str:
     if scheme in ("", "file"):
         return f"file:{Path(to_local_path(text)).expanduser().resolve()}"
     if scheme == "az":
-        from pipelines.io.azure_storage import account_name_from_env, parse_blob_uri
-
         path = parse_blob_uri(text)
         account = account or account_name_from_env()
         if not account:
@@ -117,7 +117,7 @@ class Location:
     """A file or directory URI and the credentials that open it (Azure; None: the environment's)."""
 
     uri: str
-    credentials: object = field(default=None, repr=False)  # pipelines.io.azure_storage.AzureCredentials
+    credentials: AzureCredentials | None = field(default=None, repr=False)
     _stores: _OpenStores = field(default_factory=_OpenStores, repr=False, compare=False)
 
     @classmethod
@@ -226,9 +226,7 @@ class LocalFiles:
 class AzureFiles:
     """Files as blobs, through one AzureBlobStore (its SDK clients made at the first call, one per account)."""
 
-    def __init__(self, azure_credentials=None):
-        from pipelines.io.azure_storage import AzureBlobStore
-
+    def __init__(self, azure_credentials: AzureCredentials | None = None):
         self.blobs = AzureBlobStore(azure_credentials)
 
     def write_atomic(self, uri: str, data: bytes, durable: bool = True) -> None:
@@ -241,8 +239,6 @@ class AzureFiles:
         return self.blobs.exists(uri)
 
     def list(self, uri: str, wanted: tuple[str, ...] | None) -> list[str]:
-        from pipelines.io.azure_storage import parse_blob_uri
-
         root = parse_blob_uri(uri).path.rstrip("/")
         found = []
         for blob in self.blobs.list(uri, wanted):

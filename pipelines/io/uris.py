@@ -83,7 +83,7 @@ def join_uri(base: str | os.PathLike, *parts: str) -> str:
     text = os.fspath(base)
     if not text:
         raise ValueError("join_uri: base is empty; pass a directory path or URI")
-    pieces = []
+    pieces: list[str] = []
     for part in parts:
         part = os.fspath(part)
         if part.startswith("/") or scheme_of(part):

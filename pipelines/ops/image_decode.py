@@ -27,11 +27,15 @@ import io
 import sys
 import threading
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageFile, UnidentifiedImageError
 
 from pipelines.errors import UsageError
+
+if TYPE_CHECKING:
+    from PIL._imaging import ImagingCore
 
 DEFAULT_MAX_PIXELS = 100_000_000
 _BAND_PIXELS = 1 << 22  # pixels per band when converting to the output array
@@ -74,8 +78,8 @@ class ImageDecodeError(UsageError):
 
 def reuse_decode_memory(blocks: int = 2) -> None:
     """Let Pillow keep `blocks` freed 16 MiB memory blocks in this process (its default keeps none), so that
-    decoding image after image reuses them instead of mapping fresh pages and faulting them in: ~10% of the
-    decode + preprocess time of 480-1920 px JPEGs, for at most 32 MiB held. Executors call it once."""
+    decoding image after image reuses them instead of mapping fresh pages and faulting them in, for at most 32 MiB
+    held. Executors call it once."""
     Image.core.set_blocks_max(max(Image.core.get_blocks_max(), int(blocks)))
 
 
@@ -88,7 +92,7 @@ def decode_image(
     Returns uint8 [H, W, 3], EXIF orientation applied. Raises ImageDecodeError.
     shared_memory: where Pillow can decode into memory it shares, return that instead of a copy: read-only uint8
     [H, W, 4], RGB plus one padding byte per pixel (Pillow's storage). For callers that resample and then drop
-    the fourth channel (the executors' preprocess): no copy of the image, and 4-byte pixels gather ~4x faster.
+    the fourth channel (the executors' preprocess): no copy of the image, and 4-byte pixels gather faster.
     RGB images up to REUSED_BUFFER_BYTES are decoded into a buffer this thread reuses once nothing refers to the
     last array returned from it (no zero-filled allocation per image, which Pillow's own allocator makes);
     others share Pillow's memory.
@@ -140,7 +144,7 @@ def image_size(data: bytes, name: str = "<bytes>") -> tuple[int, int]:
         return image.size
 
 
-def _open(data: bytes, name: str) -> Image.Image:
+def _open(data: bytes, name: str) -> ImageFile.ImageFile:
     """Image.open reads the header only; maps its failures to ImageDecodeError."""
     if not data:
         raise ImageDecodeError(name, EMPTY, "file is empty (0 bytes)", "re-upload it or remove it from the input")
@@ -238,9 +242,9 @@ class _ReusedBuffer(threading.local):
 _reused = _ReusedBuffer()
 
 
-def _decode_into_reused_buffer(image: Image.Image) -> tuple[np.ndarray, object] | None:
+def _decode_into_reused_buffer(image: ImageFile.ImageFile) -> tuple[np.ndarray, ImagingCore] | None:
     """Point a not yet decoded RGB image at this thread's reused buffer (its load() then decodes into it, skipping
-    the zero-filled image memory Pillow allocates: 5.5 -> 4.0 ms per 480-1920 px JPEG). Returns (the read-only uint8
+    the zero-filled image memory Pillow allocates). Returns (the read-only uint8
     [H, W, 4] view it decodes into, the Pillow image core over it), or None where it cannot: another mode, a
     larger image, no Image.fromarrow (Pillow < 11.2) or no pyarrow. The caller checks that the image still uses
     that memory after load(), so a decoder that allocates its own is never misread."""
@@ -291,7 +295,7 @@ def _to_rgb_array(image: Image.Image, name: str) -> np.ndarray:
     width, height = image.size
     if image.mode == "F":  # needs the whole image's range; float images are rare
         return _gray_to_rgb(_float_to_uint8(np.asarray(image, dtype=np.float64)))
-    if image.mode == "RGB" and width * height <= _BAND_PIXELS:  # one band: one copy (no crop), 3x faster
+    if image.mode == "RGB" and width * height <= _BAND_PIXELS:  # one band: one copy (no crop)
         return np.array(image)
     rgb = np.empty((height, width, 3), np.uint8)
     rows = max(1, _BAND_PIXELS // width)

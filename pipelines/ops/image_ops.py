@@ -142,8 +142,8 @@ def plane_columns(cols: AxisTable, channels: int, picks: tuple[int, ...]) -> Axi
     """An axis table of pixel columns -> the columns of a [H, W * channels] view (interleaved channels) that make
     planes of the channels `picks`, plane-major: all of the first pick's columns, then the second's, ..."""
     i0, i1, w1 = cols
-    picks = np.asarray(picks, dtype=np.int64)[:, None]
-    return ((i0 * channels + picks).ravel(), (i1 * channels + picks).ravel(), np.tile(w1, len(picks)))
+    planes = np.asarray(picks, dtype=np.int64)[:, None]
+    return ((i0 * channels + planes).ravel(), (i1 * channels + planes).ravel(), np.tile(w1, len(planes)))
 
 
 def channel_columns(cols: AxisTable, channels: int) -> AxisTable:

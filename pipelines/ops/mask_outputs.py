@@ -14,7 +14,7 @@ and painted without a full-size mask: `encode_rle_box` builds the column-major r
 full-size mask; `LabelMapBuilder.add_box` paints only the window. The executors do both for all of an image's masks
 in one compiled call (`yolact_postprocess.MaskBlocks.encode` into `LabelMapBuilder.reserve`'s labels) and compress
 the counts with `encode_rle_counts`: the same bytes and pixels. Label-map PNGs are deflated by zlib-ng (the same
-format as zlib's, ~4x faster at level 1 with the run-length strategy).
+format as zlib's, faster at level 1 with the run-length strategy).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from zlib_ng import zlib_ng
 from pipelines.ops import compiled_loops
 
 MAX_INSTANCES = 65535  # labels must fit a 16-bit PNG
-PNG_COMPRESS_LEVEL = 1  # zlib level of label-map and overlay PNGs: ~2x faster than Pillow's default 6
+PNG_COMPRESS_LEVEL = 1  # zlib level of label-map and overlay PNGs: faster than Pillow's default 6
 
 
 def encode_rle(mask: np.ndarray) -> dict:
@@ -183,17 +183,17 @@ def label_map(masks: Iterable[np.ndarray], scores: Sequence[float], height: int,
     Label i is the i-th mask as given. Overlaps go to the higher score. If scores are already descending
     (the usual case) masks are consumed one at a time; otherwise they are held to be painted in score order.
     """
-    scores = np.asarray(list(scores), dtype=np.float64).reshape(-1)
+    score_values = np.asarray(list(scores), dtype=np.float64).reshape(-1)
     builder = LabelMapBuilder(height, width)
-    if np.all(scores[:-1] >= scores[1:]):
-        for mask in _exactly(masks, len(scores)):
+    if np.all(score_values[:-1] >= score_values[1:]):
+        for mask in _exactly(masks, len(score_values)):
             builder.add(mask)
         return builder.label_map()
-    held = list(_exactly(masks, len(scores)))
+    held = list(_exactly(masks, len(score_values)))
     if len(held) > MAX_INSTANCES:
         raise ValueError(f"more than {MAX_INSTANCES} instances cannot be stored in a 16-bit label map")
     labels = np.zeros((height, width), np.uint8 if len(held) < 256 else np.uint16)
-    for index in np.argsort(-scores, kind="stable"):
+    for index in np.argsort(-score_values, kind="stable"):
         mask = _as_binary_mask(held[index])
         if mask.shape != (height, width):
             raise ValueError(f"mask {index + 1} is {mask.shape} but the label map is {(height, width)}")
@@ -205,10 +205,9 @@ def label_map_png(labels: np.ndarray) -> bytes:
     """uint8 [H, W] -> 8-bit grayscale PNG; uint16 [H, W] -> 16-bit grayscale PNG.
 
     Written here rather than by Pillow, which runs PNG's adaptive row filtering (all five filters tried on every
-    row) with no way to turn it off: 7.3 ms of a 1.1 Mpx label map even at zlib level 0, against 2.8 ms for rows
-    stored unfiltered (filter type 0) and deflated with zlib's run-length strategy, which also suits label maps
-    (long runs of one label) better: files ~1.5x smaller than Pillow's at level 1. zlib-ng deflates them ~4x faster
-    than zlib into streams of the same size (2.07 -> 0.52 ms per 1.1 Mpx bench label map, AVX-512 Xeon). Any PNG
+    row) with no way to turn it off, slower even at zlib level 0 than rows stored unfiltered (filter type 0) and
+    deflated with zlib's run-length strategy, which also suits label maps (long runs of one label) better: smaller
+    files than Pillow's at level 1. zlib-ng deflates them faster than zlib into streams of the same size. Any PNG
     reader decodes it.
     """
     if labels.ndim != 2 or labels.dtype not in (np.uint8, np.uint16):

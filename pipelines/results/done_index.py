@@ -88,7 +88,7 @@ def usable_manifest(
 
 def covered_files(manifest: dict | None) -> dict[str, set[str]]:
     """{table: names of its files whose keys the index holds}."""
-    covered = {table: set() for table in TABLES}
+    covered: dict[str, set[str]] = {table: set() for table in TABLES}
     for level in ((manifest or {}).get("levels") or {}).values():
         for table in TABLES:
             covered[table].update(level["covers"].get(table, ()))
@@ -100,7 +100,7 @@ def read_keys(
 ) -> DataFrame | None:
     """KEY_COLUMNS of the index `levels` and of the table files `table_files` ({table: URIs, or None for all of its
     files, listed by Spark's reader}); None for none."""
-    parts = []
+    parts: list[DataFrame | None] = []
     for level in levels:
         slot = output / INDEX_DIR / level["slot"]
         if level["files"]:
@@ -115,11 +115,11 @@ def read_keys(
                 F.coalesce(F.col("stage").isin(*RETRIED_STAGES), F.lit(False)) if table == "errors" else F.lit(False)
             )
             parts.append(frame.withColumn("retry", retry))
-    parts = [part.select(*KEY_COLUMNS) for part in parts if part is not None]
-    if not parts:
+    selected = [part.select(*KEY_COLUMNS) for part in parts if part is not None]
+    if not selected:
         return None
-    keys = parts[0]
-    for part in parts[1:]:
+    keys = selected[0]
+    for part in selected[1:]:
         keys = keys.unionByName(part)
     return keys
 
@@ -206,12 +206,9 @@ def merge_uncovered_files(
     if sum(len(files_now[table]) - len(covered[table]) for table in TABLES) <= COMPACT_AFTER_FILES:
         return None
     base, recent = levels.get("base"), levels.get("recent")
-    into_recent = (
-        base is not None
-        and BASE_RATIO * ((recent or {}).get("rows", 0) + read_keys(spark, output, [], uncovered).count())
-        <= base["rows"]
-    )
-    if into_recent:  # recent's keys and the new files' into recent's other slot
+    new_rows = _count(read_keys(spark, output, [], uncovered)) if base is not None else 0
+    if base is not None and BASE_RATIO * ((recent or {}).get("rows", 0) + new_rows) <= base["rows"]:
+        # recent's keys and the new files' into recent's other slot
         keys = read_keys(spark, output, [recent] if recent else [], uncovered)
         covers = {table: sorted(files_now[table].keys() - set(base["covers"].get(table, ()))) for table in TABLES}
         name = "recent"
@@ -220,6 +217,7 @@ def merge_uncovered_files(
         covers = {table: sorted(files_now[table]) for table in TABLES}
         name = "base"
         levels.pop("recent", None)
+    assert keys is not None  # past COMPACT_AFTER_FILES uncovered files, there are keys to read
     in_use = ((written.get("levels") or {}).get(name) or {}).get("slot")  # even where unusable: left whole
     slot = f"{name}-b" if in_use == f"{name}-a" else f"{name}-a"
     written_rows = Observation(f"sparkseg-done-index-{name}")
@@ -241,3 +239,7 @@ def write_keys(spark: SparkSession, keys: DataFrame, slot: Location) -> list[str
     # blobs named by partition and batch, overwritten by the slot's next rewrite; a longer earlier rewrite's other
     # blobs stay, never read (index.json names this rewrite's)
     return upload_parquet_parts(keys, slot, "keys")
+
+
+def _count(frame: DataFrame | None) -> int:
+    return 0 if frame is None else frame.count()

@@ -98,10 +98,12 @@ def record_keys(tables: dict[str, DataFrame]) -> DataFrame:
     """(path, frame_index, run_id, size, modification_time, table) of every record of `tables` ({"detections":
     frame, ...}); a record is an image (frame_index null) or one video frame (a video's error rows: the first frame
     not decoded, or null for a video not readable at all)."""
-    keys = None
+    keys: DataFrame | None = None
     for name, frame in tables.items():
         part = frame.select("path", "frame_index", "run_id", "size", "modification_time", F.lit(name).alias("table"))
         keys = part if keys is None else keys.unionByName(part)
+    if keys is None:
+        raise ValueError("record_keys: no tables given")
     return keys
 
 

@@ -3,7 +3,7 @@ model family (`mask` is null for box-only models), and the detections/ and error
 
 Derived from result_rows.RESULT_ARROW_SCHEMA, the Arrow batches the executors return (mapInArrow; no pyspark
 there), in Python: not as a DDL string, which the JVM parses with its SQL parser, whose first use in a process
-costs ~0.2 s of the driver's planning.
+adds to the driver's planning.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ Two writers, one layout:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -21,8 +22,6 @@ from pipelines.io.storage import Location, spark_read_path
 from pipelines.io.uris import store_of
 from pipelines.results.result_rows import STAGES
 from pipelines.results.result_schema import FRAME_COLUMNS, RESULT_SCHEMA
-from pipelines.results.summary_file import read_summary as read_summary  # re-exported: inference_job imports them here
-from pipelines.results.summary_file import write_summary as write_summary
 from pipelines.spark.java_errors import unreachable_storage
 
 # The tables' columns, from result_schema.RESULT_SCHEMA. The video frame columns are null for images; tables written
@@ -80,7 +79,7 @@ def write_results(results: DataFrame, output: Location, file_prefix: str = "part
     errors = results.where("status = 'error'").selectExpr(*ERROR_COLUMNS)
     append_rows(detections, output / "detections", file_prefix)
     counts = {key: (value or 0) for key, value in totals.get.items()}
-    # A wave without failures scans nothing for them (a scan of the persisted results costs time per image); a
+    # A wave without failures scans nothing for them (a scan of the persisted results per wave); a
     # Hadoop output still gets its errors/ table, empty, so that it can always be read.
     if counts["failed"]:
         append_rows(errors, output / "errors", file_prefix)
@@ -129,8 +128,9 @@ def arrow_schema_of(schema: StructType):
     from pyspark.sql.pandas.types import to_arrow_schema
 
     # pyspark 4 needs the session time zone for timestamps; pyspark 3.5 always used UTC and takes no argument
-    tz = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
-    return to_arrow_schema(schema, **tz)
+    if "timezone" in inspect.signature(to_arrow_schema).parameters:
+        return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema)
 
 
 def read_table(
@@ -218,7 +218,9 @@ def hadoop_delete(spark: SparkSession, uri: str) -> bool:
 
 
 def _on_hadoop_file_system(spark: SparkSession, uri: str, call: Callable) -> bool:
-    path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(uri)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # set while the SparkContext runs
+    path = jvm.org.apache.hadoop.fs.Path(uri)
     try:
         return bool(call(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path))
     except Exception as err:  # noqa: BLE001 - py4j wraps the Java exception
@@ -263,3 +265,16 @@ def failure_types(spark: SparkSession, output: Location, run_id: str) -> dict[st
         return {}
     counts = errors.where(F.col("run_id") == run_id).groupBy("error_type").count().collect()
     return {row.error_type: row["count"] for row in sorted(counts, key=lambda row: (-row["count"], row.error_type))}
+
+
+def write_summary(output: Location, summary: dict) -> None:
+    (output / "summary.json").write_bytes_atomic((json.dumps(summary, indent=2, default=str) + "\n").encode())
+
+
+def read_summary(output: Location) -> dict | None:
+    """The summary.json the last run left at `output` (any store); None where there is none or it is unreadable."""
+    location = output / "summary.json"
+    try:
+        return json.loads(location.read_bytes()) if location.exists() else None
+    except (OSError, ValueError):
+        return None

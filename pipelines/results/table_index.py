@@ -98,7 +98,8 @@ def counts_after_run(
     `files_now`: the tables' files after the run, as table_files takes them."""
     index = read_index(output) or {}
     if new_output or rows_before is not None:
-        rows = {t: (0 if new_output else rows_before[t]) + written.get(t, 0) for t in TABLES}
+        before = dict.fromkeys(TABLES, 0) if new_output or rows_before is None else rows_before
+        rows = {t: before[t] + written.get(t, 0) for t in TABLES}
     else:
         rows = table_rows(spark, output)
     known = index.get("rows") or {}

@@ -31,6 +31,7 @@ from pipelines.training.augment import (
     resized_mask_bits,
     to_network_input,
 )
+from pipelines.training.boxes import BatchMatch
 from pipelines.training.fused import FusedOnCuda
 from pipelines.training.loss_targets import PackedTargets, Targets
 
@@ -51,7 +52,7 @@ class MicroBatch:
     images: torch.Tensor  # [b, 3, S, S] normalized RGB
     targets: list[Targets] | PackedTargets
     indices: list[int]  # global sample indices
-    matches: object = None  # boxes.BatchMatch (with its MaskSlots), set where the loss is computed
+    matches: BatchMatch | None = None  # (with its MaskSlots) set where the loss is computed
     colour: torch.Tensor | None = None  # [b, 5] photometric draws: images are resized uint8 RGB, not yet
     #                                     distorted nor normalized (finish_images does both where they run)
     num_positives: int | None = None  # positive priors of matches, counted when they were made

@@ -116,6 +116,21 @@ def _sanitize(a: torch.Tensor, b: torch.Tensor, size: int, padding: int) -> tupl
 
 # ------------------------------------------------------------------------------------------- batched (training)
 @dataclass
+class MaskSlots:
+    """Where the kept positives (at most masks_to_train per image) go in the mask term's [B, count] slots:
+    image_idx, prior_idx, slot_idx [P] (P kept positives in the batch), count (the most any image keeps), scale [B]
+    (positives / kept of each image); everything the host needs is counted once, when they are made."""
+
+    image_idx: torch.Tensor
+    prior_idx: torch.Tensor
+    slot_idx: torch.Tensor
+    count: int
+    scale: torch.Tensor
+    limit: int  # the masks_to_train it was drawn for
+    positives: int  # every positive of the batch, kept or not (read with the draw's counts)
+
+
+@dataclass
 class BatchMatch:
     """Per-prior targets of a batch of B images (N priors), on the priors' device: conf [B, N] long (0 background,
     -1 neutral, c + 1 class c), gt_index [B, N] long (the object of image b a prior is matched to), loc [B, N, 4]
@@ -125,7 +140,7 @@ class BatchMatch:
     gt_index: torch.Tensor
     loc: torch.Tensor
     gt_box: torch.Tensor
-    slots: object = None  # yolact_loss.MaskSlots, set by YolactLoss.match
+    slots: MaskSlots | None = None  # set by YolactLoss.match
     counts: list[int] | None = None  # positives of each image, as the host read them with the matching
 
     @property

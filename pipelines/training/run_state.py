@@ -24,12 +24,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from pipelines.training import checkpoints as ckpt
 from pipelines.training.devices import backend_for, configure_device, rank_device
+
+if TYPE_CHECKING:
+    from pipelines.training.config import TrainConfig
+    from pipelines.training.detector_config import DetectorTrainConfig
 
 METRICS_NAME = "metrics.jsonl"
 PROGRESS_NAME = "progress.json"
@@ -129,7 +134,7 @@ class RankSessionBase:
     LOSS_KEYS: tuple = ()
     AP_KEY = ""  # the eval report's AP that decides best.pt and early stopping
 
-    cfg: object
+    cfg: TrainConfig | DetectorTrainConfig
     run_dir: Path
     rank: int
     distributed: bool

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from pipelines.errors import UsageError
 from pipelines.io import uris
+
+if TYPE_CHECKING:
+    import fsspec
+    import pyarrow.fs
 
 VAL_ANNOTATIONS_NAME = "val_annotations.json"  # prepare writes it beside the shards; validation reads it
 ROW_COLUMNS = ("image_id", "file_name", "width", "height", "image", "labels", "boxes", "rles")
@@ -41,7 +46,7 @@ class ShardIndex:
     group_of: np.ndarray
     row_of: np.ndarray
     image_ids: np.ndarray
-    filesystem: object = None
+    filesystem: pyarrow.fs.FileSystem | fsspec.AbstractFileSystem | None = None
 
     @classmethod
     def open(cls, root: str) -> ShardIndex:

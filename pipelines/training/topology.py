@@ -20,7 +20,7 @@ class Topology:
     rank: int
     world: int
     stages: int
-    stage_group: object = None  # ranks holding the same stage (all replicas), for gradient all-reduce
+    stage_group: dist.ProcessGroup | None = None  # ranks holding the same stage (all replicas), for gradient all-reduce
 
     @property
     def stage(self) -> int:

@@ -32,7 +32,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from pipelines.training.boxes import BatchMatch, center_size, crop_batch, match_batch
+from pipelines.training.boxes import BatchMatch, MaskSlots, center_size, crop_batch, match_batch
 from pipelines.training.fused import FusedOnCuda
 from pipelines.training.loss_targets import PackedTargets
 
@@ -49,21 +49,6 @@ class LossConfig:
     mask_alpha: float = 6.125
     semantic_alpha: float = 1.0
     masks_to_train: int = 100
-
-
-@dataclass
-class MaskSlots:
-    """Where the kept positives (at most masks_to_train per image) go in the mask term's [B, count] slots:
-    image_idx, prior_idx, slot_idx [P] (P kept positives in the batch), count (the most any image keeps), scale [B]
-    (positives / kept of each image); everything the host needs is counted once, when they are made."""
-
-    image_idx: torch.Tensor
-    prior_idx: torch.Tensor
-    slot_idx: torch.Tensor
-    count: int
-    scale: torch.Tensor
-    limit: int  # the masks_to_train it was drawn for
-    positives: int  # every positive of the batch, kept or not (read with the draw's counts)
 
 
 @dataclass(frozen=True)
