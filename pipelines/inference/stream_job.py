@@ -115,6 +115,16 @@ def check_checkpoint(plan: JobPlan) -> None:
         )
 
 
+def record_source(plan: JobPlan) -> None:
+    """The input and model beside a new checkpoint (check_checkpoint reads them at every start)."""
+    check_checkpoint(plan)  # again, under the lock: another stream may have started on this output since
+    identity = stream_dir(plan) / "source.json"
+    if not identity.exists():
+        identity.write_bytes_atomic(
+            json.dumps({"input": plan.input_uri, "model_sha256": plan.manifest.model_sha256}).encode()
+        )
+
+
 class StopAfterBatch:
     """SIGTERM or Ctrl-C: `requested` is set and the handlers that were there before come back (a second signal is
     the batch job's stop: the context stops at once). Main thread only, where Python lets handlers be set."""
@@ -217,9 +227,7 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: StopAfterBatch | None =
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
     lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
     try:
-        (stream_dir(plan) / "source.json").write_bytes_atomic(
-            json.dumps({"input": plan.input_uri, "model_sha256": plan.manifest.model_sha256}).encode()
-        )
+        record_source(plan)
         prefix = src.output_prefix(spark, plan.input_uri, plan.output_uri)
         batches = MicroBatches(plan, lock, stop, prefix)
         query = start_query(spark, plan, batches)
