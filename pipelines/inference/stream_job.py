@@ -15,8 +15,6 @@ the query once the micro-batch in progress has committed (exit 0); a second sign
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 import time
 from collections import Counter
@@ -39,6 +37,7 @@ from pipelines.io.storage import Location, spark_read_path, to_spark_uri
 from pipelines.job_config import StreamSettings
 from pipelines.results.results_writer import write_summary
 from pipelines.spark.spark_session import ship_library
+from pipelines.spark.stop_signals import stop_deferred_to
 
 STREAM_DIR = "_sparkseg_stream"  # hidden from Spark's listings (a leading underscore), like the lock
 BINARY_FILE_SCHEMA = T.StructType(  # the binaryFile source's own schema (a stream must be given one)
@@ -125,39 +124,18 @@ def record_source(plan: JobPlan) -> None:
         )
 
 
-class StopAfterBatch:
-    """SIGTERM or Ctrl-C: `requested` is set and the handlers that were there before come back (a second signal is
-    the batch job's stop: the context stops at once). Main thread only, where Python lets handlers be set."""
-
-    def __init__(self) -> None:
-        self.requested = threading.Event()
-        self._previous: dict[int, object] = {}
-
-    def install(self) -> StopAfterBatch:
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._on_signal)
-        return self
-
-    def _on_signal(self, signum, frame) -> None:
-        self.requested.set()
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
-        os.write(2, b"\nsparkseg: stopping the stream after the micro-batch in progress (signal again to stop now)\n")
-
-
 class MicroBatches:
     """The query's foreachBatch function: each micro-batch through infer_listing under the stream's lock, the
     summary accumulated and written."""
 
-    def __init__(self, plan: JobPlan, lock: RunLock, stop: StopAfterBatch, prefix: str | None) -> None:
+    def __init__(self, plan: JobPlan, lock: RunLock, stop: threading.Event, prefix: str | None) -> None:
         self.plan, self.lock, self.stop, self.prefix = plan, lock, stop, prefix
         self.summary: dict | None = None
         self.batches = 0
         self.failure: BaseException | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        if self.stop.requested.is_set():
+        if self.stop.is_set():
             raise StopRequested(f"micro-batch {batch_id} not run: the stream is stopping")
         try:
             self.run(batch, batch_id)
@@ -210,9 +188,10 @@ def accumulated(before: dict | None, batch: dict, plan: JobPlan, batch_id: int, 
     return total
 
 
-def run_stream(spark: SparkSession, plan: JobPlan, stop: StopAfterBatch | None = None) -> dict | None:
-    """Run the stream until it is stopped (`stop`, by default SIGTERM or Ctrl-C: after the micro-batch in
-    progress), or with stream.available_now until every file there at its start is done. Returns the summary
+def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None = None) -> dict | None:
+    """Run the stream until `stop` is set (where the command line's signal handlers are set, a first Ctrl-C or
+    SIGTERM sets it: stop_signals.stop_deferred_to), then end it once no micro-batch is in progress; with
+    stream.available_now, until every file there at its start is done. Returns the summary
     accumulated over its micro-batches, None where it ran none. Raises LockHeld when another run holds the
     output."""
     if plan.reader != "spark":
@@ -222,7 +201,7 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: StopAfterBatch | None =
         )
     check_checkpoint(plan)
     ship_library(spark)
-    stop = stop or StopAfterBatch().install()
+    stop = stop or threading.Event()
     run_cfg = plan.config.run
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
     lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
@@ -232,7 +211,8 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: StopAfterBatch | None =
         batches = MicroBatches(plan, lock, stop, prefix)
         query = start_query(spark, plan, batches)
         say(f"stream {plan.run_id}: watching {plan.input_uri} ({describe_trigger(plan.config.stream)})")
-        wait_for_end(query, stop, batches)
+        with stop_deferred_to(stop.set):
+            wait_for_end(query, stop, batches)
         return batches.summary
     finally:
         lock.release()
@@ -262,12 +242,12 @@ def start_query(spark: SparkSession, plan: JobPlan, batches: MicroBatches) -> St
     return writer.queryName(f"sparkseg-{plan.run_id}").start()
 
 
-def wait_for_end(query: StreamingQuery, stop: StopAfterBatch, batches: MicroBatches) -> None:
+def wait_for_end(query: StreamingQuery, stop: threading.Event, batches: MicroBatches) -> None:
     """Until the query ends: by itself (available now), or on a stop request once no micro-batch is in progress
     (one that begins after the request is refused: StopRequested). A micro-batch's error is raised as itself."""
     try:
         while not query.awaitTermination(1):  # a timeout: Python runs the signal handlers between the calls
-            if stop.requested.is_set() and not query.status["isTriggerActive"]:
+            if stop.is_set() and not query.status["isTriggerActive"]:
                 query.stop()
                 break
     except StreamingQueryException:
