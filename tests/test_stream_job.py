@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from pipelines.inference.inference_job import run
-from pipelines.inference.stream_job import STREAM_DIR
+from pipelines.inference.stream_job import STREAM_DIR, tell_backlog
 from pipelines.io.run_lock import LOCK_NAME, LockHeld
 from tests.conftest import REPO
 from tests.job_helpers import job_config
 from tests.process_io import wait_until
 from tests.test_faults import assert_exactly_once, start_job
-from tests.test_incremental import snapshot, write_image
+from tests.test_incremental import foreign_lock, snapshot, write_image
 
 JOB = REPO / "jobs" / "infer_yolact.py"
 
@@ -115,6 +115,18 @@ def test_a_checkpoint_of_another_input_is_refused_with_exit_2_naming_both(tmp_pa
     assert error and str(other) in error[0] and str(images) in error[0] and "f00df00df00d" in error[0], log
 
 
+def test_a_stream_on_an_output_a_batch_run_holds_exits_4_naming_it(tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out"
+    write_image(images / "a.jpg", 0)
+    output.mkdir()
+    (output / LOCK_NAME).write_bytes(foreign_lock("batch-run-elsewhere", heartbeat_age_s=5))  # alive, another host
+    job = stream_job("--input", str(images), "--output", str(output), "--available-now")
+    log = job.communicate(timeout=300)[0].decode(errors="replace")
+    assert job.returncode == 4, log[-3000:]
+    assert "batch-run-elsewhere" in [line for line in log.splitlines() if line.startswith("error: ")][0], log
+    assert sorted(p.name for p in output.iterdir()) == [LOCK_NAME], "the refused stream wrote nothing"
+
+
 def test_a_stream_killed_mid_batch_resumes_with_nothing_lost_or_twice(spark, tmp_path):
     images, output = tmp_path / "images", tmp_path / "out"
     names = [f"img{i:02d}.jpg" for i in range(12)]
@@ -137,3 +149,11 @@ def test_a_stream_killed_mid_batch_resumes_with_nothing_lost_or_twice(spark, tmp
     assert_exactly_once(spark, output, names)
     masks = sorted(p.name for p in (output / "masks").rglob("*.png"))  # the killed wave's orphans rewritten, once
     assert masks == sorted(f"{name}.png" for name in names)
+
+
+def test_the_backlog_is_told_once_per_micro_batch_where_the_source_reports_it(capsys):
+    progress = {"batchId": 3, "sources": [{"metrics": {"numFilesOutstanding": "12"}}]}  # Auto Loader's
+    assert tell_backlog(progress, -1) == 3 and tell_backlog(progress, 3) == 3
+    assert tell_backlog({"batchId": 4, "sources": [{"metrics": {}}]}, 3) == 4  # Spark's file source: no metric
+    assert tell_backlog(None, 4) == 4
+    assert capsys.readouterr().err.count("backlog 12 files") == 1

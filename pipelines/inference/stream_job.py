@@ -29,7 +29,7 @@ from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 from pipelines.errors import SparkSegError, UsageError
 from pipelines.inference import image_sources as src
 from pipelines.inference.image_content import extension_glob
-from pipelines.inference.inference_job import infer_listing, record_run
+from pipelines.inference.inference_job import infer_listing, record_run, start_workers
 from pipelines.inference.job_plan import JobPlan
 from pipelines.inference.progress import say
 from pipelines.io.run_lock import LockSettings, RunLock
@@ -209,9 +209,9 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
         record_source(plan)
         prefix = src.output_prefix(spark, plan.input_uri, plan.output_uri)
         batches = MicroBatches(plan, lock, stop, prefix)
-        query = start_query(spark, plan, batches)
-        say(f"stream {plan.run_id}: watching {plan.input_uri} ({describe_trigger(plan.config.stream)})")
-        with stop_deferred_to(stop.set):
+        with start_workers(spark, plan), stop_deferred_to(stop.set):  # the first worker starts with the query
+            query = start_query(spark, plan, batches)
+            say(f"stream {plan.run_id}: watching {plan.input_uri} ({describe_trigger(plan.config.stream)})")
             wait_for_end(query, stop, batches)
         return batches.summary
     finally:
@@ -245,11 +245,13 @@ def start_query(spark: SparkSession, plan: JobPlan, batches: MicroBatches) -> St
 def wait_for_end(query: StreamingQuery, stop: threading.Event, batches: MicroBatches) -> None:
     """Until the query ends: by itself (available now), or on a stop request once no micro-batch is in progress
     (one that begins after the request is refused: StopRequested). A micro-batch's error is raised as itself."""
+    told = -1
     try:
         while not query.awaitTermination(1):  # a timeout: Python runs the signal handlers between the calls
             if stop.is_set() and not query.status["isTriggerActive"]:
                 query.stop()
                 break
+            told = tell_backlog(query.lastProgress, told)
     except StreamingQueryException:
         if batches.failure is None:
             raise
@@ -257,3 +259,14 @@ def wait_for_end(query: StreamingQuery, stop: threading.Event, batches: MicroBat
             raise batches.failure from None
     if batches.failure is not None and not isinstance(batches.failure, StopRequested):
         raise batches.failure
+
+
+def tell_backlog(progress: dict | None, told: int) -> int:
+    """The backlog after a micro-batch, where the source reports it (Auto Loader's numFilesOutstanding; Spark's file
+    source does not): one line per micro-batch. Returns the last micro-batch told about."""
+    if not progress or progress["batchId"] <= told:
+        return told
+    metrics = (progress.get("sources") or [{}])[0].get("metrics") or {}
+    if "numFilesOutstanding" in metrics:
+        say(f"micro-batch {progress['batchId']}: backlog {metrics['numFilesOutstanding']} files")
+    return progress["batchId"]
