@@ -36,6 +36,7 @@ from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.io.storage import Location, spark_read_path, to_spark_uri
 from pipelines.job_config import StreamSettings
 from pipelines.results.results_writer import write_summary
+from pipelines.spark.session_settings import planning_settings, restore_session_settings, set_session_settings
 from pipelines.spark.spark_session import ship_library
 from pipelines.spark.stop_signals import stop_deferred_to
 
@@ -205,10 +206,14 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
     run_cfg = plan.config.run
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
     lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
+    restore: dict[str, str | None] = {}
     try:
         record_source(plan)
         prefix = src.output_prefix(spark, plan.input_uri, plan.output_uri)
         batches = MicroBatches(plan, lock, stop, prefix)
+        # the query's session is a copy of this one made at its start: the job's settings first (no adaptive
+        # execution, which a streaming query would turn off with a warning)
+        restore.update(set_session_settings(spark, planning_settings(plan.config)))
         with start_workers(spark, plan), stop_deferred_to(stop.set):  # the first worker starts with the query
             query = start_query(spark, plan, batches)
             say(f"stream {plan.run_id}: watching {plan.input_uri} ({describe_trigger(plan.config.stream)})")
@@ -216,6 +221,7 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
         return batches.summary
     finally:
         lock.release()
+        restore_session_settings(spark, restore)
 
 
 def describe_trigger(cfg: StreamSettings) -> str:
