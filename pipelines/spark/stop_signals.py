@@ -159,7 +159,7 @@ def outcome_decided(code: int) -> int:
 
 
 _waiting_on_children = threading.Event()
-_deferred_to: list[Callable[[], None]] = []  # defer_stop's callback while its block runs
+_deferred_to: list[Callable[[], None]] = []  # stop_deferred_to's callback while its block runs
 
 
 @contextlib.contextmanager
