@@ -91,11 +91,11 @@ def test_files_moved_in_while_a_stream_runs_are_each_done_once_and_sigterm_stops
                 os.replace(staging / name, images / name)  # lands whole, as an upload's final rename does
             names += moved
             expected = sorted(names)
-            wait_until(lambda: detected(spark, output) == expected, f"group {group}'s detections", 300, 1, job)  # noqa: B023
+            wait_until(lambda: detected(spark, output) == expected, f"group {group}'s detections", 600, 1, job)  # noqa: B023
         with pytest.raises(LockHeld):  # a batch run on the stream's output is refused
             run(spark, job_config(images, output))
         job.send_signal(signal.SIGTERM)
-        log = finished(job, 300)
+        log = finished(job, 600)
     finally:
         job.kill()
     assert "stopping after the micro-batch in progress" in log and "Traceback" not in log, log[-3000:]
