@@ -223,6 +223,12 @@ bench-report: $(VENV)/.stamp-test jvm-archive
 bench-listing: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench_listing.py $(BENCH_LISTING_ARGS)
 
+# Streaming: --available-now against the batch job over a backlog, and a running stream's latency from a file's
+# landing to its detections row -> reports/stream.md (BENCH_STREAM_ARGS="--images 1000 --interval 10")
+.PHONY: bench-stream
+bench-stream: $(VENV)/.stamp-test jvm-archive
+	$(PY) scripts/bench_stream.py $(BENCH_STREAM_ARGS)
+
 # Training: the strategies through the real job (make bench-training), the step on one device against its model-only
 # ceiling (BENCH_TRAINING_ARGS="--device cuda"), the input workers' ms per image (make bench-loader)
 .PHONY: bench-training bench-loader

@@ -23,6 +23,7 @@ from pipelines.engines.bigdl_inference import BigDLEngine  # noqa: E402
 from pipelines.inference.engine import Engine  # noqa: E402
 from pipelines.inference.inference_job import plan_job, run_plan  # noqa: E402
 from pipelines.inference.native_engine import NativeEngine  # noqa: E402
+from pipelines.inference.stream_job import check_checkpoint, run_stream  # noqa: E402
 from pipelines.job_config import ConfigError, JobConfig, load_config, set_path  # noqa: E402
 from pipelines.spark.spark_session import stop_session, warn_unknown_spark_settings  # noqa: E402
 from pipelines.spark.stop_signals import exit_code_of, outcome_decided, stop_on_signals  # noqa: E402
@@ -43,6 +44,7 @@ OVERRIDES = {  # command-line flag -> config key
     "fps": "input.video.fps",
     "pin_cores": "inference.pin_cores",
     "max_error_fraction": "run.max_error_fraction",
+    "trigger_interval": "stream.trigger_interval",
 }
 
 # inference.engine's values -> their backends
@@ -145,6 +147,23 @@ def parse_args(
         "docs/operations.md)",
     )
     parser.add_argument("--force", action="store_true", help="recompute images already done for this model")
+    stream = packaged["stream"]
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="process files as they land in the input, until SIGTERM or Ctrl-C (after the micro-batch in progress); "
+        "checkpoint under <output>/_sparkseg_stream (docs/operations.md, Streaming)",
+    )
+    parser.add_argument(
+        "--trigger-interval",
+        metavar="T",
+        help=f"--stream: a micro-batch at most every T (30s, 500ms, 2min) [{stream['trigger_interval']}]",
+    )
+    parser.add_argument(
+        "--available-now",
+        action="store_true",
+        help="a stream that processes every file not yet done, then stops (for schedules and serverless)",
+    )
     parser.add_argument(
         "-v",
         "--verbose",
@@ -173,6 +192,8 @@ def build_config(args: argparse.Namespace, family: str = "yolact") -> dict:
         config["run"]["force"] = True
     if args.break_lock:
         config["run"]["break_lock"] = True
+    if args.available_now:
+        config["stream"]["available_now"] = True
     return config
 
 
@@ -198,15 +219,21 @@ def run_job(args: argparse.Namespace, family: str) -> int:
     config = JobConfig.of(build_config(args, family))
     engine = choose_engine(config.inference.engine)
     plan = plan_job(config, family, engine=engine)
+    stream = args.stream or config.stream.available_now
+    if stream:
+        check_checkpoint(plan)  # before the JVM starts
     settings = plan.config.spark
     spark = engine.session(settings)
     try:
         stop_on_signals()
         warn_unknown_spark_settings(spark, settings.conf)
-        summary = run_plan(spark, plan)
+        summary = run_stream(spark, plan) if stream else run_plan(spark, plan)
     finally:
         stop_session(spark)
-    print_summary(summary)
+    if summary is None:  # a stream that found nothing new
+        print(f"\nsparkseg: nothing new under {plan.input_uri}; output {plan.output_uri} unchanged")
+    else:
+        print_summary(summary)
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, fields, is_dataclass
@@ -394,6 +395,31 @@ class RunSettings:
         )
 
 
+STREAM_SOURCES = ("file", "cloudFiles")  # stream.source: Spark's file source | Databricks Auto Loader
+INTERVAL_UNITS = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    source: str  # file | cloudFiles
+    trigger_interval: str  # "30s": a micro-batch at most this often (--trigger-interval)
+    available_now: bool  # process what is there, then stop (--available-now)
+    max_files_per_trigger: int  # 0: no bound
+    max_bytes_per_trigger: str | None  # "1g"; None: no bound
+
+    def __post_init__(self) -> None:
+        _one_of("stream.source", self.source, STREAM_SOURCES)
+        self.interval_s()  # raises on a bad interval
+        _at_least("stream.max_files_per_trigger", self.max_files_per_trigger, 0, "0: no bound")
+
+    def interval_s(self) -> float:
+        """stream.trigger_interval in seconds: a number and a unit (ms, s, min, h)."""
+        number, unit = re.fullmatch(r"\s*([0-9.]*)\s*([a-z]*)\s*", str(self.trigger_interval)).groups()
+        ok = unit in INTERVAL_UNITS and re.fullmatch(r"[0-9]+(\.[0-9]+)?", number) is not None
+        require("stream.trigger_interval (--trigger-interval)", ok, self.trigger_interval, "e.g. 30s, 500ms, 2min")
+        return float(number) * INTERVAL_UNITS[unit]
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """The inference job's settings, typed (conf/local.yaml documents every key)."""
@@ -404,6 +430,7 @@ class JobConfig:
     output: OutputSettings
     inference: InferenceSettings
     run: RunSettings
+    stream: StreamSettings
 
     @classmethod
     def from_dict(cls, data: dict) -> JobConfig:

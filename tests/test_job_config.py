@@ -78,6 +78,8 @@ def test_every_default_lives_in_the_packaged_yaml_only():
             r"run\.lock_heartbeat_s is 30.0: give seconds > 0 and below run\.lock_stale_after_s "
             r"\(10.0\)",
         ),
+        ("stream.trigger_interval", "soon", r"stream\.trigger_interval \(--trigger-interval\) is 'soon': e\.g\. 30s"),
+        ("stream.source", "kafka", r"stream\.source is 'kafka': choose one of file, cloudFiles"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_key_and_what_it_must_be(key, value, message):
@@ -90,6 +92,12 @@ def test_numbers_are_typed_as_the_section_declares():
     assert config.output.score_threshold == 1.0 and isinstance(config.output.score_threshold, float)
     assert isinstance(config.input.video.fps, float) and isinstance(config.run.max_error_fraction, float)
     assert typed(input__video__extensions=[".MP4"]).input.video.extensions == (".mp4",)
+    assert [typed(stream__trigger_interval=t).stream.interval_s() for t in ("30s", "500ms", "2min", "1.5 h")] == [
+        30.0,
+        0.5,
+        120.0,
+        5400.0,
+    ]
 
 
 def test_an_unknown_key_is_refused_with_the_known_ones_listed(tmp_path):

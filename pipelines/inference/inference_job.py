@@ -69,6 +69,18 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
     run_cfg = plan.config.run
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
     lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
+    try:
+        return finish(spark, plan, *infer_listing(spark, plan, found, lock))
+    finally:
+        lock.release()
+
+
+def infer_listing(
+    spark: SparkSession, plan: JobPlan, found: src.ImageListing, lock: RunLock
+) -> tuple[RuntimeSettings, RunCounts, dict, OutputTables]:
+    """What the run does with a listing while it holds `lock`: plan -> waves (the batch job's whole listing, or a
+    stream's micro-batch). Returns what `finish` and `record_run` take after the plan: the runtime settings, the
+    counts, the waves' totals, the tables."""
     restore: dict[str, str | None] = {}
     try:
         restore.update(set_session_settings(spark, planning_settings(plan.config)))
@@ -83,9 +95,8 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
         work.listing.unpersist()
         work.units.unpersist()
         lock.ensure_held()
-        return finish(spark, plan, settings, work.counts, totals, tables)
+        return settings, work.counts, totals, tables
     finally:
-        lock.release()
         restore_session_settings(spark, restore)
 
 
@@ -116,16 +127,28 @@ def finish(
 ) -> dict:
     """The run's end, under its lock: the resume index, COCO results, summary.json and the report where the config
     asks for them; JobFailed when more images failed than run.max_error_fraction allows."""
-    tables = replace(tables, files_after=table_file_names(plan.output))
-    update_after_run(spark, plan.output, tables.files_after)  # the resume index, when the tables outgrew it
-    if plan.config.output.coco_results:
-        write_coco_results(spark, plan.output)
-    summary = make_summary(spark, plan, settings, counts, totals, tables)
+    summary = record_run(spark, plan, settings, counts, totals, tables)
     write_summary(plan.output, summary)
     if plan.config.output.overlays:
         summary["report"] = render_report(spark, plan.output, summary)
     check_error_budget(plan, totals)
     return summary
+
+
+def record_run(
+    spark: SparkSession,
+    plan: JobPlan,
+    settings: RuntimeSettings,
+    counts: RunCounts,
+    totals: dict,
+    tables: OutputTables,
+) -> dict:
+    """After the waves, under the lock: the resume index and COCO results updated; the run's summary (not written)."""
+    tables = replace(tables, files_after=table_file_names(plan.output))
+    update_after_run(spark, plan.output, tables.files_after)  # the resume index, when the tables outgrew it
+    if plan.config.output.coco_results:
+        write_coco_results(spark, plan.output)
+    return make_summary(spark, plan, settings, counts, totals, tables)
 
 
 def check_error_budget(plan: JobPlan, totals: dict) -> None:

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 from pyspark import SparkContext
 
@@ -33,6 +34,8 @@ _STOPPING = {
     signal.SIGINT: b"\nsparkseg: stopping (Ctrl-C again to quit at once)\n",
     signal.SIGTERM: b"\nsparkseg: stopping on SIGTERM (send it again to quit at once)\n",
 }
+
+_DEFERRED_STOP = b"\nsparkseg: stopping after the micro-batch in progress (signal again to quit at once)\n"
 
 
 def stop_on_signals() -> None:
@@ -156,6 +159,20 @@ def outcome_decided(code: int) -> int:
 
 
 _waiting_on_children = threading.Event()
+_deferred_to: list[Callable[[], None]] = []  # stop_deferred_to's callback while its block runs
+
+
+@contextlib.contextmanager
+def stop_deferred_to(on_stop: Callable[[], None]):
+    """For the block (a stream between its micro-batches), the first Ctrl-C or SIGTERM, to this process or to
+    spark-submit's JVM, calls `on_stop` (in the signal's thread) instead of stopping the context: the stream ends
+    once the micro-batch in progress has committed. A second signal quits at once, as in a batch run."""
+    _deferred_to.append(on_stop)
+    try:
+        yield
+    finally:
+        if on_stop in _deferred_to:
+            _deferred_to.remove(on_stop)
 
 
 @contextlib.contextmanager
@@ -198,7 +215,13 @@ def _begin_stop(signum: int) -> bool:
     with _begin_lock:
         if _stopped_by:
             return False
-        _stopped_by.append(signum)
+        on_stop = _deferred_to.pop() if _deferred_to else None
+        if on_stop is None:
+            _stopped_by.append(signum)
+    if on_stop is not None:
+        os.write(2, _DEFERRED_STOP)
+        on_stop()
+        return False
     os.write(2, _STOPPING[signum])
     _quiet_accumulator_server()
     threading.Thread(target=_stop_spark, name="sparkseg-stop", daemon=True).start()
