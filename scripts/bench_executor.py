@@ -21,7 +21,9 @@ the same instances, and conf_thresh is lowered from the manifest's until the mea
 images/s (the rate of P busy slots: each process's images over its own time from the common start, summed, after
 model load and one warm-up image; each process cycles over its share for at least --executor-seconds,
 benchmark_app's duration by default; images / (last end - common start) in the notes), ratio to benchmark_app,
-summed seconds per stage per image, peak RSS of each process, and the CPU's instruction set.
+summed seconds per stage per image, peak RSS of each process, and the CPU's instruction set; then, per model and
+precision, a per-stage profile of the current code in one process (--profile-images, scripts/bench/stage_profile.py):
+the functions with the most own time per image in each stage.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from bench import images as bench_images  # noqa: E402
 from bench.benchmark_app import run_benchmark_app, run_benchmark_app_processes  # noqa: E402
 from bench.job_runs import marginal_throughput  # noqa: E402
 from bench.machine import SCHEDULER_COUNTS, cpu_isa, isa_text, scheduler_counts  # noqa: E402
+from bench.stage_profile import profile_stages, report_lines  # noqa: E402
 
 log = logging.getLogger("bench_executor")
 EXECUTOR_SIZES = (
@@ -597,6 +600,7 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         for r in results
         if "variants" in r
     ]
+    lines += report_lines(results)
     lines += ["", "## Notes", "", *notes, ""]
     (out / "executor.md").write_text("\n".join(lines), encoding="utf-8")
 
@@ -821,6 +825,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--no-job", action="store_true", help="skip the Spark job row")
     parser.add_argument(
+        "--profile-images",
+        type=int,
+        default=32,
+        help="images of the per-stage profile (the current code, one process, cProfile; 0: no profile)",
+    )
+    parser.add_argument(
         "--job-images",
         type=int,
         default=None,
@@ -901,6 +911,12 @@ def main(argv=None) -> int:
                     and not (v == "after_thread" and not args.thread)
                 ]
                 measure_rounds(args, row, manifest, precision, conf, variants, image_dir, paths, work)
+                if args.profile_images:
+                    row["stage_profile"] = profile_stages(
+                        make_task(manifest, "after", precision, conf, work / "scratch", image_dir),
+                        paths[: args.profile_images],
+                        args.batch_size,
+                    )
                 if not args.no_job and manifest.model == "yolact" and conf == row["manifest_conf_thresh"]:
                     row["job"] = measure_job(
                         args,
