@@ -23,7 +23,8 @@ model load and one warm-up image; each process cycles over its share for at leas
 benchmark_app's duration by default; images / (last end - common start) in the notes), ratio to benchmark_app,
 summed seconds per stage per image, peak RSS of each process, and the CPU's instruction set; then, per model and
 precision, a per-stage profile of the current code in one process (--profile-images, scripts/bench/stage_profile.py):
-the functions with the most own time per image in each stage.
+the functions with the most own time per image in each stage; and per YOLACT model, the box and mask AP of
+inference.jpeg_draft against the full decode on synthetic road scenes (--draft-ap-images, scripts/bench/draft_ap.py).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import numpy as np  # noqa: E402
 from bench import images as bench_images  # noqa: E402
 from bench.benchmark_app import run_benchmark_app, run_benchmark_app_processes  # noqa: E402
+from bench.draft_ap import draft_ap  # noqa: E402
+from bench.draft_ap import report_lines as draft_ap_lines  # noqa: E402
 from bench.job_runs import marginal_throughput  # noqa: E402
 from bench.machine import SCHEDULER_COUNTS, cpu_isa, isa_text, scheduler_counts  # noqa: E402
 from bench.stage_profile import profile_stages, report_lines  # noqa: E402
@@ -601,6 +604,7 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         if "variants" in r
     ]
     lines += report_lines(results)
+    lines += draft_ap_lines(results)
     lines += ["", "## Notes", "", *notes, ""]
     (out / "executor.md").write_text("\n".join(lines), encoding="utf-8")
 
@@ -831,6 +835,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="images of the per-stage profile (the current code, one process, cProfile; 0: no profile)",
     )
     parser.add_argument(
+        "--draft-ap-images",
+        type=int,
+        default=24,
+        help="synthetic road images per size for the box and mask AP of inference.jpeg_draft against the full "
+        "decode (YOLACT models, once per model; 0: skip)",
+    )
+    parser.add_argument(
         "--job-images",
         type=int,
         default=None,
@@ -917,6 +928,8 @@ def main(argv=None) -> int:
                         paths[: args.profile_images],
                         args.batch_size,
                     )
+                if args.draft_ap_images and manifest.model == "yolact" and precision == args.precisions[0]:
+                    row["draft_ap"] = draft_ap(model_dir, work, args.draft_ap_images)
                 if not args.no_job and manifest.model == "yolact" and conf == row["manifest_conf_thresh"]:
                     row["job"] = measure_job(
                         args,
