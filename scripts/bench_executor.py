@@ -95,6 +95,7 @@ VARIANTS = {
     "after_draft": "current code, inference.jpeg_draft (reduced JPEG decode; detections change)",
     "after_pinned": "current code, inference.pin_cores (each process on a core of its own)",
     "after_thread": "current code, each image's inference in the worker's own thread (InferRequest.infer)",
+    "after_overlap": "current code, each image's decode overlapping the previous image's inference",
 }
 
 
@@ -167,6 +168,10 @@ def make_task(manifest, variant: str, precision: str, conf_thresh: float | None,
         from bench.legacy_executor import InThreadDetectorInference, InThreadYolactInference
 
         cls = InThreadYolactInference if manifest.model == "yolact" else InThreadDetectorInference
+    elif variant == "after_overlap":
+        from bench.legacy_executor import OverlappedDetectorInference, OverlappedYolactInference
+
+        cls = OverlappedYolactInference if manifest.model == "yolact" else OverlappedDetectorInference
     else:
         cls = inference_task_class(manifest.model)
     postprocess = dict(manifest.postprocess)
@@ -447,16 +452,18 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         "`inference.jpeg_draft: true` (reduced-size JPEG decode: faster, but the model sees other pixels); pinned: "
         "after with `inference.pin_cores: true` (each process on a core of its own); thread (--thread): after with "
         "each image's inference run in the worker's own thread (`InferRequest.infer`) instead of OpenVINO's stream "
-        "thread behind its async queue, the worker's thread waiting (bench only)",
+        "thread behind its async queue, the worker's thread waiting (bench only); overlap (--overlap): after with "
+        "each image's decode and preprocess overlapping the previous image's inference (bench only)",
         "",
         "| model | input | precision | P | images (distinct, processed) | det/img | benchmark_app img/s | before img/s | before ratio | "
         "after img/s | after ratio | after/before | boxes only img/s | boxes only ratio | jpeg_draft img/s | "
-        "jpeg_draft ratio | pinned img/s | pinned ratio | thread img/s | thread ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "jpeg_draft ratio | pinned img/s | pinned ratio | thread img/s | thread ratio | overlap img/s | "
+        "overlap ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['model']} | | {r['precision']} | {r['processes']} | failed: {r['error']} |" + " |" * 15)
+            lines.append(f"| {r['model']} | | {r['precision']} | {r['processes']} | failed: {r['error']} |" + " |" * 17)
             continue
         ceiling = r["benchmark_app"]["images_per_s"]
         v = r["variants"]
@@ -470,7 +477,7 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
             f"{round(get('after') / get('before'), 2) if get('before') else ''} | {get('after_boxes') or ''} | "
             f"{rat('after_boxes')} | {get('after_draft') or ''} | {rat('after_draft')} | "
             f"{get('after_pinned') or ''} | {rat('after_pinned')} | {get('after_thread') or ''} | "
-            f"{rat('after_thread')} |"
+            f"{rat('after_thread')} | {get('after_overlap') or ''} | {rat('after_overlap')} |"
         )
     lines += [
         "",
@@ -817,6 +824,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "stream thread behind the async queue (bench only)",
     )
     parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="also the row with each image's decode overlapping the previous image's inference (bench only)",
+    )
+    parser.add_argument(
         "--no-process-ceiling",
         action="store_true",
         help="skip benchmark_app as P processes x 1 stream (run once per model and precision)",
@@ -920,6 +932,7 @@ def main(argv=None) -> int:
                     and not (v == "after_draft" and args.no_draft)
                     and not (v == "after_pinned" and args.no_pinned)
                     and not (v == "after_thread" and not args.thread)
+                    and not (v == "after_overlap" and not args.overlap)
                 ]
                 measure_rounds(args, row, manifest, precision, conf, variants, image_dir, paths, work)
                 if args.profile_images:
