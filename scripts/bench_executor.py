@@ -392,6 +392,15 @@ def run_executor(
     }
 
 
+def profile_in_child(task, paths: list[Path], batch_size: int) -> dict:
+    """stage_profile.profile_stages in a spawned process with one BLAS thread, as an executor's (Spark's Python
+    workers get OMP_NUM_THREADS = spark.task.cpus; this process's numpy sized its pool at import)."""
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(profile_stages, (task, paths, batch_size))
+
+
 def calibrate_conf(manifest, paths: list[Path], precision: str, target: float) -> tuple[float | None, float]:
     """The manifest's conf_thresh, or the first lower step giving >= target detections per image (8 images)."""
     from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
@@ -936,7 +945,7 @@ def main(argv=None) -> int:
                 ]
                 measure_rounds(args, row, manifest, precision, conf, variants, image_dir, paths, work)
                 if args.profile_images:
-                    row["stage_profile"] = profile_stages(
+                    row["stage_profile"] = profile_in_child(
                         make_task(manifest, "after", precision, conf, work / "scratch", image_dir),
                         paths[: args.profile_images],
                         args.batch_size,
