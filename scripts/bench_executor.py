@@ -21,7 +21,10 @@ the same instances, and conf_thresh is lowered from the manifest's until the mea
 images/s (the rate of P busy slots: each process's images over its own time from the common start, summed, after
 model load and one warm-up image; each process cycles over its share for at least --executor-seconds,
 benchmark_app's duration by default; images / (last end - common start) in the notes), ratio to benchmark_app,
-summed seconds per stage per image, peak RSS of each process, and the CPU's instruction set.
+summed seconds per stage per image, peak RSS of each process, and the CPU's instruction set; then, per model and
+precision, a per-stage profile of the current code in one process (--profile-images, scripts/bench/stage_profile.py):
+the functions with the most own time per image in each stage; and per YOLACT model, the box and mask AP of
+inference.jpeg_draft against the full decode on synthetic road scenes (--draft-ap-images, scripts/bench/draft_ap.py).
 """
 
 from __future__ import annotations
@@ -51,8 +54,11 @@ sys.path.insert(0, str(REPO / "scripts"))
 import numpy as np  # noqa: E402
 from bench import images as bench_images  # noqa: E402
 from bench.benchmark_app import run_benchmark_app, run_benchmark_app_processes  # noqa: E402
+from bench.draft_ap import draft_ap  # noqa: E402
+from bench.draft_ap import report_lines as draft_ap_lines  # noqa: E402
 from bench.job_runs import marginal_throughput  # noqa: E402
 from bench.machine import SCHEDULER_COUNTS, cpu_isa, isa_text, scheduler_counts  # noqa: E402
+from bench.stage_profile import profile_stages, report_lines  # noqa: E402
 
 log = logging.getLogger("bench_executor")
 EXECUTOR_SIZES = (
@@ -89,6 +95,7 @@ VARIANTS = {
     "after_draft": "current code, inference.jpeg_draft (reduced JPEG decode; detections change)",
     "after_pinned": "current code, inference.pin_cores (each process on a core of its own)",
     "after_thread": "current code, each image's inference in the worker's own thread (InferRequest.infer)",
+    "after_overlap": "current code, each image's decode overlapping the previous image's inference",
 }
 
 
@@ -161,6 +168,10 @@ def make_task(manifest, variant: str, precision: str, conf_thresh: float | None,
         from bench.legacy_executor import InThreadDetectorInference, InThreadYolactInference
 
         cls = InThreadYolactInference if manifest.model == "yolact" else InThreadDetectorInference
+    elif variant == "after_overlap":
+        from bench.legacy_executor import OverlappedDetectorInference, OverlappedYolactInference
+
+        cls = OverlappedYolactInference if manifest.model == "yolact" else OverlappedDetectorInference
     else:
         cls = inference_task_class(manifest.model)
     postprocess = dict(manifest.postprocess)
@@ -381,6 +392,15 @@ def run_executor(
     }
 
 
+def profile_in_child(task, paths: list[Path], batch_size: int) -> dict:
+    """stage_profile.profile_stages in a spawned process with one BLAS thread, as an executor's (Spark's Python
+    workers get OMP_NUM_THREADS = spark.task.cpus; this process's numpy sized its pool at import)."""
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(profile_stages, (task, paths, batch_size))
+
+
 def calibrate_conf(manifest, paths: list[Path], precision: str, target: float) -> tuple[float | None, float]:
     """The manifest's conf_thresh, or the first lower step giving >= target detections per image (8 images)."""
     from pipelines.inference.openvino_runtime import CompiledIR, RuntimeSettings
@@ -441,16 +461,18 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         "`inference.jpeg_draft: true` (reduced-size JPEG decode: faster, but the model sees other pixels); pinned: "
         "after with `inference.pin_cores: true` (each process on a core of its own); thread (--thread): after with "
         "each image's inference run in the worker's own thread (`InferRequest.infer`) instead of OpenVINO's stream "
-        "thread behind its async queue, the worker's thread waiting (bench only)",
+        "thread behind its async queue, the worker's thread waiting (bench only); overlap (--overlap): after with "
+        "each image's decode and preprocess overlapping the previous image's inference (bench only)",
         "",
         "| model | input | precision | P | images (distinct, processed) | det/img | benchmark_app img/s | before img/s | before ratio | "
         "after img/s | after ratio | after/before | boxes only img/s | boxes only ratio | jpeg_draft img/s | "
-        "jpeg_draft ratio | pinned img/s | pinned ratio | thread img/s | thread ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "jpeg_draft ratio | pinned img/s | pinned ratio | thread img/s | thread ratio | overlap img/s | "
+        "overlap ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['model']} | | {r['precision']} | {r['processes']} | failed: {r['error']} |" + " |" * 15)
+            lines.append(f"| {r['model']} | | {r['precision']} | {r['processes']} | failed: {r['error']} |" + " |" * 17)
             continue
         ceiling = r["benchmark_app"]["images_per_s"]
         v = r["variants"]
@@ -464,7 +486,7 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
             f"{round(get('after') / get('before'), 2) if get('before') else ''} | {get('after_boxes') or ''} | "
             f"{rat('after_boxes')} | {get('after_draft') or ''} | {rat('after_draft')} | "
             f"{get('after_pinned') or ''} | {rat('after_pinned')} | {get('after_thread') or ''} | "
-            f"{rat('after_thread')} |"
+            f"{rat('after_thread')} | {get('after_overlap') or ''} | {rat('after_overlap')} |"
         )
     lines += [
         "",
@@ -597,6 +619,8 @@ def write_report(out: Path, facts: dict, args, results: list[dict]) -> None:
         for r in results
         if "variants" in r
     ]
+    lines += report_lines(results)
+    lines += draft_ap_lines(results)
     lines += ["", "## Notes", "", *notes, ""]
     (out / "executor.md").write_text("\n".join(lines), encoding="utf-8")
 
@@ -809,6 +833,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "stream thread behind the async queue (bench only)",
     )
     parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="also the row with each image's decode overlapping the previous image's inference (bench only)",
+    )
+    parser.add_argument(
         "--no-process-ceiling",
         action="store_true",
         help="skip benchmark_app as P processes x 1 stream (run once per model and precision)",
@@ -820,6 +849,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="rounds of benchmark_app and the executor runs, interleaved; medians reported",
     )
     parser.add_argument("--no-job", action="store_true", help="skip the Spark job row")
+    parser.add_argument(
+        "--profile-images",
+        type=int,
+        default=32,
+        help="images of the per-stage profile (the current code, one process, cProfile; 0: no profile)",
+    )
+    parser.add_argument(
+        "--draft-ap-images",
+        type=int,
+        default=24,
+        help="synthetic road images per size for the box and mask AP of inference.jpeg_draft against the full "
+        "decode (YOLACT models, once per model; 0: skip)",
+    )
     parser.add_argument(
         "--job-images",
         type=int,
@@ -899,8 +941,17 @@ def main(argv=None) -> int:
                     and not (v == "after_draft" and args.no_draft)
                     and not (v == "after_pinned" and args.no_pinned)
                     and not (v == "after_thread" and not args.thread)
+                    and not (v == "after_overlap" and not args.overlap)
                 ]
                 measure_rounds(args, row, manifest, precision, conf, variants, image_dir, paths, work)
+                if args.profile_images:
+                    row["stage_profile"] = profile_in_child(
+                        make_task(manifest, "after", precision, conf, work / "scratch", image_dir),
+                        paths[: args.profile_images],
+                        args.batch_size,
+                    )
+                if args.draft_ap_images and manifest.model == "yolact" and precision == args.precisions[0]:
+                    row["draft_ap"] = draft_ap(model_dir, work, args.draft_ap_images)
                 if not args.no_job and manifest.model == "yolact" and conf == row["manifest_conf_thresh"]:
                     row["job"] = measure_job(
                         args,

@@ -18,11 +18,14 @@ from pipelines.ops import compiled_loops
 AxisTable = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
+@functools.lru_cache(maxsize=1024)
 def bilinear_axis(in_size: int, out_size: int) -> AxisTable:
     """Source pixels and weights of one axis of a bilinear resize (align_corners=False, torch's float32 math).
 
     Returns ``i0, i1`` ([out_size] int64 source indices, ``i0 <= i1 <= i0 + 1``, both non-decreasing) and ``w1``
-    ([out_size] float32 weight of ``i1``; the weight of ``i0`` is ``1 - w1`` in float32).
+    ([out_size] float32 weight of ``i1``; the weight of ``i0`` is ``1 - w1`` in float32). Cached (never write to
+    them): an executor's images mostly share a few sizes, and the tables' numpy calls cost more per image than
+    the lookup.
     """
     in_size, out_size = int(in_size), int(out_size)
     if in_size < 1 or out_size < 1:
@@ -76,7 +79,7 @@ def resize_normalized_planes(
     compiled_loops.resample_planes(
         flat,
         *bilinear_axis(x.shape[0], height),
-        *plane_columns(bilinear_axis(x.shape[1], width), x.shape[2], channels),
+        *_plane_table(x.shape[1], width, x.shape[2], tuple(int(c) for c in channels)),
         mean,
         std,
         out,
@@ -136,6 +139,12 @@ def _resize_source(
     if x.dtype not in (np.uint8, np.float32):
         x = x.astype(np.float32)  # what the resize reads anyway; the kernels are compiled for uint8 and float32
     return np.ascontiguousarray(x), int(size[0]), int(size[1])
+
+
+@functools.lru_cache(maxsize=1024)
+def _plane_table(in_size: int, out_size: int, channels: int, picks: tuple[int, ...]) -> AxisTable:
+    """plane_columns of bilinear_axis(in_size, out_size), cached as bilinear_axis is (never write to it)."""
+    return plane_columns(bilinear_axis(in_size, out_size), channels, picks)
 
 
 def plane_columns(cols: AxisTable, channels: int, picks: tuple[int, ...]) -> AxisTable:
