@@ -94,7 +94,6 @@ class CompiledIR:
         self.settings = settings
         self.compiled = openvino_core().compile_model(str(xml_path), settings.device, settings.ov_config())
         self.input_name = self.compiled.inputs[0].get_any_name()
-        self._input_dtype = self.compiled.inputs[0].get_element_type().to_dtype()
         self.output_names = [out.get_any_name() for out in self.compiled.outputs]
         self._static_outputs = _static_output_shapes(self.compiled.outputs)
         self.num_requests = int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
@@ -121,16 +120,9 @@ class CompiledIR:
             if self._static_outputs is not None:
                 outputs = self._outputs(len(batch))
             self._queue.set_callback(collect)
-            held = []  # inputs the requests read in place: each stays alive until wait_all has seen its request done
             try:
                 for index, image in enumerate(batch):
-                    # Every image is shared, never copied in by OpenVINO: a shared image stays the request's input
-                    # tensor after the call, and a later copy-in would write into it, freed by then. The job's
-                    # images (contiguous float32) are read where they are; others are converted first, as
-                    # OpenVINO's copy-in would.
-                    array = np.ascontiguousarray(image[None], dtype=self._input_dtype)
-                    held.append(array)
-                    self._queue.start_async({self.input_name: array}, index, share_inputs=True)
+                    self._queue.start_async({self.input_name: image[None]}, index)
                 self._queue.wait_all()
             except BaseException:
                 self._replace_queue()
