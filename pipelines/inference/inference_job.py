@@ -70,17 +70,19 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
     lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
     try:
-        return finish(spark, plan, *infer_listing(spark, plan, found, lock))
+        summary, _, totals = infer_listing(spark, plan, found, lock)
+        return finish(spark, plan, summary, totals)
     finally:
         lock.release()
 
 
 def infer_listing(
     spark: SparkSession, plan: JobPlan, found: src.ImageListing, lock: RunLock
-) -> tuple[RuntimeSettings, RunCounts, dict, OutputTables]:
-    """What the run does with a listing while it holds `lock`: plan -> waves (the batch job's whole listing, or a
-    stream's micro-batch). Returns what `finish` and `record_run` take after the plan: the runtime settings, the
-    counts, the waves' totals, the tables."""
+) -> tuple[dict, RunCounts, dict]:
+    """What the run does with a listing while it holds `lock`: plan -> waves -> record (the batch job's whole
+    listing, or a stream's micro-batch), all under the job's session settings (the record's queries too: with the
+    session's own, adaptive execution ran each of their query stages as a job). Returns the run's summary (not
+    written), its counts and the waves' totals."""
     restore: dict[str, str | None] = {}
     try:
         restore.update(set_session_settings(spark, planning_settings(plan.config)))
@@ -95,7 +97,7 @@ def infer_listing(
         work.listing.unpersist()
         work.units.unpersist()
         lock.ensure_held()
-        return settings, work.counts, totals, tables
+        return record_run(spark, plan, settings, work.counts, totals, tables), work.counts, totals
     finally:
         restore_session_settings(spark, restore)
 
@@ -117,17 +119,9 @@ def list_input(spark: SparkSession, plan: JobPlan) -> src.ImageListing:
     return found
 
 
-def finish(
-    spark: SparkSession,
-    plan: JobPlan,
-    settings: RuntimeSettings,
-    counts: RunCounts,
-    totals: dict,
-    tables: OutputTables,
-) -> dict:
-    """The run's end, under its lock: the resume index, COCO results, summary.json and the report where the config
-    asks for them; JobFailed when more images failed than run.max_error_fraction allows."""
-    summary = record_run(spark, plan, settings, counts, totals, tables)
+def finish(spark: SparkSession, plan: JobPlan, summary: dict, totals: dict) -> dict:
+    """The run's end, under its lock: summary.json and the report where the config asks for it; JobFailed when
+    more images failed than run.max_error_fraction allows."""
     write_summary(plan.output, summary)
     if plan.config.output.overlays:
         summary["report"] = render_report(spark, plan.output, summary)

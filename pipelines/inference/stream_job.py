@@ -29,7 +29,7 @@ from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 from pipelines.errors import SparkSegError, UsageError
 from pipelines.inference import image_sources as src
 from pipelines.inference.image_content import extension_glob
-from pipelines.inference.inference_job import infer_listing, record_run, start_workers
+from pipelines.inference.inference_job import infer_listing, start_workers
 from pipelines.inference.job_plan import JobPlan
 from pipelines.inference.progress import say
 from pipelines.io.run_lock import LockSettings, RunLock
@@ -149,8 +149,7 @@ class MicroBatches:
         plan = replace(self.plan, run_id=f"{self.plan.run_id}-b{batch_id:05d}", started=started)
         spark = batch.sparkSession  # the query's session (foreachBatch's frames belong to it)
         listing = src.ImageListing(src.without_prefix(batch, self.prefix))
-        settings, counts, totals, tables = infer_listing(spark, plan, listing, self.lock)
-        summary = record_run(spark, plan, settings, counts, totals, tables)
+        summary, counts, totals = infer_listing(spark, plan, listing, self.lock)
         self.batches += 1
         self.summary = accumulated(self.summary, summary, self.plan, batch_id, self.batches)
         self.lock.ensure_held()
