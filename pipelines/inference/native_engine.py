@@ -28,7 +28,7 @@ class NativeEngine:
         """Runs in the main env: nothing to check beyond what the package needs."""
 
     def session(self, settings: SparkSettings) -> SparkSession:
-        return job_session(settings.master, settings.app_name, settings.conf, settings.log_level)
+        return job_session(settings.master, settings.app_name, settings.conf, settings.log_level, settings.remote)
 
     def start_workers(self, spark: SparkSession, run_id: str) -> AbstractContextManager:
         """The first Python worker started while the driver lists the input (executor_warmup)."""

@@ -26,13 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.errors import UsageError
 from pipelines.io.uris import store_of, to_local_path
-from pipelines.spark.spark_session import ship_library, ship_once
-
-
-def is_connect(spark: SparkSession) -> bool:
-    """Whether `spark` is a Spark Connect client session (its class lives in pyspark.sql.connect)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
+from pipelines.spark.spark_session import is_connect, ship_library, ship_once
 
 _KINDS: dict[int, tuple[SparkSession, Any]] = {}
 _KINDS_LOCK = threading.Lock()

@@ -1,0 +1,136 @@
+"""The inference job on a Spark Connect session: a Spark Connect server started from this env's pyspark
+(sbin/start-connect-server.sh, as README shows), the job's command line run as a client of it (--remote), the
+detections equal to a classic session's on the same images; a store the Connect driver cannot reach, or a remote
+that does not answer, fails before any work with exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pyspark
+import pytest
+import yaml
+
+from pipelines.inference.inference_job import run
+from pipelines.spark.spark_session import DEFAULT_CONF, log4j_config_path
+from tests.conftest import REPO, SAMPLES
+from tests.job_helpers import job_config, read_rows, spark_submit_command
+from tests.process_io import wait_until
+
+IMAGES = ("astronaut.jpg", "camera.png", "chelsea.jpg", "coffee.jpg")  # a handful: colour and grey, JPEG and PNG
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """`sc://127.0.0.1:<port>` of a local[2] Spark Connect server (start-connect-server.sh --wait, in the
+    foreground of its own process group), stopped when the module ends."""
+    logs = tmp_path_factory.mktemp("connect-server")
+    port = free_port()
+    script = Path(pyspark.__file__).resolve().parent / "sbin" / "start-connect-server.sh"
+    conf = {
+        **DEFAULT_CONF,
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.host": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j_config_path()}",
+    }
+    _, env = spark_submit_command()
+    env.update(SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs), SPARK_LOCAL_IP="127.0.0.1")
+    env.pop("SPARK_HOME", None)
+    arguments = [str(script), "--wait", "--master", "local[2]"]
+    for key, value in conf.items():
+        arguments += ["--conf", f"{key}={value}"]
+    with open(logs / "server.log", "wb") as log:
+        server = subprocess.Popen(arguments, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: answers(port), "the Spark Connect server answers", timeout_s=180, process=server)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("connect-images")
+    for name in IMAGES:
+        shutil.copy(SAMPLES / "images" / name, folder / name)
+    return folder
+
+
+def run_job(tmp_path: Path, config: dict, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """jobs/infer_yolact.py with `config` (as YAML) and `flags`, as a process of its own: a Spark Connect client
+    (pyspark picks Connect columns process-wide once a session is remote, so it cannot share the tests' process
+    with their classic session)."""
+    path = tmp_path / f"config-{len(list(tmp_path.glob('config-*')))}.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), "--config", str(path), *flags],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_a_connect_run_equals_the_classic_run(connect_server, spark, images, tmp_path):
+    connect_out, classic_out = tmp_path / "connect", tmp_path / "classic"
+    done = run_job(tmp_path, job_config(images, connect_out), "--remote", connect_server)
+    assert done.returncode == 0, done.stderr[-3000:]
+    classic_summary = run(spark, job_config(images, classic_out))
+    connect_summary = json.loads((connect_out / "summary.json").read_text(encoding="utf-8"))
+    assert connect_summary["counts"]["done"] == classic_summary["counts"]["done"] == len(IMAGES)
+    assert connect_summary["counts"]["failed"] == 0
+    columns = ("path", "width", "height", "instances")
+
+    def detections(output: Path) -> dict:
+        return {row.path: tuple(row[c] for c in columns) for row in read_rows(spark, output, "detections")}
+
+    classic = detections(classic_out)
+    assert detections(connect_out) == classic
+    assert sum(len(found[-1]) for found in classic.values()) > 0  # the comparison compares detections
+    assert "Traceback" not in done.stderr
+
+
+def test_a_hadoop_output_on_connect_fails_before_any_work(connect_server, images, tmp_path):
+    done = run_job(tmp_path, job_config(images, "hdfs://namenode:8020/out"), env={"SPARK_REMOTE": connect_server})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "hdfs://namenode:8020/out: a Spark Connect session" in done.stderr and "az://" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_remote_that_does_not_answer_fails_before_any_work(images, tmp_path):
+    remote = f"sc://127.0.0.1:{free_port()}"
+    done = run_job(tmp_path, job_config(images, tmp_path / "out"), "--remote", remote)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and f"{remote}: no Spark Connect server answers" in errors[0], done.stderr
+    assert not (tmp_path / "out").exists()
