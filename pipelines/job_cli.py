@@ -205,7 +205,7 @@ def run_job(args: argparse.Namespace, family: str) -> int:
     settings = plan.config.spark
     spark = engine.session(settings)
     try:
-        stop_on_signals()
+        stop_on_signals(spark)
         warn_unknown_spark_settings(spark, settings.conf)
         summary = run_plan(spark, plan)
     finally:

@@ -134,3 +134,36 @@ def test_a_remote_that_does_not_answer_fails_before_any_work(images, tmp_path):
     errors = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and f"{remote}: no Spark Connect server answers" in errors[0], done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_stops_a_connect_run_cleanly(connect_server, images, tmp_path):
+    """SIGINT interrupts the run's operations on the server: exit 130 with one line, the lock released."""
+    many = tmp_path / "many"
+    many.mkdir()
+    for copy in range(15):  # 60 images: the run is still inferring when the signal comes
+        for path in images.iterdir():
+            shutil.copy(path, many / f"{copy:02d}-{path.name}")
+    config, output, log = job_config(many, tmp_path / "out"), tmp_path / "out", tmp_path / "stderr.log"
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    command = [
+        sys.executable,
+        str(REPO / "jobs" / "infer_yolact.py"),
+        "--config",
+        str(path),
+        "--remote",
+        connect_server,
+    ]
+    with open(log, "w", encoding="utf-8") as stderr:
+        job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    try:
+        wait_until(lambda: "to do" in log.read_text(encoding="utf-8"), "the run plans its work", process=job)
+        job.send_signal(signal.SIGINT)
+        assert job.wait(timeout=120) == 130, log.read_text(encoding="utf-8")[-3000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=60)
+    text = log.read_text(encoding="utf-8")
+    assert text.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C)") and "Traceback" not in text
+    assert not (output / "_sparkseg.lock").exists()

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -40,8 +40,6 @@ from pipelines.results.result_rows import (
 from pipelines.spark.shipped_files import shipped_path
 
 if TYPE_CHECKING:
-    from pyspark import Accumulator
-
     from pipelines.inference.crash_guard import CrashGuard
     from pipelines.inference.model_manifest import ModelManifest
     from pipelines.job_config import VideoSettings
@@ -77,6 +75,12 @@ def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeS
     return ExecutorModel(manifest, ir, arrays)
 
 
+class RowCounter(Protocol):
+    """What the executor-side function counts its rows in: a Spark accumulator on a classic session."""
+
+    def add(self, term: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class ImageInference:
     """The mapInArrow function. Small and picklable: the model itself is loaded on the executor, once per
@@ -96,7 +100,7 @@ class ImageInference:
     # (faster; changes the model's input pixels, so off by default: see docs/engines.md)
     max_image_pixels: int = 100_000_000
     fetch_bytes: Callable[[str], bytes] | None = None  # for readers that don't ship `content` (Azure SDK)
-    progress: Accumulator[int] | None = None  # rows processed, read by the driver's progress line (None: the
+    progress: RowCounter | None = None  # rows processed, read by the driver's progress line (None: the
     # session counts them as waves commit, pipelines.spark.session_kind)
     crash_guard: CrashGuard | None = None  # poison images become errors, not job failures
     video: VideoSettings | None = None  # frame sampling of video segment units

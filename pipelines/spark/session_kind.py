@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.errors import UsageError
 from pipelines.io.uris import store_of, to_local_path
-from pipelines.spark.spark_session import is_connect, ship_library, ship_once
+from pipelines.spark.spark_session import is_connect, ship_library, ship_once, staged_library_archive
 
 _KINDS: dict[int, tuple[SparkSession, Any]] = {}
 _KINDS_LOCK = threading.Lock()
@@ -82,6 +82,16 @@ class ClassicSession:
 
     def ship_library(self) -> None:
         ship_library(self.spark)
+
+    def ship_package(self, package: Path) -> None:
+        """Another package directory (model_export/) importable on every executor, once per SparkContext."""
+        add = lambda: self.context.addPyFile(str(staged_library_archive(package)))  # noqa: E731
+        ship_once(self.context, package.name, add)
+
+    def driver_resources(self, name: str) -> list[str] | None:
+        """The addresses of the driver's resource `name` (e.g. its GPUs); None where the session has none."""
+        found = self.context.resources.get(name)
+        return None if found is None else list(found.addresses)
 
     def ship_archive(self, archive: Path) -> None:
         """`archive` (a zip) unpacked on every executor as SparkFiles.get(archive.name), once per SparkContext."""
@@ -246,9 +256,14 @@ class ConnectSession:
 
     def ship_library(self) -> None:
         """`pipelines` (the package this client runs) as a session artifact on the server's Python workers."""
-        from pipelines.spark.spark_session import staged_library_archive
+        self.ship_package(Path(__file__).resolve().parents[1])
 
-        self._add_once(staged_library_archive(Path(__file__).resolve().parents[1]), pyfile=True)
+    def ship_package(self, package: Path) -> None:
+        self._add_once(staged_library_archive(package), pyfile=True)
+
+    def driver_resources(self, name: str) -> list[str] | None:
+        """Unknown to a client: the server's driver is not this process."""
+        return None
 
     def ship_archive(self, archive: Path) -> None:
         """`archive` unpacked for the session's tasks as SparkFiles.get(archive.name)."""
@@ -322,3 +337,32 @@ def hadoop_files(spark: SparkSession, uri: str) -> HadoopFiles | LocalFiles:
 def qualify_root(spark: SparkSession, root: str) -> str:
     """The root as Spark lists files under it (hdfs:///d -> hdfs://nn:8020/d, rel/dir -> file:/cwd/rel/dir)."""
     return hadoop_files(spark, root).qualified()
+
+
+def classic_context(spark: SparkSession | None = None, what: str = "this"):
+    """The SparkContext behind a classic `spark` (None: the one this process runs or is launched with, started now
+    where spark-submit launched it) for what only a JVM in reach can do (the bigdl engine's JVM library, the class
+    archive's build); a UsageError on a Spark Connect session."""
+    from pyspark import SparkContext
+
+    if spark is not None and is_connect(spark):
+        raise UsageError(f"{what} needs a classic Spark session (a JVM in reach), not a Spark Connect one")
+    if spark is not None:
+        return spark.sparkContext
+    SparkContext._ensure_initialized()
+    return SparkContext._active_spark_context
+
+
+def classic_jvm(spark: SparkSession | None = None, what: str = "this"):
+    """The py4j view of the JVM of classic_context (None for spark: the launcher's JVM, with or without a context)."""
+    from pyspark import SparkContext
+
+    if spark is None:
+        SparkContext._ensure_initialized()
+        return SparkContext._jvm
+    return classic_context(spark, what)._jvm
+
+
+def classic_gateway(spark: SparkSession, what: str = "this"):
+    """The py4j gateway to the JVM this process started for a classic `spark` (its process: gateway.proc)."""
+    return classic_context(spark, what)._gateway
