@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.errors import UsageError
 from pipelines.io.uris import store_of, to_local_path
+from pipelines.spark.hash_partitioning import partition_keys
 from pipelines.spark.spark_session import is_connect, ship_library, ship_once, staged_library_archive
 
 _KINDS: dict[int, tuple[SparkSession, Any]] = {}
@@ -319,10 +320,37 @@ class ConnectSession:
         return self.spark.createDataFrame(rows, schema).repartition(max(1, partitions))
 
     def fanned_out(self, seed: Any, top, part, schema, partitions: int) -> DataFrame:
-        raise UsageError(
-            f"{seed}: listing this input takes executor-side listing tasks, which a Spark Connect session does not "
-            "run yet: give a local input of fewer files, or run on a classic session"
-        )
+        """ClassicSession.fanned_out through DataFrames: the entries travel pickled, each with a key that Spark's
+        hash partitioning sends to the partition of its turn (partition_keys), so they are dealt round-robin."""
+        keys, names = partition_keys(partitions), schema.fieldNames()
+
+        def tops(batches):
+            import pickle
+
+            import pandas as pd
+
+            for batch in batches:
+                for value in batch["seed"]:
+                    entries = [pickle.dumps(entry) for entry in top(value)]
+                    turns = [keys[number % partitions] for number in range(len(entries))]
+                    yield pd.DataFrame(
+                        {"key": pd.Series(turns, dtype="int64"), "entry": pd.Series(entries, dtype=object)}
+                    )
+
+        def parts(batches):
+            import pickle
+
+            import pandas as pd
+
+            for batch in batches:
+                for entry in batch["entry"]:
+                    rows = [tuple(row) for row in part(pickle.loads(entry))]
+                    if rows:
+                        yield pd.DataFrame(rows, columns=names)
+
+        seeds = self.spark.createDataFrame([(str(seed),)], "seed string")
+        entries = seeds.mapInPandas(tops, "key long, entry binary")
+        return entries.repartition(partitions, "key").mapInPandas(parts, schema)
 
     def hadoop_files(self, uri: str) -> LocalFiles:
         self.check_stores(uri)
