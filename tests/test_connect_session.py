@@ -21,7 +21,10 @@ import pyspark
 import pytest
 import yaml
 
+from pipelines.engines.bigdl_inference import BigDLEngine
+from pipelines.errors import UsageError
 from pipelines.inference.inference_job import run
+from pipelines.job_config import SparkSettings
 from pipelines.spark.spark_session import DEFAULT_CONF, log4j_config_path
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import job_config, read_rows, spark_submit_command
@@ -200,3 +203,11 @@ def test_a_connect_run_on_azure_equals_the_classic_run(connect_server, spark, az
     assert run(spark, config)["counts"]["done"] == 3
     classic = azure_detections(client, "classic")
     assert len(classic) == 3 and azure_detections(client, "connect") == classic
+
+
+def test_the_bigdl_engine_refuses_a_remote():
+    """BigDL is a JVM library beside the driver: a Connect session cannot run it (exit 2, before any session)."""
+    settings = SparkSettings("local[2]", "sparkseg", {}, "WARN", "sc://127.0.0.1:15002")
+    with pytest.raises(UsageError, match="sc://127.0.0.1:15002: the bigdl engine .* classic session") as raised:
+        BigDLEngine().session(settings)
+    assert raised.value.exit_code == 2
