@@ -78,7 +78,7 @@ DATABRICKS_VENV ?= .venv-databricks
 databricks-env:
 	scripts/make_databricks_env.sh $(DATABRICKS_VENV)
 
-# Relocatable envs for `spark-submit --archives dist/<archive>#environment` (README: "Run on a cluster").
+# Relocatable envs for `spark-submit --archives dist/<archive>#environment` (docs/deploy.md).
 env-archive: $(VENV)/.stamp-infer   # the inference env (make demo's) and venv-pack: no torch needed to pack
 	$(PY) -c 'import venv_pack' 2>/dev/null || $(PIP) install -c constraints.txt venv-pack
 	PYTHON=$(PYTHON) PACKER_PYTHON=$(abspath $(PY)) scripts/build_env_archive.sh

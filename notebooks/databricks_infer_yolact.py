@@ -54,7 +54,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from pipelines.inference.inference_job import run  # noqa: E402
-from pipelines.io.azure_storage import AzureCredentials  # noqa: E402
+from pipelines.io.azure_credentials import AzureCredentials  # noqa: E402
 from pipelines.job_cli import choose_engine  # noqa: E402
 from pipelines.job_config import ConfigError, JobConfig, load_config, set_path  # noqa: E402
 

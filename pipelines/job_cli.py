@@ -145,8 +145,8 @@ def parse_args(
         "--break-lock",
         action="store_true",
         help="take over the output's lock even while its run looks alive (a lock whose heartbeat "
-        "is older than run.lock_stale_after_s is taken over without this; see README: "
-        "scheduled runs)",
+        "is older than run.lock_stale_after_s is taken over without this; see "
+        "docs/operations.md)",
     )
     parser.add_argument("--force", action="store_true", help="recompute images already done for this model")
     parser.add_argument(

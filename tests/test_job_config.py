@@ -146,8 +146,8 @@ def test_a_file_that_is_no_config_is_one_line_naming_it_and_where_it_went_wrong(
 def test_the_library_shipped_to_executors_leaves_the_driver_only_tools_out(tmp_path):
     names = zipfile.ZipFile(library_archive(REPO / "pipelines", tmp_path / "lib.zip")).namelist()
     assert "pipelines/inference/image_inference.py" in names and "pipelines/job_config.py" in names
-    assert DRIVER_ONLY_SUBPACKAGES == ("sweeps",)
-    assert not [n for n in names if n.startswith("pipelines/sweeps/") or "__pycache__" in n]
+    assert DRIVER_ONLY_SUBPACKAGES == ("sweeps", "tools")
+    assert not [n for n in names if n.startswith(("pipelines/sweeps/", "pipelines/tools/")) or "__pycache__" in n]
 
 
 def test_the_shipped_library_imports_from_its_bytecode(tmp_path):

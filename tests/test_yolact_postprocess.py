@@ -1,4 +1,5 @@
-"""YOLACT numpy postprocess: hand-built cases from SPEC.md 3/5/6/7, and plain torch references on random data."""
+"""YOLACT numpy postprocess: hand-built cases from docs/yolact.md (priors, box decoding, Fast NMS, mask assembly and
+crop), and plain torch references on random data."""
 
 import math
 
@@ -89,7 +90,8 @@ def torch_candidates(loc, conf, mask, priors, conf_thresh):
 
 
 def torch_fast_nms(loc, conf, mask, priors, conf_thresh=0.05, nms_thresh=0.5, top_k=200, max_num=100):
-    """Fast NMS as SPEC 6 describes it: sort per class, top_k, IoU, triu, max over higher-scored, keep <= thresh."""
+    """Fast NMS as docs/yolact.md ("Fast NMS") describes it: sort per class, top_k, IoU, triu, max over higher-scored,
+    keep <= thresh."""
     boxes, masks, scores = torch_candidates(loc, conf, mask, priors, conf_thresh)
     scores, idx = scores.sort(1, descending=True)
     idx, scores = idx[:, :top_k], scores[:, :top_k]
@@ -456,7 +458,8 @@ def random_masks_case(seed: int, n: int = 14, proto_hw=(11, 14), mask_dim: int =
 
 
 def torch_full_mask_probs(det: Detections, proto: np.ndarray, width: int, height: int, crop: bool) -> np.ndarray:
-    """SPEC 7 written plainly with torch, no windowing: [n, height, width] float probabilities."""
+    """docs/yolact.md's mask assembly and crop written plainly with torch, no windowing: [n, height, width] float
+    probabilities."""
     proto_t, boxes = torch.from_numpy(proto), torch.from_numpy(det.boxes)
     masks = torch.sigmoid(proto_t @ torch.from_numpy(det.coeffs).t())  # [Ph, Pw, n]
     if crop:

@@ -36,7 +36,8 @@ from pipelines.inference.image_content import reads_on_executors as reads_on_exe
 from pipelines.inference.image_content import with_content as with_content
 from pipelines.inference.partitions import assign_partitions as assign_partitions
 from pipelines.inference.partitions import balanced as balanced
-from pipelines.io.azure_storage import blob_exists, listing_part, listing_top, parse_blob_uri
+from pipelines.io.azure_credentials import parse_blob_uri
+from pipelines.io.azure_storage import blob_exists, listing_part, listing_top
 from pipelines.io.local_listing import listing_root, underscored_files, walk, walk_entry, walk_top
 from pipelines.io.storage import spark_read_path, to_spark_uri
 from pipelines.io.uris import (

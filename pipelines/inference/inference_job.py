@@ -25,7 +25,7 @@ from pipelines.inference.openvino_runtime import RuntimeSettings
 from pipelines.inference.progress import say
 from pipelines.inference.resume import OutputTables, RunCounts, plan_work
 from pipelines.inference.waves import infer, no_totals, write_empty_tables
-from pipelines.io.azure_storage import AzureCredentials
+from pipelines.io.azure_credentials import AzureCredentials
 from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.job_config import JobConfig
 from pipelines.results.coco_results import write_coco_results

@@ -19,7 +19,8 @@ from pipelines.inference.engine import Engine
 from pipelines.inference.model_manifest import ModelManifest, load_manifest
 from pipelines.inference.native_engine import NativeEngine
 from pipelines.inference.openvino_runtime import RuntimeSettings
-from pipelines.io.azure_storage import AzureBlobStore, AzureCredentials
+from pipelines.io.azure_credentials import AzureCredentials
+from pipelines.io.azure_storage import AzureBlobStore
 from pipelines.io.local_paths import local_path, resolve_local, resolve_output
 from pipelines.io.storage import Location
 from pipelines.job_config import ConfigError, InferenceSettings, JobConfig

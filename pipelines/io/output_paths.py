@@ -26,7 +26,8 @@ URIs: scheme://authority/path (hdfs://nn:8020/, abfss://c@a.dfs.core.windows.net
 (file:/, dbfs:/), or a plain path. "file:/x", "file:///x", "file://localhost/x" and "/x" are the same place.
 Paths are taken literally, as Spark's binaryFile `path` column gives them (not percent-decoded). The root must
 have the same scheme and authority as the inputs: qualify it first (pipelines.spark.session_kind.qualify_root:
-hdfs:///data -> hdfs://nn:8020/data, samples/images -> file:/work/samples/images).
+hdfs:///data -> hdfs://nn:8020/data, samples/images -> file:/home/me/sparkseg/samples/images when run from
+/home/me/sparkseg).
 """
 
 from __future__ import annotations

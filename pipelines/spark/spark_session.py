@@ -85,12 +85,12 @@ def quiet_jvm_options(conf: dict) -> dict:
 def quick_start_options(conf: dict) -> dict:
     """`conf` with the driver JVM starting fast (only effective when this process starts the JVM):
     - it maps this env's class archive (pipelines.spark.jvm_class_archive) when that is built, unless the caller chose
-    CDS
-      flags of its own;
+      CDS flags of its own;
     - it compiles with C1 only (QUICK_START_JIT) unless the caller chose JIT flags: C2's compiler threads compete with
-      a short job for the cores (a 200-image run with nothing new: 21 s -> 13 s on 2 cores); a JVM this process
-      starts is a local-mode one, whose JVM-side work (listing, Arrow, Parquet) is small beside the model's.
-    Under spark-submit the JVM is up before this code runs: pass the flags with --driver-java-options (README)."""
+      a short job for the cores; a JVM this process starts is a local-mode one, whose JVM-side work (listing, Arrow,
+      Parquet) is small beside the model's.
+    Under spark-submit the JVM is up before this code runs: pass the flags with --driver-java-options
+    (docs/deploy.md)."""
     from pipelines.spark.jvm_class_archive import QUICK_START_JIT, driver_java_options
 
     options = conf.get("spark.driver.extraJavaOptions", "")
@@ -112,7 +112,7 @@ def local_daemon_settings(conf: dict, master: str) -> dict:
     """`conf` with the Python workers of a `local[...]` master started by sparkseg_local_daemon (pyspark imported
     from the installed package's bytecode instead of pyspark.zip's sources, pandas and pyarrow imported once before
     the fork, and the compiled pixel loops where the interpreter's `pipelines` is this driver's): a session's first
-    Python job 2.1 -> 0.9 s beyond the same job again on 2 cores (make bench-startup).
+    Python job starts its workers faster (make bench-startup measures it).
     Only where that is safe: the workers run this interpreter (PYSPARK_PYTHON), whose pyspark is the pip-installed
     one the JVM takes pyspark.zip from (no other SPARK_HOME), and the caller set no daemon module of its own.
     Clusters keep Spark's daemon."""
@@ -164,7 +164,7 @@ def local_session(
     return session
 
 
-DRIVER_ONLY_SUBPACKAGES = ("sweeps",)  # dev and benchmark tools: executors never import them
+DRIVER_ONLY_SUBPACKAGES = ("sweeps", "tools")  # dev, benchmark and build tools: executors never import them
 _SHIPPED: dict[str, set[str]] = {}  # SparkContext applicationId -> names given with ship_once
 
 
@@ -186,7 +186,7 @@ def library_files(package: Path) -> list[Path]:
 def library_archive(package: Path, archive_path: Path) -> Path:
     """A package directory (pipelines/, model_export/) zipped for addPyFile (library_files), each module with its
     bytecode beside it (zipimport reads `x.pyc` next to `x.py`, never __pycache__/): a Python worker importing from
-    the zip would otherwise compile every module from source, ~0.5 s per worker on a small machine. The bytecode is
+    the zip would otherwise compile every module from source in every worker. The bytecode is
     this driver's Python's (unchecked-hash .pyc: staged_library_archive names the zip by its sources and this
     Python, so it cannot be stale); an executor on another Python version ignores it (other magic number) and
     compiles the sources."""
@@ -362,10 +362,10 @@ def session_not_started(err: Exception, master: str) -> Exception:
 def stop_session(session: SparkSession) -> None:
     """`session.stop()` for a command that exits next (the jobs' command lines), without PySpark's wait for its
     accumulator server: SparkContext.stop joins that server's thread, whose request handler polls the JVM's socket
-    for the shutdown flag once a second, counted from the last Python task's update (pyspark.accumulators): ~0.8 s
-    at the end of every run. Here the server is taken from the context before the stop and only flagged; its thread
-    (a daemon) leaves its loop within a second or ends with the process. Sessions that outlive a job (a notebook's,
-    the tests') are never stopped by sparkseg."""
+    for the shutdown flag once a second, counted from the last Python task's update (pyspark.accumulators): up to a
+    second at the end of every run. Here the server is taken from the context before the stop and only flagged; its
+    thread (a daemon) leaves its loop within a second or ends with the process. Sessions that outlive a job (a
+    notebook's, the tests') are never stopped by sparkseg."""
     if is_connect(session):  # a client: no accumulator server here
         session.stop()
         return
