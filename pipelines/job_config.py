@@ -422,10 +422,11 @@ class StreamSettings:
 
     def interval_s(self) -> float:
         """stream.trigger_interval in seconds: a number and a unit (ms, s, min, h)."""
-        number, unit = re.fullmatch(r"\s*([0-9.]*)\s*([a-z]*)\s*", str(self.trigger_interval)).groups()
-        ok = unit in INTERVAL_UNITS and re.fullmatch(r"[0-9]+(\.[0-9]+)?", number) is not None
+        found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)\s*", str(self.trigger_interval))
+        ok = found is not None and found.group(2) in INTERVAL_UNITS
         require("stream.trigger_interval (--trigger-interval)", ok, self.trigger_interval, "e.g. 30s, 500ms, 2min")
-        return float(number) * INTERVAL_UNITS[unit]
+        assert found is not None  # require raised otherwise
+        return float(found.group(1)) * INTERVAL_UNITS[found.group(2)]
 
 
 @dataclass(frozen=True)
