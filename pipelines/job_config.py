@@ -227,13 +227,8 @@ class SparkSettings:
             self.log_level,
             f"give one of {', '.join(SPARK_LOG_LEVELS)}",
         )
-        if self.remote is not None:
-            require(
-                "spark.remote",
-                str(self.remote).startswith("sc://"),
-                self.remote,
-                "give a Spark Connect URL, sc://host:port (or leave it null to start `master`)",
-            )
+        remote_ok = self.remote is None or str(self.remote).startswith("sc://")
+        require("spark.remote", remote_ok, self.remote, "give sc://host:port, or null to start `master`")
 
 
 @dataclass(frozen=True)
