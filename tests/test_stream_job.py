@@ -17,7 +17,7 @@ from pipelines.io.run_lock import LOCK_NAME, LockHeld
 from tests.conftest import REPO
 from tests.job_helpers import job_config
 from tests.process_io import wait_until
-from tests.test_faults import assert_exactly_once, start_job
+from tests.test_faults import assert_exactly_once, start_job, wait_for_a_committed_wave
 from tests.test_incremental import foreign_lock, snapshot, write_image
 
 JOB = REPO / "jobs" / "infer_yolact.py"
@@ -129,7 +129,7 @@ def test_a_stream_on_an_output_a_batch_run_holds_exits_4_naming_it(tmp_path):
 
 def test_a_stream_killed_mid_batch_resumes_with_nothing_lost_or_twice(spark, tmp_path):
     images, output = tmp_path / "images", tmp_path / "out"
-    names = [f"img{i:02d}.jpg" for i in range(12)]
+    names = [f"img{i:02d}.jpg" for i in range(16)]
     for seed, name in enumerate(names):
         write_image(images / name, seed)
     config = tmp_path / "waves.yaml"
@@ -137,7 +137,7 @@ def test_a_stream_killed_mid_batch_resumes_with_nothing_lost_or_twice(spark, tmp
     args = ("--config", str(config), "--input", str(images), "--output", str(output), "--available-now")
     job = stream_job(*args, own_process_group=True)
     try:  # driver, JVM and Python workers at once, once the micro-batch committed its first wave
-        wait_until(lambda: detected(spark, output), "the first committed wave", 600, 0.2, job)
+        wait_for_a_committed_wave(output, job)  # a glob, not a Spark read: the kill follows the commit closely
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
     finally:
