@@ -21,6 +21,7 @@ CORE = [
     # PyAV (FFmpeg bundled in its wheels): video input, decoded on the executors (pipelines.ops.video_decode)
     "av>=12,<19",
 ]
+CONNECT = ["grpcio>=1.76", "grpcio-status>=1.76", "googleapis-common-protos>=1.71", "zstandard>=0.25"]
 # 2.6: nonzero_static on CUDA (the training matching), fused SGD/AdamW on CPUs
 TORCH = ["torch>=2.6", "torchvision>=0.21"]
 EXTRAS = {
@@ -43,11 +44,15 @@ EXTRAS = {
         "packaging",
         "filelock",
     ],
+    # Spark Connect clients (--remote sc://host:port, SPARK_REMOTE; pipelines.spark.session_kind): what pyspark's own
+    # `connect` extra adds to the core (pandas, pyarrow and numpy are there already).
+    "connect": CONNECT,
     # The run report (python -m pipelines.report.render): per-class count and score plots. make demo installs it.
     "report": ["matplotlib>=3.7.2"],
     # Sweeps and benchmarks (jobs/sweep.py, make bench): process memory sampling and plots.
     "sweep": ["psutil>=5.9", "matplotlib>=3.7.2"],
-    "dev": [
+    "dev": CONNECT
+    + [
         "pytest>=8",
         "pytest-timeout>=2.3",
         "pytest-xdist>=3.8",

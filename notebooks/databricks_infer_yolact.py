@@ -10,9 +10,9 @@
 # MAGIC
 # MAGIC Parameters are widgets (a job's `base_parameters` set them). Azure credentials come from a secret scope: give
 # MAGIC the
-# MAGIC scope and the NAMES of the secrets in it, never the secrets. Needs a classic cluster (single user or no
-# MAGIC isolation
-# MAGIC shared access mode: the job uses `spark.sparkContext`) with the libraries of `notebooks/databricks_job.json`.
+# MAGIC scope and the NAMES of the secrets in it, never the secrets. Tested on a classic cluster (single user or no
+# MAGIC isolation shared access mode) with the libraries of `notebooks/databricks_job.json`; on a Spark Connect
+# MAGIC session (serverless, standard access mode) see docs/deploy.md, Spark Connect, for the stores it supports.
 
 # COMMAND ----------
 

@@ -38,6 +38,7 @@ OVERRIDES = {  # command-line flag -> config key
     "engine": "inference.engine",
     "reader": "input.reader",
     "master": "spark.master",
+    "remote": "spark.remote",
     "masks": "output.masks",
     "score_threshold": "output.score_threshold",
     "frame_stride": "input.video.frame_stride",
@@ -103,6 +104,9 @@ def parse_args(
         "--reader", choices=["auto", "spark", "azure_sdk"], help=f"how images are read [{packaged['input']['reader']}]"
     )
     parser.add_argument("--master", help=f"Spark master when not run by spark-submit [{packaged['spark']['master']}]")
+    parser.add_argument(
+        "--remote", help="sc://host:port: run on that Spark Connect server (default: SPARK_REMOTE, else --master)"
+    )
     if family == "yolact":
         parser.add_argument(
             "--masks",
@@ -225,7 +229,7 @@ def run_job(args: argparse.Namespace, family: str) -> int:
     settings = plan.config.spark
     spark = engine.session(settings)
     try:
-        stop_on_signals()
+        stop_on_signals(spark)
         warn_unknown_spark_settings(spark, settings.conf)
         summary = run_stream(spark, plan) if stream else run_plan(spark, plan)
     finally:

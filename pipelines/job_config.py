@@ -218,6 +218,7 @@ class SparkSettings:
     app_name: str
     conf: dict  # extra Spark settings, free-form
     log_level: str
+    remote: str | None  # sc://host:port of a Spark Connect server to run on instead of starting `master`
 
     def __post_init__(self) -> None:
         require(
@@ -226,6 +227,8 @@ class SparkSettings:
             self.log_level,
             f"give one of {', '.join(SPARK_LOG_LEVELS)}",
         )
+        remote_ok = self.remote is None or str(self.remote).startswith("sc://")
+        require("spark.remote", remote_ok, self.remote, "give sc://host:port, or null to start `master`")
 
 
 @dataclass(frozen=True)

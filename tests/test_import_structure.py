@@ -247,3 +247,68 @@ def test_planning_a_job_on_the_driver_imports_no_numba():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", done.stdout[-2000:]
+
+
+# Spark beyond the DataFrame API, reachable only through pipelines.spark (session_kind picks classic or Connect):
+# what a Spark Connect client lacks (the SparkContext, py4j, accumulators, RDDs, SparkFiles).
+SPARK_INTERNAL_ATTRIBUTES = frozenset(
+    (
+        "sparkContext",
+        "_jvm",
+        "_jsc",
+        "_jdf",
+        "_jsparkSession",
+        "_gateway",
+        "accumulator",
+        "statusTracker",
+        "addPyFile",
+        "addArchive",
+        "setJobGroup",
+        "cancelJobGroup",
+        "parallelize",
+    )
+)
+SPARK_INTERNAL_NAMES = frozenset(("RDD", "SparkFiles", "Accumulator"))
+SPARK_LAYER = "pipelines/spark/"
+
+
+def spark_internals_used(source: str) -> list[str]:
+    """The Spark internals `source` uses: SPARK_INTERNAL_ATTRIBUTES read as attributes, SPARK_INTERNAL_NAMES
+    imported from pyspark (type-only imports too: their values are what a Connect client has not)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in SPARK_INTERNAL_ATTRIBUTES:
+            found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pyspark":
+            found += [f"line {node.lineno}: {a.name}" for a in node.names if a.name in SPARK_INTERNAL_NAMES]
+    return found
+
+
+def test_spark_internals_are_used_only_in_the_spark_layer():
+    """No sparkContext, py4j, accumulator, RDD or SparkFiles outside pipelines/spark/ (jobs and notebooks included):
+    everything else reaches Spark through the DataFrame API and pipelines.spark.session_kind, so that one code path
+    runs on classic and Spark Connect sessions."""
+    sources = [*project_modules().values(), *sorted((REPO / "jobs").glob("*.py")), *sorted(REPO.glob("notebooks/*.py"))]
+    used = {
+        path.relative_to(REPO).as_posix(): found
+        for path in sources
+        if not path.relative_to(REPO).as_posix().startswith(SPARK_LAYER)
+        and (found := spark_internals_used(path.read_text(encoding="utf-8")))
+    }
+    assert used == {}
+
+
+def test_the_spark_layer_rule_finds_a_planted_use():
+    planted = (
+        "from pyspark import RDD, StorageLevel\n"
+        "def count(spark, df):\n"
+        "    total = spark.sparkContext.accumulator(0)\n"
+        "    return len(df._jdf.inputFiles()), total\n"
+    )
+    assert spark_internals_used(planted) == [
+        "line 1: RDD",
+        "line 3: .accumulator",
+        "line 3: .sparkContext",
+        "line 4: ._jdf",
+    ]
+    assert spark_internals_used("df.inputFiles()\nspark.conf.get('spark.task.cpus')\n") == []

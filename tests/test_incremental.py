@@ -32,6 +32,7 @@ from pipelines.io.run_lock import (
 )
 from pipelines.io.storage import Location
 from pipelines.results.incremental import current_detections, current_errors, table_counts
+from pipelines.spark.session_kind import hadoop_files
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import job_config
 from tests.process_io import read_line, wait_until
@@ -319,7 +320,7 @@ def test_azure_lock_blob_is_created_only_when_absent_and_changed_only_by_etag(az
 
 def test_hadoop_lock_store_through_the_spark_jvm(spark, tmp_path):
     uri = f"file://{tmp_path}/{LOCK_NAME}"
-    store = HadoopLockStore(uri, spark)
+    store = HadoopLockStore(uri, hadoop_files(spark, uri))
     token = store.create(b"one")
     assert token == b"one" and store.create(b"two") is None
     data, found, modified = store.read()
@@ -328,7 +329,7 @@ def test_hadoop_lock_store_through_the_spark_jvm(spark, tmp_path):
     assert newer == b"three" and store.replace(b"four", token) is None
     assert store.delete(token) is False and store.read()[0] == b"three"
     assert store.delete(newer) is True and store.read() is None
-    with pytest.raises(ValueError, match="needs the SparkSession"):
+    with pytest.raises(ValueError, match="needs its FileSystem"):
         lock_store("hdfs://namenode/out")
 
 

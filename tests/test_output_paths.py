@@ -15,9 +15,9 @@ from pipelines.io.output_paths import (
     MAX_COMPONENT_CHARS,
     encode_component,
     mask_output_path,
-    qualify_root,
     relative_key,
 )
+from pipelines.spark.session_kind import qualify_root
 
 ROOT = "file:/data/in"
 OUT = "abfss://out@acct.dfs.core.windows.net/run1"

@@ -7,6 +7,7 @@ import threading
 import time
 
 from pipelines.inference.progress import ProgressReporter
+from pipelines.spark.session_kind import session_kind
 
 
 def wait_for(condition, timeout_s: float = 120) -> bool:
@@ -28,7 +29,7 @@ def test_tasks_that_start_with_their_stage_are_counted_as_running(spark, tmp_pat
         wait_for(release.exists)
         yield from batches
 
-    reporter = ProgressReporter(spark, total=2, interval_s=0)
+    reporter = ProgressReporter(session_kind(spark), total=2, interval_s=0)
     job = threading.Thread(target=lambda: spark.range(2).repartition(2).mapInPandas(hold, "id long").collect())
     job.start()
     try:

@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 from pipelines.engines.bigdl_natives import installed_native_library_dir
 from pipelines.errors import UsageError
 from pipelines.job_config import ConfigError, SparkSettings
+from pipelines.spark.session_kind import classic_jvm
 from pipelines.spark.spark_session import DEFAULT_CONF, submitted_app_name, submitted_conf
 
 INSTALL_HINT = (
@@ -196,8 +197,7 @@ def bigdl_python_env(
         # does the same); under spark-submit, its options (spark_submit_args) win.
         settings = {"spark.executor.extraClassPath": get_bigdl_classpath(), **bigdl_spark_conf(master, conf)}
         if os.environ.get("PYSPARK_GATEWAY_PORT"):  # started by spark-submit: its master and settings win
-            SparkContext._ensure_initialized()
-            if not bigdl_on_classpath(SparkContext._jvm):
+            if not bigdl_on_classpath(classic_jvm(what="the bigdl engine")):
                 raise BigDLNotOnClasspath(
                     "the bigdl engine under spark-submit needs BigDL's jars on the JVM's "
                     "classpath from its start: add these options to spark-submit (before the "
@@ -324,7 +324,7 @@ def _redirect_bigdl_log(log_path: str) -> None:
 
 
 def _check_bigdl_on_classpath(session: SparkSession) -> None:
-    if not bigdl_on_classpath(session.sparkContext._jvm):
+    if not bigdl_on_classpath(classic_jvm(session, "the bigdl engine")):
         raise BigDLNotOnClasspath(
             "a SparkSession without BigDL's jars is already running: call "
             "pipelines.engines.bigdl_engine.bigdl_python_env() before any other session is "

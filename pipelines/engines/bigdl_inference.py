@@ -11,6 +11,7 @@ The paper's stages, with BigDL's own classes (pipelines.engines.bigdl_stages):
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -24,6 +25,7 @@ from pyspark.sql import functions as F
 
 from pipelines.engines.bigdl_engine import bigdl_job_session, require_bigdl
 from pipelines.engines.bigdl_stages import CV_8UC3, bigdl_predict, bigdl_preprocess, ir_outputs
+from pipelines.errors import UsageError
 from pipelines.inference.executor_cache import LazyModel
 from pipelines.inference.image_inference import (
     RESULT_COLUMNS,
@@ -196,6 +198,12 @@ class BigDLEngine:
         require_bigdl()
 
     def session(self, settings: SparkSettings) -> SparkSession:
+        remote = settings.remote or os.environ.get("SPARK_REMOTE")
+        if remote:
+            raise UsageError(
+                f"{remote}: the bigdl engine runs BigDL's JVM library beside the driver and needs a classic session, "
+                "not a Spark Connect one: drop --remote (spark.remote, SPARK_REMOTE) or use --engine native"
+            )
         return bigdl_job_session(settings)
 
     def start_workers(self, spark: SparkSession, run_id: str) -> AbstractContextManager:

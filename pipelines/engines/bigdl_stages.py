@@ -25,6 +25,7 @@ from pipelines.engines.bigdl_engine import require_bigdl
 
 # --precision f32|bf16|auto -> INFERENCE_PRECISION_HINT
 from pipelines.inference.openvino_runtime import PRECISION_HINTS
+from pipelines.spark.session_kind import classic_context
 
 # OpenCV type of 8-bit, 3-channel pixels (CV_8UC3), as Spark's image schema and BigDL's NNImageSchema store it.
 CV_8UC3 = 16
@@ -106,7 +107,9 @@ def nnimage_reader_images(spark: SparkSession, uri: str, partitions: int, image_
         raise ValueError(f"nnimage_reader_images: partitions must be >= 1, got {partitions}")
     from bigdl.dllib.nnframes import NNImageReader
 
-    images = NNImageReader.readImages(uri, spark.sparkContext, minPartitions=partitions, image_codec=1)
+    images = NNImageReader.readImages(
+        uri, classic_context(spark, "the bigdl engine"), minPartitions=partitions, image_codec=1
+    )
     images = images.repartition(partitions)
     if image_col != "image":
         images = images.withColumnRenamed("image", image_col)

@@ -9,8 +9,9 @@ find them there. Earlier still, while the driver lists the input of a run that w
 output, or `run.force`), a job of one task starts the first worker (in local mode the job's daemon too, which loads
 numba's compiled loops once before it forks the workers; `make bench-startup` measures the gain).
 
-Best effort: the warm-up has its own job group; a failure is logged at debug level (an inference task that loads
-the model reports any error as its own), and the job is cancelled if it is still running when the run ends.
+Best effort: the warm-up has its own job group (a tag on a Spark Connect session); a failure is logged at debug
+level (an inference task that loads the model reports any error as its own), and the job is cancelled if it is still
+running when the run ends.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import logging
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
+
+from pipelines.spark.session_kind import session_kind
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,14 +60,15 @@ class ExecutorWarmUp:
 
     def __init__(self, spark: SparkSession, function, tasks: int, name: str, what: str) -> None:
         self.spark, self.function, self.tasks, self.what = spark, function, max(1, tasks), what
+        self.kind = session_kind(spark)
         self.group = f"{JOB_GROUP_PREFIX}{name}"
         self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
         try:
-            self.spark.sparkContext.setJobGroup(self.group, f"sparkseg: {self.what}")
-            frame = self.spark.range(0, self.tasks, numPartitions=self.tasks)
-            frame.mapInPandas(self.function, frame.schema).collect()
+            with self.kind.tagged(self.group, f"sparkseg: {self.what}"):
+                frame = self.spark.range(0, self.tasks, numPartitions=self.tasks)
+                frame.mapInPandas(self.function, frame.schema).collect()
         except Exception as err:  # noqa: BLE001  (best effort: the inference tasks load the model themselves)
             log.debug("executor warm-up (%s) did not complete: %s", self.what, err)
 
@@ -80,11 +84,6 @@ class ExecutorWarmUp:
         if self._thread is None or not self._thread.is_alive():
             return
         ends_in_error = exc_type is not None and issubclass(exc_type, Exception)
-        if not ends_in_error and self._running():  # Spark warns on the console when it finds nothing to cancel
-            self.spark.sparkContext.cancelJobGroup(self.group)
+        if not ends_in_error:
+            self.kind.cancel(self.group)
         self._thread.join(timeout=60)
-
-    def _running(self) -> bool:
-        tracker = self.spark.sparkContext.statusTracker()
-        jobs = (tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(self.group))
-        return any(job is not None and job.status == "RUNNING" for job in jobs)

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -37,10 +37,9 @@ from pipelines.results.result_rows import (
     result_batch,
     timed,
 )  # (re-exported: the families and tests use them)
+from pipelines.spark.shipped_files import shipped_path
 
 if TYPE_CHECKING:
-    from pyspark import Accumulator
-
     from pipelines.inference.crash_guard import CrashGuard
     from pipelines.inference.model_manifest import ModelManifest
     from pipelines.job_config import VideoSettings
@@ -63,9 +62,7 @@ def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeS
 
     local_dir = model_dir
     if not os.path.isdir(local_dir):
-        from pyspark import SparkFiles
-
-        local_dir = SparkFiles.get(os.path.basename(model_dir.rstrip("/")) + ".zip")  # unpacked by addArchive
+        local_dir = shipped_path(os.path.basename(model_dir.rstrip("/")) + ".zip")  # unpacked by ship_archive
     manifest = load_manifest(local_dir, verify=True)
     reuse_decode_memory()
     if manifest.model_sha256 != expected_sha256:
@@ -78,12 +75,18 @@ def load_executor_model(model_dir: str, expected_sha256: str, settings: RuntimeS
     return ExecutorModel(manifest, ir, arrays)
 
 
+class RowCounter(Protocol):
+    """What the executor-side function counts its rows in: a Spark accumulator on a classic session."""
+
+    def add(self, term: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class ImageInference:
     """The mapInArrow function. Small and picklable: the model itself is loaded on the executor, once per
     Python worker, through LazyModel keyed by (model sha256, runtime settings)."""
 
-    model_dir: str  # driver path; executors use SparkFiles.get(basename) when not shared
+    model_dir: str  # driver path; executors use the shipped copy (shipped_path) when not shared
     model_sha256: str
     class_names: tuple[str, ...]
     input_spec: dict
@@ -97,7 +100,8 @@ class ImageInference:
     # (faster; changes the model's input pixels, so off by default: see docs/engines.md)
     max_image_pixels: int = 100_000_000
     fetch_bytes: Callable[[str], bytes] | None = None  # for readers that don't ship `content` (Azure SDK)
-    progress: Accumulator[int] | None = None  # images processed, read by the driver's progress line
+    progress: RowCounter | None = None  # rows processed, read by the driver's progress line (None: the
+    # session counts them as waves commit, pipelines.spark.session_kind)
     crash_guard: CrashGuard | None = None  # poison images become errors, not job failures
     video: VideoSettings | None = None  # frame sampling of video segment units
     frames_per_batch: int = 8  # video frames per inference batch (inference.batch_size)

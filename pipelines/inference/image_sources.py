@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from pyspark import RDD, StorageLevel
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -39,7 +39,6 @@ from pipelines.inference.partitions import balanced as balanced
 from pipelines.io.azure_credentials import parse_blob_uri
 from pipelines.io.azure_storage import blob_exists, listing_part, listing_top
 from pipelines.io.local_listing import listing_root, underscored_files, walk, walk_entry, walk_top
-from pipelines.io.output_paths import qualify_root
 from pipelines.io.storage import spark_read_path, to_spark_uri
 from pipelines.io.uris import (
     is_azure,
@@ -49,6 +48,7 @@ from pipelines.io.uris import (
     to_local_path,
 )
 from pipelines.spark.java_errors import unreachable_storage
+from pipelines.spark.session_kind import qualify_root, session_kind
 
 LISTING_SCHEMA = T.StructType(
     [
@@ -168,7 +168,7 @@ class ImageListing:
 
     def indexed_files(self) -> int:
         """Files in the source's index, zero-byte ones included (a number from the JVM: no Spark job, no list)."""
-        return len(self.source._jdf.inputFiles()) if self.source is not None else -1
+        return session_kind(self.source.sparkSession).indexed_files(self.source) if self.source is not None else -1
 
     def complete(self) -> DataFrame:
         """The whole listing: `scanned` and the zero-byte files (size 0), which are inputs too (they end up in
@@ -287,10 +287,14 @@ def blobs_listed_by_executors(spark: SparkSession, uri: str, extensions: list[st
 
     if not blob_exists(uri, credentials):
         raise missing_input(uri)
-    context = spark.sparkContext
-    top = context.parallelize([uri], 1).flatMap(lambda top_uri: listing_top(top_uri, extensions, credentials))
-    blobs = spread(top, context.defaultParallelism).flatMap(lambda entry: listing_part(entry, extensions, credentials))
-    return spark.createDataFrame(blobs, LISTING_SCHEMA)
+    kind = session_kind(spark)
+    return kind.fanned_out(
+        uri,
+        lambda top_uri: listing_top(top_uri, extensions, credentials),
+        lambda entry: listing_part(entry, extensions, credentials),
+        LISTING_SCHEMA,
+        kind.default_parallelism(),
+    )
 
 
 def local_files_listing(
@@ -317,10 +321,14 @@ def local_files_listing(
     if len(first) <= driver_max_files:
         return small_listing_frame(spark, first)
     del first, walked
-    context = spark.sparkContext
-    top = context.parallelize([root], 1).flatMap(lambda top_root: walk_top(top_root, wanted, recursive, skip))
-    files = spread(top, context.defaultParallelism).flatMap(lambda entry: walk_entry(entry, wanted, skip))
-    return spark.createDataFrame(files, LISTING_SCHEMA)
+    kind = session_kind(spark)
+    return kind.fanned_out(
+        root,
+        lambda top_root: walk_top(top_root, wanted, recursive, skip),
+        lambda entry: walk_entry(entry, wanted, skip),
+        LISTING_SCHEMA,
+        kind.default_parallelism(),
+    )
 
 
 def small_listing_frame(spark: SparkSession, files: list[tuple]) -> DataFrame:
@@ -333,13 +341,6 @@ def small_listing_frame(spark: SparkSession, files: list[tuple]) -> DataFrame:
         {"path": object, "size": "int64", "modification_time": "datetime64[ns, UTC]"}
     )
     return spark.createDataFrame(frame, LISTING_SCHEMA)
-
-
-def spread(entries: RDD, partitions: int) -> RDD:
-    """The entries of a one-partition RDD dealt round-robin over `partitions` (RDD.repartition moves Python's
-    pickled batches, not entries: a few hundred directories would all land in one task)."""
-    numbered = entries.mapPartitions(lambda part: enumerate(part))
-    return numbered.partitionBy(partitions, lambda number: number % partitions).values()
 
 
 def list_images(
@@ -379,16 +380,9 @@ def empty_files(spark: SparkSession, source: DataFrame, scanned: DataFrame) -> D
     inputs too (they must end up in errors/), so add them back with size 0. The index gives URI strings
     (`file:///a/UPPER%20CASE.JPG`: spaces, %, # escaped); the scan's `path` is Hadoop's unescaped spelling
     (`file:/a/UPPER CASE.JPG`), the one every output uses: compare in that spelling (hadoop_path_column, the
-    JVM-side twin of hadoop_path_string). The index's file list stays in the JVM: no Python list of every input."""
-    jvm = spark.sparkContext._jvm
-    files = source._jdf.inputFiles()  # a JVM String[], wrapped as the Seq createDataset takes, without a copy
-    if jvm.scala.util.Properties.versionNumberString().startswith("2.12"):  # Spark 3.5 (the BigDL env)
-        files = jvm.scala.Predef.genericWrapArray(files)
-    else:
-        files = jvm.scala.collection.immutable.ArraySeq.unsafeWrapArray(files)
-    uris = DataFrame(
-        spark._jsparkSession.createDataset(files, jvm.org.apache.spark.sql.Encoders.STRING()).toDF(), spark
-    )  # one column, "value"
+    JVM-side twin of hadoop_path_string). On a classic session the index's file list stays in the JVM: no Python
+    list of every input."""
+    uris = session_kind(spark).input_files(source)  # one column, "value"
     paths = uris.select(hadoop_path_column(F.col("value")).alias("path"))
     # the index also lists `_metadata*` and `_common_metadata*` files, which the scan skips as hidden, as
     # uris.is_hidden does: they are no input of ours, empty or not

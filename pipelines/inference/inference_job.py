@@ -31,8 +31,8 @@ from pipelines.job_config import JobConfig
 from pipelines.results.coco_results import write_coco_results
 from pipelines.results.done_index import table_file_names, update_after_run
 from pipelines.results.results_writer import holds_tables, write_summary
+from pipelines.spark.session_kind import hadoop_files, session_kind
 from pipelines.spark.session_settings import planning_settings, restore_session_settings, set_session_settings
-from pipelines.spark.spark_session import ship_library
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,9 @@ def run(
 def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     """Run a planned job. Holds the output's lock (pipelines.io.run_lock) from after the listing to the end; raises
     LockHeld when another run holds it, JobFailed when the errors exceed run.max_error_fraction."""
-    ship_library(spark)
+    kind = session_kind(spark)  # classic or Spark Connect: how the run reaches Spark beyond DataFrames
+    kind.check_stores(plan.input_uri, plan.output.uri)  # before any work: a store this kind cannot reach
+    kind.ship_library()
     say(f"run {plan.run_id}: listing {plan.input_uri}")
     with start_workers(spark, plan):
         return list_and_infer(spark, plan)
@@ -68,7 +70,7 @@ def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
     found = list_input(spark, plan)  # before the lock: a missing input leaves no output directory behind
     run_cfg = plan.config.run
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
-    lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
+    lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, hadoop_files=lambda uri: hadoop_files(spark, uri))
     try:
         summary, _, totals = infer_listing(spark, plan, found, lock)
         return finish(spark, plan, summary, totals)

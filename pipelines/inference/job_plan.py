@@ -25,6 +25,7 @@ from pipelines.io.local_paths import local_path, resolve_local, resolve_output
 from pipelines.io.storage import Location
 from pipelines.job_config import ConfigError, InferenceSettings, JobConfig
 from pipelines.results.results_writer import choose_writer
+from pipelines.spark.session_kind import session_kind
 
 
 @dataclass
@@ -132,7 +133,7 @@ def check_local_paths(input_uri: str, output_uri: str, given_input: str | None =
 
 
 def runtime_settings(spark: SparkSession, inference: InferenceSettings) -> RuntimeSettings:
-    task_cpus = int(spark.sparkContext.getConf().get("spark.task.cpus", "1"))
+    task_cpus = session_kind(spark).task_cpus()
     return RuntimeSettings.for_task_cpus(
         task_cpus,
         precision=inference.precision,

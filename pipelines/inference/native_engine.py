@@ -12,6 +12,7 @@ from pipelines.inference.image_inference import ImageInference
 from pipelines.inference.model_manifest import ModelManifest
 from pipelines.job_config import SparkSettings
 from pipelines.results.result_schema import RESULT_SCHEMA
+from pipelines.spark.session_kind import session_kind
 from pipelines.spark.spark_session import job_session
 
 
@@ -27,7 +28,7 @@ class NativeEngine:
         """Runs in the main env: nothing to check beyond what the package needs."""
 
     def session(self, settings: SparkSettings) -> SparkSession:
-        return job_session(settings.master, settings.app_name, settings.conf, settings.log_level)
+        return job_session(settings.master, settings.app_name, settings.conf, settings.log_level, settings.remote)
 
     def start_workers(self, spark: SparkSession, run_id: str) -> AbstractContextManager:
         """The first Python worker started while the driver lists the input (executor_warmup)."""
@@ -40,7 +41,7 @@ class NativeEngine:
         return ExecutorWarmUp(
             spark,
             LoadModel(task),
-            min(partitions, spark.sparkContext.defaultParallelism),
+            min(partitions, session_kind(spark).default_parallelism()),
             run_id,
             "start Python workers, load the model",
         )

@@ -1,9 +1,11 @@
 """Driver-side progress: what the job is doing, and images done / total with the rate and an ETA while it runs.
 
-Executors add to a Spark accumulator as they finish each Arrow batch (the driver sees it when a task ends: the job
-keeps tasks small, inference.max_images_per_task, so that the count moves while a wave runs); a daemon
-thread on the driver prints a line every `interval_s` while tasks run, with the tasks running now from Spark's
-status tracker, so a long task still shows signs of life. On a terminal the line is rewritten in place; in a log
+The count comes from the session's kind (pipelines.spark.session_kind): on a classic session executors add to a
+Spark accumulator as they finish each Arrow batch (the driver sees it when a task ends: the job keeps tasks small,
+inference.max_images_per_task, so that the count moves while a wave runs); a Spark Connect session has no
+accumulators, and counts the rows as each wave commits. A daemon thread on the driver prints a line every
+`interval_s` while tasks run, with the tasks running now (Spark's status tracker, or the Connect server's progress
+reports), so a long task still shows signs of life. On a terminal the line is rewritten in place; in a log
 file it is one line per interval.
 """
 
@@ -13,7 +15,7 @@ import sys
 import threading
 import time
 
-from pyspark.sql import SparkSession
+from pipelines.spark.session_kind import ClassicSession, ConnectSession
 
 PREFIX = "[sparkseg]"
 
@@ -34,11 +36,17 @@ def duration(seconds: float) -> str:
 
 class ProgressReporter:
     def __init__(
-        self, spark: SparkSession, total: int, interval_s: float = 5.0, stream=None, unit: str = "images"
+        self,
+        kind: ClassicSession | ConnectSession,
+        total: int,
+        interval_s: float = 5.0,
+        stream=None,
+        unit: str = "images",
     ) -> None:
         self.unit = unit  # what is counted: "images", or "images+frames" when the input holds videos
-        self.accumulator = spark.sparkContext.accumulator(0)
-        self._tracker = spark.sparkContext.statusTracker()
+        self.kind = kind
+        self.count = kind.progress_count()
+        self.executor_count = self.count.executor_side  # what the executor-side function adds to (None: nothing)
         self.total = total
         self.interval_s = interval_s
         self.stream = stream or sys.stderr
@@ -49,13 +57,16 @@ class ProgressReporter:
 
     def running_tasks(self) -> int:
         try:
-            stages = (self._tracker.getStageInfo(s) for s in self._tracker.getActiveStageIds())
-            return sum(stage.numActiveTasks for stage in stages if stage is not None)
+            return self.kind.running_tasks()
         except Exception:  # noqa: BLE001  (the context is stopping: no count is no problem)
             return 0
 
+    def committed(self, rows: int) -> None:
+        """A wave of `rows` result rows committed (counted here where the executors do not count)."""
+        self.count.committed(rows)
+
     def line(self, final: bool = False) -> str:
-        done = self.accumulator.value
+        done = self.count.value
         elapsed = max(time.time() - self._start, 1e-9)
         percent = 100.0 * done / self.total if self.total else 100.0
         rate = done / elapsed
@@ -80,7 +91,7 @@ class ProgressReporter:
         self._print(self.line())
         state, last, quiet_s = None, time.time(), self.interval_s
         while not self._stop.wait(self.interval_s):
-            now_state = (self.accumulator.value, self.running_tasks())
+            now_state = (self.count.value, self.running_tasks())
             changed = now_state != state
             if self._tty or changed or time.time() - last >= quiet_s:
                 quiet_s = self.interval_s if changed else min(2 * quiet_s, 60.0)

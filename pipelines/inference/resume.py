@@ -21,6 +21,7 @@ from pipelines.job_config import VideoSettings
 from pipelines.results.done_index import done_keys, table_file_names
 from pipelines.results.results_writer import holds_tables, read_summary, remove_uncommitted_writes
 from pipelines.results.table_index import rows_before_run
+from pipelines.spark.session_kind import session_kind
 from pipelines.spark.session_settings import session_settings_for, set_session_settings
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def plan_work(
     )
     n_todo = n_units if todo is units else todo.count()  # the units themselves: nothing done before, or force
     partitions = tasks_per_wave(
-        config.inference, spark.sparkContext.defaultParallelism, min(run_cfg.commit_every or n_todo, n_todo)
+        config.inference, session_kind(spark).default_parallelism(), min(run_cfg.commit_every or n_todo, n_todo)
     )
     own_rows = counts.rows_per_partition if todo is units and not n_videos else None  # the listing's
     work = Work(listing, units, todo, RunCounts(n_inputs, n_videos, n_units, n_todo, partitions), own_rows)

@@ -36,8 +36,8 @@ from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.io.storage import Location, spark_read_path, to_spark_uri
 from pipelines.job_config import StreamSettings
 from pipelines.results.results_writer import write_summary
+from pipelines.spark.session_kind import hadoop_files, session_kind
 from pipelines.spark.session_settings import planning_settings, restore_session_settings, set_session_settings
-from pipelines.spark.spark_session import ship_library
 from pipelines.spark.stop_signals import stop_deferred_to
 
 STREAM_DIR = "_sparkseg_stream"  # hidden from Spark's listings (a leading underscore), like the lock
@@ -200,11 +200,13 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
             "abfss:// URI (hadoop-azure on the cluster), or run batch jobs on a schedule"
         )
     check_checkpoint(plan)
-    ship_library(spark)
+    kind = session_kind(spark)  # classic or Spark Connect: how the stream reaches Spark beyond DataFrames
+    kind.check_stores(plan.input_uri, plan.output.uri)
+    kind.ship_library()
     stop = stop or threading.Event()
     run_cfg = plan.config.run
     lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
-    lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, spark=spark)
+    lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, hadoop_files=lambda uri: hadoop_files(spark, uri))
     restore: dict[str, str | None] = {}
     try:
         record_source(plan)

@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 
 from pipelines.inference import image_sources as src
 from pipelines.job_config import VideoSettings
+from pipelines.spark.session_kind import session_kind
 
 SEGMENT_FIELDS = [
     T.StructField("segment_start", T.IntegerType(), True),  # first frame_index of the segment
@@ -57,7 +58,7 @@ def video_units(videos: DataFrame, settings: VideoSettings, fetch_bytes) -> Data
     """Listing rows of videos (with `content` where the executors cannot read them by path) -> their segments as
     UNIT_SCHEMA rows: one scan per video on the executors, each video in its own task where possible."""
     spark = videos.sparkSession
-    count = max(1, min(videos.count(), spark.sparkContext.defaultParallelism * 4))
+    count = max(1, min(videos.count(), session_kind(spark).default_parallelism() * 4))
     return videos.repartition(count, "path").mapInPandas(VideoScan(settings, fetch_bytes), UNIT_SCHEMA)
 
 

@@ -23,12 +23,11 @@ from pipelines.inference.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, M
 from pipelines.inference.openvino_runtime import RuntimeSettings
 from pipelines.inference.progress import ProgressReporter
 from pipelines.inference.resume import Work
-from pipelines.io.output_paths import qualify_root
 from pipelines.io.run_lock import RunLock
 from pipelines.io.storage import publish_once
 from pipelines.results.result_schema import RESULT_SCHEMA
 from pipelines.results.results_writer import TIMING_FIELDS, write_results
-from pipelines.spark.spark_session import ship_once
+from pipelines.spark.session_kind import qualify_root, session_kind
 
 
 def no_totals() -> dict[str, float]:
@@ -39,15 +38,15 @@ def no_totals() -> dict[str, float]:
 def infer(spark: SparkSession, plan: JobPlan, work: Work, settings: RuntimeSettings, lock: RunLock) -> dict:
     """The to-do through the plan's engine in waves (run_waves), with a progress line and the engine's executors
     warmed up while the driver plans the first wave; the aggregates."""
-    counts = work.counts
+    counts, kind = work.counts, session_kind(spark)
     if counts.videos:  # progress counts result rows: images and video frames
         total = videos.expected_rows(work.todo, plan.config.input.video)
-        progress = ProgressReporter(spark, total, plan.config.run.progress_interval_s, unit="images+frames")
+        progress = ProgressReporter(kind, total, plan.config.run.progress_interval_s, unit="images+frames")
     else:
-        progress = ProgressReporter(spark, counts.todo, plan.config.run.progress_interval_s)
+        progress = ProgressReporter(kind, counts.todo, plan.config.run.progress_interval_s)
     task = make_task(spark, plan, settings, progress)
     with progress, plan.engine.warm_up(spark, task, counts.partitions, plan.run_id):
-        return run_waves(spark, plan, task, settings, work, lock)
+        return run_waves(spark, plan, task, settings, work, lock, progress)
 
 
 def write_empty_tables(spark: SparkSession, plan: JobPlan) -> None:
@@ -59,7 +58,13 @@ def write_empty_tables(spark: SparkSession, plan: JobPlan) -> None:
 
 
 def run_waves(
-    spark: SparkSession, plan: JobPlan, task: ImageInference, settings: RuntimeSettings, work: Work, lock: RunLock
+    spark: SparkSession,
+    plan: JobPlan,
+    task: ImageInference,
+    settings: RuntimeSettings,
+    work: Work,
+    lock: RunLock,
+    progress: ProgressReporter,
 ) -> dict:
     """Process the work's to-do in waves of `run.commit_every`, each committed on its own (a killed driver loses
     at most one wave) while the run still holds `lock` (LockLost otherwise); return the summed aggregates."""
@@ -81,6 +86,7 @@ def run_waves(
         results = tagged_results(results, plan).persist(StorageLevel.MEMORY_AND_DISK)
         lock.ensure_held()
         wave_totals = write_results(results, plan.output, f"part-{name}")
+        progress.committed(int(wave_totals.get("done", 0) + wave_totals.get("failed", 0)))
         remove_markers(plan.output)
         results.unpersist()
         for frame in intermediates:
@@ -93,9 +99,9 @@ def run_waves(
 
 def ship_model(spark: SparkSession, manifest: ModelManifest) -> str:
     """Send the files inference needs to every executor once, as a zip archive named by the model's hash
-    (SparkContext.addArchive: Spark copies and unpacks it on each executor; directories can't be added with
+    (the session kind's ship_archive: Spark copies and unpacks it on each executor; directories can't be added with
     addFile outside local mode). Returns the driver-side staging directory: executors that share the driver's
-    filesystem read it directly, the others use SparkFiles.get(<name>.zip)."""
+    filesystem read it directly, the others use the shipped copy (shipped_files.shipped_path)."""
     name = f"sparkseg-model-{manifest.model_sha256[:16]}"
     staged = Path(tempfile.gettempdir()) / name
     archive = staged.with_suffix(".zip")
@@ -111,7 +117,7 @@ def ship_model(spark: SparkSession, manifest: ModelManifest) -> str:
             os.replace(tmp, staged)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)  # another job staged it first
-    ship_once(spark.sparkContext, name, lambda: spark.sparkContext.addArchive(str(archive)))
+    session_kind(spark).ship_archive(archive)
     return str(staged)
 
 
@@ -134,7 +140,7 @@ def make_task(
         max_image_pixels=inference.max_image_pixels,
         jpeg_draft=inference.jpeg_draft,
         fetch_bytes=bytes_fetcher(plan),
-        progress=progress.accumulator,
+        progress=progress.executor_count,
         video=plan.config.input.video,
         frames_per_batch=inference.batch_size,
     )
@@ -166,12 +172,11 @@ def index_todo(
 
 
 def without_table_lineage(df: DataFrame) -> DataFrame:
-    """`df` with a plan that no longer names the files it was read from (an RDD of its rows, all in the JVM). The
+    """`df` with a plan that no longer names the files it was read from (session_kind's detached). The
     to-do is the listing minus the output's done rows; when a wave appends to the output, Spark re-caches every
     cached plan that reads that path (recacheByPath), which would recompute a cached to-do without this wave's
     images and shift the waves after it."""
-    spark = df.sparkSession
-    return DataFrame(spark._jsparkSession.createDataFrame(df._jdf.rdd(), df._jdf.schema()), spark)
+    return session_kind(df.sparkSession).detached(df)
 
 
 def wave_images(

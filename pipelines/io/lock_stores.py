@@ -226,13 +226,13 @@ class AzureLockStore:
 
 
 class HadoopLockStore:
-    """A lock file through Spark's Hadoop FileSystem (hdfs://, abfss://, ...). The token is the file's content."""
+    """A lock file through Spark's Hadoop FileSystem (hdfs://, abfss://, ...). The token is the file's content.
+    `files`: the driver's Hadoop FileSystem for `uri` (pipelines.spark.session_kind.HadoopFiles)."""
 
-    def __init__(self, uri: str, spark):
-        jvm = getattr(spark, "_jvm", None) or spark.sparkContext._jvm
-        self.uri, self._jvm = uri, jvm
-        self._path = jvm.org.apache.hadoop.fs.Path(uri)
-        self._fs = self._path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    def __init__(self, uri: str, files):
+        self.uri, self._files = uri, files
+        self._path = files.hadoop_path
+        self._fs = files.file_system
 
     def create(self, data: bytes) -> bytes | None:
         try:
@@ -273,7 +273,7 @@ class HadoopLockStore:
         return taken == token
 
     def _sibling(self, suffix: str):
-        return self._jvm.org.apache.hadoop.fs.Path(f"{self.uri}.{uuid.uuid4().hex}.{suffix}")
+        return self._files.path(f"{self.uri}.{uuid.uuid4().hex}.{suffix}")
 
     def _write(self, path, data: bytes, overwrite: bool = False) -> None:
         stream = self._fs.create(path, overwrite)
@@ -285,6 +285,6 @@ class HadoopLockStore:
     def _read(self, path) -> bytes:
         stream = self._fs.open(path)
         try:
-            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+            return self._files.read_all(stream)
         finally:
             stream.close()

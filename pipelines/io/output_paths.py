@@ -25,8 +25,9 @@ The key keeps the directory structure and the full file name (img.jpg and img.pn
 URIs: scheme://authority/path (hdfs://nn:8020/, abfss://c@a.dfs.core.windows.net/, az://c/, s3a://b/), scheme:/path
 (file:/, dbfs:/), or a plain path. "file:/x", "file:///x", "file://localhost/x" and "/x" are the same place.
 Paths are taken literally, as Spark's binaryFile `path` column gives them (not percent-decoded). The root must
-have the same scheme and authority as the inputs: qualify it first with `qualify_root` (hdfs:///data ->
-hdfs://nn:8020/data, samples/images -> file:/home/me/sparkseg/samples/images when run from /home/me/sparkseg).
+have the same scheme and authority as the inputs: qualify it first (pipelines.spark.session_kind.qualify_root:
+hdfs:///data -> hdfs://nn:8020/data, samples/images -> file:/home/me/sparkseg/samples/images when run from
+/home/me/sparkseg).
 """
 
 from __future__ import annotations
@@ -115,17 +116,6 @@ def encode_component(name: str, is_directory: bool = False) -> str:
     if is_directory and name.lower().endswith(".png"):
         encoded[-4] = _percent(".")
     return _limit_length(encoded)
-
-
-def qualify_root(spark, root: str) -> str:
-    """The root as Spark lists files under it (hdfs:///d -> hdfs://nn:8020/d, rel/dir -> file:/cwd/rel/dir).
-
-    Run on the driver: it asks the Hadoop FileSystem of `root` (needs a classic, JVM-backed SparkSession).
-    """
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(root)
-    file_system = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return file_system.makeQualified(path).toString()
 
 
 def _normalize_parts(components: list[str], absolute: bool) -> tuple[str, ...]:

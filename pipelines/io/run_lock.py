@@ -127,13 +127,14 @@ class RunLock(Generic[Token]):
         run_id: str,
         settings: LockSettings = LockSettings(),
         *,
-        spark=None,
+        hadoop_files=None,
         attempts: int = 3,
     ) -> RunLock[Any]:
         """Take the lock of `output` for `run_id` and start heartbeating; raise LockHeld if a live run has it.
-        `spark` is needed for Hadoop URIs (hdfs://, ...); a URI without a Location's credentials uses the
+        `hadoop_files` (uri -> the driver's Hadoop FileSystem for it: pipelines.spark.session_kind.hadoop_files) is
+        needed for Hadoop URIs (hdfs://, ...); a URI without a Location's credentials uses the
         environment's for az://."""
-        store = lock_store(output, spark=spark)
+        store = lock_store(output, hadoop_files=hadoop_files)
         info = LockInfo.for_this_process(run_id)
         for _ in range(attempts):
             token = store.create(info.to_bytes())
@@ -256,7 +257,7 @@ def process_alive(pid: int, started: int | None = None) -> bool:
     return True
 
 
-def lock_store(output: Location | str, *, spark=None) -> LockStore[Any]:
+def lock_store(output: Location | str, *, hadoop_files=None) -> LockStore[Any]:
     """The store for `<output>/_sparkseg.lock`, chosen like the results writer chooses how to write."""
     output = Location.of(output)
     uri = join_uri(output.uri, LOCK_NAME)
@@ -265,9 +266,9 @@ def lock_store(output: Location | str, *, spark=None) -> LockStore[Any]:
         return LocalLockStore(to_local_path(uri))
     if store == "azure_sdk":
         return AzureLockStore(uri, output.credentials)
-    if spark is None:
-        raise ValueError(f"{output.uri}: locking a Hadoop output needs the SparkSession (spark=...)")
-    return HadoopLockStore(uri, spark)
+    if hadoop_files is None:
+        raise ValueError(f"{output.uri}: locking a Hadoop output needs its FileSystem (hadoop_files=...)")
+    return HadoopLockStore(uri, hadoop_files(uri))
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from pyspark.sql import types as T
 from pipelines.io.storage import Location
 from pipelines.results.result_rows import RETRIED_STAGES
 from pipelines.results.results_writer import TABLES, choose_writer, read_table, upload_parquet_parts
+from pipelines.spark.session_kind import session_kind
 
 log = logging.getLogger(__name__)
 INDEX_DIR = "_sparkseg_done"
@@ -232,7 +233,7 @@ def merge_uncovered_files(
 def write_keys(spark: SparkSession, keys: DataFrame, slot: Location) -> list[str]:
     """Write `keys` as the Parquet files of an index slot (whatever an earlier rewrite left there is replaced or,
     for blobs, never named again); returns their URIs."""
-    keys = keys.coalesce(spark.sparkContext.defaultParallelism)
+    keys = keys.coalesce(session_kind(spark).default_parallelism())
     if choose_writer(slot.uri) == "spark":
         keys.write.mode("overwrite").option("maxRecordsPerFile", ROWS_PER_INDEX_FILE).parquet(slot.uri)
         return slot.list_files([".parquet"])

@@ -18,11 +18,13 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
+from pipelines.errors import UsageError
 from pipelines.io.storage import Location, spark_read_path
 from pipelines.io.uris import store_of
 from pipelines.results.result_rows import STAGES
 from pipelines.results.result_schema import FRAME_COLUMNS, RESULT_SCHEMA
 from pipelines.spark.java_errors import unreachable_storage
+from pipelines.spark.session_kind import hadoop_files, session_kind
 
 # The tables' columns, from result_schema.RESULT_SCHEMA. The video frame columns are null for images; tables written
 # before they existed get them as nulls when read (read_table), so old outputs stay readable and resumable.
@@ -181,10 +183,9 @@ def read_uploaded_table(
                 ]
                 yield from pa.Table.from_arrays(columns, schema=arrow_schema).to_batches()
 
-    names = spark.sparkContext.parallelize(
-        [(uri,) for uri in files], min(len(files), spark.sparkContext.defaultParallelism)
-    )
-    return spark.createDataFrame(names, "uri string").mapInArrow(read_files, schema)
+    kind = session_kind(spark)
+    names = kind.parallelized([(uri,) for uri in files], "uri string", min(len(files), kind.default_parallelism()))
+    return names.mapInArrow(read_files, schema)
 
 
 def table_schema(spark: SparkSession, table_uri: str):
@@ -209,20 +210,19 @@ def with_frame_columns(table: DataFrame) -> DataFrame:
 
 def hadoop_path_exists(spark: SparkSession, uri: str) -> bool:
     """Whether `uri` exists, asked of the Hadoop FileSystem the driver's Spark reads it with (any scheme)."""
-    return _on_hadoop_file_system(spark, uri, lambda file_system, path: file_system.exists(path))
+    return _on_hadoop_file_system(spark, uri, lambda files: files.exists())
 
 
 def hadoop_delete(spark: SparkSession, uri: str) -> bool:
     """Delete `uri` (recursively) with the Hadoop FileSystem the driver's Spark writes it with; whether it existed."""
-    return _on_hadoop_file_system(spark, uri, lambda file_system, path: file_system.delete(path, True))
+    return _on_hadoop_file_system(spark, uri, lambda files: files.delete())
 
 
 def _on_hadoop_file_system(spark: SparkSession, uri: str, call: Callable) -> bool:
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None  # set while the SparkContext runs
-    path = jvm.org.apache.hadoop.fs.Path(uri)
     try:
-        return bool(call(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path))
+        return bool(call(hadoop_files(spark, uri)))
+    except UsageError:  # a store this kind of session cannot reach from the driver
+        raise
     except Exception as err:  # noqa: BLE001 - py4j wraps the Java exception
         raise unreachable_storage(spark, uri, err) or err from None
 

@@ -235,14 +235,20 @@ def ship_library(session: SparkSession) -> None:
     ship_once(session.sparkContext, "pipelines", add)
 
 
-def job_session(master: str, app_name: str, conf: dict, log_level: str = DEFAULT_LOG_LEVEL) -> SparkSession:
-    """The session for a job: under spark-submit (or Databricks) the existing master and settings win; run as a plain
-    `python jobs/...` script it starts `master` with `conf`. (The bigdl engine's session:
+def job_session(
+    master: str, app_name: str, conf: dict, log_level: str = DEFAULT_LOG_LEVEL, remote: str | None = None
+) -> SparkSession:
+    """The session for a job: under spark-submit (or Databricks) the existing master and settings win; given a
+    Spark Connect server (`remote`, else SPARK_REMOTE) a client session of it; run as a plain `python jobs/...`
+    script it starts `master` with `conf`. (The bigdl engine's session:
     pipelines.engines.bigdl_engine.bigdl_job_session.)"""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
     conf = {str(k): str(v) for k, v in conf.items()}
+    remote = remote or os.environ.get("SPARK_REMOTE")
+    if remote:
+        return connect_session(remote, conf)
     level = log_level.upper()
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: its master and conf win
         submitted = submitted_conf()
@@ -260,6 +266,37 @@ def job_session(master: str, app_name: str, conf: dict, log_level: str = DEFAULT
             session = local_session(app_name, master, conf, log_level=level)
         except Exception as err:  # noqa: BLE001 - PySpark's and Py4J's error classes moved between releases
             raise session_not_started(err, master) from None
+    return session
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether `spark` is a Spark Connect client session (its class lives in pyspark.sql.connect)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+CONNECT_DEFAULT_PORT = 15002  # Spark Connect's, where an sc:// URL names none
+
+
+def connect_session(remote: str, conf: dict[str, str]) -> SparkSession:
+    """A client session of the Spark Connect server at `remote` (sc://host[:port][/;params]), which must answer now
+    (UsageError otherwise: pyspark would retry for minutes). `conf` is set on the session where the server lets a
+    session set it (SQL settings); the others are the server's, and a warning names them."""
+    address = remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+    host, _, port = address.rpartition(":") if address.rpartition(":")[2].isdigit() else (address, "", "")
+    try:
+        socket.create_connection((host.strip("[]") or "localhost", int(port or CONNECT_DEFAULT_PORT)), 5).close()
+    except OSError as err:
+        raise UsageError(
+            f"{remote}: no Spark Connect server answers ({err.strerror or err}): start one (the pyspark package's "
+            "sbin/start-connect-server.sh, see README) or check --remote / spark.remote / SPARK_REMOTE"
+        ) from None
+    session = SparkSession.builder.remote(remote).getOrCreate()
+    for key, value in {**DEFAULT_CONF, **conf}.items():
+        try:
+            session.conf.set(key, value)
+        except Exception as err:  # noqa: BLE001 - pyspark's Connect errors: static or server-side settings
+            if key in conf:
+                log.warning("%s: the Spark Connect server keeps its own value (%s)", key, str(err).splitlines()[0])
     return session
 
 
@@ -329,6 +366,9 @@ def stop_session(session: SparkSession) -> None:
     second at the end of every run. Here the server is taken from the context before the stop and only flagged; its
     thread (a daemon) leaves its loop within a second or ends with the process. Sessions that outlive a job (a
     notebook's, the tests') are never stopped by sparkseg."""
+    if is_connect(session):  # a client: no accumulator server here
+        session.stop()
+        return
     context = session.sparkContext
     server = getattr(context, "_accumulatorServer", None)  # PySpark's; absent in other releases: a plain stop
     if server is not None:
@@ -356,7 +396,10 @@ def set_jvm_log_level(level: str) -> None:
 def warn_unknown_spark_settings(session: SparkSession, settings: dict) -> list[str]:
     """Log a warning for each key of `settings` that this Spark has no setting for (a typo such as
     spark.executor.core is passed on silently by Spark and changes nothing); return those keys. Spark's registry
-    of settings (ConfigEntry) knows the core and SQL ones; open-ended families (spark.hadoop.*, ...) are not checked."""
+    of settings (ConfigEntry) knows the core and SQL ones; open-ended families (spark.hadoop.*, ...) are not checked.
+    A Spark Connect client has no registry here: connect_session warns about the settings the server refused."""
+    if is_connect(session):
+        return []
     registry = session.sparkContext._jvm.org.apache.spark.internal.config.ConfigEntry
     unknown = [key for key in settings if not key.startswith(OPEN_SETTING_PREFIXES) and registry.findEntry(key) is None]
     for key in unknown:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pyspark import SparkContext
 
 from pipelines.errors import Interrupted, SparkSegError, Terminated, report_error
+from pipelines.spark.spark_session import is_connect
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ _STOPPING = {
 _DEFERRED_STOP = b"\nsparkseg: stopping after the micro-batch in progress (signal again to quit at once)\n"
 
 
-def stop_on_signals() -> None:
+def stop_on_signals(session=None) -> None:
     """Ctrl-C (SIGINT) or SIGTERM in a job's command line, once its SparkContext is up: a thread of ours stops the
     context (its running jobs end, and every later call on it fails), so the run's code unwinds with an error that the
     command line reports as errors.Interrupted or errors.Terminated (exit_code_of); a second signal raises
@@ -47,9 +48,13 @@ def stop_on_signals() -> None:
     main thread is often mid-call on the same Py4J connection, then raises KeyboardInterrupt there: a "reentrant call"
     error, Py4J's broken connections and ~100 lines of tracebacks, and the JVM's aborts of the interrupted writes.
     The context's own log is turned off first (the jobs it cancels log their aborts), and Py4J's log records after
-    the signal (with tracebacks) are dropped. Main thread only, where Python lets handlers be set."""
+    the signal (with tracebacks) are dropped. Main thread only, where Python lets handlers be set.
+    A Spark Connect client `session` has no context here: the stop interrupts its operations on the server
+    (interruptAll) and releases the session, so that the run's next call fails as on a stopped context."""
     if threading.current_thread() is not threading.main_thread():
         return
+    if session is not None and is_connect(session):
+        _connect_sessions.append(session)
     for signum in _STOPPING:
         signal.signal(signum, _on_stop_signal)
     forward_jvm_signals()
@@ -66,6 +71,7 @@ _signalled_here: list[int] = []  # the signals this process got (its handler ran
 _begin_lock = threading.Lock()  # this process's handler and spark-submit JVM's (a Py4J thread) may both begin a stop
 _interrupt_for_jvm = threading.Event()  # the JVM's signal asks the main thread to stop waiting on children
 _jvm_handlers: list[_JvmSignalHandler] = []  # forward_jvm_signals' handlers in spark-submit's JVM
+_connect_sessions: list = []  # Spark Connect client sessions whose operations a stop interrupts
 
 
 def forward_jvm_signals() -> None:
@@ -238,6 +244,10 @@ def _quiet_accumulator_server() -> None:
 
 
 def _stop_spark() -> None:
+    for session in _connect_sessions:  # its operations interrupted, then the session released: later calls fail
+        with contextlib.suppress(Exception):  # the server may be gone already; the run stops either way
+            session.interruptAll()
+            session.stop()
     context = SparkContext._active_spark_context
     if context is None:
         return

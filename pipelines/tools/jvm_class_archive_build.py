@@ -17,6 +17,7 @@ from pathlib import Path
 from pipelines.inference import inference_job
 from pipelines.job_config import load_config
 from pipelines.spark.jvm_class_archive import archive_path, built_archive
+from pipelines.spark.session_kind import classic_gateway
 from pipelines.spark.spark_session import local_session
 
 
@@ -35,7 +36,7 @@ def build(timeout_s: float = 600) -> Path:
             {"spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={dump} -Xlog:cds=off -Xlog:cds+dynamic=off"},
             log_level="ERROR",
         )
-        gateway = spark.sparkContext._gateway
+        gateway = classic_gateway(spark, "the class archive")
         config = load_config(None)
         config["output"]["uri"] = str(Path(work) / "output")
         config["output"]["overlays"] = False

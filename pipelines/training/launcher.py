@@ -20,7 +20,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from pipelines.io.local_paths import resolve_local
-from pipelines.spark.spark_session import ship_library, ship_once, staged_library_archive
+from pipelines.spark.session_kind import session_kind
 from pipelines.spark.stop_signals import children_stop_on_signals
 from pipelines.training import tracking
 from pipelines.training.config import TrainConfig, TrainConfigError
@@ -140,8 +140,8 @@ def gpu_decision(spark: SparkSession, cfg: TrainConfig) -> bool:
     d = cfg.distributed
     use_gpu = resolve_use_gpu(d.use_gpu, d.local_mode, spark.conf.get("spark.task.resource.gpu.amount", None))
     if use_gpu and d.local_mode:
-        gpus = spark.sparkContext.resources.get("gpu")
-        if gpus is None or len(gpus.addresses) < d.num_processes:
+        gpus = session_kind(spark).driver_resources("gpu")
+        if gpus is None or len(gpus) < d.num_processes:
             if parse_use_gpu(d.use_gpu) == "auto":
                 LOG.warning(
                     "CUDA is visible but the Spark session gives the driver no GPUs "
@@ -170,11 +170,9 @@ def session_conf(cfg: TrainConfig) -> dict[str, str]:
 def ship_packages(spark: SparkSession) -> None:
     """Executors need `pipelines` and `model_export` (and torch in their Python environment)."""
 
-    def add() -> None:
-        spark.sparkContext.addPyFile(str(staged_library_archive(REPO_ROOT / "model_export")))
-
-    ship_library(spark)
-    ship_once(spark.sparkContext, "model_export", add)
+    kind = session_kind(spark)
+    kind.ship_library()
+    kind.ship_package(REPO_ROOT / "model_export")
 
 
 def run_training(spark: SparkSession, cfg: TrainConfig) -> dict:

@@ -38,8 +38,8 @@ from pipelines.datasets.voc import read_voc_files
 from pipelines.errors import UsageError
 from pipelines.inference.image_sources import empty_files
 from pipelines.io import storage, uris
-from pipelines.io.output_paths import qualify_root
 from pipelines.ops.image_decode import ImageDecodeError, decode_image
+from pipelines.spark.session_kind import qualify_root
 from pipelines.training.shard_rows import image_rows as _rows
 from pipelines.training.shards import VAL_ANNOTATIONS_NAME
 

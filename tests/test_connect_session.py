@@ -1,0 +1,213 @@
+"""The inference job on a Spark Connect session: a Spark Connect server started from this env's pyspark
+(sbin/start-connect-server.sh, as README shows), the job's command line run as a client of it (--remote), the
+detections equal to a classic session's on the same images; a store the Connect driver cannot reach, or a remote
+that does not answer, fails before any work with exit 2."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pyspark
+import pytest
+import yaml
+
+from pipelines.engines.bigdl_inference import BigDLEngine
+from pipelines.errors import UsageError
+from pipelines.inference.inference_job import run
+from pipelines.job_config import SparkSettings
+from pipelines.spark.spark_session import DEFAULT_CONF, log4j_config_path
+from tests.conftest import REPO, SAMPLES
+from tests.job_helpers import job_config, read_rows, spark_submit_command
+from tests.process_io import wait_until
+
+IMAGES = ("astronaut.jpg", "camera.png", "chelsea.jpg", "coffee.jpg")  # a handful: colour and grey, JPEG and PNG
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """`sc://127.0.0.1:<port>` of a local[2] Spark Connect server (start-connect-server.sh --wait, in the
+    foreground of its own process group), stopped when the module ends."""
+    logs = tmp_path_factory.mktemp("connect-server")
+    port = free_port()
+    script = Path(pyspark.__file__).resolve().parent / "sbin" / "start-connect-server.sh"
+    conf = {
+        **DEFAULT_CONF,
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.host": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j_config_path()}",
+    }
+    _, env = spark_submit_command()
+    env.update(SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs), SPARK_LOCAL_IP="127.0.0.1")
+    env.pop("SPARK_HOME", None)
+    arguments = [str(script), "--wait", "--master", "local[2]"]
+    for key, value in conf.items():
+        arguments += ["--conf", f"{key}={value}"]
+    with open(logs / "server.log", "wb") as log:
+        server = subprocess.Popen(arguments, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: answers(port), "the Spark Connect server answers", timeout_s=180, process=server)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("connect-images")
+    for name in IMAGES:
+        shutil.copy(SAMPLES / "images" / name, folder / name)
+    return folder
+
+
+def run_job(tmp_path: Path, config: dict, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """jobs/infer_yolact.py with `config` (as YAML) and `flags`, as a process of its own: a Spark Connect client
+    (pyspark picks Connect columns process-wide once a session is remote, so it cannot share the tests' process
+    with their classic session)."""
+    path = tmp_path / f"config-{len(list(tmp_path.glob('config-*')))}.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), "--config", str(path), *flags],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_a_connect_run_equals_the_classic_run(connect_server, spark, images, tmp_path):
+    connect_out, classic_out = tmp_path / "connect", tmp_path / "classic"
+    done = run_job(tmp_path, job_config(images, connect_out), "--remote", connect_server)
+    assert done.returncode == 0, done.stderr[-3000:]
+    classic_summary = run(spark, job_config(images, classic_out))
+    connect_summary = json.loads((connect_out / "summary.json").read_text(encoding="utf-8"))
+    assert connect_summary["counts"]["done"] == classic_summary["counts"]["done"] == len(IMAGES)
+    assert connect_summary["counts"]["failed"] == 0
+    columns = ("path", "width", "height", "instances")
+
+    def detections(output: Path) -> dict:
+        return {row.path: tuple(row[c] for c in columns) for row in read_rows(spark, output, "detections")}
+
+    classic = detections(classic_out)
+    assert detections(connect_out) == classic
+    assert sum(len(found[-1]) for found in classic.values()) > 0  # the comparison compares detections
+    assert "Traceback" not in done.stderr
+
+
+def test_a_hadoop_output_on_connect_fails_before_any_work(connect_server, images, tmp_path):
+    done = run_job(tmp_path, job_config(images, "hdfs://namenode:8020/out"), env={"SPARK_REMOTE": connect_server})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "hdfs://namenode:8020/out: a Spark Connect session" in done.stderr and "az://" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_remote_that_does_not_answer_fails_before_any_work(images, tmp_path):
+    remote = f"sc://127.0.0.1:{free_port()}"
+    done = run_job(tmp_path, job_config(images, tmp_path / "out"), "--remote", remote)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and f"{remote}: no Spark Connect server answers" in errors[0], done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_stops_a_connect_run_cleanly(connect_server, images, tmp_path):
+    """SIGINT interrupts the run's operations on the server: exit 130 with one line, the lock released."""
+    many = tmp_path / "many"
+    many.mkdir()
+    for copy in range(15):  # 60 images: the run is still inferring when the signal comes
+        for path in images.iterdir():
+            shutil.copy(path, many / f"{copy:02d}-{path.name}")
+    config, output, log = job_config(many, tmp_path / "out"), tmp_path / "out", tmp_path / "stderr.log"
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    command = [
+        sys.executable,
+        str(REPO / "jobs" / "infer_yolact.py"),
+        "--config",
+        str(path),
+        "--remote",
+        connect_server,
+    ]
+    with open(log, "w", encoding="utf-8") as stderr:
+        job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    try:
+        wait_until(lambda: "to do" in log.read_text(encoding="utf-8"), "the run plans its work", process=job)
+        job.send_signal(signal.SIGINT)
+        assert job.wait(timeout=120) == 130, log.read_text(encoding="utf-8")[-3000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=60)
+    text = log.read_text(encoding="utf-8")
+    assert text.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C)") and "Traceback" not in text
+    assert not (output / "_sparkseg.lock").exists()
+
+
+def azure_detections(client, prefix: str) -> dict:
+    """path -> (width, height, instances) of the detections/ table under `prefix` of an Azurite container."""
+    tables = [
+        pq.read_table(io.BytesIO(client.download_blob(blob.name).readall()))
+        for blob in client.list_blobs(name_starts_with=f"{prefix}/detections/")
+        if blob.name.endswith(".parquet")
+    ]
+    rows = pa.concat_tables(tables).to_pylist()
+    return {row["path"]: (row["width"], row["height"], row["instances"]) for row in rows}
+
+
+def test_a_connect_run_on_azure_equals_the_classic_run(connect_server, spark, azurite, monkeypatch, tmp_path):
+    """az:// in and out on a Connect session: listed by executor tasks (the DataFrame fan-out), read and written
+    through the Azure SDK, the lock and summary from the client."""
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    container = azurite.create_container("connect-run")
+    client = azurite.service_client().get_container_client(container)
+    for number, name in enumerate(IMAGES[:3]):
+        client.upload_blob(f"in/day{number % 2}/{name}", (SAMPLES / "images" / name).read_bytes())
+    config = job_config(tmp_path, tmp_path)
+    config["input"]["uri"] = f"az://{container}/in"
+    config["output"]["uri"] = f"az://{container}/connect"
+    done = run_job(tmp_path, config, "--remote", connect_server)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config["output"]["uri"] = f"az://{container}/classic"
+    assert run(spark, config)["counts"]["done"] == 3
+    classic = azure_detections(client, "classic")
+    assert len(classic) == 3 and azure_detections(client, "connect") == classic
+
+
+def test_the_bigdl_engine_refuses_a_remote():
+    """BigDL is a JVM library beside the driver: a Connect session cannot run it (exit 2, before any session)."""
+    settings = SparkSettings("local[2]", "sparkseg", {}, "WARN", "sc://127.0.0.1:15002")
+    with pytest.raises(UsageError, match="sc://127.0.0.1:15002: the bigdl engine .* classic session") as raised:
+        BigDLEngine().session(settings)
+    assert raised.value.exit_code == 2
