@@ -3,14 +3,14 @@ all of them (per class, score histograms) and the first error rows.
 
 Gathered row by row and mergeable, so that its memory is bounded by `limit`, not by the number of images: over one
 stream of rows (a local output read with pyarrow: pipelines.report.render.gather), or over each Spark partition of
-the current rows, merged on the executors (the job: pipelines.report.spark_rows). No Spark and no drawing here: the
+the current rows, merged on the driver (the job: pipelines.report.spark_rows). No Spark and no drawing here: the
 executors import it.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,11 +109,6 @@ class ReportRows:
         """Classes in the model's order where the summary names them, others after them by name."""
         order = list((self.summary or {}).get("model", {}).get("classes") or [])
         return [n for n in order if n in self.classes] + sorted(n for n in self.classes if n not in order)
-
-
-def added_spark_row(add: Callable, rows: ReportRows, row) -> ReportRows:
-    """add(rows, row as a dict) for a pyspark Row: what Spark's executors run for each row (spark_rows)."""
-    return add(rows, row.asDict(recursive=True))
 
 
 def top_score(row: dict, threshold: float) -> float:

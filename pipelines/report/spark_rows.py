@@ -1,20 +1,23 @@
 """The report's rows (report_rows.ReportRows) of a job's output, gathered by Spark: what the job's `output.overlays`
 draws after a large run, and `python -m pipelines.report.render --spark`.
 
-The current records are ranked by Spark (pipelines.results.incremental), each partition's rows are gathered on the
-executors and the partial results merged there in a tree, so that the driver receives one ReportRows (`limit` rows,
-the counts, the first errors) whatever the number of images. `python -m pipelines.report.render` streams a local
+The current records are ranked by Spark (pipelines.results.incremental) and each partition's rows gathered on the
+executors into one ReportRows (`limit` rows, the counts, the first errors), so that the driver receives one partial
+result per partition whatever the number of images, and merges them. Through mapInArrow, which classic and Spark
+Connect sessions both run (an RDD's treeAggregate is classic only). `python -m pipelines.report.render` streams a local
 output with pyarrow instead, through the same ReportRows, unless given --spark.
 """
 
 from __future__ import annotations
 
-from functools import partial
+import pickle
+from collections.abc import Callable, Iterator
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.io.storage import Location
-from pipelines.report.report_rows import DEFAULT_LIMIT, DEFAULT_THRESHOLD, ReportRows, added_spark_row
+from pipelines.report.report_rows import DEFAULT_LIMIT, DEFAULT_THRESHOLD, ReportRows
 from pipelines.report.tables import DETECTION_COLUMNS, ERROR_COLUMNS, local_output, summary_model_records
 from pipelines.results.incremental import current_records, read_tables
 from pipelines.results.summary_file import read_summary
@@ -40,9 +43,24 @@ def gather_with_spark(
     ):
         if name in tables:
             frame = tables[name]
-            rows.merged(
-                frame.select(*[c for c in columns if c in frame.columns]).rdd.treeAggregate(
-                    ReportRows(score_threshold, limit), partial(added_spark_row, add), ReportRows.merged
-                )
-            )
+            gather = partition_rows(add, score_threshold, limit)
+            partials = frame.select(*[c for c in columns if c in frame.columns]).mapInArrow(gather, "rows binary")
+            for partial in partials.collect():
+                rows.merged(pickle.loads(partial["rows"]))
     return rows.finished()
+
+
+def partition_rows(
+    add: Callable, score_threshold: float, limit: int | None
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The executors' side: a partition's rows added to one ReportRows (`add`: ReportRows.add_detection or
+    add_error, a row as a dict), pickled into a one-row batch."""
+
+    def gather(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = ReportRows(score_threshold, limit)
+        for batch in batches:
+            for row in batch.to_pylist():
+                add(rows, row)
+        yield pa.RecordBatch.from_pydict({"rows": [pickle.dumps(rows)]}, schema=pa.schema([("rows", pa.binary())]))
+
+    return gather
