@@ -29,6 +29,7 @@ from pipelines.spark.spark_session import DEFAULT_CONF, log4j_config_path
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import job_config, read_rows, spark_submit_command
 from tests.process_io import wait_until
+from tests.test_video_input import encode_video, road_frames
 
 IMAGES = ("astronaut.jpg", "camera.png", "chelsea.jpg", "coffee.jpg")  # a handful: colour and grey, JPEG and PNG
 
@@ -124,6 +125,42 @@ def test_a_connect_run_equals_the_classic_run(connect_server, spark, images, tmp
     assert detections(connect_out) == classic
     assert sum(len(found[-1]) for found in classic.values()) > 0  # the comparison compares detections
     assert "Traceback" not in done.stderr
+
+
+def test_videos_errors_resume_and_the_report_on_connect_equal_classic(connect_server, spark, images, tmp_path):
+    """Images, a video's frames, an unreadable file as an error row, the report, and a resume that does only the
+    new image: the same rows and counts from a Connect run as from a classic one, run by run."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name in IMAGES[:2]:
+        shutil.copy(images / name, inputs / name)
+    encode_video(inputs / "clip.mp4", road_frames(12, scenes=2))
+    (inputs / "broken.jpg").write_bytes(b"not a jpeg at all")
+    outputs = {"connect": tmp_path / "connect", "classic": tmp_path / "classic"}
+
+    def both_runs() -> dict[str, dict]:
+        configs = {kind: job_config(inputs, out) for kind, out in outputs.items()}
+        for config in configs.values():
+            config["output"]["overlays"] = True
+        done = run_job(tmp_path, configs["connect"], "--remote", connect_server)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        run(spark, configs["classic"])
+        return {kind: json.loads((out / "summary.json").read_text(encoding="utf-8")) for kind, out in outputs.items()}
+
+    def rows(output: Path) -> tuple[dict, set]:
+        found = {(r.path, r.frame_index): r.instances for r in read_rows(spark, output, "detections")}
+        return found, {(r.path, r.stage) for r in read_rows(spark, output, "errors")}
+
+    first = both_runs()
+    assert first["connect"]["counts"] == first["classic"]["counts"]
+    assert first["classic"]["counts"]["done"] == 2 + 12 and first["classic"]["counts"]["failed"] == 1
+    assert rows(outputs["connect"]) == rows(outputs["classic"])
+    assert (outputs["connect"] / "report.html").is_file() and any((outputs["connect"] / "overlays").iterdir())
+    shutil.copy(images / IMAGES[2], inputs / IMAGES[2])
+    second = both_runs()
+    assert second["connect"]["counts"]["done"] == second["classic"]["counts"]["done"] == 1
+    detections, errors = rows(outputs["connect"])
+    assert (detections, errors) == rows(outputs["classic"]) and len(detections) == 3 + 12
 
 
 def test_a_hadoop_output_on_connect_fails_before_any_work(connect_server, images, tmp_path):
