@@ -29,7 +29,7 @@ jvm-archive: $(VENV)/.stamp-infer
 	@$(PY) -m pipelines.tools.jvm_class_archive_build --if-missing --quiet 2> $(VENV)/jvm-archive.log \
 	    || { cat $(VENV)/jvm-archive.log; exit 1; }   # its job's own lines: in the log (shown if it fails)
 
-.PHONY: demo test test-main test-bigdl test-databricks bench sweep bigdl-env databricks-env azurite browser clean-venv \
+.PHONY: demo test test-main test-bigdl test-databricks bench sweep bigdl-env databricks-env client-env azurite browser clean-venv \
 	env-archive bigdl-env-archive
 
 $(PY):
@@ -78,6 +78,12 @@ DATABRICKS_VENV ?= .venv-databricks
 databricks-env:
 	scripts/make_databricks_env.sh $(DATABRICKS_VENV)
 
+# A Spark Connect client: pyspark-client (no JVM, no py4j) and the driver's other libraries (scripts/make_client_env.sh);
+# tests/test_connect_session.py runs the job from it against a Connect server.
+CLIENT_VENV ?= .venv-client
+client-env:
+	scripts/make_client_env.sh $(CLIENT_VENV)
+
 # Relocatable envs for `spark-submit --archives dist/<archive>#environment` (docs/deploy.md).
 env-archive: $(VENV)/.stamp-infer   # the inference env (make demo's) and venv-pack: no torch needed to pack
 	$(PY) -c 'import venv_pack' 2>/dev/null || $(PIP) install -c constraints.txt venv-pack
@@ -92,7 +98,7 @@ bigdl-env-archive: $(VENV)/.stamp-test
 # the checkout (.pytest-tmp/, dist/, build/: 3.4 GB) and in SUITE_TMP (1.7 GB), measured on a fresh clone
 # (DEVELOPERS.md, "Disk").
 ENVS_GB := $(if $(wildcard $(VENV)/.stamp-test),0,9) $(if $(wildcard $(BIGDL_VENV)/bin/python),0,2) \
-	$(if $(wildcard $(DATABRICKS_VENV)/bin/python),0,2)
+	$(if $(wildcard $(DATABRICKS_VENV)/bin/python),0,2) $(if $(wildcard $(CLIENT_VENV)/bin/python),0,1)
 CHECKOUT_PEAK_GB := 4
 SUITE_TMP_PEAK_GB := 2
 .PHONY: disk-space
@@ -107,7 +113,7 @@ SIDE_ENVS_LOG := $(PYTEST_TMP)/side-envs.log
 .PHONY: test-envs
 test-envs: disk-space
 	@mkdir -p "$(PYTEST_TMP)"; status=0; \
-	$(MAKE) --no-print-directory databricks-env bigdl-env azurite > "$(SIDE_ENVS_LOG)" 2>&1 & side=$$!; \
+	$(MAKE) --no-print-directory databricks-env bigdl-env client-env azurite > "$(SIDE_ENVS_LOG)" 2>&1 & side=$$!; \
 	$(MAKE) --no-print-directory $(VENV)/.stamp-test jvm-archive || status=1; \
 	wait $$side || status=1; \
 	cat "$(SIDE_ENVS_LOG)"; \
@@ -141,7 +147,7 @@ test: test-envs
 # A worker that crashes (a segfault) fails its file and the run (--max-worker-restart=0): xdist's replacement worker
 # would hang the run, both sides waiting, until CI's time limit.
 TEST_WORKERS ?= 2
-test-main: $(VENV)/.stamp-test azurite browser jvm-archive
+test-main: $(VENV)/.stamp-test azurite browser jvm-archive client-env
 	mkdir -p "$(PYTEST_TMP)" "$(SUITE_TMP)"
 	$(SUITE_ENV) $(PY) -m pytest -m "not bigdl" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--max-worker-restart=0 --durations=25 --basetemp="$(PYTEST_TMP)/main" tests

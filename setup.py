@@ -22,6 +22,10 @@ CORE = [
     "av>=12,<19",
 ]
 CONNECT = ["grpcio>=1.76", "grpcio-status>=1.76", "googleapis-common-protos>=1.71", "zstandard>=0.25"]
+AZURE = ["adlfs>=2024.4", "azure-storage-blob>=12.19", "azure-identity>=1.15"]
+# A Spark Connect client env (make client-env): Spark's JVM-less client package instead of pyspark, the rest of CORE,
+# the Connect client's libraries and the Azure SDK path (the only remote store a Connect driver writes itself).
+CLIENT = ["pyspark-client>=4.0,<5", *(r for r in CORE if not r.startswith("pyspark")), *CONNECT, *AZURE]
 # 2.6: nonzero_static on CUDA (the training matching), fused SGD/AdamW on CPUs
 TORCH = ["torch>=2.6", "torchvision>=0.21"]
 EXTRAS = {
@@ -30,7 +34,7 @@ EXTRAS = {
     # Distributed training (TorchDistributor), runs tracking and plots.
     "train": TORCH + ["mlflow>=2.10", "matplotlib>=3.7.2", "tqdm>=4.66"],
     # Azure SDK read/write path for clusters without hadoop-azure.
-    "azure": ["adlfs>=2024.4", "azure-storage-blob>=12.19", "azure-identity>=1.15"],
+    "azure": AZURE,
     # The BigDL engine's own env. The BigDL 2.4 wheels themselves pin pyspark 3.1 and must be installed with
     # --no-deps on top of this extra: `make bigdl-env` does both (see Makefile and DEVELOPERS.md).
     "bigdl": [
@@ -67,29 +71,31 @@ EXTRAS = {
     ],  # selenium drives Debian's chromium (make browser) in the report page test
 }
 
-setup(
-    name="sparkseg",
-    version="0.1.0",
-    description=__doc__,
-    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
-    long_description_content_type="text/markdown",
-    license="MIT",
-    python_requires=">=3.10",
-    packages=find_packages(include=["pipelines", "pipelines.*", "model_export", "model_export.*"]) + ["pipelines.conf"],
-    # conf/ (the deployment YAMLs, conf/local.yaml the jobs' defaults) installs as pipelines/conf/: an installed
-    # wheel or a packed env reads the same defaults as a checkout (pipelines.job_config.default_config_path).
-    package_dir={"pipelines.conf": "conf"},
-    package_data={
-        "pipelines.conf": ["*.yaml", "*.properties"],
-        # a top-level module on local workers' path, not a package (spark_session.local_daemon_settings)
-        "pipelines.spark": ["local_daemon/*.py"],
-    },
-    install_requires=CORE,
-    extras_require=EXTRAS,
-    entry_points={
-        "console_scripts": [
-            "sparkseg-infer-yolact = pipelines.job_cli:main_yolact",
-            "sparkseg-infer-detector = pipelines.job_cli:main_detector",
-        ]
-    },
-)
+if __name__ == "__main__":  # setuptools runs this file as __main__; scripts/make_client_env.sh imports its lists
+    setup(
+        name="sparkseg",
+        version="0.1.0",
+        description=__doc__,
+        long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+        long_description_content_type="text/markdown",
+        license="MIT",
+        python_requires=">=3.10",
+        packages=find_packages(include=["pipelines", "pipelines.*", "model_export", "model_export.*"])
+        + ["pipelines.conf"],
+        # conf/ (the deployment YAMLs, conf/local.yaml the jobs' defaults) installs as pipelines/conf/: an installed
+        # wheel or a packed env reads the same defaults as a checkout (pipelines.job_config.default_config_path).
+        package_dir={"pipelines.conf": "conf"},
+        package_data={
+            "pipelines.conf": ["*.yaml", "*.properties"],
+            # a top-level module on local workers' path, not a package (spark_session.local_daemon_settings)
+            "pipelines.spark": ["local_daemon/*.py"],
+        },
+        install_requires=CORE,
+        extras_require=EXTRAS,
+        entry_points={
+            "console_scripts": [
+                "sparkseg-infer-yolact = pipelines.job_cli:main_yolact",
+                "sparkseg-infer-detector = pipelines.job_cli:main_detector",
+            ]
+        },
+    )

@@ -1,7 +1,8 @@
 """The inference job on a Spark Connect session: a Spark Connect server started from this env's pyspark
 (sbin/start-connect-server.sh, as README shows), the job's command line run as a client of it (--remote), the
 detections equal to a classic session's on the same images; a store the Connect driver cannot reach, or a remote
-that does not answer, fails before any work with exit 2."""
+that does not answer, fails before any work with exit 2. The job's side runs from the client env (make client-env):
+pyspark-client, no JVM and no py4j, as on a Databricks serverless client or a laptop."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,6 +31,8 @@ from tests.job_helpers import job_config, read_rows, spark_submit_command
 from tests.process_io import wait_until
 from tests.test_video_input import encode_video, road_frames
 
+# The Connect client: what scripts/make_client_env.sh builds (make test-main builds it first)
+CLIENT_PYTHON = Path(os.environ.get("SPARKSEG_CLIENT_VENV", REPO / ".venv-client")) / "bin" / "python"
 IMAGES = ("astronaut.jpg", "camera.png", "chelsea.jpg", "coffee.jpg")  # a handful: colour and grey, JPEG and PNG
 
 
@@ -93,19 +95,26 @@ def images(tmp_path_factory) -> Path:
 
 
 def run_job(tmp_path: Path, config: dict, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """jobs/infer_yolact.py with `config` (as YAML) and `flags`, as a process of its own: a Spark Connect client
-    (pyspark picks Connect columns process-wide once a session is remote, so it cannot share the tests' process
-    with their classic session)."""
+    """jobs/infer_yolact.py with `config` (as YAML) and `flags`, run by the client env's Python."""
     path = tmp_path / f"config-{len(list(tmp_path.glob('config-*')))}.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), "--config", str(path), *flags],
+        [str(CLIENT_PYTHON), str(REPO / "jobs" / "infer_yolact.py"), "--config", str(path), *flags],
         cwd=REPO,
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+def test_the_client_env_has_no_jvm_side():
+    """What the Connect runs below run from: Spark's Connect client without py4j or Spark's jars."""
+    probe = "import importlib.util as u, pyspark, pyspark.sql; print(u.find_spec('py4j'), pyspark.__file__)"
+    found = subprocess.run([str(CLIENT_PYTHON), "-c", probe], capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-2000:]
+    py4j, package = found.stdout.split()
+    assert py4j == "None" and not (Path(package).parent / "jars").exists()
 
 
 def test_a_connect_run_equals_the_classic_run(connect_server, spark, images, tmp_path):
@@ -190,7 +199,7 @@ def test_ctrl_c_stops_a_connect_run_cleanly(connect_server, images, tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     command = [
-        sys.executable,
+        str(CLIENT_PYTHON),
         str(REPO / "jobs" / "infer_yolact.py"),
         "--config",
         str(path),

@@ -18,14 +18,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from pipelines.engines.bigdl_natives import installed_native_library_dir
 from pipelines.errors import UsageError
 from pipelines.job_config import ConfigError, SparkSettings
 from pipelines.spark.session_kind import classic_jvm
-from pipelines.spark.spark_session import DEFAULT_CONF, submitted_app_name, submitted_conf
+from pipelines.spark.spark_session import (
+    DEFAULT_CONF,
+    active_context,
+    launch_conf,
+    submitted_app_name,
+    submitted_conf,
+)
 
 INSTALL_HINT = (
     "build the BigDL env with `make bigdl-env` (scripts/make_bigdl_env.sh, creates .venv-bigdl), then run the job "
@@ -190,7 +195,7 @@ def bigdl_python_env(
     from bigdl.dllib.nncontext import init_nncontext
     from bigdl.dllib.utils.engine import get_bigdl_classpath
 
-    if SparkContext._active_spark_context is None:
+    if active_context() is None:
         # BigDL's jars: init_spark_conf puts them on the driver's classpath (PYSPARK_SUBMIT_ARGS
         # --driver-class-path) and adds BigDL's own settings (spark-bigdl.conf). Executors of a standalone
         # cluster on the same machine layout find them through extraClassPath (BigDL's init_spark_standalone
@@ -208,7 +213,7 @@ def bigdl_python_env(
             master = submitted.get("spark.master", master)
             app_name = submitted_app_name(submitted, app_name)
             settings = {key: value for key, value in settings.items() if key not in submitted}
-        missing = missing_cluster_settings(master, {**dict(SparkConf().getAll()), **settings})
+        missing = missing_cluster_settings(master, {**launch_conf(), **settings})
         if missing:
             raise ConfigError(
                 f"the bigdl engine on {master} needs {missing} (BigDL's Engine.init sizes its thread "

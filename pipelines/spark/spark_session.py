@@ -14,8 +14,12 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from pyspark import SparkContext
 from pyspark.sql import SparkSession
+
+try:  # classic pyspark; the Spark Connect client package (pyspark-client) has no SparkContext
+    from pyspark import SparkContext
+except ImportError:
+    SparkContext = None  # type: ignore[assignment,misc]
 
 from pipelines.errors import ClusterUnreachable, UsageError
 from pipelines.io.storage import publish_once
@@ -309,6 +313,13 @@ def submitted_conf() -> dict[str, str]:
     return dict(SparkConf().getAll())
 
 
+def launch_conf() -> dict[str, str]:
+    """The settings a SparkConf made now holds (this process's JVM's properties where one runs, else none)."""
+    from pyspark import SparkConf
+
+    return dict(SparkConf().getAll())
+
+
 def submitted_app_name(submitted: dict[str, str], app_name: str) -> str:
     """spark-submit's --name, else `app_name` (without --name spark-submit names the application after its script)."""
     name = submitted.get("spark.app.name")
@@ -378,11 +389,14 @@ def stop_session(session: SparkSession) -> None:
         server.server_shutdown = True
 
 
+def active_context() -> SparkContext | None:
+    """The SparkContext this process runs, if any (None too in a pyspark-client env, which runs Connect only)."""
+    return None if SparkContext is None else SparkContext._active_spark_context
+
+
 def set_jvm_log_level(level: str) -> None:
     """Set the root log4j2 level of the JVM spark-submit started, before any SparkContext exists (its default
     profile logs INFO). Best effort: a JVM without log4j2-core keeps its level."""
-    from pyspark import SparkContext
-
     try:
         SparkContext._ensure_initialized()
         jvm = SparkContext._jvm

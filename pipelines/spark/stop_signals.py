@@ -23,10 +23,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-from pyspark import SparkContext
-
 from pipelines.errors import Interrupted, SparkSegError, Terminated, report_error
-from pipelines.spark.spark_session import is_connect
+from pipelines.spark.spark_session import active_context, is_connect
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +78,7 @@ def forward_jvm_signals() -> None:
     JVM alone or to the whole process group; the JVM's own handler is back for a second one, which ends the JVM at
     once. A no-op elsewhere: a JVM this process started (`python jobs/...`: Ctrl-C does not reach it, SIGTERM to the
     group ends it after the stop began), or a shared one (a notebook's)."""
-    context = SparkContext._active_spark_context
+    context = active_context()
     if context is None:
         return
     jvm = context._jvm
@@ -237,7 +235,7 @@ def _begin_stop(signum: int) -> bool:
 def _quiet_accumulator_server() -> None:
     """A JVM that got the SIGTERM too (sent to the process group) closes its connection to PySpark's accumulator
     server mid-update: the server, a socketserver in this process, would print the EOFError's traceback."""
-    context = SparkContext._active_spark_context
+    context = active_context()
     server = getattr(context, "_accumulatorServer", None)
     if server is not None:
         server.handle_error = lambda request, client_address: None
@@ -248,7 +246,7 @@ def _stop_spark() -> None:
         with contextlib.suppress(Exception):  # the server may be gone already; the run stops either way
             session.interruptAll()
             session.stop()
-    context = SparkContext._active_spark_context
+    context = active_context()
     if context is None:
         return
     try:
