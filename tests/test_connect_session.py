@@ -24,11 +24,13 @@ import yaml
 from pipelines.engines.bigdl_inference import BigDLEngine
 from pipelines.errors import UsageError
 from pipelines.inference.inference_job import run
+from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.job_config import SparkSettings
 from pipelines.spark.spark_session import DEFAULT_CONF, log4j_config_path
 from tests.conftest import REPO, SAMPLES
 from tests.job_helpers import job_config, read_rows, spark_submit_command
 from tests.process_io import wait_until
+from tests.test_faults import assert_exactly_once, copies, kill_after_a_committed_wave
 from tests.test_video_input import encode_video, road_frames
 
 # The Connect client: what scripts/make_client_env.sh builds (make test-main builds it first)
@@ -257,3 +259,89 @@ def test_the_bigdl_engine_refuses_a_remote():
     with pytest.raises(UsageError, match="sc://127.0.0.1:15002: the bigdl engine .* classic session") as raised:
         BigDLEngine().session(settings)
     assert raised.value.exit_code == 2
+
+
+def test_a_killed_connect_client_is_resumed_once_and_a_held_output_is_refused(connect_server, spark, tmp_path):
+    """The Connect client SIGKILLed after its first committed wave: the next client run takes over the lock and
+    does the rest, every image exactly once; while a live run holds the output, a Connect run is refused (exit 4)
+    and writes nothing."""
+    images, output = tmp_path / "images", tmp_path / "out"
+    names = copies(images, 24)
+    config = job_config(images, output, partitions=2)
+    config["run"]["commit_every"] = 6
+    path = tmp_path / "waves.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    command = [str(CLIENT_PYTHON), str(REPO / "jobs" / "infer_yolact.py"), "--config", str(path)]
+    job = subprocess.Popen([*command, "--remote", connect_server], cwd=REPO, stdout=subprocess.DEVNULL)
+    try:
+        kill_after_a_committed_wave(output, job)
+    finally:
+        job.kill()
+        job.wait(timeout=60)
+    holder = RunLock.acquire(str(output), "20990101T000000Z-holder", LockSettings(break_lock=True))
+    try:
+        refused = run_job(tmp_path, config, "--remote", connect_server)
+    finally:
+        holder.release()
+    assert refused.returncode == 4 and "held by run 20990101T000000Z-holder" in refused.stderr, refused.stderr[-3000:]
+    rerun = run_job(tmp_path, config, "--remote", connect_server)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert_exactly_once(spark, output, names)
+
+
+ORPHAN = """
+import pathlib, sys, time
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+started, release = sys.argv[2], sys.argv[3]
+print(spark.session_id, flush=True)
+
+def held(batches):  # a task that runs until the test releases it (or 10 minutes)
+    pathlib.Path(started).touch()
+    deadline = time.monotonic() + 600
+    while not pathlib.Path(release).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    yield from batches
+
+spark.range(1).mapInArrow(held, "id long").collect()
+"""
+
+END_SESSION = """
+import sys
+sys.path.insert(0, sys.argv[3])
+from pyspark.sql import SparkSession
+from pipelines.spark.session_kind import session_kind
+kind = session_kind(SparkSession.builder.remote(sys.argv[1]).getOrCreate())
+print(kind.end_session(sys.argv[2]), kind.end_session(sys.argv[2]))
+"""
+
+
+def test_the_operations_of_a_killed_clients_session_are_interrupted(connect_server, tmp_path):
+    """What a run that breaks a dead Connect client's lock does first (inference_job.hold_output): the killed
+    client's operation, still running on the server, is interrupted and its session released."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    # scripts as files: run by `python -c`, pyspark's Connect package takes itself for a doctest run
+    (tmp_path / "orphan.py").write_text(ORPHAN, encoding="utf-8")
+    (tmp_path / "end_session.py").write_text(END_SESSION, encoding="utf-8")
+    orphan = subprocess.Popen(
+        [str(CLIENT_PYTHON), str(tmp_path / "orphan.py"), connect_server, str(started), str(release)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        wait_until(started.exists, "the client's operation runs on the server", timeout_s=300, process=orphan)
+        orphan.kill()
+        session = orphan.communicate(timeout=60)[0].split()[0]
+        ended = subprocess.run(
+            [str(CLIENT_PYTHON), str(tmp_path / "end_session.py"), connect_server, session, str(REPO)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        release.touch()
+        orphan.kill()
+        orphan.wait(timeout=60)
+    assert ended.returncode == 0, ended.stderr[-3000:]
+    assert ended.stdout.split() == ["1", "0"], ended.stdout  # the operation, then nothing: the session is released

@@ -68,14 +68,28 @@ def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
 def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:
     """run_plan's work: list -> lock -> plan -> waves -> finish."""
     found = list_input(spark, plan)  # before the lock: a missing input leaves no output directory behind
-    run_cfg = plan.config.run
-    lock_settings = LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock)
-    lock = RunLock.acquire(plan.output, plan.run_id, lock_settings, hadoop_files=lambda uri: hadoop_files(spark, uri))
+    lock = hold_output(spark, plan)
     try:
         summary, _, totals = infer_listing(spark, plan, found, lock)
         return finish(spark, plan, summary, totals)
     finally:
         lock.release()
+
+
+def hold_output(spark: SparkSession, plan: JobPlan) -> RunLock:
+    """The output's run lock for this run (LockHeld when a live run has it). Breaking the lock of a dead Connect
+    client also interrupts what its session still runs on the server, before this run plans its work."""
+    run_cfg, kind = plan.config.run, session_kind(spark)
+    lock = RunLock.acquire(
+        plan.output,
+        plan.run_id,
+        LockSettings(run_cfg.lock_stale_after_s, run_cfg.lock_heartbeat_s, run_cfg.break_lock),
+        hadoop_files=lambda uri: hadoop_files(spark, uri),
+        session=kind.session_id,
+    )
+    if lock.broke is not None and lock.broke.session is not None:
+        kind.end_session(lock.broke.session)
+    return lock
 
 
 def infer_listing(

@@ -77,11 +77,14 @@ class LockInfo:
     pid_started: int | None  # the process's start time in clock ticks since boot (Linux), None elsewhere
     started: str
     heartbeat: str
+    # the holder's Spark Connect session id: its operations run on the server, not in the holder's process, and
+    # outlive it (a run that breaks the lock of a dead Connect client interrupts them: session_kind.end_session)
+    session: str | None = None
 
     @classmethod
-    def for_this_process(cls, run_id: str) -> LockInfo:
+    def for_this_process(cls, run_id: str, session: str | None = None) -> LockInfo:
         now = _utc_now()
-        return cls(run_id, socket.gethostname(), os.getpid(), _process_start(os.getpid()), now, now)
+        return cls(run_id, socket.gethostname(), os.getpid(), _process_start(os.getpid()), now, now, session)
 
     @classmethod
     def parse(cls, data: bytes) -> LockInfo | None:
@@ -115,6 +118,7 @@ class RunLock(Generic[Token]):
         self.store, self.info, self.settings = store, info, settings
         self._token: Token | None = token
         self.lost = False  # set when the heartbeat found the lock taken over (broken by another run)
+        self.broke: LockInfo | None = None  # the stale holder this run broke the lock of, if it did
         self.taken_by = ""  # then: the run holding it at that moment, described
         self._stop = threading.Event()
         self._mutex = threading.Lock()
@@ -128,18 +132,21 @@ class RunLock(Generic[Token]):
         settings: LockSettings = LockSettings(),
         *,
         hadoop_files=None,
+        session: str | None = None,
         attempts: int = 3,
     ) -> RunLock[Any]:
         """Take the lock of `output` for `run_id` and start heartbeating; raise LockHeld if a live run has it.
         `hadoop_files` (uri -> the driver's Hadoop FileSystem for it: pipelines.spark.session_kind.hadoop_files) is
         needed for Hadoop URIs (hdfs://, ...); a URI without a Location's credentials uses the
-        environment's for az://."""
+        environment's for az://. `session`: the run's Spark Connect session id, recorded in the lock."""
         store = lock_store(output, hadoop_files=hadoop_files)
-        info = LockInfo.for_this_process(run_id)
+        info = LockInfo.for_this_process(run_id, session)
+        broke = None
         for _ in range(attempts):
             token = store.create(info.to_bytes())
             if token is not None:
                 lock = cls(store, info, token, settings)
+                lock.broke = broke
                 lock._thread.start()
                 return lock
             found = store.read()
@@ -157,6 +164,7 @@ class RunLock(Generic[Token]):
                 )
             if store.delete(token):
                 log.warning("broke the lock %s of %s (%s)", store.uri, who, reason or "forced by --break-lock")
+                broke = holder if reason is not None else None  # a forced break's holder is alive: it stops itself
             # else it changed while we looked (a heartbeat, a release, another breaker): look again
         raise LockHeld(f"{store.uri}: could not take the lock in {attempts} attempts; another run keeps changing it")
 

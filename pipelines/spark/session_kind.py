@@ -16,6 +16,8 @@ Nothing else in the project touches sparkContext, py4j or accumulators (tests/te
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -28,6 +30,8 @@ from pipelines.errors import UsageError
 from pipelines.io.uris import store_of, to_local_path
 from pipelines.spark.hash_partitioning import partition_keys
 from pipelines.spark.spark_session import is_connect, ship_library, ship_once, staged_library_archive
+
+log = logging.getLogger(__name__)
 
 _KINDS: dict[int, tuple[SparkSession, Any]] = {}
 _KINDS_LOCK = threading.Lock()
@@ -80,6 +84,15 @@ class ClassicSession:
 
     def check_stores(self, *uris: str) -> None:
         """Every store works on a classic session."""
+
+    @property
+    def session_id(self) -> None:
+        """None: a classic driver's jobs run in its own JVM and end with it (nothing to record in the lock)."""
+        return None
+
+    def end_session(self, session_id: str) -> int:
+        """Nothing (0 operations): only Connect sessions outlive their client."""
+        return 0
 
     def ship_library(self) -> None:
         ship_library(self.spark)
@@ -249,6 +262,41 @@ class ConnectSession:
                     "indexes and summary: use a local or mounted path (a Unity Catalog volume, /Volumes/...) or "
                     "az://container/path (the Azure SDK), or run on a classic session"
                 )
+
+    @property
+    def session_id(self) -> str:
+        return self.spark.session_id
+
+    def end_session(self, session_id: str) -> int:
+        """Interrupt the operations of another client's session on this server and release it: a killed client's
+        wave keeps running on the server and would commit rows that the run taking over its output does again.
+        Returns the number of operations interrupted; 0 for a session the server no longer has (ended, or another
+        server's)."""
+        # a Connect session exists, so its client libraries (grpc) are installed: imported here, where they are used
+        from pyspark.sql.connect.client import SparkConnectClient
+
+        builder = copy.copy(self.spark.client._builder)  # this session's endpoint and credentials, another id
+        builder._params = {**builder._params, "session_id": session_id}
+        try:
+            client = SparkConnectClient(connection=builder)
+        except Exception as error:  # noqa: BLE001  (best effort: the lock is ours either way)
+            log.warning("could not reach the Spark Connect session %s of the run before: %s", session_id, error)
+            return 0
+        interrupted: list[str] = []
+        try:
+            interrupted = client.interrupt_all() or []
+            client.release_session()
+        except Exception as error:  # noqa: BLE001  (a session the server has not: nothing runs there)
+            log.info("Spark Connect session %s of the run before: %s", session_id, error)
+        finally:
+            client.close()
+        if interrupted:
+            log.warning(
+                "interrupted %d operation(s) of the run before (Spark Connect session %s): its client is gone",
+                len(interrupted),
+                session_id,
+            )
+        return len(interrupted)
 
     def _add_once(self, path: Path, **kind: bool) -> None:
         if path.name not in self._shipped:
