@@ -6,6 +6,7 @@ pyspark-client, no JVM and no py4j, as on a Databricks serverless client or a la
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -13,6 +14,8 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -52,11 +55,10 @@ def answers(port: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory):
+@contextlib.contextmanager
+def running_connect_server(logs: Path, workers_python: str = sys.executable) -> Iterator[str]:
     """`sc://127.0.0.1:<port>` of a local[2] Spark Connect server (start-connect-server.sh --wait, in the
-    foreground of its own process group), stopped when the module ends."""
-    logs = tmp_path_factory.mktemp("connect-server")
+    foreground of its own process group) whose Python workers run `workers_python`, stopped on exit."""
     port = free_port()
     script = Path(pyspark.__file__).resolve().parent / "sbin" / "start-connect-server.sh"
     conf = {
@@ -69,7 +71,9 @@ def connect_server(tmp_path_factory):
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j_config_path()}",
     }
     _, env = spark_submit_command()
-    env.update(SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs), SPARK_LOCAL_IP="127.0.0.1")
+    env.update(
+        SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=workers_python
+    )
     env.pop("SPARK_HOME", None)
     arguments = [str(script), "--wait", "--master", "local[2]"]
     for key, value in conf.items():
@@ -86,6 +90,13 @@ def connect_server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """A Spark Connect server of this env's pyspark, its workers on this env's Python, for the module."""
+    with running_connect_server(tmp_path_factory.mktemp("connect-server")) as remote:
+        yield remote
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +183,20 @@ def test_videos_errors_resume_and_the_report_on_connect_equal_classic(connect_se
     assert second["connect"]["counts"]["done"] == second["classic"]["counts"]["done"] == 1
     detections, errors = rows(outputs["connect"])
     assert (detections, errors) == rows(outputs["classic"]) and len(detections) == 3 + 12
+
+
+def test_a_server_whose_workers_lack_the_packages_fails_before_any_work(images, tmp_path):
+    """Workers on a Python with nothing installed (this env's base interpreter): exit 2 naming the server and
+    what its workers lack, before any output is written."""
+    bare = str(Path(sys.base_prefix) / "bin" / "python3")
+    (tmp_path / "logs").mkdir()
+    with running_connect_server(tmp_path / "logs", workers_python=bare) as remote:
+        done = run_job(tmp_path, job_config(images, tmp_path / "out"), "--remote", remote)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("[sparkseg]")]
+    assert len(errors) == 1 and "the server's Python workers cannot run" in errors[0], done.stderr[-3000:]
+    assert "No module named" in errors[0] and remote.removeprefix("sc://") in errors[0], errors
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_hadoop_output_on_connect_fails_before_any_work(connect_server, images, tmp_path):

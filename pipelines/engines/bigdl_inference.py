@@ -193,6 +193,7 @@ class BigDLEngine:
         "native, or read it as abfss:// through Spark's hadoop-azure"
     )
     env_hint: str | None = "make bigdl-env"
+    worker_modules: tuple[str, ...] = ()  # classic sessions only: the workers run the job's own env
 
     def require(self) -> None:
         require_bigdl()

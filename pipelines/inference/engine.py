@@ -21,12 +21,15 @@ from pipelines.job_config import SparkSettings
 class Engine(Protocol):
     """An inference backend. `name`: as the config and the summary spell it. `takes_videos`: whether it reads video
     input. `azure_sdk_fix`: what to do when an az:// input or output needs the Azure SDK this env lacks.
-    `env_hint`: the command that builds the env it runs in, where it needs one of its own (None: the main env)."""
+    `env_hint`: the command that builds the env it runs in, where it needs one of its own (None: the main env).
+    `worker_modules`: what the executors' Python must import, checked before any work where the job does not choose
+    that Python (a Spark Connect server's)."""
 
     name: str
     takes_videos: bool
     azure_sdk_fix: str
     env_hint: str | None
+    worker_modules: tuple[str, ...]
 
     def require(self) -> None:
         """Raise (a UsageError naming the fix) when this interpreter cannot run the engine: on the driver, before

@@ -57,12 +57,19 @@ def run(
 def run_plan(spark: SparkSession, plan: JobPlan) -> dict:
     """Run a planned job. Holds the output's lock (pipelines.io.run_lock) from after the listing to the end; raises
     LockHeld when another run holds it, JobFailed when the errors exceed run.max_error_fraction."""
-    kind = session_kind(spark)  # classic or Spark Connect: how the run reaches Spark beyond DataFrames
-    kind.check_stores(plan.input_uri, plan.output.uri)  # before any work: a store this kind cannot reach
-    kind.ship_library()
+    prepare_session(spark, plan)
     say(f"run {plan.run_id}: listing {plan.input_uri}")
     with start_workers(spark, plan):
         return list_and_infer(spark, plan)
+
+
+def prepare_session(spark: SparkSession, plan: JobPlan) -> None:
+    """Before any work: the stores and the workers' Python checked for this kind of session (classic or Spark
+    Connect: how the run reaches Spark beyond DataFrames), the library shipped."""
+    kind = session_kind(spark)
+    kind.check_stores(plan.input_uri, plan.output.uri)
+    kind.ship_library()
+    kind.check_workers(plan.engine.worker_modules)
 
 
 def list_and_infer(spark: SparkSession, plan: JobPlan) -> dict:

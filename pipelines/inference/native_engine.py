@@ -23,6 +23,7 @@ class NativeEngine:
     takes_videos: bool = True
     azure_sdk_fix: str = "this env has no Azure SDK: pip install -c constraints.txt '.[azure]'"
     env_hint: str | None = None
+    worker_modules: tuple[str, ...] = ("openvino", "pipelines.inference.image_inference")
 
     def require(self) -> None:
         """Runs in the main env: nothing to check beyond what the package needs."""

@@ -29,14 +29,13 @@ from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 from pipelines.errors import SparkSegError, UsageError
 from pipelines.inference import image_sources as src
 from pipelines.inference.image_content import extension_glob
-from pipelines.inference.inference_job import hold_output, infer_listing, start_workers
+from pipelines.inference.inference_job import hold_output, infer_listing, prepare_session, start_workers
 from pipelines.inference.job_plan import JobPlan
 from pipelines.inference.progress import say
 from pipelines.io.run_lock import RunLock
 from pipelines.io.storage import Location, spark_read_path, to_spark_uri
 from pipelines.job_config import StreamSettings
 from pipelines.results.results_writer import write_summary
-from pipelines.spark.session_kind import session_kind
 from pipelines.spark.session_settings import planning_settings, restore_session_settings, set_session_settings
 from pipelines.spark.stop_signals import stop_deferred_to
 
@@ -200,9 +199,7 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
             "abfss:// URI (hadoop-azure on the cluster), or run batch jobs on a schedule"
         )
     check_checkpoint(plan)
-    kind = session_kind(spark)  # classic or Spark Connect: how the stream reaches Spark beyond DataFrames
-    kind.check_stores(plan.input_uri, plan.output.uri)
-    kind.ship_library()
+    prepare_session(spark, plan)
     stop = stop or threading.Event()
     lock = hold_output(spark, plan)
     restore: dict[str, str | None] = {}

@@ -16,9 +16,7 @@ Nothing else in the project touches sparkContext, py4j or accumulators (tests/te
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +25,9 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.errors import UsageError
-from pipelines.io.uris import store_of, to_local_path
+from pipelines.io.uris import store_of
+from pipelines.spark import connect_ops
+from pipelines.spark.driver_files import HadoopFiles, LocalFiles
 from pipelines.spark.hash_partitioning import partition_keys
 from pipelines.spark.spark_session import is_connect, ship_library, ship_once, staged_library_archive
 
@@ -93,6 +93,9 @@ class ClassicSession:
     def end_session(self, session_id: str) -> int:
         """Nothing (0 operations): only Connect sessions outlive their client."""
         return 0
+
+    def check_workers(self, modules: tuple[str, ...]) -> None:
+        """Nothing: a classic job's executors run the env it ships or the driver's own (local mode)."""
 
     def ship_library(self) -> None:
         ship_library(self.spark)
@@ -176,54 +179,6 @@ class ClassicSession:
         return HadoopFiles(self.context, uri)
 
 
-class HadoopFiles:
-    """Driver-side operations on one URI through the JVM's Hadoop FileSystem (the lock, indexes, summary)."""
-
-    def __init__(self, context, uri: str) -> None:
-        self.jvm = context._jvm
-        self.hadoop_path = self.path(uri)
-        self.file_system = self.hadoop_path.getFileSystem(context._jsc.hadoopConfiguration())
-
-    def path(self, uri: str):
-        return self.jvm.org.apache.hadoop.fs.Path(uri)
-
-    def qualified(self) -> str:
-        return self.file_system.makeQualified(self.hadoop_path).toString()
-
-    def exists(self) -> bool:
-        return bool(self.file_system.exists(self.hadoop_path))
-
-    def delete(self) -> bool:
-        return bool(self.file_system.delete(self.hadoop_path, True))
-
-    def read_all(self, stream) -> bytes:
-        return bytes(self.jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-
-
-class LocalFiles:
-    """HadoopFiles' operations on a local (or mounted) path, in Python: a Connect client's driver-side file access."""
-
-    def __init__(self, uri: str) -> None:
-        self.local = os.path.abspath(to_local_path(uri))
-
-    def qualified(self) -> str:
-        return "file:" + self.local  # Hadoop's spelling of a local path (file:/a/b)
-
-    def exists(self) -> bool:
-        return os.path.exists(self.local)
-
-    def delete(self) -> bool:
-        import shutil
-
-        if not os.path.lexists(self.local):
-            return False
-        if os.path.isdir(self.local) and not os.path.islink(self.local):
-            shutil.rmtree(self.local)
-        else:
-            os.remove(self.local)
-        return True
-
-
 class RunningTasks:
     """A Connect progress handler: the tasks each running operation reports in flight."""
 
@@ -268,35 +223,12 @@ class ConnectSession:
         return self.spark.session_id
 
     def end_session(self, session_id: str) -> int:
-        """Interrupt the operations of another client's session on this server and release it: a killed client's
-        wave keeps running on the server and would commit rows that the run taking over its output does again.
-        Returns the number of operations interrupted; 0 for a session the server no longer has (ended, or another
-        server's)."""
-        # a Connect session exists, so its client libraries (grpc) are installed: imported here, where they are used
-        from pyspark.sql.connect.client import SparkConnectClient
+        """Interrupt and release another client's session on this server (connect_ops.end_session)."""
+        return connect_ops.end_session(self.spark, session_id)
 
-        builder = copy.copy(self.spark.client._builder)  # this session's endpoint and credentials, another id
-        builder._params = {**builder._params, "session_id": session_id}
-        try:
-            client = SparkConnectClient(connection=builder)
-        except Exception as error:  # noqa: BLE001  (best effort: the lock is ours either way)
-            log.warning("could not reach the Spark Connect session %s of the run before: %s", session_id, error)
-            return 0
-        interrupted: list[str] = []
-        try:
-            interrupted = client.interrupt_all() or []
-            client.release_session()
-        except Exception as error:  # noqa: BLE001  (a session the server has not: nothing runs there)
-            log.info("Spark Connect session %s of the run before: %s", session_id, error)
-        finally:
-            client.close()
-        if interrupted:
-            log.warning(
-                "interrupted %d operation(s) of the run before (Spark Connect session %s): its client is gone",
-                len(interrupted),
-                session_id,
-            )
-        return len(interrupted)
+    def check_workers(self, modules: tuple[str, ...]) -> None:
+        """A UsageError, before any work, when the server's Python workers cannot import `modules`."""
+        connect_ops.check_workers(self.spark, modules)
 
     def _add_once(self, path: Path, **kind: bool) -> None:
         if path.name not in self._shipped:
