@@ -235,6 +235,11 @@ bench-listing: $(VENV)/.stamp-test jvm-archive
 bench-stream: $(VENV)/.stamp-test jvm-archive
 	$(PY) scripts/bench_stream.py $(BENCH_STREAM_ARGS)
 
+# The job on a Spark Connect session (from the client env) against the classic session: fixed cost and throughput
+.PHONY: bench-connect
+bench-connect: $(VENV)/.stamp-test jvm-archive client-env
+	$(PY) scripts/bench_connect.py $(BENCH_CONNECT_ARGS)
+
 # Training: the strategies through the real job (make bench-training), the step on one device against its model-only
 # ceiling (BENCH_TRAINING_ARGS="--device cuda"), the input workers' ms per image (make bench-loader)
 .PHONY: bench-training bench-loader

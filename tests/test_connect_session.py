@@ -6,21 +6,17 @@ pyspark-client, no JVM and no py4j, as on a Databricks serverless client or a la
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pyspark
 import pytest
 import yaml
 
@@ -29,9 +25,9 @@ from pipelines.errors import UsageError
 from pipelines.inference.inference_job import run
 from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.job_config import SparkSettings
-from pipelines.spark.spark_session import DEFAULT_CONF, log4j_config_path
+from pipelines.tools.connect_server import free_port, running_connect_server
 from tests.conftest import REPO, SAMPLES
-from tests.job_helpers import job_config, read_rows, spark_submit_command
+from tests.job_helpers import job_config, read_rows
 from tests.process_io import wait_until
 from tests.test_faults import assert_exactly_once, copies, kill_after_a_committed_wave
 from tests.test_video_input import encode_video, road_frames
@@ -39,57 +35,6 @@ from tests.test_video_input import encode_video, road_frames
 # The Connect client: what scripts/make_client_env.sh builds (make test-main builds it first)
 CLIENT_PYTHON = Path(os.environ.get("SPARKSEG_CLIENT_VENV", REPO / ".venv-client")) / "bin" / "python"
 IMAGES = ("astronaut.jpg", "camera.png", "chelsea.jpg", "coffee.jpg")  # a handful: colour and grey, JPEG and PNG
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def answers(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def running_connect_server(logs: Path, workers_python: str = sys.executable) -> Iterator[str]:
-    """`sc://127.0.0.1:<port>` of a local[2] Spark Connect server (start-connect-server.sh --wait, in the
-    foreground of its own process group) whose Python workers run `workers_python`, stopped on exit."""
-    port = free_port()
-    script = Path(pyspark.__file__).resolve().parent / "sbin" / "start-connect-server.sh"
-    conf = {
-        **DEFAULT_CONF,
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(port),
-        "spark.driver.host": "127.0.0.1",
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "4",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j_config_path()}",
-    }
-    _, env = spark_submit_command()
-    env.update(
-        SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=workers_python
-    )
-    env.pop("SPARK_HOME", None)
-    arguments = [str(script), "--wait", "--master", "local[2]"]
-    for key, value in conf.items():
-        arguments += ["--conf", f"{key}={value}"]
-    with open(logs / "server.log", "wb") as log:
-        server = subprocess.Popen(arguments, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_until(lambda: answers(port), "the Spark Connect server answers", timeout_s=180, process=server)
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
