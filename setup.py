@@ -48,6 +48,8 @@ EXTRAS = {
         "packaging",
         "filelock",
     ],
+    # Models from an MLflow registry (--model models:/NAME/VERSION, export --register-as): pipelines.io.model_registry.
+    "mlflow": ["mlflow>=2.10"],
     # Spark Connect clients (--remote sc://host:port, SPARK_REMOTE; pipelines.spark.session_kind): what pyspark's own
     # `connect` extra adds to the core (pandas, pyarrow and numpy are there already).
     "connect": CONNECT,

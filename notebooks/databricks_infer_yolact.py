@@ -18,7 +18,7 @@
 
 dbutils.widgets.text("input", "az://images/landing", "Input URI")
 dbutils.widgets.text("output", "az://results/sparkseg", "Output URI")
-dbutils.widgets.text("model", "/dbfs/models/yolact_resnet50", "Model export dir")
+dbutils.widgets.text("model", "/dbfs/models/yolact_resnet50", "Model export dir or models:/ URI")
 dbutils.widgets.dropdown("engine", "native", ["native", "bigdl"], "Engine")
 dbutils.widgets.dropdown("precision", "auto", ["auto", "f32", "bf16"], "Precision")
 dbutils.widgets.text("partitions", "0", "Partitions (0: cluster cores)")

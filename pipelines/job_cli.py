@@ -75,7 +75,9 @@ def parse_args(
     parser.add_argument("--output", help="output URI (detections/, masks/, errors/, summary.json)")
     parser.add_argument(
         "--model",
-        help="export directory with manifest.json (default: the job's bundled model, model.bundled in conf/local.yaml)",
+        help="export directory with manifest.json, or models:/NAME/VERSION or models:/NAME@ALIAS of an MLflow registry "
+        "(MLFLOW_REGISTRY_URI / MLFLOW_TRACKING_URI; needs mlflow) (default: the job's bundled model, model.bundled in "
+        "conf/local.yaml)",
     )
     parser.add_argument(
         "--partitions",

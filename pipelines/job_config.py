@@ -20,6 +20,7 @@ import yaml
 
 from pipelines.errors import UsageError
 from pipelines.io.local_paths import REPO_ROOT
+from pipelines.io.model_registry import is_registry_uri, parse_model_uri
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # conf/local.yaml ships inside the package as pipelines/conf/local.yaml (setup.py maps conf/ there), so an
@@ -290,7 +291,8 @@ class BundledModels:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    dir: str | None  # an export directory with manifest.json; None: bundled's model of the job's family
+    dir: str | None  # an export directory with manifest.json, or models:/NAME/VERSION or models:/NAME@ALIAS of an
+    # MLflow registry; None: bundled's model of the job's family
     bundled: BundledModels
 
     def __post_init__(self) -> None:
@@ -298,8 +300,10 @@ class ModelSettings:
             "model.dir (--model)",
             self.dir is None or bool(self.dir.strip()),
             self.dir,
-            "give an export directory, or null for the job's bundled model",
+            "give an export directory or a models:/ URI, or null for the job's bundled model",
         )
+        if is_registry_uri(self.dir):
+            parse_model_uri(str(self.dir))  # its form, before anything else: the registry is asked when planning
 
     def dir_for(self, family: str) -> str:
         """The export directory the `family` job runs."""

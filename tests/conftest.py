@@ -85,6 +85,7 @@ SLOW_FILES = frozenset(
         "test_done_index.py",
         "test_deploy_notebooks.py",
         "test_input_names.py",  # whole jobs
+        "test_model_registry.py",  # whole jobs, and a sqlite MLflow store created
         "test_job_planning.py",
         "test_detector_job.py",
         "test_job_output.py",

@@ -198,3 +198,21 @@ def test_broken_parity_fails_the_export_without_a_manifest(tmp_path, capsys):
     assert "parity gate failed" in capsys.readouterr().err
     assert not (tmp_path / "manifest.json").exists()
     assert json.loads((tmp_path / "parity.json").read_text())["passed"] is False
+
+
+def test_register_as_registers_the_export_in_the_mlflow_registry(tmp_path, capsys, monkeypatch):
+    """--register-as NAME: the export directory as an MLflow run's artifacts, registered as version 1 of NAME in the
+    registry MLflow reads (a sqlite store here); the version's files are the export's."""
+    import mlflow
+
+    from pipelines.io.model_registry import download_model
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "exports")
+    mlflow.MlflowClient().create_experiment("exports", artifact_location=(tmp_path / "artifacts").as_uri())
+    out = tmp_path / "export"
+    assert export_small_detector(out, "--parity-count", "1", "--register-as", "roads-detector") == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"registered {out} as models:/roads-detector/1"
+    downloaded = download_model("models:/roads-detector/1")
+    assert load_manifest(downloaded).model_sha256 == load_manifest(out).model_sha256
+    assert sorted(p.name for p in downloaded.iterdir()) == sorted(p.name for p in out.iterdir())

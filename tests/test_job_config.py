@@ -66,7 +66,11 @@ def test_every_default_lives_in_the_packaged_yaml_only():
             r"spark\.conf is \['spark\.executor\.cores=2'\]: it must be a mapping",
         ),
         ("spark.log_level", "LOUD", r"spark\.log_level is 'LOUD': give one of ALL, TRACE, DEBUG, INFO, WARN, ERROR"),
-        ("model.dir", "", r"model\.dir \(--model\) is '': give an export directory, or null for the job's bundled"),
+        (
+            "model.dir",
+            "",
+            r"model\.dir \(--model\) is '': give an export directory or a models:/ URI, or null for the job's bundled",
+        ),
         (
             "run.lock_heartbeat_s",
             -5,

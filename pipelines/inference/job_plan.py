@@ -22,6 +22,7 @@ from pipelines.inference.openvino_runtime import RuntimeSettings
 from pipelines.io.azure_credentials import AzureCredentials
 from pipelines.io.azure_storage import AzureBlobStore
 from pipelines.io.local_paths import local_path, resolve_local, resolve_output
+from pipelines.io.model_registry import download_model, is_registry_uri
 from pipelines.io.storage import Location
 from pipelines.job_config import ConfigError, InferenceSettings, JobConfig
 from pipelines.results.results_writer import choose_writer
@@ -60,10 +61,10 @@ def plan_job(
     azure_credentials: AzureCredentials | None = None,
     engine: Engine | None = None,
 ) -> JobPlan:
-    """Resolve URIs, check the settings (a dict of the YAML layer is typed here), the local input and output, verify
-    the model and the engine, find credentials: everything that can fail on bad input, in pure Python, before any JVM
-    or Spark task. `engine`: the backend the config's inference.engine names (pipelines.job_cli.choose_engine);
-    None: the native engine, which a config naming another refuses."""
+    """Resolve URIs, check the settings (a dict of the YAML layer is typed here), the local input and output, fetch
+    (a models:/ URI) and verify the model and the engine, find credentials: everything that can fail on bad input, in
+    pure Python, before any JVM or Spark task. `engine`: the backend the config's inference.engine names
+    (pipelines.job_cli.choose_engine); None: the native engine, which a config naming another refuses."""
     config = JobConfig.of(config)
     engine = engine or NativeEngine()
     if engine.name != config.inference.engine:
@@ -75,7 +76,10 @@ def plan_job(
     config = replace(config, model=replace(config.model, dir=config.model.dir_for(family)))  # as the summary says
     input_uri, output_uri = resolve_local(config.input.uri), resolve_output(config.output.uri)
     check_local_paths(input_uri, output_uri, config.input.uri)
-    model_dir = resolve_local(config.model.dir)
+    # a models:/ URI: downloaded here, once, then loaded and shipped as the export directory it names
+    model_dir = (
+        str(download_model(config.model.dir)) if is_registry_uri(config.model.dir) else resolve_local(config.model.dir)
+    )
     if bundled and not Path(model_dir).is_dir():
         raise src.InputError(
             f"no --model (model.dir) given, and the bundled {family} model is not here "

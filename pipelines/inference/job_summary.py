@@ -44,6 +44,7 @@ def make_summary(
             "name": manifest.name,
             "sha256": manifest.model_sha256,
             "dir": str(manifest.root),
+            "given": plan.config.model.dir,  # as given: the directory, or the models:/ URI it was downloaded from
             "trained": manifest.trained,
             "classes": manifest.class_names,
             "note": manifest.data.get("note")
