@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 LOG4J_CONFIG_NAME = "log4j2.properties"
 SPARK_LOG_PROPERTY = "sparkseg.spark.log"  # the JVM system property conf/log4j2.properties' log file is named by
 SPARK_LOG4J_DEFAULTS = "org/apache/spark/log4j2-defaults.properties"  # what a JVM without a config of its own runs
+LOG4J_FALLBACK = "org.apache.logging.log4j.core.config.DefaultConfiguration"  # log4j2's before anything configured it
 LOG_FILE_APPENDER = "file"  # conf/log4j2.properties' appender of everything the driver JVM logs
 
 
@@ -57,11 +58,14 @@ def quiet_jvm_options(conf: dict) -> dict:
 
 def quiet_running_jvm(jvm) -> None:
     """Switch the log4j2 configuration of a JVM that spark-submit started to log4j_config_path() (log file:
-    spark_log_path()), where that JVM runs Spark's defaults: no -Dlog4j2.configurationFile and no log4j2.properties
-    in its SPARK_CONF_DIR, whose configuration stays."""
+    spark_log_path()), where that JVM runs Spark's defaults or log4j2's own fallback: not where it was given
+    -Dlog4j2.configurationFile or found a log4j2.properties in its SPARK_CONF_DIR. Once its SparkContext runs: the
+    context's start puts Spark's defaults back (best effort: a JVM without log4j2-core keeps its configuration)."""
     context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
-    location = context.getConfiguration().getConfigurationSource().getLocation()
-    if jvm.System.getProperty("log4j2.configurationFile") or not str(location or "").endswith(SPARK_LOG4J_DEFAULTS):
+    configuration = context.getConfiguration()
+    location = str(configuration.getConfigurationSource().getLocation() or "")
+    fallback = configuration.getClass().getName() == LOG4J_FALLBACK or location.endswith(SPARK_LOG4J_DEFAULTS)
+    if jvm.System.getProperty("log4j2.configurationFile") or not fallback:
         return
     jvm.System.setProperty(SPARK_LOG_PROPERTY, str(spark_log_path()))
     context.setConfigLocation(jvm.java.net.URI(log4j_config_path().resolve().as_uri()))
@@ -81,12 +85,10 @@ def spark_log_file(jvm) -> str | None:
 
 def set_jvm_log_level(level: str) -> None:
     """Set the root log4j2 level of the JVM spark-submit started, before any SparkContext exists (its default
-    profile logs INFO), with sparkseg's configuration where it ran Spark's defaults (quiet_running_jvm). Best
-    effort: a JVM without log4j2-core keeps its level."""
+    profile logs INFO). Best effort: a JVM without log4j2-core keeps its level."""
     try:
         SparkContext._ensure_initialized()
         jvm = SparkContext._jvm
-        quiet_running_jvm(jvm)
         jvm.org.apache.logging.log4j.core.config.Configurator.setRootLevel(
             jvm.org.apache.logging.log4j.Level.toLevel(level)
         )

@@ -23,7 +23,7 @@ except ImportError:
 
 from pipelines.errors import ClusterUnreachable, UsageError
 from pipelines.io.storage import publish_once
-from pipelines.spark.jvm_logging import log4j_config_path, quiet_jvm_options, set_jvm_log_level
+from pipelines.spark.jvm_logging import log4j_config_path, quiet_jvm_options, quiet_running_jvm, set_jvm_log_level
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +236,10 @@ def job_session(
             if key not in submitted:
                 builder = builder.config(key, value)
         session = builder.getOrCreate()
+        try:
+            quiet_running_jvm(session.sparkContext._jvm)
+        except Exception as err:  # noqa: BLE001  (logging only: Spark's defaults stay)
+            log.debug("could not switch the JVM to %s: %s", log4j_config_path(), err)
         session.sparkContext.setLogLevel(level)
     else:
         check_standalone_master(master)
