@@ -252,7 +252,11 @@ def cluster(tmp_path_factory):
 
 
 @pytest.mark.cluster
-def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
+def test_worker_killed_mid_job_loses_nothing_in_one_console_line_and_small_stages(spark, cluster, tmp_path):
+    """A run under spark-submit (its session has Spark's 200 shuffle partitions) on the two-worker cluster, one of
+    whose Worker JVMs is killed mid-run: every image once; on the console one warning line naming the lost executor's
+    host and no stack trace (Spark's detail is in its log file, which the line names); no stage beyond the run's 30
+    inference tasks, the planning's at most two per core (the event log)."""
     images = tmp_path / "images"
     names = copies(images, 120)
     log = tmp_path / "job.log"
@@ -260,6 +264,13 @@ def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
     config.write_text("run:\n  progress_interval_s: 1\n")
     events = tmp_path / "events"
     events.mkdir()
+    event_log = (
+        "spark.eventLog.enabled=true",
+        f"spark.eventLog.dir={events.as_uri()}",
+        "spark.eventLog.compress=false",
+        "spark.eventLog.rolling.enabled=false",
+    )
+    settings = [part for setting in event_log for part in ("--conf", setting)]
     job = start_job(
         "--config",
         str(config),
@@ -269,16 +280,7 @@ def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
         str(tmp_path / "out"),
         "--partitions",
         "30",
-        "--master",
-        cluster.master_url,
-        "--conf",
-        "spark.eventLog.enabled=true",
-        "--conf",
-        f"spark.eventLog.dir={events.as_uri()}",
-        "--conf",
-        "spark.eventLog.compress=false",
-        "--conf",
-        "spark.eventLog.rolling.enabled=false",
+        spark_submit=("--master", cluster.master_url, *settings),
         log=log,
     )
     try:
@@ -300,6 +302,18 @@ def test_worker_killed_mid_job_loses_nothing(spark, cluster, tmp_path):
     assert len(detections) == 120 and not errors
     metrics = parse_event_log(find_event_log(events))
     assert metrics.failed_tasks >= 1 and metrics.retried_tasks >= 1, "the killed executor's task must have re-run"
+    planning = {stage: tasks for stage, tasks in metrics.stage_tasks.items() if stage not in metrics.inference_stages}
+    assert max(metrics.stage_tasks.values()) == 30 and max(planning.values()) <= 4, metrics.stage_tasks
+
+    said = log.read_text(errors="replace")
+    traces = [line for line in said.splitlines() if line.startswith("\tat ") or "Exception" in line]
+    assert not traces, said[-5000:]
+    losses = [line for line in said.splitlines() if "lost executor" in line.lower() or "Lost executor" in line]
+    assert len(losses) == 1 and losses[0].startswith("sparkseg: WARNING: lost executor "), said[-5000:]
+    assert " on host 127.0.0.1 (worker lost" in losses[0], losses[0]
+    spark_log = Path(re.search(r"Spark's log: (\S+?)\)", losses[0]).group(1))
+    assert "Lost executor" in spark_log.read_text(errors="replace")
+    spark_log.unlink()
 
 
 def stop_a_run_waiting_for_executors(cluster, tmp_path: Path, stop, exit_code: int, spark_submit: bool = False) -> str:

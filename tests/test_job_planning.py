@@ -40,6 +40,9 @@ def test_a_small_run_needs_a_handful_of_tasks(spark, tmp_path):
         write_image(images / f"{seed}.jpg", seed)
     context = spark.sparkContext
     before, adaptive = spark.conf.get("spark.sql.shuffle.partitions"), spark.conf.get("spark.sql.adaptive.enabled")
+    # Spark's default, as in a session the job does not start (spark-submit's, a notebook's): the job sizes its
+    # shuffles from its first query (the listing's count ran 200 tasks)
+    spark.conf.set("spark.sql.shuffle.partitions", "200")
     try:
         for number, new in enumerate((3, 1)):  # a new output, then a resume with one new image
             if number:
@@ -57,9 +60,10 @@ def test_a_small_run_needs_a_handful_of_tasks(spark, tmp_path):
             # adaptive execution, which ran each query stage as a job of its own, 7 and 22)
             jobs = context.statusTracker().getJobIdsForGroup(f"{GROUP}-{number}")
             assert len(jobs) <= (4, 12)[number], f"run {number}: {len(jobs)} jobs, stages' tasks {tasks}"
+        assert spark.conf.get("spark.sql.shuffle.partitions") == "200", "the job must give the session back as it was"
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)
-    assert spark.conf.get("spark.sql.shuffle.partitions") == before, "the job must give the session back as it was"
+        spark.conf.set("spark.sql.shuffle.partitions", before)
     assert spark.conf.get("spark.sql.adaptive.enabled") == adaptive
 
 

@@ -7,6 +7,7 @@ import threading
 import time
 
 from pipelines.inference.progress import ProgressReporter
+from pipelines.spark.executor_loss import LostExecutor, describe
 from pipelines.spark.session_kind import session_kind
 
 
@@ -40,3 +41,12 @@ def test_tasks_that_start_with_their_stage_are_counted_as_running(spark, tmp_pat
         release.touch()
         job.join(timeout=120)
     assert not job.is_alive()
+
+
+def test_a_lost_executor_is_one_line_naming_its_host_and_the_tasks_re_run():
+    loss = LostExecutor("3", "10.0.0.5", "worker lost", ((7, 4), (5, 2), (7, 1)))
+    line = describe(loss, "/tmp/sparkseg-spark-1.log")
+    assert line.startswith("lost executor 3 on host 10.0.0.5 (worker lost): task 2 of stage 5")
+    assert "task 2 of stage 5 and tasks 1, 4 of stage 7 re-run" in line and "\n" not in line
+    assert line.endswith("(nothing is lost; Spark's log: /tmp/sparkseg-spark-1.log)")
+    assert "no task was running there" in describe(LostExecutor("0", "h", "", ()), None)

@@ -108,7 +108,7 @@ def infer_listing(
     written), its counts and the waves' totals."""
     restore: dict[str, str | None] = {}
     try:
-        restore.update(set_session_settings(spark, planning_settings(plan.config)))
+        set_session_settings(spark, planning_settings(plan.config), restore)
         tables = OutputTables.at_start(spark, plan.output)  # under the lock: no other run writes to it now
         work = plan_work(spark, plan, found, tables, restore)
         settings = runtime_settings(spark, plan.config.inference)

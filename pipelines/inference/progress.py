@@ -6,18 +6,24 @@ inference.max_images_per_task, so that the count moves while a wave runs); a Spa
 accumulators, and counts the rows as each wave commits. A daemon thread on the driver prints a line every
 `interval_s` while tasks run, with the tasks running now (Spark's status tracker, or the Connect server's progress
 reports), so a long task still shows signs of life. On a terminal the line is rewritten in place; in a log
-file it is one line per interval.
+file it is one line per interval. The same thread tells of each executor lost meanwhile in one warning line (the
+host, the tasks re-run); Spark's own words on it are in its log file only (conf/log4j2.properties).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
 
+from pipelines.spark.executor_loss import ExecutorLossWatch, NoLossWatch, describe
 from pipelines.spark.session_kind import ClassicSession, ConnectSession
 
 PREFIX = "[sparkseg]"
+LOSS_POLL_S = 5.0  # how often lost executors are looked for when no progress line is printed (interval 0)
+
+log = logging.getLogger(__name__)
 
 
 def say(message: str, stream=None) -> None:
@@ -54,6 +60,7 @@ class ProgressReporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start = time.time()
+        self._losses: ExecutorLossWatch | NoLossWatch = NoLossWatch()
 
     def running_tasks(self) -> int:
         try:
@@ -85,12 +92,30 @@ class ProgressReporter:
         else:
             print(text, file=self.stream, flush=True)
 
+    def tell_losses(self) -> None:
+        """One warning line per executor lost since the last look (on a terminal, below the progress line)."""
+        try:
+            losses = self._losses.new_losses()
+        except Exception as err:  # noqa: BLE001  (the context is stopping: nothing to tell)
+            log.debug("could not look for lost executors: %s", err)
+            return
+        for loss in losses:
+            if self._tty and self.interval_s > 0:
+                print(file=self.stream, flush=True)
+            log.warning(describe(loss, self._losses.log_file))
+
     def _loop(self) -> None:
         """A terminal gets the line every interval. A log gets it when images or running tasks changed, else as a
-        heartbeat whose spacing doubles while nothing changes (up to a minute): a long quiet task does not fill it."""
+        heartbeat whose spacing doubles while nothing changes (up to a minute): a long quiet task does not fill it.
+        Without a progress line (interval 0) only lost executors are told of."""
+        if self.interval_s <= 0:
+            while not self._stop.wait(LOSS_POLL_S):
+                self.tell_losses()
+            return
         self._print(self.line())
         state, last, quiet_s = None, time.time(), self.interval_s
         while not self._stop.wait(self.interval_s):
+            self.tell_losses()
             now_state = (self.count.value, self.running_tasks())
             changed = now_state != state
             if self._tty or changed or time.time() - last >= quiet_s:
@@ -100,13 +125,17 @@ class ProgressReporter:
 
     def __enter__(self) -> ProgressReporter:
         self._start = time.time()
-        if self.interval_s > 0:
-            self._thread = threading.Thread(target=self._loop, name="sparkseg-progress", daemon=True)
-            self._thread.start()
+        try:
+            self._losses = self.kind.loss_watch()
+        except Exception as err:  # noqa: BLE001  (a Spark without this status store: no loss is told)
+            log.debug("cannot watch for lost executors: %s", err)
+        self._thread = threading.Thread(target=self._loop, name="sparkseg-progress", daemon=True)
+        self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join()
+        self.tell_losses()
         self._print(self.line(final=True), final=True)

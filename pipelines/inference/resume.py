@@ -88,11 +88,18 @@ def plan_work(
     settings for a job of that size; `restore` gains the values they replace."""
     config = plan.config
     run_cfg, video = config.run, config.input.video
+
+    def sized_to(frame: DataFrame) -> InputCounts:
+        """The count of `frame`, and the session's shuffles sized to it from the next query on (the listing's
+        zero-byte files are joined in by one)."""
+        counts = count_inputs(frame, video)
+        set_session_settings(spark, session_settings_for(counts.files, config), restore)
+        return counts
+
     # on disk only: each wave reads it back (index_todo), and MEMORY_AND_DISK would pull whole blocks of a
     # 10^7-row listing into a 1 g driver's heap (see index_todo)
-    listing, counts = src.whole_listing(found, lambda frame: count_inputs(frame, video), StorageLevel.DISK_ONLY)
+    listing, counts = src.whole_listing(found, sized_to, StorageLevel.DISK_ONLY)
     n_inputs, n_videos = counts.files, counts.videos
-    restore.update(set_session_settings(spark, session_settings_for(n_inputs, config)))
     units = work_units(spark, plan, listing, video, n_videos)
     n_units = units.count() if n_videos else n_inputs
     rows_before = tables.rows_before

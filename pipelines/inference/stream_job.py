@@ -209,7 +209,7 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
         batches = MicroBatches(plan, lock, stop, prefix)
         # the query's session is a copy of this one made at its start: the job's settings first (no adaptive
         # execution, which a streaming query would turn off with a warning)
-        restore.update(set_session_settings(spark, planning_settings(plan.config)))
+        set_session_settings(spark, planning_settings(plan.config), restore)
         with start_workers(spark, plan), stop_deferred_to(stop.set):  # the first worker starts with the query
             query = start_query(spark, plan, batches)
             say(f"stream {plan.run_id}: watching {plan.input_uri} ({describe_trigger(plan.config.stream)})")

@@ -28,6 +28,7 @@ from pipelines.errors import UsageError
 from pipelines.io.uris import store_of
 from pipelines.spark import connect_ops
 from pipelines.spark.driver_files import HadoopFiles, LocalFiles
+from pipelines.spark.executor_loss import ExecutorLossWatch, NoLossWatch
 from pipelines.spark.hash_partitioning import partition_keys
 from pipelines.spark.spark_session import is_connect, ship_library, ship_once, staged_library_archive
 
@@ -128,6 +129,10 @@ class ClassicSession:
         tracker = self.context.statusTracker()
         stages = (tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds())
         return sum(stage.numActiveTasks for stage in stages if stage is not None)
+
+    def loss_watch(self) -> ExecutorLossWatch:
+        """The executors lost from now on, from Spark's status store, and the log file with Spark's detail."""
+        return ExecutorLossWatch(self.context)
 
     @contextlib.contextmanager
     def tagged(self, tag: str, description: str) -> Iterator[None]:
@@ -272,6 +277,10 @@ class ConnectSession:
 
     def running_tasks(self) -> int:
         return self._running.count()
+
+    def loss_watch(self) -> NoLossWatch:
+        """Nothing: the server's executors and log are the server's."""
+        return NoLossWatch()
 
     @contextlib.contextmanager
     def tagged(self, tag: str, description: str) -> Iterator[None]:

@@ -23,6 +23,7 @@ except ImportError:
 
 from pipelines.errors import ClusterUnreachable, UsageError
 from pipelines.io.storage import publish_once
+from pipelines.spark.jvm_logging import log4j_config_path, quiet_jvm_options, quiet_running_jvm, set_jvm_log_level
 
 log = logging.getLogger(__name__)
 
@@ -56,34 +57,6 @@ DEFAULT_CONF = {
     "spark.ui.liveUpdate.period": "0",
 }
 DEFAULT_LOG_LEVEL = "WARN"
-LOG4J_CONFIG_NAME = "log4j2.properties"
-
-
-def log4j_config_path() -> Path:
-    """conf/log4j2.properties (the installed package's pipelines/conf copy, else the checkout's): WARN and up, without
-    Spark's start-up noise. Used by jobs that start their own JVM; under spark-submit pass it with
-    --driver-java-options "-Dlog4j2.configurationFile=file:<this path>" (python -m pipelines.spark.spark_session
-    --log4j-config)."""
-    from pipelines.job_config import DEFAULT_CONFIG_CANDIDATES
-
-    for candidate in DEFAULT_CONFIG_CANDIDATES:
-        if (candidate.parent / LOG4J_CONFIG_NAME).is_file():
-            return candidate.parent / LOG4J_CONFIG_NAME
-    raise FileNotFoundError(f"{LOG4J_CONFIG_NAME} is missing beside the default config: reinstall sparkseg")
-
-
-def quiet_jvm_options(conf: dict) -> dict:
-    """`conf` with the driver JVM pointed at log4j_config_path() (appended to spark.driver.extraJavaOptions), unless
-    the caller already chose a log4j2 configuration. Only effective when this process starts the JVM."""
-    options = conf.get("spark.driver.extraJavaOptions", "")
-    if "log4j2.configurationFile" in options or "log4j.configurationFile" in options:
-        return conf
-    try:
-        flag = f"-Dlog4j2.configurationFile=file:{log4j_config_path()}"
-    except FileNotFoundError as err:
-        log.warning("%s; Spark logs at its default level until the SparkContext starts", err)
-        return conf
-    return {**conf, "spark.driver.extraJavaOptions": f"{options} {flag}".strip()}
 
 
 def quick_start_options(conf: dict) -> dict:
@@ -263,6 +236,10 @@ def job_session(
             if key not in submitted:
                 builder = builder.config(key, value)
         session = builder.getOrCreate()
+        try:
+            quiet_running_jvm(session.sparkContext._jvm)
+        except Exception as err:  # noqa: BLE001  (logging only: Spark's defaults stay)
+            log.debug("could not switch the JVM to %s: %s", log4j_config_path(), err)
         session.sparkContext.setLogLevel(level)
     else:
         check_standalone_master(master)
@@ -392,19 +369,6 @@ def stop_session(session: SparkSession) -> None:
 def active_context() -> SparkContext | None:
     """The SparkContext this process runs, if any (None too in a pyspark-client env, which runs Connect only)."""
     return None if SparkContext is None else SparkContext._active_spark_context
-
-
-def set_jvm_log_level(level: str) -> None:
-    """Set the root log4j2 level of the JVM spark-submit started, before any SparkContext exists (its default
-    profile logs INFO). Best effort: a JVM without log4j2-core keeps its level."""
-    try:
-        SparkContext._ensure_initialized()
-        jvm = SparkContext._jvm
-        jvm.org.apache.logging.log4j.core.config.Configurator.setRootLevel(
-            jvm.org.apache.logging.log4j.Level.toLevel(level)
-        )
-    except Exception as err:  # noqa: BLE001  (logging only; the SparkContext applies spark.log.level anyway)
-        log.debug("could not set the JVM's log level early: %s", err)
 
 
 def warn_unknown_spark_settings(session: SparkSession, settings: dict) -> list[str]:

@@ -17,6 +17,8 @@ Definitions (all from SparkListenerTaskEnd events):
   code": mapInPandas, pandas UDFs), except the jobs that warm the executors up (executor_warmup). Partition sizes:
   the records each successful task of those stages read from the shuffle that balanced the images (or from its
   input, when there was no shuffle).
+- stage tasks: per stage, the tasks of its largest completed attempt (SparkListenerStageCompleted's "Number of
+  Tasks"; a re-run after a fetch failure runs only the missing ones).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class AppMetrics:
     executor_task_time_s: dict[str, float] = field(default_factory=dict)
     inference_stages: list[int] = field(default_factory=list)
     partition_images: list[int] = field(default_factory=list)
+    stage_tasks: dict[int, int] = field(default_factory=dict)
 
     @property
     def longest_executor_busy_s(self) -> float | None:
@@ -131,6 +134,10 @@ def parse_event_log(path: str | Path) -> AppMetrics:
             elif kind == "SparkListenerJobStart":
                 if str(event.get("Properties", {}).get("spark.jobGroup.id", "")).startswith(WARM_UP_GROUP_PREFIX):
                     warm_up_stages.update(event.get("Stage IDs", []))
+            elif kind == "SparkListenerStageCompleted":
+                stage_info = event["Stage Info"]
+                stage_id, stage_tasks = int(stage_info["Stage ID"]), int(stage_info["Number of Tasks"])
+                metrics.stage_tasks[stage_id] = max(stage_tasks, metrics.stage_tasks.get(stage_id, 0))
             elif kind == "SparkListenerExecutorAdded":
                 metrics.executors += 1
             elif kind == "SparkListenerTaskEnd":
