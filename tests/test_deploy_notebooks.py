@@ -6,13 +6,15 @@ the Jupyter notebook draws overlays from an output."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
-from pyspark.sql import SparkSession
 
 from pipelines.inference.inference_job import run
 from pipelines.io.azure_credentials import AzureCredentials
@@ -50,22 +52,28 @@ def jpeg_bytes(seed: int, tmp_path: Path) -> bytes:
     return path.read_bytes()
 
 
-@pytest.fixture(scope="module")
-def connect_spark(connect_server):
-    """A Spark Connect session, as a serverless or standard access mode notebook's `spark` is: no sparkContext."""
-    session = SparkSession.builder.remote(connect_server).getOrCreate()
-    yield session
-    session.stop()
+def run_notebook_on_connect(remote: str, parameters: dict, secrets: dict, tmp_path: Path):
+    """The Databricks notebook run by tests/notebook_on_connect.py on a Spark Connect session of `remote`, in its own
+    process, in the notebook's folder (as Databricks runs it), without Azure credentials in its environment."""
+    spec = tmp_path / f"spec-{len(list(tmp_path.glob('spec-*')))}.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "remote": remote,
+                "notebook": str(DATABRICKS_NOTEBOOK),
+                "parameters": parameters,
+                "secrets": [[scope, key, value] for (scope, key), value in secrets.items()],
+            }
+        ),
+        encoding="utf-8",
+    )
+    env = {name: value for name, value in os.environ.items() if name not in AZURE_ENV}
+    env["PYTHONPATH"] = str(REPO)  # the runner; the notebook finds pipelines/ above its folder itself
+    command = [sys.executable, "-m", "tests.notebook_on_connect", str(spec)]
+    return subprocess.run(command, cwd=NOTEBOOKS, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_databricks_notebook_runs_cell_by_cell_on_spark_connect_against_azurite(
-    connect_spark, azurite, monkeypatch, tmp_path
-):
-    spark = connect_spark
-    assert type(spark).__module__.startswith("pyspark.sql.connect")
-    for name in AZURE_ENV:  # credentials must come from the secret scope only
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(NOTEBOOKS)  # Databricks runs a notebook in its own folder
+def test_databricks_notebook_runs_cell_by_cell_on_spark_connect_against_azurite(connect_server, azurite, tmp_path):
     container = azurite.create_container()
     client = azurite.service_client().get_container_client(container)
     for seed in range(3):
@@ -83,9 +91,9 @@ def test_databricks_notebook_runs_cell_by_cell_on_spark_connect_against_azurite(
     }
     secrets = {("sparkseg-test", "storage-connection-string"): azurite.connection_string}
 
-    result = json.loads(
-        run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=DbutilsStandIn(parameters, secrets))
-    )
+    done = run_notebook_on_connect(connect_server, parameters, secrets, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
     assert result["counts"]["done"] == 3 and result["counts"]["failed"] == 1 and result["counts"]["skipped"] == 0
     assert result["table"] == {"images": 3, "errors": 1, "superseded_rows": 0}
     blobs = [blob.name for blob in client.list_blobs(name_starts_with="out/")]
@@ -95,16 +103,17 @@ def test_databricks_notebook_runs_cell_by_cell_on_spark_connect_against_azurite(
     written = b"".join(client.download_blob(name).readall() for name in blobs)
     assert ACCOUNT_KEY.encode() not in written and azurite.connection_string.encode() not in written
 
-    again = json.loads(
-        run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=DbutilsStandIn(parameters, secrets))
-    )
+    again = run_notebook_on_connect(connect_server, parameters, secrets, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    again = json.loads(again.stdout.splitlines()[-1])
     assert again["counts"]["skipped"] == 4 and again["counts"]["done"] == 0  # a scheduled re-run: nothing new
 
     credentials = AzureCredentials(connection_string=azurite.connection_string)
     with RunLock.acquire(Location(parameters["output"], credentials), "20990101T000000Z-other-job"):
         before = sorted((blob.name, blob.etag) for blob in client.list_blobs(name_starts_with="out/"))
-        with pytest.raises(LockHeld, match="20990101T000000Z-other-job"):
-            run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=DbutilsStandIn(parameters, secrets))
+        held = run_notebook_on_connect(connect_server, parameters, secrets, tmp_path)
+        assert held.returncode == 1 and f"{LockHeld.__name__}: " in held.stderr, held.stderr[-3000:]
+        assert "20990101T000000Z-other-job" in held.stderr
         assert sorted((blob.name, blob.etag) for blob in client.list_blobs(name_starts_with="out/")) == before
 
 
