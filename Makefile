@@ -160,8 +160,8 @@ test-bigdl: bigdl-env
 
 # The inference path's tests in the Databricks env (databricks-env): the notebook (on a Spark Connect server of the
 # env's pyspark, as on serverless, and on a classic session), decoding, the job, masks, video and the report, on the
-# Runtime's older numpy, pandas, pyarrow, Pillow, matplotlib and Spark. A few minutes: the
-# main suite runs them all with its own versions, and this one runs beside it on the same cores. Video: the broken
+# Runtime's older numpy, pandas, pyarrow, Pillow, matplotlib and Spark. A few minutes: the main suite runs them all
+# with its own versions, and this one runs beside it on the same cores. Video: the broken
 # files' test (decode, frames, error rows: 12 s), not the 300-frame stride test (72 s, the same code on more frames).
 DATABRICKS_SUITE := tests/test_deploy_notebooks.py tests/test_image_decode.py tests/test_infer_job.py \
 	tests/test_mask_outputs.py tests/test_box_local_masks.py \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build an env with what a Databricks notebook job runs sparkseg on: Databricks Runtime 17.3 LTS's versions of the
-# libraries sparkseg imports from the Runtime, plus the
-# libraries the notebook installs (notebooks/databricks_requirements.txt, its %pip cell), at the versions it names.
-# make test-databricks runs the inference tests in it, the notebook on a Spark Connect session as on serverless.
+# libraries sparkseg imports from the Runtime, plus the libraries the notebook installs (its %pip cell:
+# notebooks/databricks_requirements.txt), at the versions it names. make test-databricks runs the inference tests in
+# it, the notebook on a Spark Connect session as on serverless or standard access mode.
 # Usage: scripts/make_databricks_env.sh [ENV_DIR]   (default: <repo>/.venv-databricks; PYTHON=... to choose the
 # interpreter, default python3.12 from the PATH)
 #
