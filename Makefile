@@ -72,8 +72,9 @@ browser:
 bigdl-env:
 	scripts/make_bigdl_env.sh $(BIGDL_VENV)
 
-# A Databricks notebook job's libraries: Databricks Runtime 15.4 LTS's numpy, pandas, pyarrow, Pillow, matplotlib and
-# Spark, plus what notebooks/databricks_job.json installs (scripts/make_databricks_env.sh)
+# A Databricks notebook job's libraries: Databricks Runtime 17.3 LTS's numpy, pandas, pyarrow, Pillow, matplotlib,
+# Spark and Spark Connect client, plus what the notebook installs (notebooks/databricks_requirements.txt;
+# scripts/make_databricks_env.sh)
 DATABRICKS_VENV ?= .venv-databricks
 databricks-env:
 	scripts/make_databricks_env.sh $(DATABRICKS_VENV)
@@ -157,9 +158,10 @@ test-bigdl: bigdl-env
 	$(SUITE_ENV) PYSPARK_PYTHON=$(abspath $(BIGDL_VENV))/bin/python $(BIGDL_VENV)/bin/python -m pytest -m bigdl --durations=25 --basetemp="$(PYTEST_TMP)/bigdl" \
 		tests/test_bigdl_engine.py tests/test_bigdl_job.py
 
-# The inference path's tests in the Databricks env (databricks-env): the notebook, decoding, the job, masks, video
-# and the report, on the Runtime's older numpy, pandas, pyarrow, Pillow, matplotlib and Spark. A few minutes: the
-# main suite runs them all with its own versions, and this one runs beside it on the same cores. Video: the broken
+# The inference path's tests in the Databricks env (databricks-env): the notebook (on a Spark Connect server of the
+# env's pyspark, as on serverless, and on a classic session), decoding, the job, masks, video and the report, on the
+# Runtime's older numpy, pandas, pyarrow, Pillow, matplotlib and Spark. A few minutes: the main suite runs them all
+# with its own versions, and this one runs beside it on the same cores. Video: the broken
 # files' test (decode, frames, error rows: 12 s), not the 300-frame stride test (72 s, the same code on more frames).
 DATABRICKS_SUITE := tests/test_deploy_notebooks.py tests/test_image_decode.py tests/test_infer_job.py \
 	tests/test_mask_outputs.py tests/test_box_local_masks.py \

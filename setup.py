@@ -4,15 +4,16 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-# numpy, pillow, pyarrow, pandas and matplotlib (the extras): at least Databricks Runtime 15.4 LTS's versions, the
-# oldest tested (make test-databricks). A wheel asking for newer ones would replace the Runtime's on install.
+# numpy, pillow, pyarrow, pandas, matplotlib (the extras) and the Spark Connect client's libraries: the oldest versions
+# tested, Databricks Runtime 17.3 LTS's (make test-databricks) or the BigDL env's where older (numpy 1.26, pyspark 3.5:
+# make test-bigdl). A wheel asking for newer ones would replace the Runtime's on install.
 CORE = [
     "pyspark>=3.5,<5",
     "openvino>=2023.3",
-    "numpy>=1.23.5",
-    "pillow>=9.4",
-    "pyarrow>=14",
-    "pandas>=1.5.3,<3",
+    "numpy>=1.26.4",
+    "pillow>=11.1",
+    "pyarrow>=19",
+    "pandas>=2.2.3,<3",
     "pyyaml>=6",
     "pycocotools>=2.0.7",
     "zlib-ng>=0.5",  # label-map PNGs deflated ~4x faster than by zlib (pipelines.ops.mask_outputs)
@@ -21,7 +22,7 @@ CORE = [
     # PyAV (FFmpeg bundled in its wheels): video input, decoded on the executors (pipelines.ops.video_decode)
     "av>=12,<19",
 ]
-CONNECT = ["grpcio>=1.76", "grpcio-status>=1.76", "googleapis-common-protos>=1.71", "zstandard>=0.25"]
+CONNECT = ["grpcio>=1.67", "grpcio-status>=1.67", "googleapis-common-protos>=1.65", "zstandard>=0.25"]
 AZURE = ["adlfs>=2024.4", "azure-storage-blob>=12.19", "azure-identity>=1.15"]
 # A Spark Connect client env (make client-env): Spark's JVM-less client package instead of pyspark, the rest of CORE,
 # the Connect client's libraries and the Azure SDK path (the only remote store a Connect driver writes itself).
@@ -32,7 +33,7 @@ EXTRAS = {
     # PyTorch -> ONNX -> simplified ONNX -> OpenVINO IR, and the parity report.
     "export": TORCH + ["onnx>=1.16", "onnxruntime>=1.18", "onnxslim>=0.1.40", "nncf>=3.0,<4"],
     # Distributed training (TorchDistributor), runs tracking and plots.
-    "train": TORCH + ["mlflow>=2.10", "matplotlib>=3.7.2", "tqdm>=4.66"],
+    "train": TORCH + ["mlflow>=2.10", "matplotlib>=3.10", "tqdm>=4.66"],
     # Azure SDK read/write path for clusters without hadoop-azure.
     "azure": AZURE,
     # The BigDL engine's own env. The BigDL 2.4 wheels themselves pin pyspark 3.1 and must be installed with
@@ -54,15 +55,15 @@ EXTRAS = {
     # `connect` extra adds to the core (pandas, pyarrow and numpy are there already).
     "connect": CONNECT,
     # The run report (python -m pipelines.report.render): per-class count and score plots. make demo installs it.
-    "report": ["matplotlib>=3.7.2"],
+    "report": ["matplotlib>=3.10"],
     # Sweeps and benchmarks (jobs/sweep.py, make bench): process memory sampling and plots.
-    "sweep": ["psutil>=5.9", "matplotlib>=3.7.2"],
+    "sweep": ["psutil>=5.9", "matplotlib>=3.10"],
     "dev": CONNECT
     + [
         "pytest>=8",
         "pytest-timeout>=2.3",
         "pytest-xdist>=3.8",
-        "matplotlib>=3.7.2",
+        "matplotlib>=3.10",
         "venv-pack>=0.2",
         "psutil>=5.9",
         "selenium>=4.20,<5",

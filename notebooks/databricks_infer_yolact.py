@@ -3,28 +3,34 @@
 # MAGIC # sparkseg: YOLACT inference (Databricks job)
 # MAGIC
 # MAGIC Runs the same library as `spark-submit jobs/infer_yolact.py`: `pipelines.inference.inference_job.run(spark,
-# MAGIC config)`.
-# MAGIC Images in (`az://container/prefix` through the Azure SDK, or any path the cluster reads), detections, masks,
-# MAGIC errors and `summary.json` out. Incremental: each run processes only images not yet done for this model (new or
-# MAGIC replaced since), and a lock (`<output>/_sparkseg.lock`) keeps two runs on one output from overlapping.
+# MAGIC config)`, on serverless compute, standard access mode or a classic (dedicated) cluster alike: the library
+# MAGIC picks its Spark Connect or classic path from the session it is given.
+# MAGIC Images in (a Unity Catalog volume `/Volumes/<catalog>/<schema>/<volume>/...`, or `az://container/prefix` through
+# MAGIC the Azure SDK), detections, masks, errors and `summary.json` out, to a volume or `az://`; the model export in a
+# MAGIC volume. Incremental: each run processes only images not yet done for this model (new or replaced since), and a
+# MAGIC lock (`<output>/_sparkseg.lock`) keeps two runs on one output from overlapping.
 # MAGIC
-# MAGIC Parameters are widgets (a job's `base_parameters` set them). Azure credentials come from a secret scope: give
-# MAGIC the
-# MAGIC scope and the NAMES of the secrets in it, never the secrets. Tested on a classic cluster (single user or no
-# MAGIC isolation shared access mode) with the libraries of `notebooks/databricks_job.json`; on a Spark Connect
-# MAGIC session (serverless, standard access mode) see docs/deploy.md, Spark Connect, for the stores it supports.
+# MAGIC Parameters are widgets (a job's `base_parameters` set them). Azure credentials, for `az://` only, come from a
+# MAGIC secret scope: give the scope and the NAMES of the secrets in it, never the secrets. The next cell installs what
+# MAGIC the Runtime or serverless environment lacks (`databricks_requirements.txt` beside this notebook);
+# MAGIC `notebooks/databricks_job.json` runs this notebook as a serverless job, `databricks_job_classic.json` on a job
+# MAGIC cluster (docs/deploy.md, Databricks).
 
 # COMMAND ----------
 
-dbutils.widgets.text("input", "az://images/landing", "Input URI")
-dbutils.widgets.text("output", "az://results/sparkseg", "Output URI")
-dbutils.widgets.text("model", "/dbfs/models/yolact_resnet50", "Model export dir or models:/ URI")
+# MAGIC %pip install -r databricks_requirements.txt
+
+# COMMAND ----------
+
+dbutils.widgets.text("input", "/Volumes/main/sparkseg/images/landing", "Input (volume path or URI)")
+dbutils.widgets.text("output", "/Volumes/main/sparkseg/results/yolact", "Output (volume path or URI)")
+dbutils.widgets.text("model", "/Volumes/main/sparkseg/models/yolact_resnet50", "Model export dir or models:/ URI")
 dbutils.widgets.dropdown("engine", "native", ["native", "bigdl"], "Engine")
 dbutils.widgets.dropdown("precision", "auto", ["auto", "f32", "bf16"], "Precision")
 dbutils.widgets.text("partitions", "0", "Partitions (0: cluster cores)")
 dbutils.widgets.text("config", "conf/databricks.yaml", "Config (relative to the repo)")
 dbutils.widgets.dropdown("break_lock", "false", ["false", "true"], "Break the output lock")
-dbutils.widgets.text("secret_scope", "sparkseg", "Secret scope ('' for none)")
+dbutils.widgets.text("secret_scope", "", "Secret scope for az:// ('' for none)")
 dbutils.widgets.text("connection_string_key", "storage-connection-string", "Secret: connection string")
 dbutils.widgets.text("account_key_key", "", "Secret: account key")
 dbutils.widgets.text("sas_token_key", "", "Secret: SAS token")

@@ -1,5 +1,5 @@
-"""Shared fixtures: one session-scoped local SparkSession, Azurite and a 2-worker standalone cluster (both started
-only when a test asks for them), paths to the bundled samples."""
+"""Shared fixtures: one session-scoped local SparkSession, Azurite, a Spark Connect server and a 2-worker standalone
+cluster (each started only when a test asks for it), paths to the bundled samples."""
 
 from __future__ import annotations
 
@@ -37,6 +37,17 @@ def spark():
     session = local_session(app_name="sparkseg-tests", master="local[2,4]")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """A Spark Connect server of this env's pyspark, its workers on this env's Python, for the module: the main
+    suite runs the job's command line against it (test_connect_session.py), the Databricks suite the notebook, as on
+    serverless or standard access mode (test_deploy_notebooks.py)."""
+    from pipelines.tools.connect_server import running_connect_server
+
+    with running_connect_server(tmp_path_factory.mktemp("connect-server")) as remote:
+        yield remote
 
 
 @pytest.fixture(scope="session")

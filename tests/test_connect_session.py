@@ -1,8 +1,8 @@
-"""The inference job on a Spark Connect session: a Spark Connect server started from this env's pyspark
-(sbin/start-connect-server.sh, as README shows), the job's command line run as a client of it (--remote), the
-detections equal to a classic session's on the same images; a store the Connect driver cannot reach, or a remote
-that does not answer, fails before any work with exit 2. The job's side runs from the client env (make client-env):
-pyspark-client, no JVM and no py4j, as on a Databricks serverless client or a laptop."""
+"""The inference job on a Spark Connect session: a Spark Connect server started from this env's pyspark (the
+`connect_server` fixture of conftest.py), the job's command line run as a client of it (--remote), the detections
+equal to a classic session's on the same images; a store the Connect driver cannot reach, or a remote that does not
+answer, fails before any work with exit 2. The job's side runs from the client env (make client-env): pyspark-client,
+no JVM and no py4j, as on a Databricks serverless client or a laptop."""
 
 from __future__ import annotations
 
@@ -35,13 +35,6 @@ from tests.test_video_input import encode_video, road_frames
 # The Connect client: what scripts/make_client_env.sh builds (make test-main builds it first)
 CLIENT_PYTHON = Path(os.environ.get("SPARKSEG_CLIENT_VENV", REPO / ".venv-client")) / "bin" / "python"
 IMAGES = ("astronaut.jpg", "camera.png", "chelsea.jpg", "coffee.jpg")  # a handful: colour and grey, JPEG and PNG
-
-
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory):
-    """A Spark Connect server of this env's pyspark, its workers on this env's Python, for the module."""
-    with running_connect_server(tmp_path_factory.mktemp("connect-server")) as remote:
-        yield remote
 
 
 @pytest.fixture(scope="module")

@@ -211,7 +211,7 @@ def _classify_decoder_error(error: Exception, image_format: str | None = None) -
 
 # EXIF orientation -> the transposition that shows the stored pixels as a viewer does (the EXIF/TIFF table, as
 # Pillow's ImageOps.exif_transpose applies it; that function also rewrites the metadata, which a damaged EXIF block
-# can fail, and its in_place= is missing from Pillow 9.4, Databricks Runtime 15.4 LTS's).
+# can fail).
 _ORIENTATION_TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,

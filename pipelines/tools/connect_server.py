@@ -1,5 +1,6 @@
-"""A local Spark Connect server from this env's pyspark (its sbin/start-connect-server.sh), for the tests and the
-benches: `sc://127.0.0.1:<port>` until the context exits.
+"""A local Spark Connect server from this env's pyspark (what its sbin/start-connect-server.sh --wait runs: spark-submit
+of the server class; the pyspark 4.0.0 wheel, Databricks Runtime 17.3 LTS's Spark, lacks that script), for the tests
+and the benches: `sc://127.0.0.1:<port>` until the context exits.
 
     python -m pipelines.tools.connect_server [--port 15002] [--master 'local[2]']   # until Ctrl-C
 """
@@ -18,9 +19,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyspark
-
 from pipelines.spark.spark_session import DEFAULT_CONF, log4j_config_path
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
 def free_port() -> int:
@@ -45,10 +46,10 @@ def running_connect_server(
     port: int | None = None,
     start_timeout_s: float = 180,
 ) -> Iterator[str]:
-    """A Spark Connect server (start-connect-server.sh --wait, the foreground of its own process group) on
+    """A Spark Connect server (spark-submit of SERVER_CLASS, the foreground of its own process group) on
     127.0.0.1 whose Python workers run `workers_python`, its log in `logs`; stopped (the group) on exit."""
     port = port or free_port()
-    script = Path(pyspark.__file__).resolve().parent / "sbin" / "start-connect-server.sh"
+    spark_submit = Path(sys.executable).parent / "spark-submit"
     conf = {
         **DEFAULT_CONF,
         "spark.connect.grpc.binding.address": "127.0.0.1",
@@ -60,10 +61,10 @@ def running_connect_server(
     }
     venv_bin = str(Path(sys.executable).parent)  # the launcher finds its SPARK_HOME with the python3 on PATH
     env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.update(SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs), SPARK_LOCAL_IP="127.0.0.1")
+    env.update(SPARK_LOG_DIR=str(logs), SPARK_LOCAL_IP="127.0.0.1", SPARK_CONNECT_MODE="0")  # a classic server
     env.update(PYSPARK_PYTHON=workers_python)
     env.pop("SPARK_HOME", None)
-    arguments = [str(script), "--wait", "--master", master]
+    arguments = [str(spark_submit), "--class", SERVER_CLASS, "--name", "Spark Connect server", "--master", master]
     for key, value in conf.items():
         arguments += ["--conf", f"{key}={value}"]
     with open(logs / "server.log", "wb") as log:
