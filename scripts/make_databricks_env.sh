@@ -15,7 +15,20 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 ENV_DIR="${1:-$REPO/.venv-databricks}"
-PYTHON="${PYTHON:-$(command -v python3.12 || echo python3)}"
+# The first Python 3.12 found: PYTHON, python3.12 on the PATH (a pyenv shim there answers only where 3.12 is enabled),
+# then pyenv's installed 3.12 versions, newest first
+find_python312() {
+    local candidate
+    for candidate in ${PYTHON:-} python3.12 $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12.*/bin/python3.12 2>/dev/null \
+                                              | sort -rV); do
+        if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+            echo "$candidate"
+            return
+        fi
+    done
+    echo "${PYTHON:-python3.12}"
+}
+PYTHON="$(find_python312)"
 STAMP="$ENV_DIR/.sparkseg-databricks-env"
 REQUIREMENTS="$REPO/notebooks/databricks_requirements.txt"
 
@@ -33,7 +46,7 @@ TEST_PINS=($(grep -E '^(pytest|pytest-timeout)==' "$REPO/constraints.txt"))
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
     echo "make_databricks_env: $PYTHON is $("$PYTHON" --version 2>&1); Databricks Runtime 17.3 LTS has Python 3.12:" \
-         "run with PYTHON=python3.12" >&2
+         "install it (pyenv install 3.12) or run with PYTHON=/path/to/python3.12" >&2
     exit 1
 fi
 WANT="$(printf '%s\n' "$("$PYTHON" -c 'import sys; print(sys.version)')" "${RUNTIME_PINS[@]}" "${JOB_LIBRARIES[@]}" \
