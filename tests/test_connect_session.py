@@ -137,6 +137,13 @@ def test_a_server_whose_workers_lack_the_packages_fails_before_any_work(images, 
     assert not (tmp_path / "out").exists()
 
 
+def test_a_stream_on_connect_fails_before_any_work(connect_server, images, tmp_path):
+    done = run_job(tmp_path, job_config(images, tmp_path / "out"), "--available-now", "--remote", connect_server)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "--stream and --available-now need a classic session" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_hadoop_output_on_connect_fails_before_any_work(connect_server, images, tmp_path):
     done = run_job(tmp_path, job_config(images, "hdfs://namenode:8020/out"), env={"SPARK_REMOTE": connect_server})
     assert done.returncode == 2, done.stderr[-3000:]

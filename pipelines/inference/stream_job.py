@@ -36,6 +36,7 @@ from pipelines.io.run_lock import RunLock
 from pipelines.io.storage import Location, spark_read_path, to_spark_uri
 from pipelines.job_config import StreamSettings
 from pipelines.results.results_writer import write_summary
+from pipelines.spark.session_kind import session_kind
 from pipelines.spark.session_settings import planning_settings, restore_session_settings, set_session_settings
 from pipelines.spark.stop_signals import stop_deferred_to
 
@@ -193,6 +194,12 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
     stream.available_now, until every file there at its start is done. Returns the summary
     accumulated over its micro-batches, None where it ran none. Raises LockHeld when another run holds the
     output."""
+    if not session_kind(spark).streams_here:
+        raise UsageError(
+            f"{plan.output_uri}: --stream and --available-now need a classic session (a Spark Connect server would "
+            "run each micro-batch away from this run's lock); on Spark Connect, schedule batch runs: each does "
+            "only what is new"
+        )
     if plan.reader != "spark":
         raise UsageError(
             f"{plan.input_uri}: a stream reads its input with Spark's file source; give the container as an "

@@ -78,6 +78,8 @@ class ClassicSession:
     """A session with a JVM in reach (see the module docstring)."""
 
     name = "classic"
+    # foreachBatch runs the job's micro-batch function in this process (the stream's lock, its stop event)
+    streams_here = True
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
@@ -205,6 +207,8 @@ class ConnectSession:
     """A Spark Connect client session (see the module docstring)."""
 
     name = "connect"
+    # foreachBatch would run the function pickled in a Python process of the server, without this client's lock
+    streams_here = False
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
