@@ -34,6 +34,7 @@ from tests.test_video_input import encode_video, road_frames
 
 # The Connect client: what scripts/make_client_env.sh builds (make test-main builds it first)
 CLIENT_PYTHON = Path(os.environ.get("SPARKSEG_CLIENT_VENV", REPO / ".venv-client")) / "bin" / "python"
+DETECTOR_MODEL = REPO / "samples" / "models" / "detector_default"
 IMAGES = ("astronaut.jpg", "camera.png", "chelsea.jpg", "coffee.jpg")  # a handful: colour and grey, JPEG and PNG
 
 
@@ -135,6 +136,38 @@ def test_a_server_whose_workers_lack_the_packages_fails_before_any_work(images, 
     assert len(errors) == 1 and "the server's Python workers cannot run" in errors[0], done.stderr[-3000:]
     assert "No module named" in errors[0] and remote.removeprefix("sc://") in errors[0], errors
     assert not (tmp_path / "out").exists()
+
+
+def test_the_detector_with_rle_masks_on_connect_equals_classic(connect_server, spark, images, tmp_path):
+    """jobs/infer_detector.py (its bundled model) and output.masks rle on a Connect session: the classic rows."""
+    configs = {kind: job_config(images, tmp_path / kind, DETECTOR_MODEL) for kind in ("connect", "classic")}
+    for config in configs.values():
+        config["output"]["masks"] = "rle"
+    path = tmp_path / "detector.yaml"
+    path.write_text(yaml.safe_dump(configs["connect"]), encoding="utf-8")
+    done = subprocess.run(
+        [
+            str(CLIENT_PYTHON),
+            str(REPO / "jobs" / "infer_detector.py"),
+            "--config",
+            str(path),
+            "--remote",
+            connect_server,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run(spark, configs["classic"], family="detector")
+
+    def rows(output: Path) -> dict:
+        return {r.path: (r.instances, r.mask_path) for r in read_rows(spark, output, "detections")}
+
+    classic = rows(tmp_path / "classic")
+    assert rows(tmp_path / "connect") == classic and len(classic) == len(IMAGES)
+    assert not (tmp_path / "connect" / "masks").exists()  # rle: no label-map PNGs
 
 
 def test_a_stream_on_connect_fails_before_any_work(connect_server, images, tmp_path):
