@@ -206,7 +206,9 @@ def test_register_as_registers_the_export_in_the_mlflow_registry(tmp_path, capsy
     import mlflow
 
     from pipelines.io.model_registry import download_model
+    from tests.test_model_registry import read_the_environment
 
+    read_the_environment(monkeypatch)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "exports")
     mlflow.MlflowClient().create_experiment("exports", artifact_location=(tmp_path / "artifacts").as_uri())

@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 
 import mlflow
+import mlflow.tracking._model_registry.utils as registry_state
+import mlflow.tracking._tracking_service.utils as tracking_state
 import pytest
 
 from model_export.cli import main as export_main
@@ -25,6 +27,18 @@ IMAGES = ("synthetic_road_1.jpg", "synthetic_road_2.jpg", "chelsea.jpg")
 CLIENT_PYTHON = Path(os.environ.get("SPARKSEG_CLIENT_VENV", REPO / ".venv-client")) / "bin" / "python"
 
 
+def read_the_environment(patch: pytest.MonkeyPatch) -> None:
+    """MLflow's process-wide URIs unset, so that it reads the environment's: a training test in the same process
+    (pipelines.training.tracking) sets the tracking URI process-wide, and MLflow prefers that to the env's."""
+    patch.setattr(tracking_state, "_tracking_uri", None)
+    patch.setattr(registry_state, "_registry_uri", None)
+
+
+@pytest.fixture(autouse=True)
+def mlflow_reads_the_environment(monkeypatch):
+    read_the_environment(monkeypatch)
+
+
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory) -> str:
     """A sqlite tracking and registry store with the bundled YOLACT export as version 1 of MODEL_NAME, alias
@@ -32,6 +46,7 @@ def registry(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("registry")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     with pytest.MonkeyPatch.context() as env:
+        read_the_environment(env)
         env.setenv("MLFLOW_TRACKING_URI", uri)
         env.setenv("MLFLOW_EXPERIMENT_NAME", "sparkseg-exports")
         # the run's artifacts under the test's directory (MLflow's default is ./mlruns, wherever the tests run)
