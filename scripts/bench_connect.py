@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench.images import make_images  # noqa: E402
 from bench.machine import cpu_isa, isa_text  # noqa: E402
+from bench.report import write_report  # noqa: E402
 
 from pipelines.tools.connect_server import running_connect_server  # noqa: E402
 
@@ -121,11 +122,7 @@ def main() -> int:
         f"- Connect's fixed cost - classic's: {extra:+.2f} s (goal <= 3 s: {'met' if extra <= 3 else 'NOT met'}; the "
         "classic run starts its JVM, the Connect client finds the server's running)",
     ]
-    reports = Path(args.reports)
-    reports.mkdir(parents=True, exist_ok=True)
-    (reports / "connect.json").write_text(json.dumps({"runs": runs, "figures": figures}, indent=1) + "\n")
-    (reports / "connect.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.reports, "connect", {"runs": runs, "figures": figures}, lines)
     return 0
 
 

@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import pyarrow.parquet as pq  # noqa: E402
 from bench.images import make_images  # noqa: E402
 from bench.machine import cpu_isa, isa_text  # noqa: E402
+from bench.report import write_report  # noqa: E402
 
 JOB = [sys.executable, str(REPO / "jobs" / "infer_yolact.py"), "--master", "local[2]"]
 ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")}
@@ -144,11 +145,7 @@ def main() -> int:
         f"- median {statistics.median(waits):.2f} s, max {max(waits):.2f} s; goal: at most the interval + 10 s "
         f"({interval_s + 10:.0f} s): {'met' if max(waits) <= interval_s + 10 else 'NOT met'}",
     ]
-    reports = Path(args.reports)
-    reports.mkdir(parents=True, exist_ok=True)
-    (reports / "stream.json").write_text(json.dumps({"runs": runs, "latency_s": waits}, indent=1) + "\n")
-    (reports / "stream.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.reports, "stream", {"runs": runs, "latency_s": waits}, lines)
     return 0
 
 

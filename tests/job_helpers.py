@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -41,3 +42,11 @@ def read_rows(spark, output_dir: Path, table: str) -> list:
     from pipelines.io.storage import spark_read_path  # output directories may have glob characters in their names
 
     return spark.read.parquet(spark_read_path(output_dir / table)).collect()
+
+
+def sample_copies(folder: Path, names) -> Path:
+    """`folder` holding copies of these samples/images files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copy(SAMPLES / "images" / name, folder / name)
+    return folder

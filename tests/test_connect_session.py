@@ -27,7 +27,7 @@ from pipelines.io.run_lock import LockSettings, RunLock
 from pipelines.job_config import SparkSettings
 from pipelines.tools.connect_server import free_port, running_connect_server
 from tests.conftest import REPO, SAMPLES
-from tests.job_helpers import job_config, read_rows
+from tests.job_helpers import job_config, read_rows, sample_copies
 from tests.process_io import wait_until
 from tests.test_faults import assert_exactly_once, copies, kill_after_a_committed_wave
 from tests.test_video_input import encode_video, road_frames
@@ -40,10 +40,7 @@ IMAGES = ("astronaut.jpg", "camera.png", "chelsea.jpg", "coffee.jpg")  # a handf
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("connect-images")
-    for name in IMAGES:
-        shutil.copy(SAMPLES / "images" / name, folder / name)
-    return folder
+    return sample_copies(tmp_path_factory.mktemp("connect-images"), IMAGES)
 
 
 def run_job(tmp_path: Path, config: dict, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:

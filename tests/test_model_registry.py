@@ -5,7 +5,6 @@ same detections as the directory itself; URIs that do not resolve stop the job b
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from model_export.cli import main as export_main
 from pipelines.inference.inference_job import run
 from pipelines.io.model_registry import register_model_dir
 from pipelines.job_cli import main as job_main
-from tests.conftest import REPO, SAMPLES
-from tests.job_helpers import DEFAULT_MODEL_DIR, job_config, read_rows
+from tests.conftest import REPO
+from tests.job_helpers import DEFAULT_MODEL_DIR, job_config, read_rows, sample_copies
 
 MODEL_NAME = "yolact-roads"
 IMAGES = ("synthetic_road_1.jpg", "synthetic_road_2.jpg", "chelsea.jpg")
@@ -58,10 +57,7 @@ def registry(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("images")
-    for name in IMAGES:
-        shutil.copy(SAMPLES / "images" / name, folder / name)
-    return folder
+    return sample_copies(tmp_path_factory.mktemp("images"), IMAGES)
 
 
 @pytest.fixture(scope="module")

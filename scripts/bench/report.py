@@ -4,6 +4,7 @@ the issue 3 per-stage split and memory of the Spark job, the issue 9 load figure
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 from pipelines.sweeps.report import markdown_table
@@ -15,6 +16,15 @@ STAGE_LABELS = {
     "postprocess": "postprocess",
     "write": "write",
 }
+
+
+def write_report(reports: str | Path, stem: str, data: dict, lines: list[str]) -> None:
+    """reports/<stem>.json (the runs) and reports/<stem>.md (the lines), the markdown printed too."""
+    reports = Path(reports)
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
+    (reports / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def write_csv(results, path: Path) -> None:
