@@ -85,7 +85,7 @@ def main() -> int:
                         runs[kind][size].append(timed_run(commands[kind], images, output))
 
     def median(kind: str, size: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[kind][size])
+        return round(statistics.median(r[key] for r in runs[kind][size]), 3)
 
     figures = {}
     for kind in runs:
