@@ -11,6 +11,7 @@ from pathlib import Path
 import mlflow
 import mlflow.tracking._model_registry.utils as registry_state
 import mlflow.tracking._tracking_service.utils as tracking_state
+import mlflow.tracking.fluent as fluent_state
 import pytest
 
 from model_export.cli import main as export_main
@@ -27,10 +28,12 @@ CLIENT_PYTHON = Path(os.environ.get("SPARKSEG_CLIENT_VENV", REPO / ".venv-client
 
 
 def read_the_environment(patch: pytest.MonkeyPatch) -> None:
-    """MLflow's process-wide URIs unset, so that it reads the environment's: a training test in the same process
-    (pipelines.training.tracking) sets the tracking URI process-wide, and MLflow prefers that to the env's."""
+    """MLflow's process-wide URIs and active experiment unset, so that it reads the environment's: other tests in
+    the same process (training: pipelines.training.tracking; other registrations) set them process-wide, and MLflow
+    prefers those to the env's."""
     patch.setattr(tracking_state, "_tracking_uri", None)
     patch.setattr(registry_state, "_registry_uri", None)
+    patch.setattr(fluent_state, "_active_experiment_id", None)
 
 
 @pytest.fixture(autouse=True)
