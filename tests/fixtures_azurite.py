@@ -7,7 +7,6 @@ environment credentials path does `monkeypatch.setenv("AZURE_STORAGE_CONNECTION_
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 import uuid
@@ -15,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from pipelines.tools.connect_server import answers, free_port
 
 __all__ = ["Azurite", "azurite"]
 
@@ -63,20 +64,6 @@ class Azurite:
         return name
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _port_answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 def _ensure_installed() -> Path:
     if not AZURITE_BIN.exists():
         subprocess.run(["bash", str(INSTALL_SCRIPT)], check=True, timeout=600)
@@ -91,7 +78,7 @@ def azurite(tmp_path_factory) -> Azurite:
     base = tmp_path_factory.mktemp("azurite")
     data_dir, log_path = base / "data", base / "azurite.log"
     data_dir.mkdir()
-    port = _free_port()
+    port = free_port()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [
@@ -114,7 +101,7 @@ def azurite(tmp_path_factory) -> Azurite:
         )
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _port_answers(port):
+        while not answers(port):
             if process.poll() is not None or time.monotonic() > deadline:
                 state = f"exited with code {process.returncode}" if process.poll() is not None else "timed out"
                 raise RuntimeError(

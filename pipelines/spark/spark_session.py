@@ -284,10 +284,8 @@ def connect_session(remote: str, conf: dict[str, str]) -> SparkSession:
 def submitted_conf() -> dict[str, str]:
     """The settings spark-submit gave the JVM it started (--conf, --name, --master, its properties file): those
     win over the job's config under spark-submit."""
-    from pyspark import SparkConf
-
     SparkContext._ensure_initialized()  # connects to spark-submit's JVM, whose system properties SparkConf reads
-    return dict(SparkConf().getAll())
+    return launch_conf()
 
 
 def launch_conf() -> dict[str, str]:
