@@ -34,6 +34,7 @@ def read_the_environment(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(tracking_state, "_tracking_uri", None)
     patch.setattr(registry_state, "_registry_uri", None)
     patch.setattr(fluent_state, "_active_experiment_id", None)
+    patch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
 
 
 @pytest.fixture(autouse=True)

@@ -28,10 +28,15 @@ def step_losses(run_dir: Path) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def local_run(spark, tiny_roads, tiny_prepared, tmp_path_factory) -> Path:
+    import mlflow
+
     run_dir = tmp_path_factory.mktemp("local")
+    before = (mlflow.get_tracking_uri(), os.environ.get("MLFLOW_EXPERIMENT_ID"))
     summary = run_training(spark, tiny_config(tiny_roads, tiny_prepared, run_dir, **{"tracking.plots": True}))
     assert summary["strategy"] == "local" and summary["world"] == 1
     assert summary["speed"]["images_per_second"] > 0
+    # the run's store is the config's, not the process's: a later registration reads its own environment
+    assert (mlflow.get_tracking_uri(), os.environ.get("MLFLOW_EXPERIMENT_ID")) == before
     return run_dir
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from pipelines.io import uris
@@ -95,6 +96,23 @@ def _mlflow_uri(uri: str) -> str:
     return uri
 
 
+def _step_metrics(metrics: list[dict], loss_keys: tuple[str, ...]) -> list[tuple[str, float, int]]:
+    """(key, value, step) for each logged figure of the training log's step, eval and epoch records."""
+    out: list[tuple[str, float, int]] = []
+    for m in metrics:
+        if m.get("kind") == "step":
+            out += [(f"train_{k}", m[k], m["step"]) for k in ("loss", *loss_keys, "lr", "images_per_second")]
+        elif m.get("kind") == "eval":
+            out += [
+                (k, v, m["step"])
+                for k, v in m.items()
+                if isinstance(v, (int, float)) and k not in ("step", "epoch", "kind")
+            ]
+        elif m.get("kind") == "epoch":
+            out.append(("epoch_seconds", m["epoch_seconds"], m["step"]))
+    return out
+
+
 def log_to_mlflow(
     tracking: dict,
     params: dict,
@@ -103,27 +121,30 @@ def log_to_mlflow(
     artifacts: list[Path],
     loss_keys: tuple[str, ...] = YOLACT_LOSS_KEYS,
 ) -> str:
-    """One MLflow run: params, step metrics, eval metrics, speed, artifacts. Returns the run id."""
-    import mlflow
+    """One MLflow run: params, step metrics, eval metrics, speed, artifacts. Returns the run id.
 
-    mlflow.set_tracking_uri(_mlflow_uri(tracking["mlflow_uri"]))
-    mlflow.set_experiment(tracking["experiment"])
-    with mlflow.start_run(run_name=tracking.get("run_name")) as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
-        for m in metrics:
-            if m.get("kind") == "step":
-                mlflow.log_metrics(
-                    {f"train_{k}": m[k] for k in ("loss", *loss_keys, "lr", "images_per_second")}, step=m["step"]
-                )
-            elif m.get("kind") == "eval":
-                mlflow.log_metrics(
-                    {k: v for k, v in m.items() if isinstance(v, (int, float)) and k not in ("step", "epoch", "kind")},
-                    step=m["step"],
-                )
-            elif m.get("kind") == "epoch":
-                mlflow.log_metric("epoch_seconds", m["epoch_seconds"], step=m["step"])
-        mlflow.log_metrics({k: v for k, v in summary.get("speed", {}).items() if isinstance(v, (int, float))})
+    Through a client bound to the configured store: MLflow's fluent API would set the tracking URI and the experiment
+    (MLFLOW_EXPERIMENT_ID) for the whole process, and a later registration in the same process (a notebook that
+    trains, then exports) would log to this store instead of the one its environment names."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param, RunStatus
+
+    client = MlflowClient(tracking_uri=_mlflow_uri(tracking["mlflow_uri"]))
+    experiment = client.get_experiment_by_name(tracking["experiment"])
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(tracking["experiment"])
+    run_id = client.create_run(experiment_id, run_name=tracking.get("run_name")).info.run_id
+    status = RunStatus.to_string(RunStatus.FAILED)
+    try:
+        now = int(time.time() * 1000)
+        client.log_batch(run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
+        speed = [(k, v, 0) for k, v in summary.get("speed", {}).items() if isinstance(v, (int, float))]
+        figures = [Metric(k, float(v), now, step) for k, v, step in _step_metrics(metrics, loss_keys) + speed]
+        for i in range(0, len(figures), 1000):  # MLflow's limit on metrics per batch
+            client.log_batch(run_id, metrics=figures[i : i + 1000])
         for path in artifacts:
             if Path(path).exists():
-                mlflow.log_artifact(str(path))
-        return run.info.run_id
+                client.log_artifact(run_id, str(path))
+        status = RunStatus.to_string(RunStatus.FINISHED)
+    finally:
+        client.set_terminated(run_id, status)
+    return run_id
