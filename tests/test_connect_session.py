@@ -167,13 +167,6 @@ def test_the_detector_with_rle_masks_on_connect_equals_classic(connect_server, s
     assert not (tmp_path / "connect" / "masks").exists()  # rle: no label-map PNGs
 
 
-def test_a_stream_on_connect_fails_before_any_work(connect_server, images, tmp_path):
-    done = run_job(tmp_path, job_config(images, tmp_path / "out"), "--available-now", "--remote", connect_server)
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert "--stream and --available-now need a classic session" in done.stderr and "Traceback" not in done.stderr
-    assert not (tmp_path / "out").exists()
-
-
 def test_a_hadoop_output_on_connect_fails_before_any_work(connect_server, images, tmp_path):
     done = run_job(tmp_path, job_config(images, "hdfs://namenode:8020/out"), env={"SPARK_REMOTE": connect_server})
     assert done.returncode == 2, done.stderr[-3000:]

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.errors import RunFailed
 from pipelines.inference.inference_job import run
-from pipelines.inference.stream_job import STREAM_DIR, tell_backlog
-from pipelines.io.run_lock import LOCK_NAME, LockHeld
+from pipelines.inference.stream_job import STREAM_DIR, StopRequested, remote_error, tell_progress
+from pipelines.io.run_lock import LOCK_NAME, LockHeld, LockLost
 from tests.conftest import REPO
 from tests.job_helpers import job_config
 from tests.process_io import wait_until
@@ -153,7 +154,24 @@ def test_a_stream_killed_mid_batch_resumes_with_nothing_lost_or_twice(spark, tmp
 
 def test_the_backlog_is_told_once_per_micro_batch_where_the_source_reports_it(capsys):
     progress = {"batchId": 3, "sources": [{"metrics": {"numFilesOutstanding": "12"}}]}  # Auto Loader's
-    assert tell_backlog(progress, -1) == 3 and tell_backlog(progress, 3) == 3
-    assert tell_backlog({"batchId": 4, "sources": [{"metrics": {}}]}, 3) == 4  # Spark's file source: no metric
-    assert tell_backlog(None, 4) == 4
+    assert tell_progress(progress, -1) == 3 and tell_progress(progress, 3) == 3
+    assert tell_progress({"batchId": 4, "sources": [{"metrics": {}}]}, 3) == 4  # Spark's file source: no metric
+    assert tell_progress(None, 4) == 4
     assert capsys.readouterr().err.count("backlog 12 files") == 1
+
+
+def test_a_micro_batch_error_from_a_connect_server_is_raised_as_its_class():
+    """The server's worker reports a micro-batch's error as text (a Python traceback inside Spark's message): a
+    sparkseg error comes back as its class, with its exit code; anything else is a RunFailed naming Spark's line."""
+    text = (
+        "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in foreach batch sink.\n"
+        'Traceback (most recent call last):\n  File "stream_job.py", line 1, in __call__\n'
+        "pipelines.io.run_lock.LockLost: /out/_sparkseg.lock: this stream's lock was broken by run x\n"
+    )
+    error = remote_error(text)
+    assert isinstance(error, LockLost) and error.exit_code == 4 and str(error).startswith("/out/_sparkseg.lock")
+    assert isinstance(remote_error(text.replace("LockLost", "StopRequested").replace("run_lock", "x")), RunFailed)
+    stop = remote_error("pipelines.inference.stream_job.StopRequested: micro-batch 3 not run: the stream is stopping")
+    assert isinstance(stop, StopRequested) and stop.exit_code == 0
+    other = remote_error("java.lang.OutOfMemoryError: Java heap space\n  at ...")
+    assert isinstance(other, RunFailed) and "java.lang.OutOfMemoryError: Java heap space" in str(other)

@@ -14,11 +14,14 @@ the query once the micro-batch in progress has committed (exit 0); a second sign
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
 import threading
 import time
 from collections import Counter
 from dataclasses import replace
+from typing import Protocol
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -26,13 +29,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 
-from pipelines.errors import SparkSegError, UsageError
+from pipelines.errors import RunFailed, SparkSegError, UsageError
 from pipelines.inference import image_sources as src
 from pipelines.inference.image_content import extension_glob
 from pipelines.inference.inference_job import hold_output, infer_listing, prepare_session, start_workers
 from pipelines.inference.job_plan import JobPlan
 from pipelines.inference.progress import say
-from pipelines.io.run_lock import RunLock
+from pipelines.io.run_lock import LockWatch
 from pipelines.io.storage import Location, spark_read_path, to_spark_uri
 from pipelines.job_config import StreamSettings
 from pipelines.results.results_writer import write_summary
@@ -125,11 +128,35 @@ def record_source(plan: JobPlan) -> None:
         )
 
 
+class StopFile:
+    """A stop request that micro-batches run by a Spark Connect server see: the run's id in a file under the stream's
+    directory (the client sets it on SIGTERM or Ctrl-C; a later run's id differs, so it is never removed)."""
+
+    def __init__(self, plan: JobPlan) -> None:
+        self.location, self.run_id = stream_dir(plan) / "stop", plan.run_id
+
+    def set(self) -> None:
+        self.location.write_bytes_atomic(self.run_id.encode())
+
+    def is_set(self) -> bool:
+        return self.location.exists() and self.location.read_bytes().decode() == self.run_id
+
+
+class Stop(Protocol):
+    def set(self) -> None: ...
+    def is_set(self) -> bool: ...
+
+
+class HeldLock(Protocol):
+    def ensure_held(self) -> None: ...
+
+
 class MicroBatches:
     """The query's foreachBatch function: each micro-batch through infer_listing under the stream's lock, the
-    summary accumulated and written."""
+    summary accumulated and written. On a Spark Connect session it runs pickled in a Python process of the server
+    (its `lock` a LockWatch, its `stop` a StopFile), on a classic one in this process."""
 
-    def __init__(self, plan: JobPlan, lock: RunLock, stop: threading.Event, prefix: str | None) -> None:
+    def __init__(self, plan: JobPlan, lock: HeldLock, stop: Stop, prefix: str | None) -> None:
         self.plan, self.lock, self.stop, self.prefix = plan, lock, stop, prefix
         self.summary: dict | None = None
         self.batches = 0
@@ -149,7 +176,7 @@ class MicroBatches:
         plan = replace(self.plan, run_id=f"{self.plan.run_id}-b{batch_id:05d}", started=started)
         spark = batch.sparkSession  # the query's session (foreachBatch's frames belong to it)
         listing = src.ImageListing(src.without_prefix(batch, self.prefix))
-        summary, counts, totals = infer_listing(spark, plan, listing, self.lock)
+        summary, counts, totals = infer_listing(spark, plan, listing, self.lock)  # type: ignore[arg-type]
         self.batches += 1
         self.summary = accumulated(self.summary, summary, self.plan, batch_id, self.batches)
         self.lock.ensure_held()
@@ -194,12 +221,6 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
     stream.available_now, until every file there at its start is done. Returns the summary
     accumulated over its micro-batches, None where it ran none. Raises LockHeld when another run holds the
     output."""
-    if not session_kind(spark).streams_here:
-        raise UsageError(
-            f"{plan.output_uri}: --stream and --available-now need a classic session (a Spark Connect server would "
-            "run each micro-batch away from this run's lock); on Spark Connect, schedule batch runs: each does "
-            "only what is new"
-        )
     if plan.reader != "spark":
         raise UsageError(
             f"{plan.input_uri}: a stream reads its input with Spark's file source; give the container as an "
@@ -213,7 +234,10 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
     try:
         record_source(plan)
         prefix = src.output_prefix(spark, plan.input_uri, plan.output_uri)
-        batches = MicroBatches(plan, lock, stop, prefix)
+        if session_kind(spark).streams_here:
+            batches = MicroBatches(plan, lock, stop, prefix)
+        else:  # the server runs the micro-batches: what they check travels with them
+            batches = MicroBatches(plan, LockWatch(plan.output, plan.run_id, lock.settings), StopFile(plan), prefix)
         # the query's session is a copy of this one made at its start: the job's settings first (no adaptive
         # execution, which a streaming query would turn off with a warning)
         set_session_settings(spark, planning_settings(plan.config), restore)
@@ -221,7 +245,7 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
             query = start_query(spark, plan, batches)
             say(f"stream {plan.run_id}: watching {plan.input_uri} ({describe_trigger(plan.config.stream)})")
             wait_for_end(query, stop, batches)
-        return batches.summary
+        return batches.summary if session_kind(spark).streams_here else written_summary(plan)
     finally:
         lock.release()
         restore_session_settings(spark, restore)
@@ -253,15 +277,26 @@ def start_query(spark: SparkSession, plan: JobPlan, batches: MicroBatches) -> St
 
 def wait_for_end(query: StreamingQuery, stop: threading.Event, batches: MicroBatches) -> None:
     """Until the query ends: by itself (available now), or on a stop request once no micro-batch is in progress
-    (one that begins after the request is refused: StopRequested). A micro-batch's error is raised as itself."""
+    (one that begins after the request is refused: StopRequested). A micro-batch's error is raised as itself (from a
+    Spark Connect server's worker: as the same class, rebuilt from its message)."""
     told = -1
+    remote = isinstance(batches.stop, StopFile)
     try:
         while not query.awaitTermination(1):  # a timeout: Python runs the signal handlers between the calls
-            if stop.is_set() and not query.status["isTriggerActive"]:
-                query.stop()
-                break
-            told = tell_backlog(query.lastProgress, told)
-    except StreamingQueryException:
+            if stop.is_set():
+                if remote and not batches.stop.is_set():
+                    batches.stop.set()
+                if not query.status["isTriggerActive"]:
+                    query.stop()
+                    break
+            told = tell_progress(query.lastProgress, told, batches.plan if remote else None)
+        tell_progress(query.lastProgress, told, batches.plan if remote else None)  # the last one (available now)
+    except StreamingQueryException as error:
+        if remote:
+            raised = remote_error(str(error))
+            if isinstance(raised, StopRequested):
+                return
+            raise raised from None
         if batches.failure is None:
             raise
         if not isinstance(batches.failure, StopRequested):
@@ -270,12 +305,47 @@ def wait_for_end(query: StreamingQuery, stop: threading.Event, batches: MicroBat
         raise batches.failure
 
 
-def tell_backlog(progress: dict | None, told: int) -> int:
-    """The backlog after a micro-batch, where the source reports it (Auto Loader's numFilesOutstanding; Spark's file
-    source does not): one line per micro-batch. Returns the last micro-batch told about."""
+# a sparkseg error in a Python traceback: pipelines.io.run_lock.LockLost: <message>
+_REMOTE_ERROR = re.compile(r"^\s*(pipelines(?:\.\w+)+)\.(\w+): (.*)$", re.MULTILINE)
+
+
+def remote_error(text: str) -> Exception:
+    """The sparkseg error a micro-batch raised in a Spark Connect server's worker, as its class again (the exit code
+    follows it); any other error as a RunFailed with the first line of Spark's message."""
+    for module, name, message in _REMOTE_ERROR.findall(text):
+        try:
+            kind = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(kind, type) and issubclass(kind, SparkSegError):
+            return kind(message)
+    return RunFailed(f"the stream's micro-batch failed on the Spark Connect server: {text.strip().splitlines()[0]}")
+
+
+def written_summary(plan: JobPlan) -> dict | None:
+    """This run's summary.json (a stream's micro-batches on a Spark Connect server write it there), None before its
+    first micro-batch."""
+    path = plan.output / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_bytes())
+    return summary if summary.get("run_id") == plan.run_id else None
+
+
+def tell_progress(progress: dict | None, told: int, remote: JobPlan | None = None) -> int:
+    """One line per micro-batch: the backlog where the source reports it (Auto Loader's numFilesOutstanding; Spark's
+    file source does not), and where a Spark Connect server ran it (`remote`: this run's plan), the counts its
+    summary has so far (the micro-batch's own line is the server's). Returns the last micro-batch told about."""
     if not progress or progress["batchId"] <= told:
         return told
     metrics = (progress.get("sources") or [{}])[0].get("metrics") or {}
     if "numFilesOutstanding" in metrics:
         say(f"micro-batch {progress['batchId']}: backlog {metrics['numFilesOutstanding']} files")
+    summary = written_summary(remote) if remote is not None else None
+    if summary is not None:
+        counts = summary["counts"]
+        say(
+            f"micro-batch {summary['stream']['last_batch_id']}: {counts['done']} done, {counts['failed']} failed, "
+            f"{counts['skipped']} already done since the stream started"
+        )
     return progress["batchId"]

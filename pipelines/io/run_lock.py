@@ -235,6 +235,34 @@ class RunLock(Generic[Token]):
         self.release()
 
 
+class LockWatch:
+    """A lock held by another process, seen from this one (a Spark Connect server's foreachBatch worker runs the
+    stream's micro-batches; the client holds the lock and heartbeats). Picklable. `ensure_held` reads the lock and
+    raises LockLost when it no longer names the holder's run, or when the holder is dead (its process gone, or its
+    heartbeat stale): a stream does not outlive its client. The run that breaks the lock also ends the holder's
+    Connect session, which stops a micro-batch between this check and its commit."""
+
+    def __init__(self, output: Location | str, run_id: str, settings: LockSettings) -> None:
+        self.output, self.run_id, self.settings = Location.of(output), run_id, settings
+
+    def ensure_held(self) -> None:
+        store = lock_store(self.output)  # local or az:// (a Connect session has no Hadoop FileSystem)
+        found = store.read()
+        holder = LockInfo.parse(found[0]) if found else None
+        if holder is None or holder.run_id != self.run_id:
+            taken_by = holder.describe() if holder else "another run (the lock is gone)"
+            raise LockLost(
+                f"{store.uri}: this stream's lock ({self.run_id}) was broken by {taken_by}; it stopped, and the "
+                "images it committed are kept. Let that run finish, then start the stream again"
+            )
+        dead = stale_reason(holder, found[2] if found else time.time(), self.settings.stale_after_s)
+        if dead is not None:
+            raise LockLost(
+                f"{store.uri}: the client of this stream ({holder.describe()}) is gone ({dead}); its micro-batches "
+                "stopped. Start the stream again to go on (it skips what is done)"
+            )
+
+
 def stale_reason(holder: LockInfo | None, modified: float, stale_after_s: float) -> str | None:
     """Why the lock (parsed `holder`, last modified at epoch `modified`) is stale, or None when it looks alive."""
     if holder is None:  # being written right now, or garbage: judge by the file's age

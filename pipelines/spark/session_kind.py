@@ -207,7 +207,8 @@ class ConnectSession:
     """A Spark Connect client session (see the module docstring)."""
 
     name = "connect"
-    # foreachBatch would run the function pickled in a Python process of the server, without this client's lock
+    # foreachBatch runs the function pickled in a Python process of the server: the stream's lock and stop request
+    # travel with it as what that process can check (stream_job.LockWatch, StopFile)
     streams_here = False
 
     def __init__(self, spark: SparkSession) -> None:
