@@ -8,7 +8,9 @@
 # MAGIC Images in (a Unity Catalog volume `/Volumes/<catalog>/<schema>/<volume>/...`, or `az://container/prefix` through
 # MAGIC the Azure SDK), detections, masks, errors and `summary.json` out, to a volume or `az://`; the model export in a
 # MAGIC volume. Incremental: each run processes only images not yet done for this model (new or replaced since), and a
-# MAGIC lock (`<output>/_sparkseg.lock`) keeps two runs on one output from overlapping.
+# MAGIC lock (`<output>/_sparkseg.lock`) keeps two runs on one output from overlapping. Widget `mode`: `batch` lists the
+# MAGIC whole input; `available-now` is a stream that does what landed since its last run, then stops (its checkpoint
+# MAGIC under the output; a volume or `abfss://` input; `stream.source: cloudFiles` in the config for Auto Loader).
 # MAGIC
 # MAGIC Parameters are widgets (a job's `base_parameters` set them). Azure credentials, for `az://` only, come from a
 # MAGIC secret scope: give the scope and the NAMES of the secrets in it, never the secrets. The next cell installs what
@@ -30,6 +32,7 @@ dbutils.widgets.dropdown("precision", "auto", ["auto", "f32", "bf16"], "Precisio
 dbutils.widgets.text("partitions", "0", "Partitions (0: cluster cores)")
 dbutils.widgets.text("config", "conf/databricks.yaml", "Config (relative to the repo)")
 dbutils.widgets.dropdown("break_lock", "false", ["false", "true"], "Break the output lock")
+dbutils.widgets.dropdown("mode", "batch", ["batch", "available-now"], "batch, or a stream of what is new, then stop")
 dbutils.widgets.text("secret_scope", "", "Secret scope for az:// ('' for none)")
 dbutils.widgets.text("connection_string_key", "storage-connection-string", "Secret: connection string")
 dbutils.widgets.text("account_key_key", "", "Secret: account key")
@@ -40,6 +43,7 @@ dbutils.widgets.text("account_name", "", "Storage account (not a secret)")
 
 # The repository (a Databricks Git folder, or a job's git_source checkout) holds `pipelines/`; notebooks run with
 # their own folder as the working directory, so look upwards for it unless the package is installed.
+import json
 import os
 import sys
 from pathlib import Path
@@ -60,6 +64,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from pipelines.inference.inference_job import run  # noqa: E402
+from pipelines.inference.stream_job import stream  # noqa: E402
 from pipelines.io.azure_credentials import AzureCredentials  # noqa: E402
 from pipelines.job_cli import choose_engine  # noqa: E402
 from pipelines.job_config import ConfigError, JobConfig, load_config, set_path  # noqa: E402
@@ -88,6 +93,10 @@ for key, value in {
 }.items():
     set_path(config, key, value)
 config["run"]["break_lock"] = widget("break_lock") == "true"
+# available-now: a stream whose checkpoint (<output>/_sparkseg_stream) knows what it saw, so a scheduled run does
+# not list the whole input; the only trigger serverless compute allows (stream.source: cloudFiles for Auto Loader)
+available_now = widget("mode") == "available-now"
+config.setdefault("stream", {})["available_now"] = available_now
 
 scope = widget("secret_scope")
 credentials = None
@@ -108,7 +117,9 @@ print(
 # COMMAND ----------
 
 engine = choose_engine(JobConfig.of(config).inference.engine)  # the engine widget's backend
-summary = run(spark, config, "yolact", azure_credentials=credentials, engine=engine)
+summary = (stream if available_now else run)(spark, config, "yolact", azure_credentials=credentials, engine=engine)
+if summary is None:  # an available-now run that found nothing new: nothing written
+    dbutils.notebook.exit(json.dumps({"run_id": None, "output": config["output"]["uri"], "counts": None}))
 counts = summary["counts"]
 print(
     f"done {counts['done']}, failed {counts['failed']} (see errors/), skipped {counts['skipped']} "
@@ -119,8 +130,6 @@ if summary["model"]["note"]:
     print("NOTE:", summary["model"]["note"])
 
 # COMMAND ----------
-
-import json  # noqa: E402
 
 dbutils.notebook.exit(
     json.dumps({"run_id": summary["run_id"], "output": summary["output"], "counts": counts, "table": summary["table"]})

@@ -138,6 +138,13 @@ def test_databricks_notebook_runs_on_volume_paths_on_a_classic_session(spark, mo
     assert (volumes / "results" / "yolact" / "summary.json").is_file()
     assert any((volumes / "results" / "yolact" / "masks").rglob("*.png"))
 
+    write_image(landing / "day2" / "img2.jpg", 2)  # landed since: an available-now run does it, and only it
+    parameters["mode"] = "available-now"
+    result = json.loads(run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=DbutilsStandIn(parameters)))
+    assert result["counts"]["done"] == 1 and result["counts"]["skipped"] == 2 and result["table"]["images"] == 3
+    result = json.loads(run_notebook_source(DATABRICKS_NOTEBOOK, spark=spark, dbutils=DbutilsStandIn(parameters)))
+    assert result["counts"] is None, "a second available-now run found something new"
+
 
 def test_notebook_names_a_missing_secret_clearly(spark, monkeypatch):
     monkeypatch.chdir(NOTEBOOKS)

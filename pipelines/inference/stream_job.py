@@ -31,13 +31,15 @@ from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 
 from pipelines.errors import RunFailed, SparkSegError, UsageError
 from pipelines.inference import image_sources as src
+from pipelines.inference.engine import Engine
 from pipelines.inference.image_content import extension_glob
-from pipelines.inference.inference_job import hold_output, infer_listing, prepare_session, start_workers
+from pipelines.inference.inference_job import hold_output, infer_listing, plan_job, prepare_session, start_workers
 from pipelines.inference.job_plan import JobPlan
 from pipelines.inference.progress import say
+from pipelines.io.azure_credentials import AzureCredentials
 from pipelines.io.run_lock import LockWatch
 from pipelines.io.storage import Location, spark_read_path, to_spark_uri
-from pipelines.job_config import StreamSettings
+from pipelines.job_config import JobConfig, StreamSettings
 from pipelines.results.results_writer import write_summary
 from pipelines.spark.session_kind import session_kind
 from pipelines.spark.session_settings import planning_settings, restore_session_settings, set_session_settings
@@ -213,6 +215,19 @@ def accumulated(before: dict | None, batch: dict, plan: JobPlan, batch_id: int, 
         stream={"batches": batches, "last_batch_id": batch_id, "checkpoint": stream_dir(plan).uri},
     )
     return total
+
+
+def stream(
+    spark: SparkSession,
+    config: JobConfig | dict,
+    family: str = "yolact",
+    azure_credentials: AzureCredentials | None = None,
+    engine: Engine | None = None,
+) -> dict | None:
+    """inference_job.run's streaming twin (notebooks, scheduled jobs): run the config's stream (stream.available_now
+    for a run that stops once what is there is done); the summary over its micro-batches, None where it found
+    nothing new."""
+    return run_stream(spark, plan_job(config, family, azure_credentials, engine))
 
 
 def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None = None) -> dict | None:
