@@ -13,13 +13,14 @@ import pytest
 
 from pipelines.errors import RunFailed
 from pipelines.inference.inference_job import run
-from pipelines.inference.stream_job import STREAM_DIR, StopRequested, remote_error, tell_progress
+from pipelines.inference.stream_job import STREAM_DIR, StopRequested, remote_error, stream, tell_progress
 from pipelines.io.run_lock import LOCK_NAME, LockHeld, LockLost
 from tests.conftest import REPO
-from tests.job_helpers import job_config
+from tests.job_helpers import job_config, read_rows
 from tests.process_io import wait_until
 from tests.test_faults import assert_exactly_once, start_job, wait_for_a_committed_wave
 from tests.test_incremental import foreign_lock, snapshot, write_image
+from tests.test_video_input import encode_video, road_frames
 
 JOB = REPO / "jobs" / "infer_yolact.py"
 
@@ -175,3 +176,20 @@ def test_a_micro_batch_error_from_a_connect_server_is_raised_as_its_class():
     assert isinstance(stop, StopRequested) and stop.exit_code == 0
     other = remote_error("java.lang.OutOfMemoryError: Java heap space\n  at ...")
     assert isinstance(other, RunFailed) and "java.lang.OutOfMemoryError: Java heap space" in str(other)
+
+
+def test_a_video_landing_beside_images_has_its_frames_done_once(spark, tmp_path):
+    """A video in a stream is read by path on the executors (its frames cut into units as in a batch run): the
+    library's stream() on this session, available now, then again with nothing new."""
+    images, output = tmp_path / "images", tmp_path / "out"
+    write_image(images / "a.jpg", 0)
+    encode_video(images / "clips" / "road clip.mp4", road_frames(12))
+    config = job_config(images, output)
+    config["input"]["video"]["frame_stride"] = 3
+    config["stream"]["available_now"] = True
+    summary = stream(spark, config)
+    assert summary is not None and summary["counts"]["videos"] == 1 and summary["counts"]["frames"] == 4, summary
+    rows = read_rows(spark, output, "detections")
+    clip = sorted(r.frame_index for r in rows if "clip" in r.path)
+    assert clip == [0, 3, 6, 9] and [Path(r.path).name for r in rows if "clip" not in r.path] == ["a.jpg"]
+    assert stream(spark, config) is None  # nothing new: the checkpoint saw both files
