@@ -6,22 +6,15 @@ session ended, the files that landed since done once."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 from pathlib import Path
 
-import pytest
-
-from pipelines.inference.inference_job import run
-from pipelines.io.run_lock import LOCK_NAME, LockHeld
+from pipelines.io.run_lock import LOCK_NAME
 from tests.conftest import REPO
-from tests.job_helpers import job_config
 from tests.process_io import wait_until
 from tests.test_connect_session import CLIENT_PYTHON
 from tests.test_faults import assert_exactly_once
-from tests.test_incremental import write_image
-from tests.test_stream_job import detected
+from tests.test_stream_job import detected, land, land_refuse_and_stop
 
 JOB = REPO / "jobs" / "infer_yolact.py"
 
@@ -35,12 +28,6 @@ def client_stream(remote: str, images: Path, output: Path, log: Path, *flags: st
         )
 
 
-def land(images: Path, staging: Path, names: list[str], seed: int) -> None:
-    for i, name in enumerate(names):
-        write_image(staging / name, seed + i)
-        os.replace(staging / name, images / name)  # lands whole, as an upload's final rename does
-
-
 def ended(job: subprocess.Popen, log: Path, timeout_s: float = 600) -> str:
     job.wait(timeout=timeout_s)
     text = log.read_text(errors="replace")
@@ -52,23 +39,7 @@ def test_a_stream_on_connect_takes_each_file_once_holds_the_lock_and_stops_on_si
     images, staging, output, log = tmp_path / "images", tmp_path / "staging", tmp_path / "out", tmp_path / "log"
     images.mkdir()
     job = client_stream(connect_server, images, output, log, "--stream", "--trigger-interval", "1s")
-    names: list[str] = []
-    try:
-        wait_until(lambda: (output / LOCK_NAME).is_file(), "the stream's lock", 300, process=job)
-        for group in range(2):
-            moved = [f"g{group}-{i}.jpg" for i in range(3)]
-            land(images, staging, moved, 10 * group)
-            names += moved
-            expected = sorted(names)
-            wait_until(lambda: detected(spark, output) == expected, f"group {group}'s detections", 600, 1, job)  # noqa: B023
-        with pytest.raises(LockHeld):  # a batch run on the stream's output is refused
-            run(spark, job_config(images, output))
-        job.send_signal(signal.SIGTERM)
-        text = ended(job, log)
-    finally:
-        job.kill()
-        job.wait(timeout=60)
-    assert "stopping after the micro-batch in progress" in text and "Traceback" not in text, text[-3000:]
+    names, text = land_refuse_and_stop(spark, images, staging, output, job, lambda job: ended(job, log))
     assert "done since the stream started" in text, "the client tells each micro-batch the server ran"
     assert_exactly_once(spark, output, names)
     assert not (output / LOCK_NAME).exists()

@@ -46,6 +46,42 @@ def stream_job(*args: str, own_process_group: bool = False, spark_submit: bool =
     )
 
 
+def land(images: Path, staging: Path, names: list[str], seed: int) -> None:
+    for i, name in enumerate(names):
+        write_image(staging / name, seed + i)
+        os.replace(staging / name, images / name)  # lands whole, as an upload's final rename does
+
+
+def land_in_groups(spark, images: Path, staging: Path, output: Path, job) -> list[str]:
+    """Once the running stream `job` holds the output: two groups of 3 images landed, each once the one before is
+    in detections/ (exactly those names). Returns the names."""
+    wait_until(lambda: (output / LOCK_NAME).is_file(), "the stream's lock", 300, process=job)
+    names: list[str] = []
+    for group in range(2):
+        moved = [f"g{group}-{i}.jpg" for i in range(3)]
+        land(images, staging, moved, 10 * group)
+        names += moved
+        expected = sorted(names)
+        wait_until(lambda: detected(spark, output) == expected, f"group {group}'s detections", 600, 1, job)  # noqa: B023
+    return names
+
+
+def land_refuse_and_stop(spark, images: Path, staging: Path, output: Path, job, finish) -> tuple[list[str], str]:
+    """land_in_groups, then a batch run on the output refused by the stream's lock, then SIGTERM: the stream ends
+    after its micro-batch, exit 0, one line. Returns the names landed and the job's log (`finish(job)`)."""
+    try:
+        names = land_in_groups(spark, images, staging, output, job)
+        with pytest.raises(LockHeld):  # a batch run on the stream's output is refused
+            run(spark, job_config(images, output))
+        job.send_signal(signal.SIGTERM)
+        log = finish(job)
+    finally:
+        job.kill()
+        job.wait(timeout=60)
+    assert "stopping after the micro-batch in progress" in log and "Traceback" not in log, log[-3000:]
+    return names, log
+
+
 def finished(job, timeout_s: float = 600) -> str:
     log = job.communicate(timeout=timeout_s)[0].decode(errors="replace")
     assert job.returncode == 0, log[-3000:]
@@ -83,24 +119,7 @@ def test_files_moved_in_while_a_stream_runs_are_each_done_once_and_sigterm_stops
     images.mkdir()
     args = ("--input", str(images), "--output", str(output), "--stream", "--trigger-interval", "1s")
     job = stream_job(*args, spark_submit=True)
-    names: list[str] = []
-    try:
-        wait_until(lambda: (output / LOCK_NAME).is_file(), "the stream's lock", 300, process=job)
-        for group in range(2):
-            moved = [f"g{group}-{i}.jpg" for i in range(3)]
-            for i, name in enumerate(moved):
-                write_image(staging / name, 10 * group + i)
-                os.replace(staging / name, images / name)  # lands whole, as an upload's final rename does
-            names += moved
-            expected = sorted(names)
-            wait_until(lambda: detected(spark, output) == expected, f"group {group}'s detections", 600, 1, job)  # noqa: B023
-        with pytest.raises(LockHeld):  # a batch run on the stream's output is refused
-            run(spark, job_config(images, output))
-        job.send_signal(signal.SIGTERM)
-        log = finished(job, 600)
-    finally:
-        job.kill()
-    assert "stopping after the micro-batch in progress" in log and "Traceback" not in log, log[-3000:]
+    names, _ = land_refuse_and_stop(spark, images, staging, output, job, finished)
     assert_exactly_once(spark, output, names)
     assert not (output / LOCK_NAME).exists()
 
