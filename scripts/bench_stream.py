@@ -136,8 +136,12 @@ def main() -> int:
     for name, rows in runs.items():
         wall = statistics.median(r["wall_s"] for r in rows)
         rate = statistics.median(r["images_per_second"] for r in rows)
-        lines.append(f"| {name} | {wall} | {rate} | {wall / batch_wall:.2f}x |")
+        lines.append(f"| {name} | {wall:.2f} | {rate:.1f} | {wall / batch_wall:.2f}x |")
+    stream_wall = statistics.median(r["wall_s"] for r in runs["--available-now"])
     lines += [
+        "",
+        f"- the stream's throughput / the batch job's (wall over the same images): {batch_wall / stream_wall:.3f} "
+        f"(goal: within 10 %: {'met' if batch_wall / stream_wall >= 0.9 else 'NOT met'})",
         "",
         f"## Latency: a file's landing to its detections row (`--stream --trigger-interval {interval_s:g}s`)",
         "",

@@ -42,7 +42,12 @@ from pipelines.io.storage import Location, spark_read_path, to_spark_uri
 from pipelines.job_config import JobConfig, StreamSettings
 from pipelines.results.results_writer import write_summary
 from pipelines.spark.session_kind import session_kind
-from pipelines.spark.session_settings import planning_settings, restore_session_settings, set_session_settings
+from pipelines.spark.session_settings import (
+    file_stream_settings,
+    planning_settings,
+    restore_session_settings,
+    set_session_settings,
+)
 from pipelines.spark.stop_signals import stop_deferred_to
 
 STREAM_DIR = "_sparkseg_stream"  # hidden from Spark's listings (a leading underscore), like the lock
@@ -255,7 +260,9 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
             batches = MicroBatches(plan, LockWatch(plan.output, plan.run_id, lock.settings), StopFile(plan), prefix)
         # the query's session is a copy of this one made at its start: the job's settings first (no adaptive
         # execution, which a streaming query would turn off with a warning)
-        set_session_settings(spark, planning_settings(plan.config), restore)
+        parallelism = session_kind(spark).default_parallelism()
+        settings = {**planning_settings(plan.config), **file_stream_settings(plan.config, parallelism)}
+        set_session_settings(spark, settings, restore)
         with start_workers(spark, plan), stop_deferred_to(stop.set):  # the first worker starts with the query
             query = start_query(spark, plan, batches)
             say(f"stream {plan.run_id}: watching {plan.input_uri} ({describe_trigger(plan.config.stream)})")

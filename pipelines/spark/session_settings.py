@@ -31,6 +31,14 @@ def planning_settings(config: JobConfig) -> dict[str, str]:
     return {key: value for key, value in PLANNING.items() if key not in config.spark.conf}
 
 
+def file_stream_settings(config: JobConfig, parallelism: int) -> dict[str, str]:
+    """The settings of a file stream's query (unless the config's spark.conf sets them): each micro-batch looks up the
+    status of its files, and beyond 32 files Spark does so in a job of one task per file (up to 10 000): a 500-file
+    micro-batch ran 500 tasks, seconds on a small cluster. One task per core (`parallelism`) instead."""
+    key = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+    return {} if key in config.spark.conf else {key: str(max(1, parallelism))}
+
+
 def session_settings_for(rows: int, config: JobConfig) -> dict[str, str]:
     """The SQL settings a job of `rows` units runs with once they are counted: Arrow batches of
     inference.batch_size images, and planning shuffles sized to the job (unless the config's spark.conf sets them)."""
