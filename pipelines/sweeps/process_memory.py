@@ -20,6 +20,7 @@ import psutil
 
 MB = 1024 * 1024
 ROLES = ("driver", "driver_jvm", "executor_jvm", "python_daemon", "python_worker", "cluster_daemon", "other")
+PROVISIONAL_ROLES = ("cluster_daemon", "other")  # what a process may read as before its exec
 
 
 def process_role(proc: psutil.Process, driver_pids: set[int]) -> str:
@@ -138,7 +139,11 @@ class TreeMemorySampler:
         for proc in self.tree():
             role = self._roles.get(proc.pid)
             if role is None:
-                role = self._roles[proc.pid] = process_role(proc, self.driver_pids)
+                role = process_role(proc, self.driver_pids)
+                # kept only once definitive: a process seen between its fork and its exec (a Worker JVM starting an
+                # executor through jspawnhelper) reads as its parent or as "other", and is looked at again next time
+                if role not in PROVISIONAL_ROLES:
+                    self._roles[proc.pid] = role
             hwm = high_water_mark_bytes(proc.pid)
             if hwm is None:
                 continue
