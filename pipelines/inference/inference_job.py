@@ -26,7 +26,7 @@ from pipelines.inference.progress import say
 from pipelines.inference.resume import OutputTables, RunCounts, plan_work
 from pipelines.inference.waves import infer, no_totals, write_empty_tables
 from pipelines.io.azure_credentials import AzureCredentials
-from pipelines.io.run_lock import LockSettings, RunLock
+from pipelines.io.run_lock import HeldLock, LockSettings, RunLock
 from pipelines.job_config import JobConfig
 from pipelines.results.coco_results import write_coco_results
 from pipelines.results.done_index import table_file_names, update_after_run
@@ -100,7 +100,7 @@ def hold_output(spark: SparkSession, plan: JobPlan) -> RunLock:
 
 
 def infer_listing(
-    spark: SparkSession, plan: JobPlan, found: src.ImageListing, lock: RunLock
+    spark: SparkSession, plan: JobPlan, found: src.ImageListing, lock: HeldLock
 ) -> tuple[dict, RunCounts, dict]:
     """What the run does with a listing while it holds `lock`: plan -> waves -> record (the batch job's whole
     listing, or a stream's micro-batch), all under the job's session settings (the record's queries too: with the

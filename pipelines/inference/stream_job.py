@@ -37,7 +37,7 @@ from pipelines.inference.inference_job import hold_output, infer_listing, plan_j
 from pipelines.inference.job_plan import JobPlan
 from pipelines.inference.progress import say
 from pipelines.io.azure_credentials import AzureCredentials
-from pipelines.io.run_lock import LockWatch
+from pipelines.io.run_lock import HeldLock, LockWatch
 from pipelines.io.storage import Location, spark_read_path, to_spark_uri
 from pipelines.job_config import JobConfig, StreamSettings
 from pipelines.results.results_writer import write_summary
@@ -154,10 +154,6 @@ class Stop(Protocol):
     def is_set(self) -> bool: ...
 
 
-class HeldLock(Protocol):
-    def ensure_held(self) -> None: ...
-
-
 class MicroBatches:
     """The query's foreachBatch function: each micro-batch through infer_listing under the stream's lock, the
     summary accumulated and written. On a Spark Connect session it runs pickled in a Python process of the server
@@ -183,7 +179,7 @@ class MicroBatches:
         plan = replace(self.plan, run_id=f"{self.plan.run_id}-b{batch_id:05d}", started=started)
         spark = batch.sparkSession  # the query's session (foreachBatch's frames belong to it)
         listing = src.ImageListing(src.without_prefix(batch, self.prefix))
-        summary, counts, totals = infer_listing(spark, plan, listing, self.lock)  # type: ignore[arg-type]
+        summary, counts, totals = infer_listing(spark, plan, listing, self.lock)
         self.batches += 1
         self.summary = accumulated(self.summary, summary, self.plan, batch_id, self.batches)
         self.lock.ensure_held()
@@ -254,7 +250,8 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
     try:
         record_source(plan)
         prefix = src.output_prefix(spark, plan.input_uri, plan.output_uri)
-        if session_kind(spark).streams_here:
+        here = session_kind(spark).streams_here
+        if here:
             batches = MicroBatches(plan, lock, stop, prefix)
         else:  # the server runs the micro-batches: what they check travels with them
             batches = MicroBatches(plan, LockWatch(plan.output, plan.run_id, lock.settings), StopFile(plan), prefix)
@@ -267,7 +264,7 @@ def run_stream(spark: SparkSession, plan: JobPlan, stop: threading.Event | None 
             query = start_query(spark, plan, batches)
             say(f"stream {plan.run_id}: watching {plan.input_uri} ({describe_trigger(plan.config.stream)})")
             wait_for_end(query, stop, batches)
-        return batches.summary if session_kind(spark).streams_here else written_summary(plan)
+        return batches.summary if here else written_summary(plan)
     finally:
         lock.release()
         restore_session_settings(spark, restore)

@@ -23,7 +23,7 @@ from pipelines.inference.model_manifest import INFERENCE_ROLES, MANIFEST_NAME, M
 from pipelines.inference.openvino_runtime import RuntimeSettings
 from pipelines.inference.progress import ProgressReporter
 from pipelines.inference.resume import Work
-from pipelines.io.run_lock import RunLock
+from pipelines.io.run_lock import HeldLock
 from pipelines.io.storage import publish_once
 from pipelines.results.result_schema import RESULT_SCHEMA
 from pipelines.results.results_writer import TIMING_FIELDS, write_results
@@ -35,7 +35,7 @@ def no_totals() -> dict[str, float]:
     return {"done": 0, "failed": 0, "frames": 0, "instances": 0, **{name: 0.0 for name in TIMING_FIELDS}}
 
 
-def infer(spark: SparkSession, plan: JobPlan, work: Work, settings: RuntimeSettings, lock: RunLock) -> dict:
+def infer(spark: SparkSession, plan: JobPlan, work: Work, settings: RuntimeSettings, lock: HeldLock) -> dict:
     """The to-do through the plan's engine in waves (run_waves), with a progress line and the engine's executors
     warmed up while the driver plans the first wave; the aggregates."""
     counts, kind = work.counts, session_kind(spark)
@@ -63,7 +63,7 @@ def run_waves(
     task: ImageInference,
     settings: RuntimeSettings,
     work: Work,
-    lock: RunLock,
+    lock: HeldLock,
     progress: ProgressReporter,
 ) -> dict:
     """Process the work's to-do in waves of `run.commit_every`, each committed on its own (a killed driver loses

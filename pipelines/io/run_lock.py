@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Generic
+from typing import Any, Generic, Protocol
 
 from pipelines.errors import OutputBusy, UsageError
 from pipelines.io.lock_stores import AzureLockStore, HadoopLockStore, LocalLockStore, LockStore, Token
@@ -109,6 +109,12 @@ class LockInfo:
         except (TypeError, ValueError):
             beat = f"heartbeat {self.heartbeat!r}"
         return f"run {self.run_id} (host {self.host}, pid {self.pid}, started {self.started}, {beat})"
+
+
+class HeldLock(Protocol):
+    """What a run's writing code needs of its lock: RunLock in the process that holds it, LockWatch elsewhere."""
+
+    def ensure_held(self) -> None: ...
 
 
 class RunLock(Generic[Token]):
